@@ -73,6 +73,8 @@ class BiPRMModel(PreTrainedModel):
 
     def __init__(self, config: BiPRMConfig, backbone: PreTrainedModel | None = None):
         super().__init__(config)
+        if config._attn_implementation not in (None, "sdpa", "eager"):
+            raise ValueError("BiPRM packs streams with a custom attention mask: use attn_implementation 'sdpa' or 'eager'")
         self.backbone = backbone if backbone is not None else AutoModel.from_config(config.backbone_config)
         H = config.backbone_config.hidden_size
         self.value_head = nn.Linear(H, 1)
@@ -99,10 +101,9 @@ class BiPRMModel(PreTrainedModel):
         l2r_index: torch.Tensor | None = None,
         r2l_index: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        **kwargs,
     ) -> BiPRMOutput:
         mask = attention_mask(unit_ids, stream_ids)
-        if self.backbone.config._attn_implementation != "sdpa":
+        if self.backbone.config._attn_implementation == "eager":  # eager adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(~mask, torch.finfo(self.dtype).min)
         hidden = self.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
         flat = hidden.reshape(-1, hidden.shape[-1])
@@ -143,14 +144,21 @@ def from_backbone(
     mode: str = "bi",
     objective: str = "bce",
     dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
     **config_kwargs,
 ) -> BiPRMModel:
     """A fresh BiPRM on a pretrained body; adds the step tag to `tokenizer` and resizes embeddings."""
-    backbone = AutoModel.from_pretrained(path, dtype=dtype)
+    backbone = AutoModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     step_tag_id = add_step_tag(tokenizer)
     if len(tokenizer) > backbone.get_input_embeddings().num_embeddings:
         backbone.resize_token_embeddings(len(tokenizer))
     config = BiPRMConfig(
         backbone_config=backbone.config, mode=mode, objective=objective, step_tag_id=step_tag_id, **config_kwargs
     )
-    return BiPRMModel(config, backbone=backbone).to(dtype)
+    model = BiPRMModel(config, backbone=backbone).to(dtype)
+    model.set_attn_implementation(attn_implementation)  # wrapping resets the body's setting
+    return model
+
+
+AutoConfig.register("biprm", BiPRMConfig)
+AutoModel.register(BiPRMConfig, BiPRMModel)

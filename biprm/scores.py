@@ -35,7 +35,15 @@ class StepScores:
         """The scores of a subset of trajectories, in the order of `index`."""
         index = np.asarray(index, dtype=np.int64)
         lengths = np.diff(self.offsets)[index]
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        flat = np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in index]) if len(index) else np.zeros(0, np.int64)
+        flat = step_positions(self.offsets, index)
         pick = lambda a: None if a is None else a[flat]  # noqa: E731
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         return StepScores(offsets, self.fused[flat], pick(self.l2r), pick(self.r2l), pick(self.sigma))
+
+
+def step_positions(offsets: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Flat positions of all steps of trajectories `index`, in that order (no Python loop)."""
+    index = np.asarray(index, dtype=np.int64)
+    starts, lengths = offsets[index], offsets[index + 1] - offsets[index]
+    first = np.cumsum(lengths) - lengths
+    return np.repeat(starts - first, lengths) + np.arange(lengths.sum())

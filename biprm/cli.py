@@ -1,0 +1,93 @@
+"""`biprm` command line: demo, train, score, eval, bench.
+
+Each sub-command maps its flags onto a plain dataclass or function arguments and
+calls one recipe; no logic lives here.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import typing
+
+
+
+def _add_dataclass_flags(parser: argparse.ArgumentParser, cls) -> None:
+    """One --flag per dataclass field, typed from its annotation and defaulting to its default."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        kind = hints[f.name]
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            continue
+        base = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
+        parser.add_argument(flag, type=base, default=f.default)
+
+
+def _dataclass_from_args(cls, args: argparse.Namespace):
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from biprm.train import TrainConfig, train
+
+    out = train(_dataclass_from_args(TrainConfig, args))
+    print(f"saved to {out}")
+
+
+def cmd_score(args: argparse.Namespace) -> None:
+    from biprm.scoring import Scorer
+    from biprm.sources import load_source
+    from biprm.writers import write_scores
+
+    scorer = Scorer.from_pretrained(args.model, device=args.device, tokens_per_batch=args.tokens_per_batch)
+    trajs = load_source(args.input, fmt=args.format, skip_invalid=args.skip_invalid)
+    scores = scorer.score(trajs)
+    n = write_scores(args.output, trajs, scores)
+    print(f"wrote {n} scored trajectories to {args.output}")
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from biprm.demo import DemoConfig, run_demo
+
+    run_demo(_dataclass_from_args(DemoConfig, args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from biprm.demo import DemoConfig
+    from biprm.train import TrainConfig
+
+    parser = argparse.ArgumentParser(prog="biprm", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="train l2r, r2l, bi-static and bi on the synthetic task and compare them")
+    _add_dataclass_flags(p, DemoConfig)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("train", help="train a (Bi)PRM")
+    _add_dataclass_flags(p, TrainConfig)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("score", help="write per-step and solution scores as JSONL")
+    p.add_argument("--model", required=True, help="checkpoint folder written by `biprm train`")
+    p.add_argument("--input", required=True, help="data file, HF dataset name or synthetic[:N]")
+    p.add_argument("--output", default="scores.jsonl")
+    p.add_argument("--format", default="auto")
+    p.add_argument("--device", default=None)
+    p.add_argument("--tokens-per-batch", type=int, default=16384)
+    p.add_argument("--skip-invalid", action="store_true")
+    p.set_defaults(func=cmd_score)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,257 @@
+"""Final-answer extraction and grading with math-verify.
+
+math-verify bounds its own run time with SIGALRM, which only works in the main thread,
+so here parse/verify always run with their timeouts off and `grade_many` bounds time
+with a process pool instead (a hung worker is killed and its pool rebuilt).
+
+Conventions:
+- Numbers are normalised: no thousands separators, currency signs or trailing decimal
+  zeros, a unicode minus becomes "-", ".5" becomes "0.5". A percent sign is kept
+  ("12.5%"): math-verify counts "12.5%" equal to both 12.5 and 0.125, so a GSM8K gold
+  "25" accepts "25%" and a gold "0.25" does too.
+- Gold "None" (GSM-Plus critical-thinking items) is matched only by a prediction that
+  says so ("None", "no answer", ...). A missing prediction (None) is always wrong.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import re
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+
+from math_verify import parse, verify
+
+logger = logging.getLogger(__name__)
+
+# We disable math-verify's timeouts on purpose; its one-off warning about that is noise.
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(lambda r: "Timeout is disabled" not in r.getMessage())
+
+_NUM = (
+    r"(?P<s1>[-\u2212])?(?:\\?\$\s*)?(?P<s2>[-\u2212])?"
+    r"(?P<int>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+    r"(?:\s*/\s*(?P<den>\d+))?(?P<pct>\s*\\?%)?"
+)
+_NUM_FULL = re.compile(_NUM)
+_NUM_IN_TEXT = re.compile(r"(?<![\w.])" + _NUM)
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_ANSWER_IS = re.compile(r"\banswer is\b\s*:?\s*([^\n]+)", re.IGNORECASE)
+_HASHES = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
+_SENTENCE_END = re.compile(r"\.\s")
+_MATH_WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_TEXT_CMD = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{(.*)\}$")
+_WORD_ONLY = re.compile(r"\(?[A-Za-z][A-Za-z ]*\)?")
+_NO_ANSWER = {"none", "no answer", "no solution", "not enough information", "cannot be determined"}
+Pair = tuple[str, str | None]
+_CACHE: dict[Pair, bool] = {}
+_CACHE_MAX = 200_000
+# Seconds per item on top of `timeout`, so that a chunk of fast items never trips it.
+_CHUNK_ALLOWANCE = 0.25
+
+
+def _canonical_number(text: str) -> str | None:
+    """One spelling per number, so the cache and string comparisons see equal keys."""
+    m = _NUM_FULL.fullmatch(text.strip())
+    if m is None or (m["s1"] and m["s2"]):
+        return None
+    body = m["int"].replace(",", "")
+    if body.startswith("."):
+        body = "0" + body
+    if "." in body:
+        body = body.rstrip("0").rstrip(".")
+    sign = "-" if m["s1"] or m["s2"] else ""
+    den = f"/{m['den']}" if m["den"] else ""
+    return f"{sign}{body}{den}{'%' if m['pct'] else ''}"
+
+
+def _strip_math(text: str) -> str:
+    """Drop whitespace, a trailing period and $...$-style delimiters around an answer."""
+    text = text.strip().rstrip(".").strip()
+    for left, right in _MATH_WRAPPERS:
+        if len(text) > len(left) + len(right) and text.startswith(left) and text.endswith(right):
+            return text[len(left) : -len(right)].strip().rstrip(".").strip()
+    return text
+
+
+def _clean(answer: str) -> str | None:
+    text = _strip_math(answer).replace("\u2212", "-")
+    if not text:
+        return None
+    return _canonical_number(text) or text
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last complete \\boxed{...}; a truncated one is skipped."""
+    for m in reversed(list(_BOXED.finditer(text))):
+        depth = 1
+        for i in range(m.end(), len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[m.end() : i]
+    return None
+
+
+def extract_answer(solution: str) -> str | None:
+    """Final answer: last \\boxed{}, else "The answer is", else "#### X", else the last number."""
+    boxed = _last_boxed(solution)
+    if boxed is not None and (answer := _clean(boxed)):
+        return answer
+    for m in reversed(list(_ANSWER_IS.finditer(solution))):
+        if answer := _clean(_SENTENCE_END.split(m[1], maxsplit=1)[0]):
+            return answer
+    for m in reversed(list(_HASHES.finditer(solution))):
+        if answer := _clean(m[1]):
+            return answer
+    numbers = list(_NUM_IN_TEXT.finditer(solution))
+    return _canonical_number(numbers[-1][0]) if numbers else None
+
+
+def _says_none(answer: str) -> bool:
+    text = _strip_math(answer)
+    if m := _TEXT_CMD.match(text):
+        text = m[1]
+    return text.strip().strip(".").lower() in _NO_ANSWER
+
+
+def _to_parsable(answer: str) -> str:
+    """Wrap an answer so that math-verify reads all of it.
+
+    Bare LaTeX is not seen at all ("\\sqrt{2}" parses to nothing) or only in part
+    ("10\\sqrt{2}" parses to 10), so LaTeX goes inside $...$. Prose with units
+    ("5 dollars") is left bare: math-verify finds the number in it, whereas in math mode
+    the words would become a product of symbols. Lone words become \\text{} so that
+    "Evelyn" matches a gold "\\text{Evelyn}".
+    """
+    text = _strip_math(answer).replace("\u2212", "-")
+    if (number := _canonical_number(text)) is not None:
+        return number
+    if "\\" in text or any(c in text for c in "^_{}"):
+        return f"${text}$"
+    if _WORD_ONLY.fullmatch(text):
+        return f"$\\text{{{text}}}$"
+    if re.search(r"[A-Za-z]{2,}", text):
+        return text
+    return f"${text}$"
+
+
+def grade(gold: str, pred: str | None) -> bool:
+    """math-verify's verdict, gold first (the comparison is not symmetric)."""
+    if pred is None or not pred.strip():
+        return False
+    if _says_none(gold):
+        return _says_none(pred)
+    gold_parsed = parse(_to_parsable(gold), parsing_timeout=None)
+    pred_parsed = parse(_to_parsable(pred), parsing_timeout=None)
+    if not gold_parsed or not pred_parsed:
+        return False
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+def grade_solution(gold: str, solution: str) -> bool:
+    """Grade a whole generated solution, as Best-of-N needs."""
+    return grade(gold, extract_answer(solution))
+
+
+def _grade_chunk(pairs: list[Pair]) -> list[bool]:
+    return [grade(gold, pred) for gold, pred in pairs]
+
+
+def _new_pool(workers: int) -> ProcessPoolExecutor:
+    """A spawned pool, warmed up so that import time does not eat the first deadlines."""
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    wait([pool.submit(_grade_chunk, [("1", "1")]) for _ in range(workers)], timeout=120)
+    return pool
+
+
+def _kill_pool(pool: ProcessPoolExecutor) -> None:
+    """shutdown() alone would wait for (or leave running) a worker stuck in sympy."""
+    processes = list(pool._processes.values())  # no public handle on the workers
+    for process in processes:
+        process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.join(5)
+
+
+def _drain(
+    pool: ProcessPoolExecutor, queue: deque[list[int]], todo: list[Pair], verdicts: list[bool],
+    failed: list[int], workers: int, timeout: float,
+) -> None:
+    """Grade queued chunks until the queue is empty or one fails; a failure requeues work.
+
+    At most `workers` chunks are in flight, so a chunk starts about when it is submitted.
+    A chunk past its deadline (or one whose worker died) is split into single items, which
+    then run on a fresh pool; a single item that fails again is counted wrong.
+    """
+    running: dict[Future, tuple[list[int], float]] = {}
+    while queue or running:
+        while queue and len(running) < workers:
+            idx = queue.popleft()
+            try:
+                future = pool.submit(_grade_chunk, [todo[i] for i in idx])
+            except BrokenProcessPool:
+                if not running:  # nothing of ours broke it: a broken environment, not an item
+                    raise
+                queue.appendleft(idx)
+                break
+            running[future] = (idx, time.monotonic() + timeout + _CHUNK_ALLOWANCE * len(idx))
+        first_deadline = min(deadline for _, deadline in running.values())
+        wait(running, max(0.0, first_deadline - time.monotonic()), FIRST_COMPLETED)
+        now, bad = time.monotonic(), []
+        for future, (idx, deadline) in list(running.items()):
+            if future.done() and future.exception() is None:
+                for i, verdict in zip(idx, future.result()):
+                    verdicts[i] = verdict
+            elif future.done() or now >= deadline:
+                bad.append(idx)
+            else:
+                continue
+            del running[future]
+        if bad:
+            for idx in bad:
+                if len(idx) == 1:
+                    failed.append(idx[0])
+                else:
+                    queue.extendleft([i] for i in reversed(idx))
+            queue.extend(idx for idx, _ in running.values())
+            return
+
+
+def _run_pool(todo: list[Pair], workers: int, timeout: float) -> tuple[list[bool], list[int]]:
+    """Verdicts for `todo` and the positions that timed out or crashed a worker."""
+    size = max(1, min(64, len(todo) // (workers * 4)))
+    queue = deque(list(range(i, min(i + size, len(todo)))) for i in range(0, len(todo), size))
+    verdicts, failed = [False] * len(todo), []
+    while queue:
+        pool = _new_pool(workers)
+        try:
+            _drain(pool, queue, todo, verdicts, failed, workers, timeout)
+        finally:
+            _kill_pool(pool)
+    return verdicts, failed
+
+
+def grade_many(pairs: list[Pair], workers: int = 2, timeout: float = 5.0) -> list[bool]:
+    """grade() over many pairs, each bounded by `timeout` seconds (workers=0: inline, unbounded).
+
+    An item that times out (or crashes its worker) is counted wrong and logged by index.
+    """
+    pairs = [(gold, pred) for gold, pred in pairs]
+    known = {p: v for p in dict.fromkeys(pairs) if (v := _CACHE.get(p)) is not None}
+    todo = [p for p in dict.fromkeys(pairs) if p not in known]
+    if workers <= 0 or not todo:
+        verdicts, failed = _grade_chunk(todo), []
+    else:
+        verdicts, failed = _run_pool(todo, workers, timeout)
+    for position in failed:
+        indices = [i for i, p in enumerate(pairs) if p == todo[position]]
+        logger.warning("grading timed out or crashed for item(s) %s; counted as incorrect", indices)
+    fresh = dict(zip(todo, verdicts))
+    if len(_CACHE) + len(fresh) > _CACHE_MAX:
+        _CACHE.clear()
+    _CACHE.update(fresh)
+    known.update(fresh)
+    return [known[p] for p in pairs]

@@ -1,0 +1,106 @@
+"""ProcessBench first-error detection: predict the first wrong step, score it, tune the threshold.
+
+Labels and predictions are 0-based step indices, -1 meaning "no wrong step". Step
+probabilities are flat with `offsets` (see biprm.scores), so predictions and the whole
+threshold sweep are vectorised reduces, never a loop over trajectories.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_NONE = np.iinfo(np.int64).max
+
+
+def _segments(probs: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    probs = np.asarray(probs, dtype=np.float64)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if offsets[0] != 0 or offsets[-1] != len(probs):
+        raise ValueError(f"offsets must run from 0 to len(probs)={len(probs)}")
+    lengths = np.diff(offsets)
+    if np.any(lengths <= 0):
+        raise ValueError("every trajectory needs at least one step probability")
+    return probs, offsets[:-1], lengths
+
+
+def predict_first_error(probs: np.ndarray, offsets: np.ndarray, threshold: float) -> np.ndarray:
+    """Per trajectory, the first step with probability < threshold, else -1."""
+    probs, starts, lengths = _segments(probs, offsets)
+    local = np.arange(len(probs)) - np.repeat(starts, lengths)
+    first = np.minimum.reduceat(np.where(probs < threshold, local, _NONE), starts)
+    return np.where(first == _NONE, -1, first)
+
+
+def _f1(acc_error: np.ndarray, acc_correct: np.ndarray) -> np.ndarray:
+    """Harmonic mean; 0 where both accuracies are 0 rather than 0/0."""
+    total = acc_error + acc_correct
+    return np.divide(2 * acc_error * acc_correct, total, out=np.zeros_like(total, dtype=np.float64), where=total > 0)
+
+
+def processbench_scores(pred: np.ndarray, label: np.ndarray) -> dict:
+    """acc_error (exact index on erroneous rows), acc_correct (-1 on clean rows), F1, all in %.
+
+    An accuracy over zero rows is NaN (and so is F1): there is nothing to measure.
+    """
+    pred, label = np.asarray(pred), np.asarray(label)
+    err = label != -1
+    n_error, n_correct = int(err.sum()), int((~err).sum())
+    acc_error = 100.0 * float(np.mean(pred[err] == label[err])) if n_error else float("nan")
+    acc_correct = 100.0 * float(np.mean(pred[~err] == -1)) if n_correct else float("nan")
+    f1 = float(_f1(np.float64(acc_error), np.float64(acc_correct))) if n_error and n_correct else float("nan")
+    return {"acc_error": acc_error, "acc_correct": acc_correct, "f1": f1, "n_error": n_error, "n_correct": n_correct}
+
+
+def default_grid(probs: np.ndarray) -> np.ndarray:
+    """Every distinct outcome once: the lowest value and the midpoints between consecutive
+    distinct values of probs ∪ {0, 1}. F1 is constant between consecutive values, so this
+    finds the exact optimum for any threshold in (-inf, 1], with no resolution to choose."""
+    v = np.unique(np.concatenate([[0.0, 1.0], np.asarray(probs, dtype=np.float64)]))
+    return np.concatenate([v[:1], (v[:-1] + v[1:]) / 2])
+
+
+def f1_over_grid(probs: np.ndarray, offsets: np.ndarray, label: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """F1 (%) at every threshold of `grid` in O((rows + grid) log rows).
+
+    An erroneous row with first error e is right exactly when p_e < θ <= min(p_0..p_{e-1});
+    a clean row when θ <= min(p). Counting rows whose interval holds θ is two searchsorted calls.
+    """
+    probs, starts, lengths = _segments(probs, offsets)
+    label = np.asarray(label, dtype=np.int64)
+    if len(label) != len(starts) or np.any(label < -1) or np.any(label >= lengths):
+        raise ValueError("label needs one entry per trajectory, each -1 or a step index")
+    err = label >= 0
+    if not err.any() or err.all():
+        raise ValueError("tuning needs both erroneous (label >= 0) and clean (label == -1) rows")
+    grid = np.asarray(grid, dtype=np.float64)
+    s, e = starts[err], label[err]
+    low = probs[s + e]
+    before = np.minimum.reduceat(probs, np.column_stack([s, s + e]).ravel())[::2]
+    high = np.where(e == 0, np.inf, before)
+    keep = low < high
+    hit_error = np.searchsorted(np.sort(low[keep]), grid) - np.searchsorted(np.sort(high[keep]), grid)
+    clean_min = np.sort(np.minimum.reduceat(probs, starts)[~err])
+    hit_correct = len(clean_min) - np.searchsorted(clean_min, grid)
+    return _f1(100.0 * hit_error / err.sum(), 100.0 * hit_correct / (~err).sum())
+
+
+def tune_threshold(
+    probs: np.ndarray, offsets: np.ndarray, label: np.ndarray, grid: np.ndarray | None = None
+) -> tuple[float, float]:
+    """(threshold, F1) maximising F1, as ProcessBench's authors do on GSM8K before applying it to all.
+
+    grid defaults to `default_grid(probs)`. F1 plateaus are common, so ties go to the
+    threshold closest to 0.5 (the reference code's fixed value), then to the smaller one.
+    """
+    grid = np.unique(default_grid(probs) if grid is None else np.asarray(grid, dtype=np.float64))
+    f1 = f1_over_grid(probs, offsets, label, grid)
+    best = grid[f1 >= f1.max() - 1e-9]
+    pick = best[np.argmin(np.abs(best - 0.5))]
+    return float(pick), float(f1.max())
+
+
+def first_error_f1_by_subset(pred: np.ndarray, label: np.ndarray, subset: np.ndarray) -> dict:
+    """ProcessBench's report: scores per subset (in order of first appearance) and the mean F1 over subsets."""
+    pred, label, subset = np.asarray(pred), np.asarray(label), np.asarray(subset)
+    names, first = np.unique(subset, return_index=True)
+    per = {str(name): processbench_scores(pred[subset == name], label[subset == name]) for name in names[np.argsort(first)]}
+    return {"subsets": per, "average_f1": float(np.mean([s["f1"] for s in per.values()]))}

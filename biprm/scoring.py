@@ -1,0 +1,95 @@
+"""Trajectories -> per-step scores (L2R, R2L, gate, fused) with batched, length-sorted passes.
+
+Trajectories that share a question are scored together so their prompt is encoded
+once (prefix sharing); batches are filled up to a token budget in length order so
+padding stays small. Outputs come back in input order as a flat `StepScores`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from biprm.backbones import load_tokenizer
+from biprm.encoding import Encoded, Encoder
+from biprm.modeling import BiPRMModel
+from biprm.packing import check_tags, pack
+from biprm.scores import StepScores, step_positions
+from biprm.trajectory import Trajectory
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class Scorer:
+    def __init__(
+        self,
+        model: BiPRMModel,
+        tokenizer,
+        max_length: int = 4096,
+        tokens_per_batch: int = 16384,
+        tokens_per_row: int | None = 4096,
+        share_prefix: bool = True,
+    ):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.encoder = Encoder(tokenizer, model.config.step_tag_id, max_length)
+        self.tokens_per_batch = tokens_per_batch
+        self.tokens_per_row = tokens_per_row
+        self.share_prefix = share_prefix
+
+    @classmethod
+    def from_pretrained(cls, path: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None, **kwargs) -> "Scorer":
+        device = torch.device(device) if device is not None else default_device()
+        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        model = BiPRMModel.from_pretrained(path, dtype=dtype).to(device)
+        return cls(model, load_tokenizer(path), **kwargs)
+
+    @property
+    def mode(self) -> str:
+        return self.model.config.mode
+
+    def batches(self, encs: list[Encoded]) -> list[np.ndarray]:
+        """Index batches: same-question trajectories adjacent, longest first, up to the token budget."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, e in enumerate(encs):
+            groups.setdefault(tuple(e.prompt) if self.share_prefix else (i,), []).append(i)
+        n_streams = len(self.model.streams)
+        cost = np.array([e.n_tokens * n_streams for e in encs])
+        order = sorted(groups.values(), key=lambda g: -cost[g].max())
+        flat = np.concatenate([sorted(g, key=lambda i: -cost[i]) for g in order])
+        batches, start, used = [], 0, 0
+        for k, i in enumerate(flat):
+            if used and used + cost[i] > self.tokens_per_batch:
+                batches.append(flat[start:k])
+                start, used = k, 0
+            used += cost[i]
+        batches.append(flat[start:])
+        return batches
+
+    @torch.inference_mode()
+    def score(self, trajs: list[Trajectory], progress: bool = True) -> StepScores:
+        encs = [self.encoder.encode(t, f"trajectory {i}") for i, t in enumerate(trajs)]
+        lengths = np.array([len(e.steps) for e in encs])
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        out = {k: np.zeros(offsets[-1]) for k in ("fused", "l2r", "r2l", "sigma")}
+        device = self.model.device
+        for idx in tqdm(self.batches(encs), desc=f"scoring ({self.mode})", disable=not progress, unit="batch"):
+            batch = pack([encs[i] for i in idx], self.mode, self.share_prefix, self.tokens_per_row, self.tokenizer.pad_token_id)
+            check_tags(batch, self.model.config.step_tag_id)
+            result = self.model(**{k: v.to(device) for k, v in batch.items()})
+            dest = step_positions(offsets, idx)
+            for key in out:
+                value = getattr(result, key)
+                if value is not None:
+                    value = value.float()
+                    out[key][dest] = (value if key == "sigma" else torch.sigmoid(value)).cpu().numpy()
+        streams = self.model.streams
+        return StepScores(
+            offsets=offsets,
+            fused=out["fused"],
+            l2r=out["l2r"] if "l2r" in streams else None,
+            r2l=out["r2l"] if "r2l" in streams else None,
+            sigma=out["sigma"] if self.mode in ("bi", "bi-static") else None,
+        )

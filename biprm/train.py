@@ -1,0 +1,133 @@
+"""Training recipe: read top to bottom.
+
+Built on `transformers.Trainer`, so one code path runs on a laptop CPU, on one GPU in
+bf16, and on many GPUs through `accelerate launch` (DDP, DeepSpeed ZeRO, FSDP):
+checkpointing, exact resume (optimizer, scheduler, RNG and data position), logging
+to TensorBoard/W&B and the progress bar come from the library. Our only custom piece
+is the collator, which packs both streams of every trajectory into one batch.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+from transformers import Trainer, TrainingArguments, set_seed
+
+from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.encoding import Encoded, Encoder
+from biprm.modeling import from_backbone
+from biprm.packing import pack
+from biprm.sources import load_source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    """Defaults are the paper's (Appendix A): AdamW, linear schedule, lr 3e-5, 1 epoch, seed 1106."""
+
+    backbone: str = "tiny"
+    data: str = "synthetic:2000"
+    fmt: str = "auto"
+    output_dir: str = "runs/biprm"
+    mode: str = "bi"
+    objective: str = "bce"
+    zeta: float = 4.0
+    lr: float = 3e-5
+    epochs: float = 1.0
+    max_steps: int = -1
+    batch_size: int = 2
+    grad_accum: int = 4
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    seed: int = 1106
+    max_length: int = 2048
+    max_tokens_per_row: int | None = None
+    share_prefix: bool = True
+    bf16: bool = False
+    save_steps: int = 500
+    save_total_limit: int | None = 2
+    logging_steps: int = 10
+    resume: bool = False
+    detach_gate_inputs: bool = True
+    aux_loss_weight: float = 0.0
+    skip_invalid: bool = False
+    report_to: str = "none"
+    gradient_checkpointing: bool = False
+    deepspeed: str | None = None
+    show_progress: bool = True
+
+
+class EncodedDataset(torch.utils.data.Dataset):
+    def __init__(self, items: list[Encoded]):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Encoded:
+        return self.items[i]
+
+
+def encode_all(encoder: Encoder, trajs: list, name: str) -> list[Encoded]:
+    """Encode and report (never hide) how many rows lost trailing steps to max_length."""
+    items = [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)]
+    cut = sum(e.n_dropped > 0 for e in items)
+    if cut:
+        log.warning("%d of %d rows exceeded max_length=%d: trailing steps dropped in both streams", cut, len(items), encoder.max_length)
+    return items
+
+
+def train(cfg: TrainConfig) -> str:
+    set_seed(cfg.seed)
+    backbone_dir = resolve_backbone(cfg.backbone)
+    tokenizer = load_tokenizer(backbone_dir)
+    dtype = torch.bfloat16 if cfg.bf16 and not torch.cuda.is_available() else torch.float32
+    model = from_backbone(
+        backbone_dir, tokenizer, mode=cfg.mode, objective=cfg.objective, zeta=cfg.zeta, dtype=dtype,
+        detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight,
+    )
+    trajs = load_source(cfg.data, fmt=cfg.fmt, skip_invalid=cfg.skip_invalid, labelled=True)
+    encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
+    dataset = EncodedDataset(encode_all(encoder, trajs, cfg.data))
+    log.info("training %s/%s on %d trajectories from %s", cfg.mode, cfg.objective, len(dataset), cfg.data)
+
+    args = TrainingArguments(
+        output_dir=cfg.output_dir,
+        learning_rate=cfg.lr,
+        num_train_epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.grad_accum,
+        lr_scheduler_type="linear",
+        warmup_steps=cfg.warmup_ratio,  # a float in [0, 1) is a ratio of total steps
+        weight_decay=cfg.weight_decay,
+        optim="adamw_torch",
+        seed=cfg.seed,
+        bf16=cfg.bf16 and torch.cuda.is_available(),
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        logging_steps=cfg.logging_steps,
+        report_to=[] if cfg.report_to == "none" else [cfg.report_to],
+        remove_unused_columns=False,
+        dataloader_drop_last=False,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        deepspeed=cfg.deepspeed,
+        disable_tqdm=not cfg.show_progress,
+    )
+    collate = partial(
+        pack, mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row,
+        pad_id=tokenizer.pad_token_id,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collate, processing_class=tokenizer)
+    resume = cfg.resume and any(Path(cfg.output_dir).glob("checkpoint-*"))
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    trainer.save_model(cfg.output_dir)
+    if trainer.is_world_process_zero():
+        Path(cfg.output_dir, "biprm_train.json").write_text(json.dumps(asdict(cfg), indent=2))
+    return cfg.output_dir

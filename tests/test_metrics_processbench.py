@@ -1,0 +1,103 @@
+import numpy as np
+import pytest
+
+from biprm.metrics.processbench import (
+    first_error_f1_by_subset,
+    predict_first_error,
+    processbench_scores,
+    tune_threshold,
+)
+
+# seven trajectories, flat probabilities + offsets
+TRAJS = [
+    ([0.9, 0.8, 0.2, 0.1], 2),   # pred@0.5 = 2  right
+    ([0.9, 0.4, 0.3], 2),        # pred = 1      wrong (too early)
+    ([0.3, 0.9], 0),             # pred = 0      right
+    ([0.95, 0.9, 0.55], 1),      # pred = -1     wrong (missed)
+    ([0.9, 0.7, 0.6], -1),       # pred = -1     right
+    ([0.6, 0.45], -1),           # pred = 1      wrong (false alarm)
+    ([0.8], -1),                 # pred = -1     right
+]
+
+
+def flat(trajs):
+    probs = np.concatenate([p for p, _ in trajs])
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p, _ in trajs])])
+    return probs, offsets, np.array([y for _, y in trajs])
+
+
+def test_predict_first_error():
+    probs, offsets, _ = flat(TRAJS)
+    assert predict_first_error(probs, offsets, 0.5).tolist() == [2, 1, 0, -1, -1, 1, -1]
+    assert predict_first_error(probs, offsets, 0.0).tolist() == [-1] * 7
+    assert predict_first_error(probs, offsets, 1.0).tolist() == [0] * 7
+
+
+def test_scores_by_hand():
+    probs, offsets, label = flat(TRAJS)
+    s = processbench_scores(predict_first_error(probs, offsets, 0.5), label)
+    # erroneous rows: 2 of 4 exact -> 50 %; clean rows: 2 of 3 -> 66.67 %
+    assert s["acc_error"] == 50.0
+    assert s["acc_correct"] == pytest.approx(200 / 3)
+    # F1 = 2 * 50 * 66.67 / 116.67 = 400 / 7
+    assert s["f1"] == pytest.approx(400 / 7)
+    assert (s["n_error"], s["n_correct"]) == (4, 3)
+
+
+def test_f1_zero_and_empty_groups():
+    assert processbench_scores([0, 0], [1, -1])["f1"] == 0.0
+    s = processbench_scores([1], [1])
+    assert s["acc_error"] == 100.0 and np.isnan(s["acc_correct"]) and np.isnan(s["f1"])
+
+
+TUNE = [
+    ([0.9, 0.35, 0.2], 2),
+    ([0.4, 0.25], 1),
+    ([0.32, 0.38, 0.9], -1),
+    ([0.28, 0.6], 0),
+]
+
+
+def test_tune_threshold_finds_0_3():
+    # every row is right exactly for 0.28 < t <= 0.32; the default grid's only point there is 0.30
+    probs, offsets, label = flat(TUNE)
+    threshold, f1 = tune_threshold(probs, offsets, label)
+    assert threshold == pytest.approx(0.30)
+    assert f1 == 100.0
+    # at the reference 0.5: preds 1, 0, 0, 0 -> 1/3 errors right, 0/1 clean right -> F1 0
+    assert processbench_scores(predict_first_error(probs, offsets, 0.5), label)["f1"] == 0.0
+
+
+def test_tune_tie_goes_closest_to_half():
+    probs, offsets, label = flat(TUNE)
+    # 0.29 and 0.31 both give F1 100; 0.31 is closer to 0.5
+    assert tune_threshold(probs, offsets, label, grid=[0.1, 0.29, 0.31, 0.9]) == (0.31, 100.0)
+
+
+def test_tune_matches_direct_evaluation():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 8, size=300)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    probs = np.round(rng.random(offsets[-1]), 2)  # rounding creates exact ties
+    label = np.where(rng.random(300) < 0.5, -1, rng.integers(0, 8, 300) % lengths)
+    grid = np.linspace(0.01, 0.99, 99)
+    direct = [processbench_scores(predict_first_error(probs, offsets, t), label)["f1"] for t in grid]
+    t, f1 = tune_threshold(probs, offsets, label, grid=grid)
+    assert f1 == pytest.approx(max(direct))
+    assert processbench_scores(predict_first_error(probs, offsets, t), label)["f1"] == pytest.approx(f1)
+    t_exact, f1_exact = tune_threshold(probs, offsets, label)
+    assert f1_exact >= f1 - 1e-9
+    assert processbench_scores(predict_first_error(probs, offsets, t_exact), label)["f1"] == pytest.approx(f1_exact)
+
+
+def test_tune_needs_both_kinds():
+    with pytest.raises(ValueError):
+        tune_threshold([0.1, 0.2], [0, 1, 2], [0, 0])
+
+
+def test_by_subset():
+    out = first_error_f1_by_subset([1, -1, 0, 2], [1, -1, 1, -1], ["math", "math", "gsm8k", "gsm8k"])
+    assert list(out["subsets"]) == ["math", "gsm8k"]
+    assert out["subsets"]["math"]["f1"] == 100.0
+    assert out["subsets"]["gsm8k"]["f1"] == 0.0
+    assert out["average_f1"] == 50.0

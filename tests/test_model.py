@@ -1,0 +1,170 @@
+"""The model's contract: one backbone pass, exact prefix sharing and packing, index alignment, round trip."""
+import numpy as np
+import pytest
+import torch
+
+from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.encoding import Encoder
+from biprm.modeling import BiPRMModel, from_backbone
+from biprm.packing import check_tags, pack
+from biprm.scoring import Scorer
+from biprm.template import STEP_TAG
+from biprm.trajectory import DataError, Trajectory
+
+TRAJS = [
+    Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."], [1, 1, 1]),
+    Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 24 apples.", "24 - 2 = 22.", "The answer is 22."], [0, 0, 0]),
+    Trajectory("Ann reads 12 pages a day for 5 days. How many pages?", ["12 * 5 = 60.", "The answer is 60."], [1, 1]),
+    Trajectory("A box holds 4 rows of 6 eggs. How many eggs?", ["4 * 6 = 24 eggs.", "Now half of them break: 12.", "So 24 remain.", "The answer is 24."], [1, 0, 0, 0]),
+]
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    return resolve_backbone("tiny")
+
+
+def make(backbone, mode, **kw):
+    tok = load_tokenizer(backbone)
+    torch.manual_seed(0)
+    return from_backbone(backbone, tok, mode=mode, **kw).eval(), tok
+
+
+def count_backbone_calls(model):
+    calls = []
+    handle = model.backbone.register_forward_hook(lambda *a: calls.append(1))
+    return calls, handle
+
+
+@pytest.mark.parametrize("mode", ["l2r", "r2l", "bi", "bi-static"])
+def test_one_backbone_pass_per_training_step_and_scoring_batch(backbone, mode):
+    model, tok = make(backbone, mode)
+    model.train()
+    enc = Encoder(tok, model.config.step_tag_id)
+    batch = pack([enc.encode(t) for t in TRAJS], mode)
+    calls, handle = count_backbone_calls(model)
+    model(**batch).loss.backward()
+    assert len(calls) == 1
+    calls.clear()
+    Scorer(model, tok, tokens_per_batch=10**6).score(TRAJS, progress=False)
+    handle.remove()
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("mode", ["l2r", "r2l", "bi", "bi-static"])
+def test_prefix_sharing_and_packing_preserve_scores(backbone, mode):
+    model, tok = make(backbone, mode)
+    plain = Scorer(model, tok, share_prefix=False, tokens_per_row=None).score(TRAJS, progress=False)
+    for share, row in [(True, None), (True, 64), (False, 4096), (True, 4096)]:
+        other = Scorer(model, tok, share_prefix=share, tokens_per_row=row).score(TRAJS, progress=False)
+        for stream in ("fused", "l2r", "r2l", "sigma"):
+            a, b = getattr(plain, stream), getattr(other, stream)
+            assert (a is None) == (b is None)
+            if a is not None:
+                np.testing.assert_allclose(a, b, atol=1e-4)
+    # one trajectory alone scores the same as inside a batch (bucketing does not leak across items)
+    alone = Scorer(model, tok).score(TRAJS[3:], progress=False)
+    np.testing.assert_allclose(alone.fused, plain.of(3), atol=1e-4)
+
+
+def test_r2l_scores_are_aligned_by_index(backbone):
+    """Recompute R2L by hand: prompt + s_T..s_1 through the backbone, value head at each tag."""
+    model, tok = make(backbone, "bi")
+    scores = Scorer(model, tok).score(TRAJS, progress=False)
+    enc = Encoder(tok, model.config.step_tag_id).encode(TRAJS[3])
+    ids = enc.prompt + [i for s in enc.steps[::-1] for i in s]
+    with torch.no_grad():
+        h = model.backbone(input_ids=torch.tensor([ids])).last_hidden_state[0]
+        tags = [k for k, i in enumerate(ids) if i == model.config.step_tag_id]  # tags of s_T .. s_1
+        r2l = torch.sigmoid(model.value_head(h[tags[::-1]]).squeeze(-1)).numpy()
+    np.testing.assert_allclose(scores.of(3, "r2l"), r2l, atol=1e-5)
+
+
+def test_zero_rewards_are_not_mistaken_for_padding(backbone):
+    model, tok = make(backbone, "bi-static")
+    torch.nn.init.zeros_(model.value_head.weight)
+    torch.nn.init.zeros_(model.value_head.bias)
+    scores = Scorer(model, tok).score(TRAJS, progress=False)
+    assert len(scores.fused) == sum(len(t.steps) for t in TRAJS)
+    np.testing.assert_allclose(scores.fused, 0.5)
+
+
+def test_modes_and_gate(backbone):
+    bi, tok = make(backbone, "bi")
+    H = bi.config.backbone_config.hidden_size
+    assert sum(p.numel() for p in bi.gate.parameters()) == 2 * H * H + H + H + 1
+    s = Scorer(bi, tok).score(TRAJS, progress=False)
+    assert ((s.sigma > 0) & (s.sigma < 1)).all()
+    static, _ = make(backbone, "bi-static")
+    assert static.gate is None
+    np.testing.assert_allclose(Scorer(static, tok).score(TRAJS, progress=False).sigma, 0.5)
+    l2r, _ = make(backbone, "l2r")
+    s = Scorer(l2r, tok).score(TRAJS, progress=False)
+    assert s.r2l is None and s.sigma is None
+    np.testing.assert_allclose(s.fused, s.l2r)
+
+
+@pytest.mark.parametrize("detach", [True, False])
+def test_gate_input_detach_option(backbone, detach):
+    model, tok = make(backbone, "bi", detach_gate_inputs=detach)
+    batch = pack([Encoder(tok, model.config.step_tag_id).encode(t) for t in TRAJS], "bi")
+    model(**batch).sigma.sum().backward()
+    backbone_grad = sum(p.grad.abs().sum() for p in model.backbone.parameters() if p.grad is not None)
+    assert model.gate[0].weight.grad.abs().sum() > 0
+    assert (backbone_grad == 0) if detach else (backbone_grad > 0)
+
+
+def test_aux_loss_weight_adds_per_stream_losses(backbone):
+    base, tok = make(backbone, "bi")
+    aux, _ = make(backbone, "bi", aux_loss_weight=0.5)
+    batch = pack([Encoder(tok, base.config.step_tag_id).encode(t) for t in TRAJS], "bi")
+    out = aux(**batch)
+    from biprm.losses import bce_loss
+
+    expected = bce_loss(out.fused, batch["labels"], batch["step_offsets"]) + 0.5 * (
+        bce_loss(out.l2r, batch["labels"], batch["step_offsets"]) + bce_loss(out.r2l, batch["labels"], batch["step_offsets"])
+    )
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["l2r", "bi"])
+def test_save_and_load_round_trip(backbone, mode, tmp_path):
+    model, tok = make(backbone, mode)
+    before = Scorer(model, tok).score(TRAJS, progress=False)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    loaded = Scorer.from_pretrained(str(tmp_path), device="cpu")
+    assert loaded.model.config.mode == mode
+    assert loaded.tokenizer.convert_tokens_to_ids(STEP_TAG) == model.config.step_tag_id
+    after = loaded.score(TRAJS, progress=False)
+    np.testing.assert_allclose(before.fused, after.fused, rtol=0, atol=1e-6)
+    if mode == "bi":
+        np.testing.assert_allclose(before.sigma, after.sigma, rtol=0, atol=1e-6)
+
+
+def test_tags_found_by_id_in_final_input_ids(backbone):
+    model, tok = make(backbone, "bi")
+    batch = pack([Encoder(tok, model.config.step_tag_id).encode(t) for t in TRAJS], "bi")
+    check_tags(batch, model.config.step_tag_id)
+    batch["l2r_index"] = batch["l2r_index"] - 1
+    with pytest.raises(AssertionError, match="not the step tag"):
+        check_tags(batch, model.config.step_tag_id)
+
+
+def test_step_text_containing_the_tag_is_rejected(backbone):
+    model, tok = make(backbone, "l2r")
+    bad = Trajectory("q?", ["first " + STEP_TAG + " second"], [1])
+    with pytest.raises(DataError, match="row 7.*2 step-tag tokens for 1 steps"):
+        Encoder(tok, model.config.step_tag_id).encode(bad, "data.jsonl row 7")
+
+
+def test_truncation_drops_whole_trailing_steps_in_both_streams(backbone):
+    model, tok = make(backbone, "bi")
+    full = Encoder(tok, model.config.step_tag_id).encode(TRAJS[3])
+    limit = full.n_tokens - len(full.steps[-1])  # room for all but the last step
+    cut = Encoder(tok, model.config.step_tag_id, max_length=limit).encode(TRAJS[3])
+    assert cut.n_dropped == 1 and cut.steps == full.steps[:-1] and cut.labels == [1, 0, 0]
+    batch = pack([cut], "bi")
+    check_tags(batch, model.config.step_tag_id)
+    assert len(batch["l2r_index"]) == len(batch["r2l_index"]) == 3
