@@ -39,7 +39,7 @@ def resolve_backbone(name_or_path: str) -> str:
     """A local model folder for a built-in name; any other name or path comes back unchanged."""
     key = name_or_path.strip().lower()
     if key in TINY_NAMES:
-        return str(_cached("tiny-llama-v1", _build_tiny))
+        return str(_cached("tiny-llama-v2", _build_tiny))
     if key in SMOLLM2_NAMES:
         return str(_cached("smollm2-135m-instruct", _build_smollm2))
     return name_or_path
@@ -113,6 +113,13 @@ def _corpus(n: int = 400) -> list[str]:
     return lines
 
 
+def _synthetic_corpus(n: int = 600) -> list[str]:
+    """Text of the embedded synthetic task, so its words become single tokens and sequences stay short."""
+    from biprm.synthetic import make_dataset
+
+    return [" ".join([t.question, *t.steps]) for t in make_dataset(n, seed=12345)]
+
+
 def _build_tiny(out: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaModel, PreTrainedTokenizerFast
@@ -124,18 +131,18 @@ def _build_tiny(out: Path) -> None:
     )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=768,
+        vocab_size=2048,
         special_tokens=list(specials.values()),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte: any text encodes
         show_progress=False,
     )
-    bpe.train_from_iterator(_corpus(), trainer)
+    bpe.train_from_iterator(_corpus() + _synthetic_corpus(), trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, **specials)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
+        hidden_size=96,
+        intermediate_size=256,
+        num_hidden_layers=3,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=4096,

@@ -103,7 +103,7 @@ class BiPRMModel(PreTrainedModel):
         labels: torch.Tensor | None = None,
     ) -> BiPRMOutput:
         mask = attention_mask(unit_ids, stream_ids)
-        if self.backbone.config._attn_implementation == "eager":  # eager adds the mask to the scores
+        if mask is not None and self.backbone.config._attn_implementation == "eager":  # eager adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(~mask, torch.finfo(self.dtype).min)
         hidden = self.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
         flat = hidden.reshape(-1, hidden.shape[-1])

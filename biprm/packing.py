@@ -43,20 +43,18 @@ def _continuation(enc: Encoded, stream: str, shared: bool) -> tuple[np.ndarray, 
 
 
 def _units(encs: list[Encoded], streams: tuple[str, ...], share_prefix: bool, max_tokens: int | None) -> list[_Unit]:
-    """Group continuations under their prompt; trajectories with the same prompt share one unit."""
+    """With sharing, trajectories with the same prompt share one unit; without, every stream is its own unit."""
+    if not share_prefix:
+        return [_Unit([], [(i, s)], e.n_tokens) for i, e in enumerate(encs) for s in streams]
     units: list[_Unit] = []
     open_unit: dict[tuple[int, ...], _Unit] = {}
     for i, enc in enumerate(encs):
-        key = tuple(enc.prompt) if share_prefix else None
-        cont_len = (0 if share_prefix else len(enc.prompt)) + sum(len(s) for s in enc.steps)
-        need = cont_len * len(streams)
-        unit = open_unit.get(key) if key is not None else None
+        need = (enc.n_tokens - len(enc.prompt)) * len(streams)
+        unit = open_unit.get(tuple(enc.prompt))
         if unit is None or (max_tokens is not None and unit.n_tokens + need > max_tokens):
-            prefix = list(enc.prompt) if share_prefix else []
-            unit = _Unit(prefix, n_tokens=len(prefix))
+            unit = _Unit(list(enc.prompt), n_tokens=len(enc.prompt))
             units.append(unit)
-            if key is not None:
-                open_unit[key] = unit
+            open_unit[tuple(enc.prompt)] = unit
         unit.conts.extend((i, s) for s in streams)
         unit.n_tokens += need
     return units
@@ -146,8 +144,16 @@ def check_tags(batch: dict[str, torch.Tensor], step_tag_id: int) -> None:
         raise AssertionError(f"{n_tags} step tags in input_ids but {n_indexed} indexed steps")
 
 
-def attention_mask(unit_ids: torch.Tensor, stream_ids: torch.Tensor) -> torch.Tensor:
-    """[R, 1, L, L] boolean mask: same unit, causal, and prefix-or-own-continuation."""
+def attention_mask(unit_ids: torch.Tensor, stream_ids: torch.Tensor) -> torch.Tensor | None:
+    """[R, 1, L, L] boolean mask: same unit, causal, and prefix-or-own-continuation.
+
+    None when every row holds one plain sequence (no sharing, no packing): right padding
+    under a causal mask is then invisible to real tokens, and the backbone can use its
+    fastest causal attention kernel.
+    """
+    one_per_row = bool(((unit_ids == unit_ids[:, :1]) | (unit_ids < 0)).all()) and int(stream_ids.max()) == 1
+    if one_per_row and not bool((stream_ids == 0).any()):
+        return None
     L = unit_ids.shape[1]
     same_unit = unit_ids[:, :, None] == unit_ids[:, None, :]
     key_stream = stream_ids[:, None, :]

@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainingArguments, set_seed
+from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.encoding import Encoded, Encoder
@@ -82,7 +82,7 @@ def encode_all(encoder: Encoder, trajs: list, name: str) -> list[Encoded]:
     return items
 
 
-def train(cfg: TrainConfig) -> str:
+def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> str:
     set_seed(cfg.seed)
     backbone_dir = resolve_backbone(cfg.backbone)
     tokenizer = load_tokenizer(backbone_dir)
@@ -116,7 +116,8 @@ def train(cfg: TrainConfig) -> str:
         report_to=[] if cfg.report_to == "none" else [cfg.report_to],
         remove_unused_columns=False,
         dataloader_drop_last=False,
-        gradient_checkpointing=cfg.gradient_checkpointing,
+        activation_checkpointing=cfg.gradient_checkpointing,
+        dataloader_pin_memory=torch.cuda.is_available(),
         deepspeed=cfg.deepspeed,
         disable_tqdm=not cfg.show_progress,
     )
@@ -124,10 +125,13 @@ def train(cfg: TrainConfig) -> str:
         pack, mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row,
         pad_id=tokenizer.pad_token_id,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=collate, processing_class=tokenizer)
+    trainer = Trainer(
+        model=model, args=args, train_dataset=dataset, data_collator=collate, processing_class=tokenizer, callbacks=callbacks
+    )
     resume = cfg.resume and any(Path(cfg.output_dir).glob("checkpoint-*"))
     trainer.train(resume_from_checkpoint=True if resume else None)
     trainer.save_model(cfg.output_dir)
     if trainer.is_world_process_zero():
         Path(cfg.output_dir, "biprm_train.json").write_text(json.dumps(asdict(cfg), indent=2))
+        Path(cfg.output_dir, "train_log.json").write_text(json.dumps(trainer.state.log_history, indent=2))
     return cfg.output_dir

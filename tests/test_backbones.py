@@ -108,14 +108,14 @@ def test_tiny_loads_with_automodel_and_runs(tiny):
     model, info = AutoModel.from_pretrained(tiny, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     config = model.config
-    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (64, 2, 4)
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (96, 3, 4)
     assert config.num_key_value_heads == 2 and config.max_position_embeddings == 4096
     assert config.tie_word_embeddings is False
     tokenizer = load_tokenizer(tiny)
     batch = tokenizer(TEXTS[:3], padding=True, return_tensors="pt")
     with torch.no_grad():
         hidden = model(**batch).last_hidden_state
-    assert hidden.shape == (3, batch.input_ids.shape[1], 64)
+    assert hidden.shape == (3, batch.input_ids.shape[1], 96)
     assert torch.isfinite(hidden).all()
 
 

