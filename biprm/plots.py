@@ -1,7 +1,14 @@
-"""Curves over normalised step position (paper Fig. 4) and their PNGs."""
+"""Curves over normalised step position (paper Fig. 4) and their PNGs.
+
+All plotting lives here so every figure shares one look: modes keep the paper's
+names and colours (BiPRM red, L2R green, R2L blue) and the x axis reads in percent.
+"""
 from __future__ import annotations
 
 import numpy as np
+
+NAMES = {"bi": "BiPRM", "bi-static": "BiPRM (static avg.)", "l2r": "L2R-PRM", "r2l": "R2L-PRM", "2xl2r": "2×L2R", "2xr2l": "2×R2L"}
+COLORS = {"bi": "tab:red", "bi-static": "tab:orange", "l2r": "tab:green", "r2l": "tab:blue", "2xl2r": "olive", "2xr2l": "tab:cyan"}
 
 
 def normalised_position(offsets: np.ndarray) -> np.ndarray:
@@ -23,18 +30,37 @@ def position_curve(values: np.ndarray, offsets: np.ndarray, bins: int = 10) -> d
     return {"position": centres.tolist(), "mean": mean.tolist(), "count": counts.tolist()}
 
 
-def plot_curves(path: str, curves: dict[str, dict], ylabel: str, title: str, vline: float | None = None, vline_label: str = "") -> None:
+def plot_curves(
+    path: str,
+    curves: dict[str, dict],
+    ylabel: str,
+    title: str,
+    vline: float | None = None,
+    vline_label: str = "",
+    hline: float | None = None,
+    hline_label: str = "",
+    ylim: tuple[float, float] | None = None,
+) -> None:
+    """One line per curve (keys may be mode names); `vline` is a position in [0, 1], `hline` a y value."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for name, curve in curves.items():
-        ax.plot(np.array(curve["position"]) * 100, curve["mean"], marker="o", ms=3, label=name)
-    if vline is not None:
+        ax.plot(np.array(curve["position"]) * 100, np.array(curve["mean"], dtype=float), marker="o", ms=3,
+                label=NAMES.get(name, name), color=COLORS.get(name))
+    if vline is not None and np.isfinite(vline):
         ax.axvline(vline * 100, ls="--", color="grey", label=vline_label)
-    ax.set_xlabel("normalised step position (%)")
+    if hline is not None:
+        ax.axhline(hline, ls=":", color="black", lw=1, label=hline_label)
+    ax.set_xlim(0, 100)
+    ax.xaxis.set_major_formatter(PercentFormatter(100))
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_xlabel("normalised step position")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -42,3 +68,16 @@ def plot_curves(path: str, curves: dict[str, dict], ylabel: str, title: str, vli
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_mae_by_position(result: dict, path: str) -> None:
+    """Fig. 4a from `biprm.analysis.mae_by_position`, the average error onset dashed."""
+    onset = result["error_onset"]
+    plot_curves(path, result["curves"], ylabel=r"MAE $|p_t - y_t|$", title="Step-wise MAE by position",
+                vline=onset, vline_label=f"average error onset ({onset:.1%})")
+
+
+def plot_sigma_by_position(result: dict, path: str) -> None:
+    """Fig. 4b from `biprm.analysis.sigma_by_position`: below 0.5 R2L dominates, above it L2R."""
+    plot_curves(path, {"bi": result["curve"]}, ylabel=r"mean gate $\sigma_t$ (weight on L2R)",
+                title="Gate weight by step position", hline=0.5, hline_label="equal weight", ylim=(0.0, 1.0))

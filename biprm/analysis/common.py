@@ -1,0 +1,53 @@
+"""Pieces every analysis shares: labels as flat arrays, the ProcessBench report of one mode, Markdown tables."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from itertools import chain
+
+import numpy as np
+
+from biprm.metrics.processbench import first_error_f1_by_subset, predict_first_error
+from biprm.scores import StepScores
+from biprm.trajectory import Trajectory
+
+
+def first_errors(trajs: Sequence[Trajectory]) -> np.ndarray:
+    """0-based first wrong step per trajectory, -1 when none."""
+    return np.array([t.first_error for t in trajs], dtype=np.int64)
+
+
+def step_labels(trajs: Sequence[Trajectory], offsets: np.ndarray) -> np.ndarray:
+    """Labels of the scored steps, flat like `offsets`; the scorer may have cut trailing steps past max_length."""
+    if any(t.labels is None for t in trajs):
+        raise ValueError("step labels are needed on every trajectory")
+    n_steps = np.array([len(t.labels) for t in trajs])
+    scored = np.diff(offsets)
+    if len(scored) != len(trajs) or np.any(scored > n_steps):
+        raise ValueError("scores do not belong to these trajectories (count or step numbers differ)")
+    labels = np.fromiter(chain.from_iterable(t.labels for t in trajs), dtype=np.float64, count=n_steps.sum())
+    starts = np.cumsum(n_steps) - n_steps
+    return labels[np.repeat(starts - offsets[:-1], scored) + np.arange(offsets[-1])]
+
+
+def subsets(trajs: Sequence[Trajectory]) -> np.ndarray:
+    """ProcessBench subset of every trajectory (meta "subset"), "all" where none is given."""
+    return np.array([str(t.meta.get("subset", "all")) for t in trajs])
+
+
+def threshold_of(threshold: float | Mapping[str, float], mode: str) -> float:
+    """One threshold for all modes, or one per mode (e.g. each tuned on GSM8K)."""
+    return float(threshold[mode]) if isinstance(threshold, Mapping) else float(threshold)
+
+
+def first_error_report(trajs: Sequence[Trajectory], scores: StepScores, threshold: float) -> dict:
+    """ProcessBench protocol on the fused probabilities: per-subset scores and the mean F1 over subsets."""
+    if len(scores) != len(trajs):
+        raise ValueError(f"{len(scores)} scored trajectories for {len(trajs)} trajectories")
+    pred = predict_first_error(scores.fused, scores.offsets, threshold)
+    return first_error_f1_by_subset(pred, first_errors(trajs), subsets(trajs))
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
+    """A pipe table; the first `left` columns are text (left-aligned), the rest numbers (right-aligned)."""
+    rule = ["---" if i < left else "---:" for i in range(len(head))]
+    return "\n".join("| " + " | ".join(row) + " |" for row in [list(head), rule, *rows])
