@@ -1,0 +1,73 @@
+"""The paper's ablation table: which part of BiPRM carries the gain.
+
+Rows, as in the paper: w/o R2L (an L2R model), w/o L2R (an R2L model), w/o Dynamic
+(bi-static: fixed 0.5 fusion), 2×L2R and 2×R2L (two independently trained models with
+their step probabilities averaged: BiPRM's compute without its second direction), and
+BiPRM. Columns: mean BoN@n per pool, then ProcessBench F1 per subset and on average.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from biprm.analysis.common import markdown_table
+from biprm.evaluation.bon import evaluate_bon, format_bon
+from biprm.evaluation.common import EvalOptions, fmt, write_outputs
+from biprm.evaluation.data import PROCESSBENCH_SUBSETS, load_pool, load_processbench
+from biprm.evaluation.models import ROLES, ablation_modes, score_modes
+from biprm.evaluation.processbench import TITLES, evaluate_processbench, format_processbench
+from biprm.metrics.bon import DEFAULT_NS
+
+
+@dataclass(kw_only=True)
+class AblationConfig(EvalOptions):
+    checkpoints: dict[str, str]  # role (l2r, r2l, bi-static, bi, l2r-2, r2l-2) -> folder
+    pools: list[str] = field(default_factory=lambda: ["gsm8k_bon_small"])
+    agg: str = "min"
+    ns: tuple[int, ...] = DEFAULT_NS
+    subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS
+    threshold: float = 0.5
+    tune: bool = False
+
+
+def ablation_table(bon_results: list[dict], pb_result: dict | None) -> dict:
+    """{"columns": [...], "rows": {paper row label: {column: value}}} for the roles present in the results."""
+    rows: dict[str, dict[str, float]] = {}
+    columns: list[str] = [f"{r['pool']} BoN" for r in bon_results]
+    if pb_result:
+        columns += [TITLES.get(n, n) for n in pb_result["subsets"]] + ["PB Avg. F1"]
+        columns += ["PB Avg. F1 (tuned)"] if any("tuned" in m for m in pb_result["modes"].values()) else []
+    present = (pb_result or bon_results[0])["modes"]
+    for role, _, label in ROLES:
+        if role not in present:
+            continue
+        row = {f"{r['pool']} BoN": r["modes"][role]["mean"]["bon"] for r in bon_results}
+        if pb_result:
+            m = pb_result["modes"][role]
+            row |= {TITLES.get(n, n): s["f1"] for n, s in m["fixed"]["subsets"].items()} | {"PB Avg. F1": m["fixed"]["average_f1"]}
+            row |= {"PB Avg. F1 (tuned)": m["tuned"]["average_f1"]} if "tuned" in m else {}
+        rows[label] = row
+    return {"columns": columns, "rows": rows}
+
+
+def format_ablation_table(table: dict) -> str:
+    cols = table["columns"]
+    return markdown_table(["method", *cols], [[label, *(fmt(row.get(c)) for c in cols)] for label, row in table["rows"].items()])
+
+
+def run_ablations(cfg: AblationConfig) -> dict:
+    cache = cfg.open_cache()
+    modes = ablation_modes(cfg.checkpoints)
+    bon = []
+    for spec in cfg.pools:
+        pool = load_pool(spec, cfg.data_root, cfg.limit, cache=cache, grade_workers=cfg.grade_workers)
+        bon.append(evaluate_bon(pool, score_modes(modes, cache, pool.trajs), cfg.agg, cfg.ns))
+    trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
+    pb = evaluate_processbench(trajs, score_modes(modes, cache, trajs), cfg.threshold, cfg.tune)
+    table = ablation_table(bon, pb)
+    markdown = "\n\n".join([
+        "# Ablations", f"Mean BoN@n (%, aggregation `{cfg.agg}`) and ProcessBench F1 (%, threshold {cfg.threshold:g}).",
+        format_ablation_table(table), "## Best-of-N", *(format_bon(r) for r in bon), "## ProcessBench", format_processbench(pb),
+    ]) + "\n"
+    print(markdown)
+    print(f"wrote {write_outputs(cfg.out, 'ablations', {'table': table, 'bon': bon, 'processbench': pb}, markdown)} and ablations.json")
+    return {"table": table, "bon": bon, "processbench": pb}

@@ -1,0 +1,130 @@
+"""Step scores cached per (model, dataset), so no trajectory is ever scored twice.
+
+Keys are content hashes, never paths: a model is its config.json plus the bytes of its
+safetensors weights, a dataset is its questions and steps. Copying a checkpoint keeps
+its scores; retraining into the same folder, or editing one step, invalidates them.
+Weight files are hashed once per (path, size, mtime), remembered in the cache folder.
+Scores live as `<root>/<model key>/<dataset key>-<settings>.npz`; the settings part
+holds what changes the numbers (device type, hence dtype, and max_length).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from biprm.scores import StepScores
+from biprm.scoring import Scorer, default_device
+from biprm.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 24
+STREAMS = ("l2r", "r2l", "sigma")
+
+
+@dataclass
+class ScorerSettings:
+    """How checkpoints are run; `tokens_per_row=None` gives every question its own row."""
+
+    device: str | None = None
+    tokens_per_batch: int = 16384
+    tokens_per_row: int | None = 4096
+    max_length: int = 4096
+
+
+def _atomic_write(path: Path, write: Callable) -> None:
+    """Write through a temporary file, so an interrupted run never leaves a half file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def dataset_key(trajs: list[Trajectory]) -> str:
+    """Hash of questions and steps: what the scorer reads (labels and metadata do not change scores)."""
+    h = hashlib.sha256()
+    h.update(json.dumps([[t.question, t.steps] for t in trajs], ensure_ascii=False).encode())
+    return h.hexdigest()
+
+
+class ScoreCache:
+    def __init__(self, root: str | Path, settings: ScorerSettings | None = None):
+        self.root = Path(root)
+        self.settings = settings or ScorerSettings()
+        self._memo_path = self.root / "file_hashes.json"
+        self._memo: dict[str, str] = json.loads(self._memo_path.read_text()) if self._memo_path.is_file() else {}
+        self._scorers: dict[str, Scorer] = {}
+        self._model_keys: dict[str, str] = {}
+
+    def file_hash(self, path: Path) -> str:
+        stat = path.stat()
+        memo = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        if memo not in self._memo:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    h.update(chunk)
+            self._memo[memo] = h.hexdigest()
+            _atomic_write(self._memo_path, lambda f: f.write(json.dumps(self._memo, indent=0).encode()))
+        return self._memo[memo]
+
+    def model_key(self, ckpt: str) -> str:
+        if ckpt not in self._model_keys:
+            folder = Path(ckpt)
+            weights = sorted(folder.glob("*.safetensors"))
+            if not (folder / "config.json").is_file() or not weights:
+                raise FileNotFoundError(f"{ckpt}: not a checkpoint folder (needs config.json and *.safetensors weights)")
+            h = hashlib.sha256((folder / "config.json").read_bytes())
+            for w in weights:
+                h.update(f"{w.name}:{self.file_hash(w)}".encode())
+            self._model_keys[ckpt] = h.hexdigest()
+        return self._model_keys[ckpt]
+
+    def scorer(self, ckpt: str) -> Scorer:
+        """Loaded on first use only: a fully cached run never loads a model."""
+        if ckpt not in self._scorers:
+            s = self.settings
+            self._scorers[ckpt] = Scorer.from_pretrained(
+                ckpt, device=s.device, max_length=s.max_length, tokens_per_batch=s.tokens_per_batch, tokens_per_row=s.tokens_per_row
+            )
+        return self._scorers[ckpt]
+
+    def _path(self, kind: str, ckpt: str | None, trajs: list[Trajectory], tag: str) -> Path:
+        model = self.model_key(ckpt)[:20] if ckpt else "data"
+        return self.root / model / f"{kind}-{dataset_key(trajs)[:20]}-{tag}.npz"
+
+    def scores(self, ckpt: str, trajs: list[Trajectory]) -> StepScores:
+        device = torch.device(self.settings.device) if self.settings.device else default_device()
+        path = self._path("scores", ckpt, trajs, f"{device.type}-len{self.settings.max_length}")
+        if path.is_file():
+            with np.load(path) as z:
+                return StepScores(z["offsets"], z["fused"], *(z[k] if k in z else None for k in STREAMS))
+        scores = self.scorer(ckpt).score(trajs)
+        arrays = {"offsets": scores.offsets, "fused": scores.fused}
+        arrays |= {k: getattr(scores, k) for k in STREAMS if getattr(scores, k) is not None}
+        _atomic_write(path, lambda f: np.savez(f, **arrays))
+        return scores
+
+    def array(self, kind: str, ckpt: str | None, trajs: list[Trajectory], extra: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
+        """Any other per-trajectory array worth keeping (grades, token lengths), keyed like scores plus `extra`."""
+        path = self._path(kind, ckpt, trajs, hashlib.sha256(extra.encode()).hexdigest()[:12])
+        if path.is_file():
+            with np.load(path) as z:
+                return z["value"]
+        value = np.asarray(compute())
+        _atomic_write(path, lambda f: np.savez(f, value=value))
+        return value

@@ -1,0 +1,129 @@
+"""`biprm eval {bon,processbench,ablations,all}`: flags -> one config dataclass -> one recipe."""
+from __future__ import annotations
+
+import argparse
+
+from biprm.aggregate import AGGREGATIONS
+from biprm.evaluation.ablations import AblationConfig, run_ablations
+from biprm.evaluation.bon import BonConfig, run_bon
+from biprm.evaluation.cache import ScorerSettings
+from biprm.evaluation.data import PROCESSBENCH_SUBSETS, default_data_root
+from biprm.evaluation.models import CHECKPOINT_ROLES as ROLES
+from biprm.evaluation.processbench import ProcessBenchConfig, run_processbench
+from biprm.evaluation.suite import SuiteConfig, run_suite
+from biprm.metrics.bon import DEFAULT_NS
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _role(text: str) -> tuple[str, str]:
+    role, sep, path = text.partition("=")
+    if not sep or role not in ROLES:
+        raise argparse.ArgumentTypeError(f"expected ROLE=CHECKPOINT with ROLE in {ROLES}, got {text!r}")
+    return role, path
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-root", default=default_data_root(),
+                   help="benchmark folder: $BIPRM_DATA, else ../shared/data beside the repo (%(default)s)")
+    p.add_argument("--out", default="eval", help="output folder")
+    p.add_argument("--cache-dir", default=None, help="score cache (default: OUT/cache)")
+    p.add_argument("--limit", type=int, default=None, help="at most N questions per pool and rows per ProcessBench subset, evenly spaced")
+    p.add_argument("--grade-workers", type=int, default=2, help="processes for math-verify grading (0: inline)")
+    p.add_argument("--device", default=None, help="cuda if available, else cpu")
+    p.add_argument("--tokens-per-batch", type=int, default=16384)
+    p.add_argument("--tokens-per-row", type=int, default=4096, help="packed row length; 0 gives every question its own row")
+    p.add_argument("--max-length", type=int, default=4096, help="tokens per stream; trailing steps past it are not scored")
+
+
+def _scoring(p: argparse.ArgumentParser, pb: bool = True) -> None:
+    p.add_argument("--agg", choices=AGGREGATIONS, default="min", help="step -> solution score")
+    ns = ",".join(map(str, DEFAULT_NS))
+    p.add_argument("--ns", type=_ints, default=DEFAULT_NS, help=f"BoN sizes, comma-separated (default {ns}; those above the pool size are skipped)")
+    if pb:
+        subsets = ",".join(PROCESSBENCH_SUBSETS)
+        p.add_argument("--subsets", type=_names, default=PROCESSBENCH_SUBSETS, help=f"ProcessBench subsets (default {subsets})")
+        p.add_argument("--threshold", type=float, default=0.5, help="first-error threshold on step probabilities")
+
+
+def _options(args: argparse.Namespace) -> dict:
+    scorer = ScorerSettings(args.device, args.tokens_per_batch, args.tokens_per_row or None, args.max_length)
+    return dict(data_root=args.data_root, out=args.out, cache_dir=args.cache_dir, limit=args.limit,
+                grade_workers=args.grade_workers, scorer=scorer)
+
+
+def cmd_bon(args: argparse.Namespace) -> None:
+    run_bon(BonConfig(models=args.model, pool=args.pool, questions=args.questions, questions_split=args.questions_split,
+                      split_rule=args.split_rule, agg=args.agg, ns=args.ns, random_subsets=args.random_subsets, seed=args.seed,
+                      **_options(args)))
+
+
+def cmd_processbench(args: argparse.Namespace) -> None:
+    run_processbench(ProcessBenchConfig(models=args.model, subsets=args.subsets, threshold=args.threshold, tune=args.tune_threshold,
+                                        **_options(args)))
+
+
+def cmd_ablations(args: argparse.Namespace) -> None:
+    ckpts = {role: path for role in ROLES if (path := getattr(args, role.replace("-", "_")))}
+    run_ablations(AblationConfig(checkpoints=ckpts, pools=args.pool or ["gsm8k_bon_small"], agg=args.agg, ns=args.ns,
+                                 subsets=args.subsets, threshold=args.threshold, tune=args.tune_threshold, **_options(args)))
+
+
+def cmd_all(args: argparse.Namespace) -> None:
+    run_suite(SuiteConfig(model=args.model, ablation=dict(args.ablation or []), pools=args.pool or [], agg=args.agg, ns=args.ns,
+                          subsets=args.subsets, threshold=args.threshold, long_chain_tokens=args.long_chain_tokens,
+                          perturb_seed=args.perturb_seed, cases=args.cases, **_options(args)))
+
+
+def add_eval_parser(sub: argparse._SubParsersAction) -> None:
+    ev = sub.add_parser("eval", help="Best-of-N, ProcessBench, ablations and the paper's analyses (see docs/EVALUATION.md)")
+    protocols = ev.add_subparsers(dest="protocol", required=True)
+    pool_help = "gsm8k_bon_small, a candidates file (ours or PQM's layout) or hf://OWNER/REPO/FILE; append @QUESTIONS for gold answers"
+
+    p = protocols.add_parser("bon", help="Best-of-N@n with pass@n, majority and reward-weighted vote beside it")
+    p.add_argument("--model", action="append", required=True, help="checkpoint folder (repeat to compare)")
+    p.add_argument("--pool", default="gsm8k_bon_small", help=pool_help)
+    p.add_argument("--questions", default=None, help="gold answers, matched by position: gsm_plus, math500, gsm8k, a file or a Hub dataset")
+    p.add_argument("--questions-split", default="test", help="split when --questions is a Hub dataset (GSM-Plus: testmini)")
+    p.add_argument("--split-rule", default="auto", help="how a candidate's text is cut into steps: auto, newline, double-newline, ки")
+    p.add_argument("--random-subsets", type=int, default=0, help="also average BoN@n over R random n-subsets (95%% range)")
+    p.add_argument("--seed", type=int, default=0)
+    _scoring(p, pb=False)
+    _common(p)
+    p.set_defaults(func=cmd_bon)
+
+    p = protocols.add_parser("processbench", help="first-error F1 per ProcessBench subset")
+    p.add_argument("--model", action="append", required=True, help="checkpoint folder (repeat to compare)")
+    p.add_argument("--tune-threshold", action="store_true", help="also report the threshold tuned on GSM8K, applied to all subsets")
+    _scoring(p)
+    _common(p)
+    p.set_defaults(func=cmd_processbench)
+
+    p = protocols.add_parser("ablations", help="the paper's ablation table from separately trained checkpoints")
+    for role in ROLES:
+        optional = role.endswith("-2")
+        p.add_argument(f"--{role}", required=not optional,
+                       help=f"second {role[:-2]} checkpoint (another seed) for the 2x ensemble" if optional else f"{role} checkpoint")
+    p.add_argument("--pool", action="append", default=None, help=pool_help + " (repeatable; default gsm8k_bon_small)")
+    p.add_argument("--tune-threshold", action="store_true", help="add ProcessBench F1 at the threshold tuned on GSM8K")
+    _scoring(p)
+    _common(p)
+    p.set_defaults(func=cmd_ablations)
+
+    p = protocols.add_parser("all", help="every protocol and analysis; writes report.md, results.json and figures")
+    p.add_argument("--model", required=True, help="checkpoint folder")
+    p.add_argument("--pool", action="append", default=None, help="extra pool besides gsm8k_bon_small: " + pool_help)
+    p.add_argument("--ablation", type=_role, nargs="+", default=None, metavar="ROLE=CKPT",
+                   help=f"separately trained models (ROLE in {', '.join(ROLES)}); --model fills its own role")
+    p.add_argument("--long-chain-tokens", type=int, default=1024, help="long-chain subset: sequences longer than this")
+    p.add_argument("--perturb-seed", type=int, default=1106)
+    p.add_argument("--cases", type=int, default=3, help="case studies to show")
+    _scoring(p)
+    _common(p)
+    p.set_defaults(func=cmd_all)

@@ -1,0 +1,152 @@
+"""Benchmark files -> what the protocols consume: Best-of-N pools and ProcessBench subsets.
+
+A pool spec is `gsm8k_bon_small` (the local 12-candidate GSM8K pool), a candidates file
+in our layout or PQM's, or `hf://OWNER/REPO/PATH` (a file in a Hugging Face model repo,
+where PQM keeps its 128-candidate sets). `SPEC@QUESTIONS` names where gold answers come
+from when the candidates carry none: `gsm_plus`, `math500`, `gsm8k` (files under the
+data root), a local file, or a Hub dataset `NAME[:CONFIG]`. Questions are matched to
+the pool by position and checked by text, as PQM's evaluation does.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from biprm.evaluation.cache import ScoreCache
+from biprm.grading import extract_answer, grade_many
+from biprm.readers import gsm8k_bon_small, load_trajectories, read_rows
+from biprm.trajectory import DataError, Trajectory
+
+PROCESSBENCH_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
+QUESTION_SETS = {"gsm_plus": "gsm_plus/gsmplus_testmini.jsonl", "math500": "math500/test.jsonl", "gsm8k": "gsm8k/test.jsonl"}
+
+
+def default_data_root() -> str:
+    """$BIPRM_DATA, else ../shared/data beside the repository."""
+    return os.environ.get("BIPRM_DATA") or str(Path(__file__).resolve().parents[3] / "shared" / "data")
+
+
+def spread(n: int, limit: int | None) -> np.ndarray:
+    """`limit` indices evenly spaced over range(n)."""
+    if limit is None or limit >= n:
+        return np.arange(n)
+    return np.arange(limit) * n // max(limit, 1)
+
+
+def balanced_slice(clean: np.ndarray, limit: int | None) -> np.ndarray:
+    """`limit` rows in file order, evenly spaced within clean and within erroneous rows, keeping the
+    subset's share of clean ones (at least one of each kind from limit 2 on). ProcessBench lists its
+    rows by final-answer correctness, so a plain head or even spread can miss a kind entirely."""
+    if limit is None or limit >= len(clean):
+        return np.arange(len(clean))
+    ok, wrong = np.flatnonzero(clean), np.flatnonzero(~clean)
+    k = round(limit * len(ok) / len(clean))
+    if limit >= 2:
+        k = min(max(k, int(len(ok) > 0)), limit - int(len(wrong) > 0))
+    return np.sort(np.concatenate([ok[spread(len(ok), k)], wrong[spread(len(wrong), limit - k)]]))
+
+
+@dataclass
+class Pool:
+    """Candidates flat and grouped by question, with what every BoN metric needs besides scores."""
+
+    name: str
+    trajs: list[Trajectory]
+    qid: np.ndarray
+    correct: np.ndarray
+    answer_key: np.ndarray
+
+
+def _hub_file(spec: str) -> str:
+    """hf://OWNER/REPO/PATH -> a local copy (Hub access needed); anything else unchanged."""
+    if not spec.startswith("hf://"):
+        return spec
+    from huggingface_hub import hf_hub_download
+
+    owner, repo, path = spec.removeprefix("hf://").split("/", 2)
+    return hf_hub_download(f"{owner}/{repo}", path)
+
+
+def _gold(row: dict, where: str) -> tuple[str, str]:
+    """(question, gold answer) of a GSM-Plus / MATH500 / GSM8K row; GSM8K keeps its answer after '####'."""
+    question, answer = row.get("question") or row.get("problem"), row.get("answer")
+    if not isinstance(question, str) or answer is None:
+        raise DataError(f"{where}: needs 'question' (or 'problem') and 'answer'")
+    answer = str(answer)
+    return question, answer.rsplit("####", 1)[1].strip() if "####" in answer else answer
+
+
+def _attach_golds(trajs: list[Trajectory], spec: str, data_root: str, split: str) -> None:
+    source = str(Path(data_root) / QUESTION_SETS[spec]) if spec in QUESTION_SETS else spec
+    rows, name = read_rows(source, split)
+    position = {q: i for i, q in enumerate(dict.fromkeys(t.meta["qid"] for t in trajs))}
+    if len(rows) != len(position):
+        raise DataError(f"{name}: has {len(rows)} questions, the pool {len(position)}; they are matched by position")
+    golds = [_gold(row, f"{name} row {i + 1}") for i, row in enumerate(rows)]
+    for t in trajs:
+        i = position[t.meta["qid"]]
+        question, gold = golds[i]
+        if question.strip() != t.question.strip():
+            raise DataError(f"{name} row {i + 1}: question differs from question {i + 1} of the pool")
+        if t.answer is None:
+            t.answer = gold
+
+
+def answer_key(answer: str | None, i: int) -> str:
+    """A vote key: the extracted answer without spacing or sizing commands; an unparsed answer votes alone."""
+    if answer is None:
+        return f"<no answer {i}>"
+    for noise in (" ", "\\left", "\\right", "\\!", "\\,", "\\displaystyle"):
+        answer = answer.replace(noise, "")
+    return answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+
+
+def load_pool(
+    spec: str, data_root: str, limit: int | None = None, questions: str | None = None, questions_split: str = "test",
+    split_rule: str = "auto", cache: ScoreCache | None = None, grade_workers: int = 2,
+) -> Pool:
+    """A pool with correctness per candidate: the stored flag when present, else math-verify against the gold."""
+    spec, _, at = spec.partition("@")
+    questions = questions or at or None
+    if spec == "gsm8k_bon_small":
+        trajs, name = gsm8k_bon_small(data_root), spec
+    else:
+        trajs, name = load_trajectories(_hub_file(spec), fmt="bon", split_rule=split_rule), Path(spec).name.split(".")[0]
+    if questions:
+        _attach_golds(trajs, questions, data_root, questions_split)
+    qids = list(dict.fromkeys(t.meta["qid"] for t in trajs))
+    keep = {qids[i] for i in spread(len(qids), limit)}
+    trajs = [t for t in trajs if t.meta["qid"] in keep]
+
+    preds = [extract_answer("\n".join(t.steps)) for t in trajs]
+    missing = [i for i, t in enumerate(trajs) if t.correct is None]
+    if any(trajs[i].answer is None for i in missing):
+        raise DataError(f"{spec}: candidates have no stored 'correct' flag and no gold answer; name the questions as {spec}@QUESTIONS")
+    pairs = [(trajs[i].answer, preds[i]) for i in missing]
+    graded: list[bool] | np.ndarray = []
+    if pairs:
+        grade = lambda: grade_many(pairs, grade_workers)  # noqa: E731
+        graded = grade() if cache is None else cache.array("grades", None, [trajs[i] for i in missing], repr(pairs), grade)
+    correct = np.array([bool(t.correct) for t in trajs])
+    correct[missing] = np.asarray(graded, dtype=bool)
+    keys = np.array([answer_key(a, i) for i, a in enumerate(preds)])
+    return Pool(name, trajs, np.array([t.meta["qid"] for t in trajs]), correct, keys)
+
+
+def load_processbench(data_root: str, subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS, limit: int | None = None) -> list[Trajectory]:
+    """The chosen subsets in one list, each row tagged meta["subset"]; `limit` rows per subset via `balanced_slice`."""
+    out = []
+    for name in subsets:
+        if name not in PROCESSBENCH_SUBSETS:
+            raise ValueError(f"unknown ProcessBench subset {name!r}; choose from {PROCESSBENCH_SUBSETS}")
+        path = Path(data_root) / "processbench" / f"{name}.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: ProcessBench subset not found; pass --data-root (or set $BIPRM_DATA)")
+        trajs = load_trajectories(str(path), fmt="processbench")
+        for i in balanced_slice(np.array([t.meta["first_error"] == -1 for t in trajs]), limit):
+            trajs[i].meta["subset"] = name
+            out.append(trajs[i])
+    return out

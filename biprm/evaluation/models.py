@@ -1,0 +1,116 @@
+"""What gets evaluated: "modes", each a labelled source of step probabilities.
+
+A mode is one stream of one checkpoint (a `bi` checkpoint gives three: its fused output
+and its L2R and R2L streams), or the mean of several checkpoints' probabilities (the
+paper's 2×L2R / 2×R2L ensembles). Every mode reads its checkpoints through the score
+cache, so the three modes of one checkpoint cost one scoring pass.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from biprm.backbones import load_tokenizer
+from biprm.encoding import Encoder
+from biprm.evaluation.cache import ScoreCache
+from biprm.scores import StepScores
+from biprm.trajectory import Trajectory
+
+CHECKPOINT_ROLES = ("l2r", "r2l", "bi-static", "bi", "l2r-2", "r2l-2")  # what `eval ablations` takes
+# Ablation rows in the paper's order: (role, expected checkpoint mode, row label).
+ROLES = (
+    ("l2r", "l2r", "w/o R2L"),
+    ("r2l", "r2l", "w/o L2R"),
+    ("bi-static", "bi-static", "w/o Dynamic"),
+    ("2xl2r", "l2r", "2×L2R"),
+    ("2xr2l", "r2l", "2×R2L"),
+    ("bi", "bi", "BiPRM"),
+)
+
+
+@dataclass
+class Mode:
+    """`checkpoints` averaged (one for a plain model); `stream` picks fused, l2r or r2l."""
+
+    key: str
+    checkpoints: list[str]
+    stream: str = "fused"
+
+    @property
+    def kind(self) -> str:
+        """The checkpoint's training mode, or "ensemble"."""
+        return checkpoint_mode(self.checkpoints[0]) if len(self.checkpoints) == 1 else "ensemble"
+
+    def scores(self, cache: ScoreCache, trajs: list[Trajectory]) -> StepScores:
+        """The mode's probabilities in `fused`; a single checkpoint's fused view keeps its streams and gate."""
+        parts = [cache.scores(c, trajs) for c in self.checkpoints]
+        if len(parts) == 1 and self.stream == "fused":
+            return parts[0]
+        probs = [getattr(p, self.stream) for p in parts]
+        if any(p is None for p in probs):
+            raise ValueError(f"mode {self.key!r}: a checkpoint has no {self.stream!r} stream")
+        return StepScores(parts[0].offsets, np.mean(probs, axis=0))
+
+
+def checkpoint_mode(ckpt: str) -> str:
+    config = Path(ckpt) / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"{ckpt}: no config.json; pass a folder written by `biprm train`")
+    return json.loads(config.read_text())["mode"]
+
+
+def checkpoint_modes(ckpt: str, prefix: str = "") -> list[Mode]:
+    """A two-stream checkpoint's fused output and each of its streams, labelled so they cannot pass for separate models."""
+    mode = checkpoint_mode(ckpt)
+    if mode not in ("bi", "bi-static"):
+        return [Mode(prefix + mode, [ckpt])]
+    streams = [("fused", f"{mode} (fused)"), ("l2r", f"{mode}: L2R stream"), ("r2l", f"{mode}: R2L stream")]
+    return [Mode(prefix + label, [ckpt], stream) for stream, label in streams]
+
+
+def modes_of(ckpts: list[str]) -> list[Mode]:
+    """The modes of several checkpoints; with more than one, keys start with the folder name."""
+    return [m for c in ckpts for m in checkpoint_modes(c, f"{Path(c).name}: " if len(ckpts) > 1 else "")]
+
+
+def ablation_modes(ckpts: dict[str, str]) -> list[Mode]:
+    """Separately trained models keyed by role (l2r, r2l, bi-static, bi, optional l2r-2 / r2l-2), paper row order.
+
+    A checkpoint whose mode does not match its role is refused: a swapped flag would silently mislabel a row.
+    """
+    unknown = set(ckpts) - set(CHECKPOINT_ROLES)
+    if unknown:
+        raise ValueError(f"unknown ablation role(s) {sorted(unknown)}; use {', '.join(CHECKPOINT_ROLES)}")
+    members = {role: [ckpts[role]] for role in ("l2r", "r2l", "bi-static", "bi") if role in ckpts}
+    for base in ("l2r", "r2l"):
+        if f"{base}-2" in ckpts:
+            if base not in ckpts:
+                raise ValueError(f"--{base}-2 needs --{base}: the ensemble averages the two")
+            members[f"2x{base}"] = [ckpts[base], ckpts[f"{base}-2"]]
+    modes = []
+    for role, expected, _ in ROLES:
+        for ckpt in members.get(role, []):
+            if checkpoint_mode(ckpt) != expected:
+                raise ValueError(f"{ckpt} is a {checkpoint_mode(ckpt)!r} checkpoint, but the {role!r} row needs {expected!r}")
+        if role in members:
+            modes.append(Mode(role, members[role]))
+    return modes
+
+
+def score_modes(modes: list[Mode], cache: ScoreCache, trajs: list[Trajectory]) -> dict[str, StepScores]:
+    return {m.key: m.scores(cache, trajs) for m in modes}
+
+
+def token_lengths(ckpt: str, trajs: list[Trajectory], cache: ScoreCache) -> np.ndarray:
+    """Tokens of one stream (prompt + all steps) per trajectory, with the checkpoint's own tokenizer."""
+
+    def compute() -> np.ndarray:
+        tokenizer = load_tokenizer(ckpt)
+        step_tag_id = json.loads((Path(ckpt) / "config.json").read_text())["step_tag_id"]
+        encoder = Encoder(tokenizer, step_tag_id, max_length=2**62)
+        return np.array([encoder.encode(t).n_tokens for t in trajs])
+
+    return cache.array("lengths", ckpt, trajs, "n_tokens", compute)

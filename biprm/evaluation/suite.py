@@ -1,0 +1,175 @@
+"""`biprm eval all`: every protocol and analysis of the paper that the data on hand allows, top to bottom.
+
+1. Best-of-N on gsm8k_bon_small and any extra --pool, with aggregation sensitivity and
+   the long-chain subset (> `long_chain_tokens` tokens, counted by the model's tokenizer).
+2. ProcessBench at the fixed threshold and at the one tuned on GSM8K.
+3. Step-wise MAE and the gate σ by position on ProcessBench (paper Fig. 4).
+4. The long-chain subset of ProcessBench.
+5. Step-boundary perturbations of ProcessBench (merge / split / noise, seeded).
+6. Case studies (Markdown and HTML).
+Modes are the checkpoint's own outputs (a `bi` model: fused, L2R stream, R2L stream) or,
+with `ablation`, the separately trained models. Scores come from the cache, so a rerun
+only computes what is missing, and report.md, results.json and the PNGs are rewritten.
+"""
+from __future__ import annotations
+
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from biprm.analysis import (
+    aggregation_table,
+    case_studies,
+    format_aggregation_table,
+    format_perturbation_table,
+    long_chain_bon,
+    long_chain_processbench,
+    mae_by_position,
+    perturbation_robustness,
+    pick_cases,
+    plot_mae_by_position,
+    plot_sigma_by_position,
+    sigma_by_position,
+)
+from biprm.analysis.common import markdown_table
+from biprm.evaluation.ablations import ablation_table, format_ablation_table
+from biprm.evaluation.bon import evaluate_bon, format_bon
+from biprm.evaluation.common import EvalOptions, fmt, write_json
+from biprm.evaluation.data import PROCESSBENCH_SUBSETS, load_pool, load_processbench
+from biprm.evaluation.models import Mode, ablation_modes, checkpoint_mode, checkpoint_modes, score_modes, token_lengths
+from biprm.evaluation.processbench import TUNE_ON, evaluate_processbench, format_processbench
+from biprm.evaluation.report import format_curves, format_long_chain
+from biprm.metrics.bon import DEFAULT_NS
+from biprm.perturb import perturb_dataset
+
+
+@dataclass(kw_only=True)
+class SuiteConfig(EvalOptions):
+    model: str
+    ablation: dict[str, str] = field(default_factory=dict)  # role -> folder; `model` fills its own role if not given
+    pools: list[str] = field(default_factory=list)  # candidate files besides gsm8k_bon_small, as SPEC@QUESTIONS
+    agg: str = "min"
+    ns: tuple[int, ...] = DEFAULT_NS
+    subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS
+    threshold: float = 0.5
+    long_chain_tokens: int = 1024
+    perturb_seed: int = 1106
+    cases: int = 3
+
+
+class Stages:
+    """The outer progress bar, and the seconds every stage took."""
+
+    def __init__(self, total: int):
+        self.bar = tqdm(total=total, desc="eval all", unit="stage")
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        self.bar.set_postfix_str(name)
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = round(time.perf_counter() - start, 1)
+        self.bar.update()
+
+
+def run_suite(cfg: SuiteConfig) -> dict:
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = cfg.open_cache()
+    ablation = {checkpoint_mode(cfg.model): cfg.model} | cfg.ablation if cfg.ablation else {}
+    modes = ablation_modes(ablation) if ablation else checkpoint_modes(cfg.model)
+    pools = ["gsm8k_bon_small", *cfg.pools]
+    stage = Stages(len(pools) + 5)
+    results: dict = {"config": asdict(cfg), "modes": {m.key: {"checkpoints": m.checkpoints, "stream": m.stream} for m in modes}}
+    md = [f"# BiPRM evaluation report\n\nModel `{cfg.model}`" + (f", ablation models {ablation}" if ablation else "")
+          + f"; data `{cfg.data_root}`" + (f"; at most {cfg.limit} questions per pool and rows per subset" if cfg.limit else "") + ".",
+          markdown_modes(modes)]
+
+    # 1. Best-of-N per pool: the protocol, aggregation sensitivity, long chains.
+    results["bon"] = {}
+    for spec in pools:
+        with stage(f"BoN {spec}"):
+            pool = load_pool(spec, cfg.data_root, cfg.limit, cache=cache, grade_workers=cfg.grade_workers)
+            scores = score_modes(modes, cache, pool.trajs)
+            lengths = token_lengths(cfg.model, pool.trajs, cache)
+            bon = evaluate_bon(pool, scores, cfg.agg, cfg.ns)
+            bon["aggregation"] = aggregation_table(pool.qid, pool.correct, scores, cfg.ns)
+            bon["long_chain"] = long_chain_bon(pool.qid, pool.correct, scores, lengths, cfg.long_chain_tokens, cfg.ns, cfg.agg)
+            results["bon"][pool.name] = bon
+            md += [f"## Best-of-N: {pool.name}", format_bon(bon), "### Aggregation sensitivity", format_aggregation_table(bon["aggregation"]),
+                   "### Long chains", format_long_chain(bon["long_chain"], "mean", "candidates") + f"\n\nMean BoN@n (%), aggregation `{cfg.agg}`."]
+
+    # 2. ProcessBench, fixed and tuned threshold.
+    with stage("ProcessBench"):
+        trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
+        pb_scores = score_modes(modes, cache, trajs)
+        pb = results["processbench"] = evaluate_processbench(trajs, pb_scores, cfg.threshold, tune=TUNE_ON in cfg.subsets)
+        md += ["## ProcessBench", format_processbench(pb)]
+
+    # 3. Where along a solution each mode errs, and what the gate trusts there.
+    with stage("position analyses"):
+        mae = results["mae_by_position"] = mae_by_position(trajs, pb_scores)
+        plot_mae_by_position(mae, str(out / "mae_by_position.png"))
+        md += ["## Step-wise MAE by position (ProcessBench labels)",
+               f"![MAE by position](mae_by_position.png)\n\nMean |p_t − y_t| per position bin; average error onset "
+               f"{fmt(100 * mae['error_onset'])}% over {mae['n_erroneous']} erroneous of {mae['n_trajectories']} solutions.\n\n"
+               + format_curves(mae["curves"])]
+        gated = [m.key for m in modes if m.stream == "fused" and m.kind == "bi"]
+        results["sigma_by_position"] = {key: sigma_by_position(pb_scores[key]) for key in gated}
+        for n, (key, sigma) in enumerate(results["sigma_by_position"].items()):
+            name = "sigma_by_position.png" if n == 0 else f"sigma_by_position_{n}.png"
+            plot_sigma_by_position(sigma, str(out / name))
+            md += [f"## Gate σ by position: {key}", f"![gate by position]({name})\n\nMean σ_t, the weight on the L2R stream "
+                   "(below 0.5 the R2L stream dominates).\n\n" + format_curves({key: sigma["curve"]})]
+
+    # 4. Long chains on ProcessBench.
+    with stage("long chains"):
+        lengths = token_lengths(cfg.model, trajs, cache)
+        lc = results["long_chain_processbench"] = long_chain_processbench(trajs, pb_scores, lengths, cfg.long_chain_tokens, cfg.threshold)
+        md += ["## Long chains: ProcessBench", format_long_chain(lc, "average_f1", "solutions")
+               + f"\n\nAverage F1 (%) over subsets at threshold {cfg.threshold:g}; a subset without both kinds of long row has no F1."]
+
+    # 5. Step-boundary perturbations: the same rows, merged / split / padded, labels re-mapped.
+    with stage("perturbations"):
+        perturbed = perturb_dataset(trajs, cfg.perturb_seed)
+        robust = perturbation_robustness(pb_scores, score_modes(modes, cache, perturbed), trajs, perturbed, cfg.threshold)
+        results["perturbation"] = robust
+        md += ["## Robustness to step-boundary perturbations", f"Perturbed F1 (%) and its drop from the clean set, threshold "
+               f"{cfg.threshold:g}, seed {cfg.perturb_seed}: one merge, split or filler step per solution.\n\n" + format_perturbation_table(robust)]
+
+    # 6. Case studies, read from the gated model (else the static one): they compare its two streams.
+    with stage("case studies"):
+        shown = {m.key: pb_scores[m.key] for m in modes if m.stream == "fused"}
+        bi = next((m.key for kind in ("bi", "bi-static") for m in modes if m.stream == "fused" and m.kind == kind), None)
+        md.append("## Case studies")
+        if bi is None:
+            md.append("Skipped: case studies compare the L2R and R2L streams, and no model here has both.")
+        else:
+            picked = results["cases"] = pick_cases(trajs, shown, cfg.cases, bi=bi)
+            cases_md, cases_html = case_studies(trajs, shown, picked, bi=bi)
+            (out / "cases.md").write_text(cases_md)
+            (out / "cases.html").write_text(cases_html)
+            titles = "\n".join(f"- {t}" for t in re.findall("^## (.*)$", cases_md, flags=re.M))
+            md.append(f"Step-by-step probabilities of {len(picked)} ProcessBench items, read from `{bi}`, in "
+                      f"[cases.md](cases.md) and [cases.html](cases.html):\n\n{titles}")
+
+    stage.bar.close()
+    if ablation:
+        table = results["ablation"] = ablation_table(list(results["bon"].values()), pb)
+        md += ["## Ablations", format_ablation_table(table)]
+    results["seconds"] = stage.seconds
+    md += ["## Timings", "\n".join(f"- {name}: {s:.1f} s" for name, s in stage.seconds.items())]
+    write_json(out / "results.json", results)
+    (out / "report.md").write_text("\n\n".join(md) + "\n")
+    print(f"wrote {out / 'report.md'}, {out / 'results.json'} and the figures in {out}")
+    return results
+
+
+def markdown_modes(modes: list[Mode]) -> str:
+    rows = [[m.key, ", ".join(f"`{c}`" for c in m.checkpoints), m.stream] for m in modes]
+    return markdown_table(["mode", "checkpoint(s)", "output"], rows, left=3)

@@ -1,0 +1,179 @@
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from biprm.cli import main
+from biprm.evaluation.ablations import ablation_table, format_ablation_table
+from biprm.evaluation.cache import ScoreCache
+from biprm.evaluation.data import balanced_slice, load_pool, spread
+from biprm.evaluation.models import Mode, ablation_modes, checkpoint_modes, score_modes
+from biprm.scores import StepScores
+from biprm.scoring import Scorer
+from biprm.synthetic import make_dataset
+from biprm.train import TrainConfig, train
+from biprm.trajectory import DataError
+
+FAST = ["--tokens-per-row", "0", "--tokens-per-batch", "4096"]  # one row per question: quickest on a CPU
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("bi")
+    return train(TrainConfig(backbone="tiny", data="synthetic:64", max_steps=3, output_dir=str(out), save_steps=10**9, show_progress=False))
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> str:
+    """Shared by the command tests, so each real slice is scored once in this file."""
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture
+def score_calls(monkeypatch) -> list[int]:
+    """Sizes of the datasets that reach Scorer.score."""
+    calls, real = [], Scorer.score
+    monkeypatch.setattr(Scorer, "score", lambda self, trajs, progress=True: calls.append(len(trajs)) or real(self, trajs, progress=False))
+    return calls
+
+
+def test_cache_scores_each_dataset_once(ckpt, tmp_path, score_calls):
+    trajs = make_dataset(6, seed=3)
+    first = ScoreCache(tmp_path).scores(ckpt, trajs)
+    again = ScoreCache(tmp_path).scores(ckpt, trajs)  # a fresh cache object reads the file
+    assert score_calls == [6]
+    for stream in ("fused", "l2r", "r2l", "sigma"):
+        np.testing.assert_array_equal(getattr(again, stream), getattr(first, stream))
+
+    copy = tmp_path / "copy"
+    shutil.copytree(ckpt, copy)  # keys are content, not paths
+    cache = ScoreCache(tmp_path)
+    assert cache.model_key(str(copy)) == cache.model_key(ckpt)
+    three = score_modes(checkpoint_modes(str(copy)), cache, trajs)
+    assert score_calls == [6]
+    assert list(three) == ["bi (fused)", "bi: L2R stream", "bi: R2L stream"]
+    np.testing.assert_array_equal(three["bi: R2L stream"].fused, first.r2l)
+
+    trajs[0].steps[0] += " (edited)"
+    cache.scores(ckpt, trajs)
+    assert score_calls == [6, 6]
+    assert len(json.loads((tmp_path / "file_hashes.json").read_text())) == 2  # one weights file, two paths
+
+
+def test_ensemble_mode_averages_probabilities():
+    class Stub:
+        def scores(self, ckpt, trajs):
+            p = {"a": [0.2, 0.4, 0.9], "b": [0.6, 0.8, 0.1]}[ckpt]
+            return StepScores(np.array([0, 2, 3]), np.array(p), l2r=np.array(p))
+
+    mean = Mode("2xl2r", ["a", "b"]).scores(Stub(), [])
+    np.testing.assert_allclose(mean.fused, [0.4, 0.6, 0.5])
+    assert mean.sigma is None and Mode("x", ["a"], "l2r").scores(Stub(), []).fused.tolist() == [0.2, 0.4, 0.9]
+
+
+def test_ablation_roles_are_checked(ckpt, tmp_path):
+    with pytest.raises(ValueError, match="'l2r' row needs 'l2r'"):  # a swapped flag fails before any scoring
+        main(["eval", "ablations", "--l2r", ckpt, "--r2l", ckpt, "--bi-static", ckpt, "--bi", ckpt, "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="needs --l2r"):
+        ablation_modes({"bi": ckpt, "l2r-2": ckpt})
+    assert [m.key for m in ablation_modes({"bi": ckpt})] == ["bi"]
+
+
+def test_ablation_table_layout():
+    roles = ["bi", "2xr2l", "l2r", "bi-static", "r2l", "2xl2r"]  # any order in, the paper's order out
+    bon = [{"pool": "gsm8k_bon_small", "modes": {r: {"mean": {"bon": 10.0 + i}} for i, r in enumerate(roles)}}]
+    fixed = {"subsets": {"gsm8k": {"f1": 30.0}, "math": {"f1": 20.0}}, "average_f1": 25.0}
+    pb = {"subsets": ["gsm8k", "math"], "modes": {r: {"fixed": fixed, "tuned": {"average_f1": 26.0}} for r in roles}}
+    table = ablation_table(bon, pb)
+    assert list(table["rows"]) == ["w/o R2L", "w/o L2R", "w/o Dynamic", "2×L2R", "2×R2L", "BiPRM"]
+    assert table["columns"] == ["gsm8k_bon_small BoN", "GSM8K", "MATH", "PB Avg. F1", "PB Avg. F1 (tuned)"]
+    lines = format_ablation_table(table).splitlines()
+    assert lines[0] == "| method | gsm8k_bon_small BoN | GSM8K | MATH | PB Avg. F1 | PB Avg. F1 (tuned) |"
+    assert lines[-1] == "| BiPRM | 10.0 | 30.0 | 20.0 | 25.0 | 26.0 |"
+
+    partial = ablation_table(bon, None)  # no 2x rows given, no ProcessBench: those rows and columns are absent
+    assert partial["columns"] == ["gsm8k_bon_small BoN"]
+
+
+def test_balanced_slice_keeps_both_kinds_in_file_order():
+    clean = np.array([False] * 6 + [False, True, False, True])  # wrong rows first, as in ProcessBench
+    assert balanced_slice(clean, 2).tolist() == [0, 7]
+    assert balanced_slice(clean, 5).tolist() == [0, 2, 4, 6, 7]  # 20% clean, as in the subset
+    assert balanced_slice(clean, None).tolist() == list(range(10))
+    assert spread(400, 4).tolist() == [0, 100, 200, 300]
+
+
+def test_pqm_pool_is_graded_against_its_questions(tmp_path):
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("\n".join(json.dumps(r) for r in [
+        {"question": "What is 2 + 3?", "answer": "5"},
+        {"problem": "What is half of $\\frac{1}{2}$?", "answer": "\\frac{1}{4}"},
+    ]))
+    responses = [
+        ["Step 1: 2 + 3 = 5.\nStep 2: The answer is 5", "Step 1: 2 + 3 = 6.\nThe answer is: 6", "So it is \\boxed{5}."],
+        ["Half of it is \\boxed{\\dfrac{1}{4}}", "It is \\boxed{0.25}", "No idea."],
+    ]
+    rows = [{"question": q, "responses": [{"text": t} for t in r]} for q, r in zip(["What is 2 + 3?", "What is half of $\\frac{1}{2}$?"], responses)]
+    pool_file = tmp_path / "pool.json"
+    pool_file.write_text(json.dumps(rows))
+    pool = load_pool(f"{pool_file}@{questions}", str(tmp_path), grade_workers=0)
+    assert pool.name == "pool" and pool.qid.tolist() == [0, 0, 0, 1, 1, 1]
+    assert pool.correct.tolist() == [True, False, True, True, True, False]
+    assert pool.answer_key[:2].tolist() == ["5", "6"] and pool.answer_key[3] == "\\frac{1}{4}"
+    assert pool.answer_key[5].startswith("<no answer")  # votes alone
+
+    rows[1]["question"] = "Another question"
+    pool_file.write_text(json.dumps(rows))
+    with pytest.raises(DataError, match="row 2: question differs"):
+        load_pool(f"{pool_file}@{questions}", str(tmp_path), grade_workers=0)
+    with pytest.raises(DataError, match="no gold answer"):
+        load_pool(str(pool_file), str(tmp_path), grade_workers=0)
+
+
+def test_eval_bon_command(ckpt, data_dir, cache_dir, tmp_path, capsys):
+    main(["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "2", "--ns", "2,4,8,12,16",
+          "--random-subsets", "4", "--out", str(tmp_path), "--cache-dir", cache_dir, *FAST])
+    result = json.loads((tmp_path / "bon.json").read_text())
+    assert (result["pool"], result["questions"], result["candidates"]) == ("gsm8k_bon_small", 2, 24)
+    fused = result["modes"]["bi (fused)"]
+    assert fused["ns"] == [2, 4, 8, 12] and fused["skipped"] == [16]
+    assert set(fused["random"]) == {"2", "4", "8", "12"}
+    assert fused["mean"]["bon"] == pytest.approx(np.mean([fused["bon"][n] for n in ("2", "4", "8", "12")]))
+    assert fused["pass"]["12"] >= fused["bon"]["12"]
+    md = (tmp_path / "bon.md").read_text()
+    assert "| method | @2 | @4 | @8 | @12 | mean |" in md and "pass@n (oracle)" in md and "bi: R2L stream: weighted vote" in md
+    assert "| method |" in capsys.readouterr().out
+
+
+def test_eval_processbench_command(ckpt, data_dir, cache_dir, tmp_path):
+    main(["eval", "processbench", "--model", ckpt, "--data-root", str(data_dir), "--limit", "2", "--tune-threshold",
+          "--out", str(tmp_path), "--cache-dir", cache_dir, *FAST])
+    result = json.loads((tmp_path / "processbench.json").read_text())
+    assert result["subsets"] == ["gsm8k", "math", "olympiadbench", "omnimath"]
+    assert set(result["rows"].values()) == {2}
+    fused = result["modes"]["bi (fused)"]
+    assert set(fused["fixed"]["subsets"]) == set(result["subsets"])
+    assert {s["n_error"] for s in fused["fixed"]["subsets"].values()} == {1}  # the slice keeps clean and wrong rows
+    assert 0.0 <= fused["tuned"]["threshold"] <= 1.0
+    assert "tuned on GSM8K" in (tmp_path / "processbench.md").read_text()
+
+
+def test_eval_all_writes_report_and_reruns_from_cache(ckpt, data_dir, cache_dir, tmp_path, score_calls):
+    argv = ["eval", "all", "--model", ckpt, "--data-root", str(data_dir), "--limit", "2", "--cases", "2",
+            "--out", str(tmp_path), "--cache-dir", cache_dir, *FAST]
+    main(argv)
+    for name in ("report.md", "results.json", "mae_by_position.png", "sigma_by_position.png", "cases.md", "cases.html"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert {"bon", "processbench", "mae_by_position", "sigma_by_position", "long_chain_processbench", "perturbation", "cases"} <= set(results)
+    assert set(results["bon"]["gsm8k_bon_small"]["aggregation"]["modes"]) == {"bi (fused)", "bi: L2R stream", "bi: R2L stream"}
+    assert list(results["sigma_by_position"]) == ["bi (fused)"]
+    report = (tmp_path / "report.md").read_text()
+    sections = ("## Best-of-N: gsm8k_bon_small", "### Aggregation sensitivity", "## ProcessBench", "![MAE by position](mae_by_position.png)",
+                "## Gate σ by position", "## Long chains: ProcessBench", "## Robustness to step-boundary perturbations", "[cases.html](cases.html)")
+    for section in sections:
+        assert section in report, section
+    scored = len(score_calls)
+    main(argv)  # a rerun finds every score in the cache
+    assert len(score_calls) == scored
