@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-batch", type=int, default=16384)
     p.add_argument("--skip-invalid", action="store_true")
     p.set_defaults(func=cmd_score)
+
+    from biprm.evaluation.cli import add_eval_parser
+
+    add_eval_parser(sub)
     return parser
 
 
