@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     from biprm.evaluation.cli import add_eval_parser
 
     add_eval_parser(sub)
+
+    from biprm.bench import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 

@@ -5,8 +5,9 @@
     r_t     = sigma_t * r_t^L2R + (1 - sigma_t) * r_t^R2L        (fused in logit space)
 
 Both streams are rows (or packed segments) of ONE batch, so the backbone runs once
-per step whatever the mode. The backbone is the causal LM's body (AutoModel): no LM
-head and no vocabulary-sized logits are ever computed.
+per step whatever the mode (twice with a prompt KV cache: prompts, then continuations).
+The backbone is the causal LM's body (AutoModel): no LM head and no vocabulary-sized
+logits are ever computed.
 """
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModel, DynamicCache, PreTrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from biprm.encoding import add_step_tag
 from biprm.losses import objective_loss
-from biprm.packing import STREAMS, attention_mask
+from biprm.packing import STREAMS, attention_mask, cached_attention_mask
 
 MODES = tuple(STREAMS)
 
@@ -101,14 +102,22 @@ class BiPRMModel(PreTrainedModel):
         l2r_index: torch.Tensor | None = None,
         r2l_index: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        prefix_ids: torch.Tensor | None = None,
+        prefix_lengths: torch.Tensor | None = None,
+        prefix_rows: torch.Tensor | None = None,
+        chunks: torch.Tensor | None = None,
     ) -> BiPRMOutput:
-        mask = attention_mask(unit_ids, stream_ids)
-        if mask is not None and self.backbone.config._attn_implementation == "eager":  # eager adds the mask to the scores
-            mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(~mask, torch.finfo(self.dtype).min)
-        hidden = self.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        h_l2r = flat[l2r_index] if l2r_index is not None else None
-        h_r2l = flat[r2l_index] if r2l_index is not None else None
+        """The `prefix_*` and `chunks` inputs come from `pack_cached`; without them the backbone runs once."""
+        index = {s: i for s, i in (("l2r", l2r_index), ("r2l", r2l_index)) if i is not None}
+        flat_index = torch.cat(list(index.values()))
+        if prefix_ids is None:
+            mask = self._for_backend(attention_mask(unit_ids, stream_ids))
+            hidden = self.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
+            tags = hidden.reshape(-1, hidden.shape[-1])[flat_index]
+        else:
+            tags = self._cached_tags(input_ids, position_ids, unit_ids, prefix_ids, prefix_lengths, prefix_rows, chunks, flat_index)
+        h = dict(zip(index, tags.split([len(i) for i in index.values()])))
+        h_l2r, h_r2l = h.get("l2r"), h.get("r2l")
         r_l2r = self.value_head(h_l2r).squeeze(-1) if h_l2r is not None else None
         r_r2l = self.value_head(h_r2l).squeeze(-1) if h_r2l is not None else None
         sigma = self._sigma(h_l2r, h_r2l)
@@ -125,6 +134,47 @@ class BiPRMModel(PreTrainedModel):
                 aux = aux + objective_loss(cfg.objective, r_r2l, labels, step_offsets, cfg.zeta)
                 loss = loss + cfg.aux_loss_weight * aux
         return BiPRMOutput(loss=loss, fused=fused, l2r=r_l2r, r2l=r_r2l, sigma=sigma)
+
+    def _for_backend(self, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """Boolean masks for SDPA; eager attention adds the mask to the scores instead."""
+        if mask is None or self.backbone.config._attn_implementation != "eager":
+            return mask
+        return torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(~mask, torch.finfo(self.dtype).min)
+
+    def _cached_tags(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        unit_ids: torch.Tensor,
+        prefix_ids: torch.Tensor,
+        prefix_lengths: torch.Tensor,
+        prefix_rows: torch.Tensor,
+        chunks: torch.Tensor,
+        flat_index: torch.Tensor,
+    ) -> torch.Tensor:
+        """Hidden states at `flat_index` (flat over [R, L]) for the prefix-cache layout.
+
+        One call encodes the prompts (right padding is invisible to real tokens under the
+        plain causal mask); then each chunk of length-sorted rows, trimmed to its widest
+        row, attends to its prompts' cached keys and values, so padding and attention
+        stay proportional to each row's own length.
+        """
+        cache = self.backbone(input_ids=prefix_ids, use_cache=True).past_key_values
+        layers = [(k, v) for k, v, *_ in cache]
+        width = (unit_ids >= 0).sum(1)
+        L = input_ids.shape[1]
+        row, col = flat_index // L, flat_index % L
+        tags = torch.empty(len(flat_index), self.config.backbone_config.hidden_size, dtype=self.dtype, device=input_ids.device)
+        for a, b in zip(chunks[:-1].tolist(), chunks[1:].tolist()):
+            w, rows = int(width[a]), prefix_rows[a:b]
+            mask = cached_attention_mask(unit_ids[a:b, :w], prefix_lengths[rows], prefix_ids.shape[1])
+            hidden = self.backbone(
+                input_ids=input_ids[a:b, :w], attention_mask=self._for_backend(mask), position_ids=position_ids[a:b, :w],
+                past_key_values=DynamicCache([(k[rows], v[rows]) for k, v in layers]), use_cache=True,
+            ).last_hidden_state
+            here = (row >= a) & (row < b)
+            tags[here] = hidden[row[here] - a, col[here]]
+        return tags
 
     def _sigma(self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None) -> torch.Tensor | None:
         """Gate weight on the L2R stream: learned for `bi`, 0.5 for `bi-static`, none for one stream."""

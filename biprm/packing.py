@@ -1,4 +1,4 @@
-"""Encoded trajectories -> one packed batch that runs both streams in a single forward pass.
+"""Encoded trajectories -> packed batches that run both streams together.
 
 Layout. A *unit* is one prompt (the shared prefix, stream id 0) followed by several
 *continuations* (stream ids 1, 2, ...): the L2R steps and the R2L steps of one
@@ -8,7 +8,14 @@ its position id continues after the prefix, so every continuation computes exact
 what it would compute after its own copy of the prompt. Without prefix sharing the
 prompt is copied into each continuation and the prefix is empty. Units are laid
 into rows of at most `max_tokens` tokens (padding-free packing); rows are padded to
-the longest one.
+the longest one, and padding continues the position ids of the row's last sequence so
+a row holding one sequence still looks like one sequence to the backbone.
+
+`pack` builds the one-pass layout. `pack_cached` builds the prefix-cache layout for
+Best-of-N: each distinct prompt once in `prefix_ids`, run first, then one continuation
+per row, longest first, run in chunks that attend to their prompt through its KV
+cache. That costs one backbone call for the prompts plus one per chunk, but padding
+stays small and attention stays linear in the number of candidates per prompt.
 
 The tag positions are computed from the layout, then checked by token id against the
 final `input_ids` (see `check_tags`). R2L outputs are re-aligned to forward order by
@@ -17,6 +24,7 @@ index: `r2l_index[n]` is the tag of the same step as `l2r_index[n]`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -31,6 +39,18 @@ class _Unit:
     prefix: list[int]
     conts: list[tuple[int, str]] = field(default_factory=list)  # (trajectory index, stream)
     n_tokens: int = 0
+
+
+class _Segment(NamedTuple):
+    """A run of tokens in a row; `traj` >= 0 marks a continuation whose step tags end at `ends`."""
+
+    ids: np.ndarray
+    start: int  # position id of the first token
+    unit: int
+    stream_id: int
+    traj: int = -1
+    stream: str = ""
+    ends: np.ndarray | None = None
 
 
 def _continuation(enc: Encoded, stream: str, shared: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -60,36 +80,26 @@ def _units(encs: list[Encoded], streams: tuple[str, ...], share_prefix: bool, ma
     return units
 
 
-def _rows(units: list[_Unit], max_tokens: int | None) -> list[list[int]]:
-    """First-fit-decreasing bin packing of units into rows; one unit per row when max_tokens is None."""
-    if max_tokens is None:
-        return [[u] for u in range(len(units))]
-    rows: list[list[int]] = []
+def _bins(sizes: list[int], capacity: int | None) -> list[list[int]]:
+    """First-fit-decreasing bin packing of item indices; one item per bin when capacity is None."""
+    if capacity is None:
+        return [[k] for k in range(len(sizes))]
+    bins: list[list[int]] = []
     room: list[int] = []
-    for u in sorted(range(len(units)), key=lambda u: -units[u].n_tokens):
-        size = units[u].n_tokens
-        slot = next((r for r, free in enumerate(room) if free >= size), None)
+    for k in sorted(range(len(sizes)), key=lambda k: -sizes[k]):
+        slot = next((b for b, free in enumerate(room) if free >= sizes[k]), None)
         if slot is None:
-            rows.append([u])
-            room.append(max_tokens - size)
+            bins.append([k])
+            room.append(capacity - sizes[k])
         else:
-            rows[slot].append(u)
-            room[slot] -= size
-    return rows
+            bins[slot].append(k)
+            room[slot] -= sizes[k]
+    return bins
 
 
-def pack(
-    encs: list[Encoded],
-    mode: str = "bi",
-    share_prefix: bool = True,
-    max_tokens: int | None = None,
-    pad_id: int = 0,
-) -> dict[str, torch.Tensor]:
-    """Build the model inputs for `encs` (see module docstring for the layout)."""
-    streams = STREAMS[mode]
-    units = _units(encs, streams, share_prefix, max_tokens)
-    rows = _rows(units, max_tokens)
-    width = max(sum(units[u].n_tokens for u in row) for row in rows)
+def _layout(rows: list[list[_Segment]], encs: list[Encoded], streams: tuple[str, ...], pad_id: int) -> dict[str, torch.Tensor]:
+    """Write the segments of every row into padded [R, L] arrays and collect the tag indices."""
+    width = max(sum(len(s.ids) for s in row) for row in rows)
     R = len(rows)
     input_ids = np.full((R, width), pad_id, dtype=np.int64)
     position_ids = np.zeros((R, width), dtype=np.int64)
@@ -98,23 +108,17 @@ def pack(
     tag_index = {s: [None] * len(encs) for s in streams}
     for r, row in enumerate(rows):
         col = 0
-        for u in row:
-            unit = units[u]
-            P = len(unit.prefix)
-            input_ids[r, col : col + P] = unit.prefix
-            position_ids[r, col : col + P] = np.arange(P)
-            unit_ids[r, col : col + P] = u
-            stream_ids[r, col : col + P] = 0
-            col += P
-            for k, (i, stream) in enumerate(unit.conts, start=1):
-                ids, ends = _continuation(encs[i], stream, share_prefix)
-                n = len(ids)
-                input_ids[r, col : col + n] = ids
-                position_ids[r, col : col + n] = np.arange(P, P + n)
-                unit_ids[r, col : col + n] = u
-                stream_ids[r, col : col + n] = k
-                tag_index[stream][i] = r * width + col + ends
-                col += n
+        for seg in row:
+            n = len(seg.ids)
+            input_ids[r, col : col + n] = seg.ids
+            position_ids[r, col : col + n] = np.arange(seg.start, seg.start + n)
+            unit_ids[r, col : col + n] = seg.unit
+            stream_ids[r, col : col + n] = seg.stream_id
+            if seg.traj >= 0:
+                tag_index[seg.stream][seg.traj] = r * width + col + seg.ends
+            col += n
+        last = position_ids[r, col - 1] + 1
+        position_ids[r, col:] = np.arange(last, last + width - col)
     n_steps = [len(e.steps) for e in encs]
     batch = {
         "input_ids": torch.from_numpy(input_ids),
@@ -127,6 +131,66 @@ def pack(
         batch[f"{stream}_index"] = torch.from_numpy(np.concatenate(tag_index[stream]).astype(np.int64))
     if all(e.labels is not None for e in encs):
         batch["labels"] = torch.tensor([y for e in encs for y in e.labels], dtype=torch.float32)
+    return batch
+
+
+def pack(
+    encs: list[Encoded],
+    mode: str = "bi",
+    share_prefix: bool = True,
+    max_tokens: int | None = None,
+    pad_id: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Build the one-pass model inputs for `encs` (see module docstring for the layout)."""
+    streams = STREAMS[mode]
+    units = _units(encs, streams, share_prefix, max_tokens)
+    sizes = [u.n_tokens for u in units]
+    rows = []
+    for row in _bins(sizes, None if max_tokens is None else max(max_tokens, max(sizes))):  # rows are padded to the widest
+        segments = []
+        for u in row:
+            unit = units[u]
+            P = len(unit.prefix)
+            if P:  # a prompt with one continuation is just the start of one plain sequence
+                segments.append(_Segment(np.array(unit.prefix, dtype=np.int64), 0, u, 0 if len(unit.conts) > 1 else 1))
+            for k, (i, stream) in enumerate(unit.conts, start=1):
+                ids, ends = _continuation(encs[i], stream, share_prefix)
+                segments.append(_Segment(ids, P, u, k, i, stream, ends))
+        rows.append(segments)
+    return _layout(rows, encs, streams, pad_id)
+
+
+def pack_cached(
+    encs: list[Encoded], mode: str = "bi", max_tokens: int | None = None, pad_id: int = 0
+) -> dict[str, torch.Tensor]:
+    """Prefix-cache layout: `prefix_ids` [Q, P] holds each distinct prompt once (right-padded,
+    lengths in `prefix_lengths`); row r holds one continuation, extending prompt
+    `prefix_rows[r]`. Rows are sorted longest first and cut into `chunks` (row boundaries)
+    of at most `max_tokens` tokens counted at each chunk's widest row; None: one chunk."""
+    streams = STREAMS[mode]
+    prompts: dict[tuple[int, ...], int] = {}
+    conts: list[tuple[int, _Segment]] = []
+    for i, enc in enumerate(encs):
+        q = prompts.setdefault(tuple(enc.prompt), len(prompts))
+        for stream in streams:
+            ids, ends = _continuation(enc, stream, shared=True)
+            conts.append((q, _Segment(ids, len(enc.prompt), 0, 1, i, stream, ends)))
+    conts.sort(key=lambda c: -len(c[1].ids))
+    batch = _layout([[seg] for _, seg in conts], encs, streams, pad_id)
+    widths = [len(seg.ids) for _, seg in conts]
+    chunks = [0]
+    for r in range(1, len(widths)):
+        if max_tokens is not None and (r - chunks[-1] + 1) * widths[chunks[-1]] > max_tokens:
+            chunks.append(r)
+    chunks.append(len(widths))
+    lengths = [len(p) for p in prompts]
+    prefix_ids = np.full((len(prompts), max(lengths)), pad_id, dtype=np.int64)
+    for prompt, q in prompts.items():
+        prefix_ids[q, : len(prompt)] = prompt
+    batch["prefix_ids"] = torch.from_numpy(prefix_ids)
+    batch["prefix_lengths"] = torch.tensor(lengths, dtype=torch.int64)
+    batch["prefix_rows"] = torch.tensor([q for q, _ in conts], dtype=torch.int64)
+    batch["chunks"] = torch.tensor(chunks, dtype=torch.int64)
     return batch
 
 
@@ -160,3 +224,14 @@ def attention_mask(unit_ids: torch.Tensor, stream_ids: torch.Tensor) -> torch.Te
     visible = (key_stream == 0) | (key_stream == stream_ids[:, :, None])
     causal = torch.ones(L, L, dtype=torch.bool, device=unit_ids.device).tril()
     return (same_unit & visible & causal)[:, None]
+
+
+def cached_attention_mask(unit_ids: torch.Tensor, prefix_lengths: torch.Tensor, n_cached: int) -> torch.Tensor:
+    """[R, 1, L, n_cached + L] boolean mask for continuation rows of `pack_cached`: the row's
+    own prompt in the cache (its first `prefix_lengths[r]` entries), then causal attention
+    within the row (padding sees only padding)."""
+    L = unit_ids.shape[1]
+    prompt = torch.arange(n_cached, device=unit_ids.device) < prefix_lengths[:, None]
+    causal = torch.ones(L, L, dtype=torch.bool, device=unit_ids.device).tril()
+    own = (unit_ids[:, :, None] == unit_ids[:, None, :]) & causal
+    return torch.cat([prompt[:, None, :].expand(-1, L, -1), own], dim=-1)[:, None]

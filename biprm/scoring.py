@@ -3,6 +3,15 @@
 Trajectories that share a question are scored together so their prompt is encoded
 once (prefix sharing); batches are filled up to a token budget in length order so
 padding stays small. Outputs come back in input order as a flat `StepScores`.
+
+Two layouts (benchmarks/, docs/PERFORMANCE.md):
+- default, one backbone call per batch: each trajectory's prompt once, then both of
+  its streams, packed into rows of about `tokens_per_row` tokens. Rows stay short
+  because a custom mask makes attention cost quadratic in the row.
+- `prefix_cache=True`: one call encodes every distinct prompt of the batch once, then
+  calls of about `tokens_per_call` tokens run the continuations of both streams,
+  longest first, attending to their prompt through its KV cache. Cheapest for
+  Best-of-N pools, where many candidates share a question.
 """
 from __future__ import annotations
 
@@ -13,7 +22,7 @@ from tqdm.auto import tqdm
 from biprm.backbones import load_tokenizer
 from biprm.encoding import Encoded, Encoder
 from biprm.modeling import BiPRMModel
-from biprm.packing import check_tags, pack
+from biprm.packing import check_tags, pack, pack_cached
 from biprm.scores import StepScores, step_positions
 from biprm.trajectory import Trajectory
 
@@ -28,9 +37,11 @@ class Scorer:
         model: BiPRMModel,
         tokenizer,
         max_length: int = 4096,
-        tokens_per_batch: int = 16384,
-        tokens_per_row: int | None = 4096,
+        tokens_per_batch: int = 8192,
+        tokens_per_row: int | None = 256,
         share_prefix: bool = True,
+        prefix_cache: bool = False,
+        tokens_per_call: int = 1024,
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -38,6 +49,8 @@ class Scorer:
         self.tokens_per_batch = tokens_per_batch
         self.tokens_per_row = tokens_per_row
         self.share_prefix = share_prefix
+        self.prefix_cache = prefix_cache
+        self.tokens_per_call = tokens_per_call
 
     @classmethod
     def from_pretrained(cls, path: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None, **kwargs) -> "Scorer":
@@ -51,21 +64,30 @@ class Scorer:
         return self.model.config.mode
 
     def batches(self, encs: list[Encoded]) -> list[np.ndarray]:
-        """Index batches: same-question trajectories adjacent, longest first, up to the token budget."""
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, e in enumerate(encs):
-            groups.setdefault(tuple(e.prompt) if self.share_prefix else (i,), []).append(i)
-        n_streams = len(self.model.streams)
-        cost = np.array([e.n_tokens * n_streams for e in encs])
-        order = sorted(groups.values(), key=lambda g: -cost[g].max())
-        flat = np.concatenate([sorted(g, key=lambda i: -cost[i]) for g in order])
-        batches, start, used = [], 0, 0
-        for k, i in enumerate(flat):
-            if used and used + cost[i] > self.tokens_per_batch:
-                batches.append(flat[start:k])
-                start, used = k, 0
-            used += cost[i]
-        batches.append(flat[start:])
+        """Index batches, longest first, within `tokens_per_batch`.
+
+        One-pass batches count padding (items x the longest), so long and short solutions
+        do not share rows. With the prompt cache a question's trajectories are never split,
+        so each prompt is encoded once, and the budget counts real tokens: the calls inside
+        a batch sort rows by length themselves.
+        """
+        cost = np.array([e.n_tokens * len(self.model.streams) for e in encs])
+        if self.prefix_cache:
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for i, e in enumerate(encs):
+                groups.setdefault(tuple(e.prompt), []).append(i)
+            blocks = sorted(groups.values(), key=lambda g: -cost[g].max())
+        else:
+            blocks = [[i] for i in np.argsort(-cost, kind="stable")]
+        batches, current, used, widest = [], [], 0, 0
+        for block in blocks:
+            used, widest = used + cost[block].sum(), max(widest, cost[block].max())
+            size = used if self.prefix_cache else (len(current) + len(block)) * widest
+            if current and size > self.tokens_per_batch:
+                batches.append(np.array(current))
+                current, used, widest = [], cost[block].sum(), cost[block].max()
+            current += block
+        batches.append(np.array(current))
         return batches
 
     @torch.inference_mode()
@@ -76,7 +98,11 @@ class Scorer:
         out = {k: np.zeros(offsets[-1]) for k in ("fused", "l2r", "r2l", "sigma")}
         device = self.model.device
         for idx in tqdm(self.batches(encs), desc=f"scoring ({self.mode})", disable=not progress, unit="batch"):
-            batch = pack([encs[i] for i in idx], self.mode, self.share_prefix, self.tokens_per_row, self.tokenizer.pad_token_id)
+            items, pad = [encs[i] for i in idx], self.tokenizer.pad_token_id
+            if self.prefix_cache:
+                batch = pack_cached(items, self.mode, self.tokens_per_call, pad)
+            else:
+                batch = pack(items, self.mode, self.share_prefix, self.tokens_per_row, pad)
             check_tags(batch, self.model.config.step_tag_id)
             result = self.model(**{k: v.to(device) for k, v in batch.items()})
             dest = step_positions(offsets, idx)

@@ -1,4 +1,4 @@
-"""The model's contract: one backbone pass, exact prefix sharing and packing, index alignment, round trip."""
+"""The model's contract: one backbone pass, exact prefix sharing, packing and prompt caching, index alignment, round trip."""
 import numpy as np
 import pytest
 import torch
@@ -6,7 +6,7 @@ import torch
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.encoding import Encoder
 from biprm.modeling import BiPRMModel, from_backbone
-from biprm.packing import check_tags, pack
+from biprm.packing import attention_mask, check_tags, pack, pack_cached
 from biprm.scoring import Scorer
 from biprm.template import STEP_TAG
 from biprm.trajectory import DataError, Trajectory
@@ -18,6 +18,14 @@ TRAJS = [
     Trajectory("A box holds 4 rows of 6 eggs. How many eggs?", ["4 * 6 = 24 eggs.", "Now half of them break: 12.", "So 24 remain.", "The answer is 24."], [1, 0, 0, 0]),
 ]
 
+# Best-of-N shaped: several candidates per question, of different lengths
+CANDIDATES = TRAJS + [
+    Trajectory(TRAJS[0].question, ["7 * 3 = 21.", "He eats 2 of them, so 21 - 2 = 19 are left.", "The answer is 19."], [1, 1, 1]),
+    Trajectory(TRAJS[2].question, ["The answer is 60."], [1]),
+    Trajectory(TRAJS[3].question, ["6 * 4 = 24.", "The answer is 24."], [1, 1]),
+]
+STREAM_KEYS = ("fused", "l2r", "r2l", "sigma")
+
 
 @pytest.fixture(scope="module")
 def backbone():
@@ -28,6 +36,14 @@ def make(backbone, mode, **kw):
     tok = load_tokenizer(backbone)
     torch.manual_seed(0)
     return from_backbone(backbone, tok, mode=mode, **kw).eval(), tok
+
+
+def assert_same_scores(a, b, atol=1e-4):
+    for stream in STREAM_KEYS:
+        x, y = getattr(a, stream), getattr(b, stream)
+        assert (x is None) == (y is None)
+        if x is not None:
+            np.testing.assert_allclose(x, y, atol=atol)
 
 
 def count_backbone_calls(model):
@@ -56,15 +72,73 @@ def test_prefix_sharing_and_packing_preserve_scores(backbone, mode):
     model, tok = make(backbone, mode)
     plain = Scorer(model, tok, share_prefix=False, tokens_per_row=None).score(TRAJS, progress=False)
     for share, row in [(True, None), (True, 64), (False, 4096), (True, 4096)]:
-        other = Scorer(model, tok, share_prefix=share, tokens_per_row=row).score(TRAJS, progress=False)
-        for stream in ("fused", "l2r", "r2l", "sigma"):
-            a, b = getattr(plain, stream), getattr(other, stream)
-            assert (a is None) == (b is None)
-            if a is not None:
-                np.testing.assert_allclose(a, b, atol=1e-4)
+        assert_same_scores(plain, Scorer(model, tok, share_prefix=share, tokens_per_row=row).score(TRAJS, progress=False))
     # one trajectory alone scores the same as inside a batch (bucketing does not leak across items)
     alone = Scorer(model, tok).score(TRAJS[3:], progress=False)
     np.testing.assert_allclose(alone.fused, plain.of(3), atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["l2r", "r2l", "bi", "bi-static"])
+def test_prefix_cache_matches_plain_scoring(backbone, mode):
+    """Prompts encoded once into a KV cache, continuations in length-sorted chunks: same scores in fp32."""
+    model, tok = make(backbone, mode)
+    plain = Scorer(model, tok, share_prefix=False, tokens_per_row=None).score(CANDIDATES, progress=False)
+    for kw in [{}, {"tokens_per_call": 40}, {"tokens_per_call": 1, "tokens_per_batch": 60}]:
+        assert_same_scores(plain, Scorer(model, tok, prefix_cache=True, **kw).score(CANDIDATES, progress=False))
+
+
+def test_prefix_cache_calls_the_backbone_once_for_prompts_then_once_per_chunk(backbone):
+    model, tok = make(backbone, "bi")
+    encs = [Encoder(tok, model.config.step_tag_id).encode(t) for t in CANDIDATES]
+    calls, handle = count_backbone_calls(model)
+    Scorer(model, tok, prefix_cache=True, tokens_per_batch=10**6, tokens_per_call=10**6).score(CANDIDATES, progress=False)
+    assert len(calls) == 2
+    calls.clear()
+    batch = pack_cached(encs, "bi", max_tokens=60)
+    with torch.no_grad():
+        model(**batch)
+    handle.remove()
+    assert len(batch["chunks"]) > 2 and len(calls) == 1 + len(batch["chunks"]) - 1
+
+
+def test_pack_cached_layout(backbone):
+    """Each prompt once; one continuation per row, longest first; chunks within the budget; positions after the prompt."""
+    model, tok = make(backbone, "bi")
+    encs = [Encoder(tok, model.config.step_tag_id).encode(t) for t in CANDIDATES]
+    batch = pack_cached(encs, "bi", max_tokens=60)
+    check_tags(batch, model.config.step_tag_id)
+    assert len(batch["prefix_ids"]) == len({t.question for t in CANDIDATES})
+    width = (batch["unit_ids"] >= 0).sum(1)
+    assert len(width) == 2 * len(encs) and bool((width[:-1] >= width[1:]).all())
+    bounds = batch["chunks"].tolist()
+    assert bounds[0] == 0 and bounds[-1] == len(width)
+    assert all(b - a == 1 or (b - a) * int(width[a]) <= 60 for a, b in zip(bounds[:-1], bounds[1:]))
+    assert bool((batch["position_ids"][:, 0] == batch["prefix_lengths"][batch["prefix_rows"]]).all())
+
+
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_length_bucketing_does_not_change_scores(backbone, prefix_cache):
+    """All trajectories in one length-sorted batch, or each (question, with the cache) alone: the same scores."""
+    model, tok = make(backbone, "bi")
+    bucketed = Scorer(model, tok, prefix_cache=prefix_cache, tokens_per_batch=10**6)
+    alone = Scorer(model, tok, prefix_cache=prefix_cache, tokens_per_batch=1)
+    encs = [bucketed.encoder.encode(t) for t in CANDIDATES]
+    n_alone = len({t.question for t in CANDIDATES}) if prefix_cache else len(CANDIDATES)  # a question's prompt is never split
+    assert len(bucketed.batches(encs)) == 1 and len(alone.batches(encs)) == n_alone
+    assert_same_scores(bucketed.score(CANDIDATES, progress=False), alone.score(CANDIDATES, progress=False), atol=1e-5)
+
+
+def test_one_sequence_rows_take_the_plain_causal_path(backbone):
+    """No mask, and position ids that never restart inside a row (padding continues them), so
+    transformers does not build a packed-sequence mask and SDPA runs its causal kernel."""
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    model, tok = make(backbone, "bi")
+    encs = [Encoder(tok, model.config.step_tag_id).encode(t) for t in CANDIDATES]
+    distinct = [encs[i] for i in (0, 2, 3)]  # with sharing, a prompt followed by one stream is one plain sequence
+    for batch in (pack(encs, "bi", share_prefix=False), pack(distinct, "l2r", share_prefix=True)):
+        assert attention_mask(batch["unit_ids"], batch["stream_ids"]) is None
+        assert find_packed_sequence_indices(batch["position_ids"]) is None
 
 
 def test_r2l_scores_are_aligned_by_index(backbone):

@@ -1,0 +1,57 @@
+"""`biprm bench` code paths on the tiny shape: every section runs and reports; no timing is asserted."""
+import json
+import math
+
+import torch
+
+from biprm.bench.measure import step_memory
+from biprm.bench.run import BenchConfig, gate_overhead, main
+from biprm.bench.workload import build, training_config
+from biprm.encoding import Encoded
+from biprm.trajectory import Trajectory
+
+TRAJS = [
+    Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."]),
+    Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 24 apples.", "The answer is 22."]),
+    Trajectory("Ann reads 12 pages a day for 5 days. How many pages?", ["12 * 5 = 60.", "The answer is 60."]),
+]
+
+
+def labelled(bench) -> list[Encoded]:
+    encs = [bench.encoder().encode(t) for t in TRAJS]
+    return [Encoded(e.prompt, e.steps, [1.0] * len(e.steps)) for e in encs]
+
+
+def test_bench_smoke_on_tiny_shape(data_dir, tmp_path):
+    main(BenchConfig(shape="tiny", preset="smoke", data_root=str(data_dir), out=str(tmp_path), threads=1, memory=False))
+    result = json.loads((tmp_path / "bench-tiny-smoke.json").read_text())
+    assert (tmp_path / "bench-tiny-smoke.md").read_text().startswith("# biprm bench: tiny shape")
+    assert (tmp_path / "bench-tiny-smoke-scaling.png").stat().st_size > 0
+    assert {t["target"] for t in result["targets"]} >= {"training step: ref-bi / bi", "Best-of-N pool: ref-bi / bi"}
+    assert all(math.isfinite(t["value"]) and t["value"] > 0 for t in result["targets"])
+    bon = result["runs"]["float32"]["bon"]
+    assert bon["max_abs_diff_bi_paths"] < 1e-4 and bon["max_abs_diff_vs_reference"] < 1e-4
+
+
+def test_reference_pattern_computes_the_same_loss():
+    """The baseline differs from BiPRM in cost only: same heads on the same body, same loss."""
+    bench = build("tiny")
+    encs = labelled(bench)
+    for mode in ("l2r", "bi"):
+        ours, inputs = training_config(bench, encs, f"{mode}:tree")
+        ref, ref_inputs = training_config(bench, encs, f"ref-{mode}")
+        with torch.no_grad():
+            assert abs(ours(**inputs).loss.item() - ref(**ref_inputs).loss.item()) < 1e-5
+
+
+def test_memory_probe_reports_the_step_peak():
+    probe = step_memory("tiny", labelled(build("tiny")), "bi:tree", threads=1)
+    assert probe["peak_mib"] >= probe["steady_mib"] > 0
+
+
+def test_gate_overhead_at_qwen25_math_15b_shape():
+    """The paper: 1.543B -> 1.548B parameters."""
+    g = gate_overhead()
+    H = 1536
+    assert g["gate"] == 2 * H * H + H + H + 1
+    assert round(g["l2r_total"] / 1e9, 3) in (1.543, 1.544) and round(g["bi_total"] / 1e9, 3) == 1.548
