@@ -1,13 +1,11 @@
 """Trajectories -> per-step scores (L2R, R2L, gate, fused) with batched, length-sorted passes.
 
-Trajectories that share a question are scored together so their prompt is encoded
-once (prefix sharing); batches are filled up to a token budget in length order so
-padding stays small. Outputs come back in input order as a flat `StepScores`.
-
-Two layouts (benchmarks/, docs/PERFORMANCE.md):
+Batches are filled up to a token budget in length order so padding stays small;
+outputs come back in input order as a flat `StepScores`. Two layouts (measured in
+benchmarks/, explained in docs/PERFORMANCE.md):
 - default, one backbone call per batch: each trajectory's prompt once, then both of
-  its streams, packed into rows of about `tokens_per_row` tokens. Rows stay short
-  because a custom mask makes attention cost quadratic in the row.
+  its streams, in rows of about `tokens_per_row` tokens. Rows stay short because the
+  custom mask makes attention cost quadratic in the row.
 - `prefix_cache=True`: one call encodes every distinct prompt of the batch once, then
   calls of about `tokens_per_call` tokens run the continuations of both streams,
   longest first, attending to their prompt through its KV cache. Cheapest for

@@ -10,24 +10,28 @@ def _ratio(rows: dict, a: str, b: str, key: str = "median_s") -> float:
 
 
 def targets(result: dict) -> list[dict]:
-    """The issue's targets, measured in fp32 (equal dtype on both sides)."""
+    """The issue's targets in fp32 (equal dtype on both sides): wall-clock ratios, and the same
+    ratios of process CPU time, which a busy neighbour on a shared machine disturbs less."""
     run = result["runs"]["float32"]
     train, bon, peak = run["train"]["rows"], run["bon"]["rows"], result["matmul_peak"]["float32"]["gflops"]
-    out = [
-        ("training step: ref-bi / bi", _ratio(train, "ref-bi", TRAIN_BI), ">=", 1.5),
-        ("training step: bi / l2r (same optimisations)", _ratio(train, TRAIN_BI, TRAIN_L2R), "<=", 2.0),
+    ref_scale = bon["ref-bi"]["pool_s"] / bon["ref-bi"]["median_s"]  # the reference ran on a sample of the pool
+    times = [
+        ("training step: ref-bi / bi", train, "ref-bi", TRAIN_BI, 1.0, ">=", 1.5),
+        ("training step: bi / l2r (same optimisations)", train, TRAIN_BI, TRAIN_L2R, 1.0, "<=", 2.0),
+        ("Best-of-N pool: ref-bi / bi", bon, "ref-bi", BON_BI, ref_scale, ">=", 4.0),
+        ("Best-of-N pool: bi / plain l2r scorer", bon, BON_BI, "l2r:plain", 1.0, "<=", 1.5),
+        ("Best-of-N pool: bi / l2r (same optimisations)", bon, BON_BI, "l2r:kv", 1.0, "<=", 2.0),
     ]
+    out = [(n, rows[a]["median_s"] / rows[b]["median_s"] * k, rows[a]["cpu_median_s"] / rows[b]["cpu_median_s"] * k, op, g)
+           for n, rows, a, b, k, op, g in times]
     if "memory" in train[TRAIN_BI]:
-        out.append(("training step peak memory: bi / ref-bi", train[TRAIN_BI]["memory"]["step_mib"] / train["ref-bi"]["memory"]["step_mib"], "<=", 1.0))
+        out.append(("training step peak memory: bi / ref-bi", train[TRAIN_BI]["memory"]["step_mib"] / train["ref-bi"]["memory"]["step_mib"], None, "<=", 1.0))
     out += [
-        ("Best-of-N pool: ref-bi / bi", _ratio(bon, "ref-bi", BON_BI, "pool_s"), ">=", 4.0),
-        ("Best-of-N pool: bi / plain l2r scorer", _ratio(bon, BON_BI, "l2r:plain", "pool_s"), "<=", 1.5),
-        ("Best-of-N pool: bi / l2r (same optimisations)", _ratio(bon, BON_BI, "l2r:kv", "pool_s"), "<=", 2.0),
-        ("FLOP/s of peak, training step (bi)", train[TRAIN_BI]["gflops_per_s"] / peak, None, None),
-        ("FLOP/s of peak, Best-of-N scoring (bi)", bon[BON_BI]["gflops_per_s"] / peak, None, None),
+        ("FLOP/s of fp32 matmul peak, training step (bi)", train[TRAIN_BI]["gflops_per_s"] / peak, None, None, None),
+        ("FLOP/s of fp32 matmul peak, Best-of-N scoring (bi)", bon[BON_BI]["gflops_per_s"] / peak, None, None, None),
     ]
     met = lambda v, op, goal: None if op is None else (v >= goal if op == ">=" else v <= goal)  # noqa: E731
-    return [{"target": n, "value": v, "op": op, "goal": g, "met": met(v, op, g)} for n, v, op, g in out]
+    return [{"target": n, "value": v, "cpu_value": c, "op": op, "goal": g, "met": met(v, op, g)} for n, v, c, op, g in out]
 
 
 def _table(header: list[str], rows: list[list]) -> str:
@@ -47,8 +51,8 @@ def write_markdown(result: dict, path: str) -> str:
         + f"; oneDNN bf16: {m['mkldnn_bf16']}. Load average at start {result['loadavg_start'][0]:.2f}, "
         f"at end {result['loadavg_end'][0]:.2f}. Dtypes run: {', '.join(result['dtypes'])}.",
         "## Targets (fp32, ratios of medians taken in this run)",
-        _table(["target", "measured", "goal", "met"],
-               [[t["target"], t["value"], f"{t['op']} {t['goal']}" if t["op"] else "report", t["met"]] for t in result["targets"]]),
+        _table(["target", "measured (wall)", "same, CPU time", "goal", "met"],
+               [[t["target"], t["value"], t["cpu_value"], f"{t['op']} {t['goal']}" if t["op"] else "report", t["met"]] for t in result["targets"]]),
     ]
     for dtype, run in result["runs"].items():
         peak = peaks[dtype]["gflops"]
@@ -65,8 +69,9 @@ def write_markdown(result: dict, path: str) -> str:
         lat = run["latency"]["rows"]
         parts += [
             f"## Single-solution latency, {dtype}: {run['latency']['solutions']} solutions of {run['latency']['tokens']} tokens, one at a time",
-            _table(["config", "ms per solution", "max/min", "this / l2r:plain", "GFLOP/s"],
-                   [[k, 1e3 * r["per_solution_s"], r["spread"], _ratio(lat, k, "l2r:plain"), r["gflops_per_s"]] for k, r in lat.items()]),
+            _table(["config", "ms per solution", "max/min", "ref-bi / this", "this / l2r:plain", "GFLOP/s"],
+                   [[k, 1e3 * r["per_solution_s"], r["spread"], _ratio(lat, "ref-bi", k), _ratio(lat, k, "l2r:plain"), r["gflops_per_s"]]
+                    for k, r in lat.items()]),
         ]
         bon = run["bon"]
         rows = bon["rows"]
