@@ -63,13 +63,21 @@ def _continuation(enc: Encoded, stream: str, shared: bool) -> tuple[np.ndarray, 
 
 
 def _units(encs: list[Encoded], streams: tuple[str, ...], share_prefix: bool, max_tokens: int | None) -> list[_Unit]:
-    """With sharing, trajectories with the same prompt share one unit; without, every stream is its own unit."""
+    """With sharing, trajectories with the same prompt share one unit; without, every stream is its own unit.
+
+    A trajectory whose shared tree would not fit in `max_tokens` gets plain units too: the
+    masked attention over its long row costs more than the prompt copies it saves.
+    """
+    plain = lambda i: [_Unit([], [(i, s)], encs[i].n_tokens) for s in streams]  # noqa: E731
     if not share_prefix:
-        return [_Unit([], [(i, s)], e.n_tokens) for i, e in enumerate(encs) for s in streams]
+        return [u for i in range(len(encs)) for u in plain(i)]
     units: list[_Unit] = []
     open_unit: dict[tuple[int, ...], _Unit] = {}
     for i, enc in enumerate(encs):
         need = (enc.n_tokens - len(enc.prompt)) * len(streams)
+        if max_tokens is not None and len(streams) > 1 and len(enc.prompt) + need > max_tokens:
+            units += plain(i)
+            continue
         unit = open_unit.get(tuple(enc.prompt))
         if unit is None or (max_tokens is not None and unit.n_tokens + need > max_tokens):
             unit = _Unit(list(enc.prompt), n_tokens=len(enc.prompt))
@@ -154,7 +162,7 @@ def pack(
             if P:  # a prompt with one continuation is just the start of one plain sequence
                 segments.append(_Segment(np.array(unit.prefix, dtype=np.int64), 0, u, 0 if len(unit.conts) > 1 else 1))
             for k, (i, stream) in enumerate(unit.conts, start=1):
-                ids, ends = _continuation(encs[i], stream, share_prefix)
+                ids, ends = _continuation(encs[i], stream, shared=P > 0)
                 segments.append(_Segment(ids, P, u, k, i, stream, ends))
         rows.append(segments)
     return _layout(rows, encs, streams, pad_id)

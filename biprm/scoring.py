@@ -3,11 +3,14 @@
 Batches are filled up to a token budget in length order so padding stays small;
 outputs come back in input order as a flat `StepScores`. Two layouts (measured in
 benchmarks/, explained in docs/PERFORMANCE.md):
-- default, one backbone call per batch: each trajectory's prompt once, then both of
-  its streams, in rows of about `tokens_per_row` tokens. Rows stay short because the
-  custom mask makes attention cost quadratic in the row.
-- `prefix_cache=True`: one call encodes every distinct prompt of the batch once, then
-  calls of about `tokens_per_call` tokens run the continuations of both streams,
+- default, one backbone call per batch of about `tokens_per_batch` tokens counted with
+  padding (4096 unless set): each trajectory's prompt once, then both of its streams,
+  in rows of about `tokens_per_row` tokens. Rows stay short because the custom mask
+  makes attention cost quadratic in the row; a trajectory too long for one row gets a
+  plain causal row per stream instead.
+- `prefix_cache=True`: batches hold whole questions (16384 tokens unless set); one call
+  encodes every distinct prompt of the batch once, then calls of about
+  `tokens_per_call` tokens run the continuations of both streams,
   longest first, attending to their prompt through its KV cache. Cheapest for
   Best-of-N pools, where many candidates share a question.
 """
@@ -35,8 +38,8 @@ class Scorer:
         model: BiPRMModel,
         tokenizer,
         max_length: int = 4096,
-        tokens_per_batch: int = 8192,
-        tokens_per_row: int | None = 256,
+        tokens_per_batch: int | None = None,
+        tokens_per_row: int | None = 512,
         share_prefix: bool = True,
         prefix_cache: bool = False,
         tokens_per_call: int = 1024,
@@ -44,7 +47,7 @@ class Scorer:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.encoder = Encoder(tokenizer, model.config.step_tag_id, max_length)
-        self.tokens_per_batch = tokens_per_batch
+        self.tokens_per_batch = tokens_per_batch or (16384 if prefix_cache else 4096)
         self.tokens_per_row = tokens_per_row
         self.share_prefix = share_prefix
         self.prefix_cache = prefix_cache

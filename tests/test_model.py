@@ -136,7 +136,9 @@ def test_one_sequence_rows_take_the_plain_causal_path(backbone):
     model, tok = make(backbone, "bi")
     encs = [Encoder(tok, model.config.step_tag_id).encode(t) for t in CANDIDATES]
     distinct = [encs[i] for i in (0, 2, 3)]  # with sharing, a prompt followed by one stream is one plain sequence
-    for batch in (pack(encs, "bi", share_prefix=False), pack(distinct, "l2r", share_prefix=True)):
+    too_long = pack(encs[:1], "bi", share_prefix=True, max_tokens=8)  # a tree wider than a row: one plain row per stream
+    assert too_long["input_ids"].shape[0] == 2
+    for batch in (pack(encs, "bi", share_prefix=False), pack(distinct, "l2r", share_prefix=True), too_long):
         assert attention_mask(batch["unit_ids"], batch["stream_ids"]) is None
         assert find_packed_sequence_indices(batch["position_ids"]) is None
 
