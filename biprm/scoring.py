@@ -16,6 +16,8 @@ benchmarks/, explained in docs/PERFORMANCE.md):
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -26,6 +28,8 @@ from biprm.modeling import BiPRMModel
 from biprm.packing import check_tags, pack, pack_cached
 from biprm.scores import StepScores, step_positions
 from biprm.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
 
 
 def default_device() -> torch.device:
@@ -88,14 +92,28 @@ class Scorer:
                 batches.append(np.array(current))
                 current, used, widest = [], cost[block].sum(), cost[block].max()
             current += block
-        batches.append(np.array(current))
-        return batches
+        return batches + [np.array(current)] if current else batches
+
+    def score(self, trajs: list[Trajectory], progress: bool = True) -> StepScores:
+        """Scores in input order. Identical candidates (same question and steps, common in
+        sampled Best-of-N pools) are scored once; a trajectory longer than `max_length`
+        keeps only the steps that fit, so it gets fewer scores than it has steps."""
+        first: dict[tuple, int] = {}
+        which = np.array([first.setdefault((t.question, tuple(t.steps)), i) for i, t in enumerate(trajs)], dtype=np.int64)
+        distinct = np.unique(which)
+        encs = [self.encoder.encode(trajs[i], f"trajectory {i}") for i in distinct]
+        cut = sum(e.n_dropped > 0 for e in encs)
+        if cut:
+            log.warning(
+                "%d of %d trajectories exceed max_length=%d: their trailing steps are not scored",
+                cut, len(encs), self.encoder.max_length,
+            )
+        return self._score(encs, progress).select(np.searchsorted(distinct, which))
 
     @torch.inference_mode()
-    def score(self, trajs: list[Trajectory], progress: bool = True) -> StepScores:
-        encs = [self.encoder.encode(t, f"trajectory {i}") for i, t in enumerate(trajs)]
-        lengths = np.array([len(e.steps) for e in encs])
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
+    def _score(self, encs: list[Encoded], progress: bool) -> StepScores:
+        lengths = np.array([len(e.steps) for e in encs], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         out = {k: np.zeros(offsets[-1]) for k in ("fused", "l2r", "r2l", "sigma")}
         device = self.model.device
         for idx in tqdm(self.batches(encs), desc=f"scoring ({self.mode})", disable=not progress, unit="batch"):

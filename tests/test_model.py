@@ -244,3 +244,27 @@ def test_truncation_drops_whole_trailing_steps_in_both_streams(backbone):
     batch = pack([cut], "bi")
     check_tags(batch, model.config.step_tag_id)
     assert len(batch["l2r_index"]) == len(batch["r2l_index"]) == 3
+
+
+def test_identical_candidates_are_scored_once(backbone):
+    model, tok = make(backbone, "bi")
+    pool = [CANDIDATES[1], CANDIDATES[0], CANDIDATES[1], CANDIDATES[4], CANDIDATES[0]]
+    scorer = Scorer(model, tok)
+    seen = []
+    encode = scorer.encoder.encode
+    scorer.encoder.encode = lambda t, where: seen.append(where) or encode(t, where)
+    scores = scorer.score(pool, progress=False)
+    assert seen == ["trajectory 0", "trajectory 1", "trajectory 3"]
+    one_each = Scorer(model, tok).score([CANDIDATES[1], CANDIDATES[0], CANDIDATES[4]], progress=False)
+    assert_same_scores(scores, one_each.select(np.array([0, 1, 0, 2, 1])), atol=1e-6)
+    assert len(scorer.score([], progress=False)) == 0
+
+
+def test_scorer_warns_when_trailing_steps_are_not_scored(backbone, caplog):
+    model, tok = make(backbone, "bi")
+    full = Encoder(tok, model.config.step_tag_id).encode(TRAJS[3])
+    scorer = Scorer(model, tok, max_length=full.n_tokens - len(full.steps[-1]))
+    with caplog.at_level("WARNING", logger="biprm.scoring"):
+        scores = scorer.score(TRAJS[2:], progress=False)
+    assert np.diff(scores.offsets).tolist() == [2, 3]
+    assert "1 of 2 trajectories exceed max_length" in caplog.text
