@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default="scores.jsonl")
     p.add_argument("--format", default="auto")
     p.add_argument("--device", default=None)
-    p.add_argument("--tokens-per-batch", type=int, default=16384)
+    p.add_argument("--tokens-per-batch", type=int, default=None, help="tokens per backbone batch (Scorer's default by layout)")
     p.add_argument("--skip-invalid", action="store_true")
     p.set_defaults(func=cmd_score)
 

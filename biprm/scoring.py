@@ -8,11 +8,12 @@ benchmarks/, explained in docs/PERFORMANCE.md):
   in rows of about `tokens_per_row` tokens. Rows stay short because the custom mask
   makes attention cost quadratic in the row; a trajectory too long for one row gets a
   plain causal row per stream instead.
-- `prefix_cache=True`: batches hold whole questions (16384 tokens unless set); one call
+- prompt cache: batches hold whole questions (16384 tokens unless set); one call
   encodes every distinct prompt of the batch once, then calls of about
   `tokens_per_call` tokens run the continuations of both streams,
   longest first, attending to their prompt through its KV cache. Cheapest for
-  Best-of-N pools, where many candidates share a question.
+  Best-of-N pools, where many candidates share a question, so `prefix_cache=None`
+  (the default) picks it when the questions have CACHE_FROM candidates on average.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from biprm.scores import StepScores, step_positions
 from biprm.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
+CACHE_FROM = 4  # candidates per question from which the prompt cache wins (benchmarks/, scaling plot)
 
 
 def default_device() -> torch.device:
@@ -45,13 +47,13 @@ class Scorer:
         tokens_per_batch: int | None = None,
         tokens_per_row: int | None = 512,
         share_prefix: bool = True,
-        prefix_cache: bool = False,
+        prefix_cache: bool | None = None,
         tokens_per_call: int = 1024,
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.encoder = Encoder(tokenizer, model.config.step_tag_id, max_length)
-        self.tokens_per_batch = tokens_per_batch or (16384 if prefix_cache else 4096)
+        self.tokens_per_batch = tokens_per_batch
         self.tokens_per_row = tokens_per_row
         self.share_prefix = share_prefix
         self.prefix_cache = prefix_cache
@@ -68,7 +70,7 @@ class Scorer:
     def mode(self) -> str:
         return self.model.config.mode
 
-    def batches(self, encs: list[Encoded]) -> list[np.ndarray]:
+    def batches(self, encs: list[Encoded], cached: bool) -> list[np.ndarray]:
         """Index batches, longest first, within `tokens_per_batch`.
 
         One-pass batches count padding (items x the longest), so long and short solutions
@@ -76,8 +78,9 @@ class Scorer:
         so each prompt is encoded once, and the budget counts real tokens: the calls inside
         a batch sort rows by length themselves.
         """
+        budget = self.tokens_per_batch or (16384 if cached else 4096)
         cost = np.array([e.n_tokens * len(self.model.streams) for e in encs])
-        if self.prefix_cache:
+        if cached:
             groups: dict[tuple[int, ...], list[int]] = {}
             for i, e in enumerate(encs):
                 groups.setdefault(tuple(e.prompt), []).append(i)
@@ -87,8 +90,8 @@ class Scorer:
         batches, current, used, widest = [], [], 0, 0
         for block in blocks:
             used, widest = used + cost[block].sum(), max(widest, cost[block].max())
-            size = used if self.prefix_cache else (len(current) + len(block)) * widest
-            if current and size > self.tokens_per_batch:
+            size = used if cached else (len(current) + len(block)) * widest
+            if current and size > budget:
                 batches.append(np.array(current))
                 current, used, widest = [], cost[block].sum(), cost[block].max()
             current += block
@@ -108,17 +111,20 @@ class Scorer:
                 "%d of %d trajectories exceed max_length=%d: their trailing steps are not scored",
                 cut, len(encs), self.encoder.max_length,
             )
-        return self._score(encs, progress).select(np.searchsorted(distinct, which))
+        cached = self.prefix_cache
+        if cached is None:
+            cached = len(encs) >= CACHE_FROM * len({t.question for t in trajs})
+        return self._score(encs, cached, progress).select(np.searchsorted(distinct, which))
 
     @torch.inference_mode()
-    def _score(self, encs: list[Encoded], progress: bool) -> StepScores:
+    def _score(self, encs: list[Encoded], cached: bool, progress: bool) -> StepScores:
         lengths = np.array([len(e.steps) for e in encs], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         out = {k: np.zeros(offsets[-1]) for k in ("fused", "l2r", "r2l", "sigma")}
         device = self.model.device
-        for idx in tqdm(self.batches(encs), desc=f"scoring ({self.mode})", disable=not progress, unit="batch"):
+        for idx in tqdm(self.batches(encs, cached), desc=f"scoring ({self.mode})", disable=not progress, unit="batch"):
             items, pad = [encs[i] for i in idx], self.tokenizer.pad_token_id
-            if self.prefix_cache:
+            if cached:
                 batch = pack_cached(items, self.mode, self.tokens_per_call, pad)
             else:
                 batch = pack(items, self.mode, self.share_prefix, self.tokens_per_row, pad)

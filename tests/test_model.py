@@ -101,6 +101,17 @@ def test_prefix_cache_calls_the_backbone_once_for_prompts_then_once_per_chunk(ba
     assert len(batch["chunks"]) > 2 and len(calls) == 1 + len(batch["chunks"]) - 1
 
 
+def test_prompt_cache_is_picked_for_pools_with_many_candidates_per_question(backbone):
+    model, tok = make(backbone, "bi")
+    pool = [TRAJS[0], TRAJS[1], CANDIDATES[4], Trajectory(TRAJS[0].question, ["21 - 2 = 19.", "The answer is 19."])]
+    calls, handle = count_backbone_calls(model)
+    for trajs, expected in [(pool, 2), (CANDIDATES, 1)]:  # 4 candidates of one question; 7 of 3
+        calls.clear()
+        Scorer(model, tok, tokens_per_batch=10**6, tokens_per_call=10**6).score(trajs, progress=False)
+        assert len(calls) == expected
+    handle.remove()
+
+
 def test_pack_cached_layout(backbone):
     """Each prompt once; one continuation per row, longest first; chunks within the budget; positions after the prompt."""
     model, tok = make(backbone, "bi")
@@ -124,7 +135,7 @@ def test_length_bucketing_does_not_change_scores(backbone, prefix_cache):
     alone = Scorer(model, tok, prefix_cache=prefix_cache, tokens_per_batch=1)
     encs = [bucketed.encoder.encode(t) for t in CANDIDATES]
     n_alone = len({t.question for t in CANDIDATES}) if prefix_cache else len(CANDIDATES)  # a question's prompt is never split
-    assert len(bucketed.batches(encs)) == 1 and len(alone.batches(encs)) == n_alone
+    assert len(bucketed.batches(encs, prefix_cache)) == 1 and len(alone.batches(encs, prefix_cache)) == n_alone
     assert_same_scores(bucketed.score(CANDIDATES, progress=False), alone.score(CANDIDATES, progress=False), atol=1e-5)
 
 

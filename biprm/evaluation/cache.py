@@ -33,11 +33,11 @@ STREAMS = ("l2r", "r2l", "sigma")
 
 @dataclass
 class ScorerSettings:
-    """How checkpoints are run; `tokens_per_row=None` gives every question its own row."""
+    """How checkpoints are run (see `Scorer`); `tokens_per_row=None` gives every question its own row."""
 
     device: str | None = None
-    tokens_per_batch: int = 16384
-    tokens_per_row: int | None = 4096
+    tokens_per_batch: int | None = None
+    tokens_per_row: int | None = 512
     max_length: int = 4096
 
 
