@@ -49,7 +49,8 @@ def write_markdown(result: dict, path: str) -> str:
         f"{m['memory_gib']} GiB; torch {m['torch']}, {m['threads']} threads. Matmul peak: "
         + ", ".join(f"{k} {v['gflops']:.1f} GFLOP/s (n={v['n']})" for k, v in peaks.items())
         + f"; oneDNN bf16: {m['mkldnn_bf16']}. Load average at start {result['loadavg_start'][0]:.2f}, "
-        f"at end {result['loadavg_end'][0]:.2f}. Dtypes run: {', '.join(result['dtypes'])}.",
+        f"at end {result['loadavg_end'][0]:.2f}. Dtypes run: {', '.join(result['dtypes'])}. "
+        f"The whole run took {result['elapsed_s'] / 60:.1f} min.",
         "## Targets (fp32, ratios of medians taken in this run)",
         _table(["target", "measured (wall)", "same, CPU time", "goal", "met"],
                [[t["target"], t["value"], t["cpu_value"], f"{t['op']} {t['goal']}" if t["op"] else "report", t["met"]] for t in result["targets"]]),

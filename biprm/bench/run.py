@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -178,6 +179,7 @@ def scaling_section(bench: Bench, trajs: list[Trajectory], ref_per_token: float)
 def run(cfg: BenchConfig) -> dict:
     threads = cfg.threads or os.cpu_count()
     torch.set_num_threads(threads)
+    start = time.perf_counter()
     result: dict = {"config": asdict(cfg) | cfg.sizes, "machine": machine(), "loadavg_start": os.getloadavg()}
     peaks = {str(dt).removeprefix("torch."): matmul_peak(dt) for dt in (torch.float32, torch.bfloat16)}
     result["matmul_peak"] = peaks
@@ -199,6 +201,7 @@ def run(cfg: BenchConfig) -> dict:
             ref = section["bon"]["rows"]["ref-bi"]
             section["scaling"] = scaling_section(bench, trajs, ref["pool_s"] / section["bon"]["tokens"])
     result["loadavg_end"] = os.getloadavg()
+    result["elapsed_s"] = time.perf_counter() - start
     result["targets"] = targets(result)
     return result
 
