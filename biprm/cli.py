@@ -22,6 +22,10 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls) -> None:
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
             continue
+        if typing.get_origin(kind) is tuple:  # a fixed-length tuple: that many values
+            parts = typing.get_args(kind)
+            parser.add_argument(flag, type=parts[0], nargs=len(parts), default=f.default)
+            continue
         base = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
         parser.add_argument(flag, type=base, default=f.default)
 

@@ -21,18 +21,22 @@ from biprm.plots import plot_curves, position_curve
 from biprm.scoring import Scorer
 from biprm.synthetic import make_bon_pools, make_dataset
 from biprm.train import TrainConfig, train
+from biprm.writers import write_trajectories
 
 
 @dataclass
 class DemoConfig:
     output_dir: str = "out/demo"
     modes: str = "l2r,r2l,bi-static,bi"
-    n_train: int = 2400
+    n_train: int = 4800
     n_test: int = 600
     bon_questions: int = 150
     bon_candidates: int = 16
-    epochs: float = 1.0
-    lr: float = 3e-3
+    events: tuple[int, int] = (2, 3)  # events per problem: short problems a tiny model learns within minutes
+    mix: tuple[float, float, float] = (0.45, 0.1, 0.45)  # correct, calc, claim: mostly errors a later step exposes
+    epochs: float = 2.0
+    lr: float = 3e-3  # 100x the paper's, to learn something in minutes ...
+    gate_lr_scale: float = 0.1  # ... at which a full-lr gate saturates (sigma -> 0 or 1) within the first steps
     batch_size: int = 16
     seed: int = 1106
 
@@ -62,16 +66,18 @@ def evaluate(scorer: Scorer, dev, test, pools) -> dict:
 def run_demo(cfg: DemoConfig) -> dict:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    test = make_dataset(cfg.n_test, seed=cfg.seed + 1)
-    dev = make_dataset(cfg.n_test, seed=cfg.seed + 3)
-    pools = make_bon_pools(cfg.bon_questions, cfg.bon_candidates, seed=cfg.seed + 2)
+    task = dict(mix=cfg.mix, events=cfg.events)
+    data = write_trajectories(out / "train.jsonl", make_dataset(cfg.n_train, cfg.seed, **task))
+    test = make_dataset(cfg.n_test, seed=cfg.seed + 1, **task)
+    dev = make_dataset(cfg.n_test, seed=cfg.seed + 3, **task)
+    pools = make_bon_pools(cfg.bon_questions, cfg.bon_candidates, seed=cfg.seed + 2, errors=cfg.mix[1:], events=cfg.events)
     results = {}
     for mode in cfg.modes.split(","):
         start = time.perf_counter()
         print(f"\n== training {mode} ==")
         ckpt = train(TrainConfig(
-            backbone="tiny", data=f"synthetic:{cfg.n_train}:{cfg.seed}", output_dir=str(out / mode), mode=mode,
-            lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, grad_accum=1, warmup_ratio=0.05,
+            backbone="tiny", data=str(data), output_dir=str(out / mode), mode=mode,
+            lr=cfg.lr, gate_lr_scale=cfg.gate_lr_scale, epochs=cfg.epochs, batch_size=cfg.batch_size, grad_accum=1, warmup_ratio=0.05,
             seed=cfg.seed, save_steps=10**9, logging_steps=50,
         ))
         results[mode] = evaluate(Scorer.from_pretrained(ckpt, device="cpu"), dev, test, pools)

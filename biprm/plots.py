@@ -19,7 +19,9 @@ def normalised_position(offsets: np.ndarray) -> np.ndarray:
 
 
 def position_curve(values: np.ndarray, offsets: np.ndarray, bins: int = 10) -> dict[str, list[float]]:
-    """Mean of `values` in equal-width bins of normalised position; empty bins are NaN."""
+    """Mean of `values` in equal-width bins of normalised position; empty bins are None (JSON null).
+
+    Short solutions leave bins empty: with 3 steps, positions fall in 3 of 10 bins."""
     pos = normalised_position(offsets)
     which = np.minimum((pos * bins).astype(int), bins - 1)
     counts = np.bincount(which, minlength=bins)
@@ -27,7 +29,7 @@ def position_curve(values: np.ndarray, offsets: np.ndarray, bins: int = 10) -> d
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = sums / counts
     centres = (np.arange(bins) + 0.5) / bins
-    return {"position": centres.tolist(), "mean": mean.tolist(), "count": counts.tolist()}
+    return {"position": centres.tolist(), "mean": [m if c else None for m, c in zip(mean.tolist(), counts)], "count": counts.tolist()}
 
 
 def plot_curves(
@@ -50,8 +52,9 @@ def plot_curves(
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for name, curve in curves.items():
-        ax.plot(np.array(curve["position"]) * 100, np.array(curve["mean"], dtype=float), marker="o", ms=3,
-                label=NAMES.get(name, name), color=COLORS.get(name))
+        y = np.array(curve["mean"], dtype=float)  # None -> NaN: empty bins are left out, the line joins the rest
+        x = np.array(curve["position"]) * 100
+        ax.plot(x[np.isfinite(y)], y[np.isfinite(y)], marker="o", ms=3, label=NAMES.get(name, name), color=COLORS.get(name))
     if vline is not None and np.isfinite(vline):
         ax.axvline(vline * 100, ls="--", color="grey", label=vline_label)
     if hline is not None:

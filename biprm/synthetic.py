@@ -91,13 +91,13 @@ def _step(problem: Problem, t: int, a: int, c: int, bare: bool) -> str:
     return f"{problem.clauses[t]}, so {problem.pronoun} has {a} {op} {n} = {c} {problem.item}."
 
 
-def make_problem(rng: random.Random) -> Problem:
-    """2 to 6 events on one quantity, so 3 to 7 solution steps with the answer step."""
+def make_problem(rng: random.Random, events: tuple[int, int] = (2, 6)) -> Problem:
+    """`events` (inclusive range) on one quantity; one more solution step states the answer."""
     name, p, o, pos = rng.choice(PEOPLE)
     item = rng.choice(ITEMS)
     start = a = rng.randint(8, 60)
     ops, values = [], []
-    for _ in range(rng.randint(2, 6)):
+    for _ in range(rng.randint(*events)):
         op, n = _pick_op(rng, a)
         a = _apply(op, a, n)
         ops.append((op, n))
@@ -159,27 +159,32 @@ def make_solution(problem: Problem, rng: random.Random, kind: str) -> Trajectory
     )
 
 
-def make_dataset(n: int, seed: int, mix: tuple[float, float, float] = (0.4, 0.3, 0.3)) -> list[Trajectory]:
+def make_dataset(
+    n: int, seed: int, mix: tuple[float, float, float] = (0.4, 0.3, 0.3), events: tuple[int, int] = (2, 6)
+) -> list[Trajectory]:
     """n labelled trajectories, one problem each, kinds drawn with weights `mix` over KINDS."""
     rng = random.Random(seed)
     trajs = []
     for qid in range(n):
-        problem = make_problem(rng)
+        problem = make_problem(rng, events)
         traj = make_solution(problem, rng, rng.choices(KINDS, weights=mix)[0])
         traj.meta["qid"] = qid
         trajs.append(traj)
     return trajs
 
 
-def make_bon_pools(n_questions: int, n_candidates: int, seed: int) -> list[Trajectory]:
-    """Best-of-N pools: per question a random share of correct candidates, the rest calc or claim errors."""
+def make_bon_pools(
+    n_questions: int, n_candidates: int, seed: int, errors: tuple[float, float] = (0.5, 0.5), events: tuple[int, int] = (2, 6)
+) -> list[Trajectory]:
+    """Best-of-N pools: per question a random share of correct candidates, the rest calc or
+    claim errors drawn with weights `errors`."""
     rng = random.Random(seed)
     trajs = []
     for qid in range(n_questions):
-        problem = make_problem(rng)
+        problem = make_problem(rng, events)
         share = rng.random()
         for cand in range(n_candidates):
-            kind = "correct" if rng.random() < share else rng.choice(KINDS[1:])
+            kind = "correct" if rng.random() < share else rng.choices(KINDS[1:], weights=errors)[0]
             traj = make_solution(problem, rng, kind)
             traj.meta |= {"qid": qid, "cand": cand}
             trajs.append(traj)

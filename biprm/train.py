@@ -55,6 +55,7 @@ class TrainConfig:
     resume: bool = False
     detach_gate_inputs: bool = True
     aux_loss_weight: float = 0.0
+    gate_lr_scale: float = 1.0  # the gate learns at lr x this; < 1 keeps it from saturating at high lr
     skip_invalid: bool = False
     report_to: str = "none"
     gradient_checkpointing: bool = False
@@ -80,6 +81,31 @@ def encode_all(encoder: Encoder, trajs: list, name: str) -> list[Encoded]:
     if cut:
         log.warning("%d of %d rows exceeded max_length=%d: trailing steps dropped in both streams", cut, len(items), encoder.max_length)
     return items
+
+
+class BiPRMTrainer(Trainer):
+    """`Trainer` plus one option: the gate's parameters get their own group at `gate_lr_scale` x lr.
+
+    The linear schedule then scales both groups alike. (With a DeepSpeed config that
+    defines its own optimizer, DeepSpeed builds it and the option does not apply.)
+    """
+
+    def __init__(self, *args, gate_lr_scale: float = 1.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate_lr_scale = gate_lr_scale
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        gate = getattr(self.model, "gate", None)
+        if self.gate_lr_scale == 1.0 or gate is None:
+            return optimizer
+        ids = {id(p) for p in gate.parameters()}
+        for group in [g for g in optimizer.param_groups if not g.get("gate")]:  # a second call finds the split done
+            mine = [p for p in group["params"] if id(p) in ids]
+            if mine:
+                group["params"] = [p for p in group["params"] if id(p) not in ids]
+                optimizer.add_param_group({**group, "params": mine, "lr": group["lr"] * self.gate_lr_scale, "gate": True})
+        return optimizer
 
 
 def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> str:
@@ -125,8 +151,9 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         pack, mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row,
         pad_id=tokenizer.pad_token_id,
     )
-    trainer = Trainer(
-        model=model, args=args, train_dataset=dataset, data_collator=collate, processing_class=tokenizer, callbacks=callbacks
+    trainer = BiPRMTrainer(
+        model=model, args=args, train_dataset=dataset, data_collator=collate, processing_class=tokenizer, callbacks=callbacks,
+        gate_lr_scale=cfg.gate_lr_scale,
     )
     resume = cfg.resume and any(Path(cfg.output_dir).glob("checkpoint-*"))
     trainer.train(resume_from_checkpoint=True if resume else None)

@@ -20,3 +20,14 @@ def write_scores(path: str, trajs: list[Trajectory], scores: StepScores) -> int:
             row["solution"] = {how: float(solution[how][i]) for how in AGGREGATIONS}
             f.write(json.dumps(row) + "\n")
     return len(trajs)
+
+
+def write_trajectories(path: str | Path, trajs: list[Trajectory]) -> Path:
+    """Labelled trajectories as TRL stepwise-supervision JSONL (`prompt`, `completions`, `labels`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for traj in trajs:
+            labels = [bool(x) if x in (0, 1) else float(x) for x in traj.labels]
+            f.write(json.dumps({"prompt": traj.question, "completions": traj.steps, "labels": labels}) + "\n")
+    return path

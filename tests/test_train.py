@@ -126,3 +126,22 @@ def test_real_backbone_loss_goes_down(tmp_path, data_dir):
     losses = [e["loss"] for e in json.loads((Path(out) / "train_log.json").read_text()) if "loss" in e]
     assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses)))
     assert after < before
+
+
+class RecordGroups(TrainerCallback):
+    def __init__(self):
+        self.seen = []
+
+    def on_step_end(self, args, state, control, optimizer=None, **kwargs):
+        self.seen.append([(g["lr"], len(g["params"]), bool(g.get("gate"))) for g in optimizer.param_groups])
+
+
+def test_gate_learns_at_a_fraction_of_the_lr(tmp_path):
+    record = RecordGroups()
+    train(tiny_config(tmp_path / "g", mode="bi", gate_lr_scale=0.1, max_steps=3, save_steps=10), callbacks=[record])
+    for groups in record.seen:
+        body = [lr for lr, n, gate in groups if not gate and n]
+        gate = [(lr, n) for lr, n, is_gate in groups if is_gate]  # weights (decayed) and biases (not)
+        assert sum(n for _, n in gate) == 4  # two Linear layers
+        assert body and all(g == pytest.approx(0.1 * lr) for g, _ in gate for lr in body)
+    assert record.seen[0][0][0] > 0 and record.seen[-1][0][0] != record.seen[0][0][0]  # the schedule moves both
