@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
@@ -52,6 +53,7 @@ class TrainConfig:
     save_steps: int = 500
     save_total_limit: int | None = 2
     logging_steps: int = 10
+    eval_fraction: float = 0.0  # rows held out for a validation loss every save_steps (the paper holds out 5 %)
     resume: bool = False
     detach_gate_inputs: bool = True
     aux_loss_weight: float = 0.0
@@ -108,6 +110,18 @@ class BiPRMTrainer(Trainer):
         return optimizer
 
 
+def holdout(items: list, fraction: float, seed: int) -> tuple[list, list]:
+    """(train, validation): a seeded random `fraction` of the rows, at least one, is held out."""
+    if not fraction:
+        return items, []
+    n_eval = max(1, round(len(items) * fraction))
+    if not 0 < fraction < 1 or n_eval >= len(items):
+        raise ValueError(f"eval_fraction={fraction} leaves no training rows out of {len(items)}")
+    held = np.zeros(len(items), dtype=bool)
+    held[np.random.default_rng(seed).permutation(len(items))[:n_eval]] = True
+    return [x for x, h in zip(items, held) if not h], [x for x, h in zip(items, held) if h]
+
+
 def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> str:
     set_seed(cfg.seed)
     backbone_dir = resolve_backbone(cfg.backbone)
@@ -119,8 +133,8 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
     )
     trajs = load_source(cfg.data, fmt=cfg.fmt, skip_invalid=cfg.skip_invalid, labelled=True)
     encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
-    dataset = EncodedDataset(encode_all(encoder, trajs, cfg.data))
-    log.info("training %s/%s on %d trajectories from %s", cfg.mode, cfg.objective, len(dataset), cfg.data)
+    train_items, eval_items = holdout(encode_all(encoder, trajs, cfg.data), cfg.eval_fraction, cfg.seed)
+    log.info("training %s/%s on %d trajectories from %s (%d held out)", cfg.mode, cfg.objective, len(train_items), cfg.data, len(eval_items))
 
     args = TrainingArguments(
         output_dir=cfg.output_dir,
@@ -139,6 +153,10 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit,
         logging_steps=cfg.logging_steps,
+        eval_strategy="steps" if eval_items else "no",
+        eval_steps=cfg.save_steps,
+        per_device_eval_batch_size=cfg.batch_size,
+        prediction_loss_only=True,
         report_to=[] if cfg.report_to == "none" else [cfg.report_to],
         remove_unused_columns=False,
         dataloader_drop_last=False,
@@ -152,7 +170,8 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         pad_id=tokenizer.pad_token_id,
     )
     trainer = BiPRMTrainer(
-        model=model, args=args, train_dataset=dataset, data_collator=collate, processing_class=tokenizer, callbacks=callbacks,
+        model=model, args=args, train_dataset=EncodedDataset(train_items),
+        eval_dataset=EncodedDataset(eval_items) if eval_items else None, data_collator=collate, processing_class=tokenizer, callbacks=callbacks,
         gate_lr_scale=cfg.gate_lr_scale,
     )
     resume = cfg.resume and any(Path(cfg.output_dir).glob("checkpoint-*"))

@@ -169,7 +169,7 @@ def test_perturbation_robustness():
     assert l2r["clean"] == pytest.approx({"gsm8k": 100, "math": 200 / 3, "average": 250 / 3})
     assert l2r["drop"] == pytest.approx({"gsm8k": 100, "math": 200 / 3, "average": 250 / 3})
     text = format_perturbation_table(r)
-    assert "| mode | gsm8k | math | Average |" in text
+    assert "| mode | GSM8K | MATH | Average |" in text
     assert "| bi | **100.0** (↓0.0) | **66.7** (↓33.3) | **83.3** (↓16.7) |" in text
     assert "| l2r | 0.0 (↓100.0) | 0.0 (↓66.7) | 0.0 (↓83.3) |" in text
     # a per-mode threshold: l2r at 0.35 on clean T4 [.6, .55] still clean, T2 [.8, .4] now missed

@@ -55,3 +55,12 @@ def test_gate_overhead_at_qwen25_math_15b_shape():
     H = 1536
     assert g["gate"] == 2 * H * H + H + H + 1
     assert round(g["l2r_total"] / 1e9, 3) in (1.543, 1.544) and round(g["bi_total"] / 1e9, 3) == 1.548
+
+
+def test_each_configuration_pins_its_layout():
+    """Left to itself Scorer picks the prompt cache for Best-of-N pools; the bench must not let it."""
+    from biprm.bench.run import scorer
+
+    bench = build("tiny")
+    layouts = {name: scorer(bench, name).prefix_cache for name in ("l2r:plain", "bi:plain", "bi:default", "bi:kv", "l2r:kv")}
+    assert layouts == {"l2r:plain": False, "bi:plain": False, "bi:default": False, "bi:kv": True, "l2r:kv": True}

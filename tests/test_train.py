@@ -145,3 +145,21 @@ def test_gate_learns_at_a_fraction_of_the_lr(tmp_path):
         assert sum(n for _, n in gate) == 4  # two Linear layers
         assert body and all(g == pytest.approx(0.1 * lr) for g, _ in gate for lr in body)
     assert record.seen[0][0][0] > 0 and record.seen[-1][0][0] != record.seen[0][0][0]  # the schedule moves both
+
+
+def test_held_out_rows_give_a_validation_loss(tmp_path):
+    out = Path(train(tiny_config(tmp_path / "v", mode="bi", eval_fraction=0.25, max_steps=4, save_steps=2)))
+    log = json.loads((out / "train_log.json").read_text())
+    evals = [e for e in log if "eval_loss" in e]
+    assert [e["step"] for e in evals] == [2, 4] and all(0 < e["eval_loss"] < 10 for e in evals)
+
+
+def test_holdout_is_seeded_and_loses_no_row():
+    from biprm.train import holdout
+
+    rows = list(range(40))
+    kept, held = holdout(rows, 0.05, seed=1)
+    assert len(held) == 2 and sorted(kept + held) == rows
+    assert holdout(rows, 0.05, seed=1) == (kept, held) and holdout(rows, 0.0, seed=1) == (rows, [])
+    with pytest.raises(ValueError, match="eval_fraction=1.0"):
+        holdout(rows, 1.0, seed=1)

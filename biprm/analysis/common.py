@@ -10,6 +10,8 @@ from biprm.metrics.processbench import first_error_f1_by_subset, predict_first_e
 from biprm.scores import StepScores
 from biprm.trajectory import Trajectory
 
+TITLES = {"gsm8k": "GSM8K", "math": "MATH", "olympiadbench": "OlympiadBench", "omnimath": "Omni-MATH"}  # subset -> table heading
+
 
 def first_errors(trajs: Sequence[Trajectory]) -> np.ndarray:
     """0-based first wrong step per trajectory, -1 when none."""

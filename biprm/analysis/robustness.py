@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from biprm.analysis.common import first_error_report, markdown_table, threshold_of
+from biprm.analysis.common import TITLES, first_error_report, markdown_table, threshold_of
 from biprm.scores import StepScores
 from biprm.trajectory import Trajectory
 
@@ -55,4 +55,4 @@ def format_perturbation_table(result: dict) -> str:
         return f"{value} ({'↓' if drop >= 0 else '↑'}{abs(drop):.1f})"
 
     rows = [[mode] + [cell(m, c) for c in cols] for mode, m in modes.items()]
-    return markdown_table(["mode", *(c if c != "average" else "Average" for c in cols)], rows)
+    return markdown_table(["mode", *(TITLES.get(c, c) if c != "average" else "Average" for c in cols)], rows)

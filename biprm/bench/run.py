@@ -70,8 +70,8 @@ class BenchConfig:
 def scorer(bench: Bench, name: str) -> Scorer:
     mode, layout = name.split(":")
     model, tok = bench.ours[mode], bench.tokenizer
-    if layout == "plain":
-        return Scorer(model, tok, share_prefix=False, tokens_per_row=None)
+    if layout == "plain":  # the cache is chosen explicitly: left to itself, Scorer picks it for these pools
+        return Scorer(model, tok, share_prefix=False, tokens_per_row=None, prefix_cache=False)
     return Scorer(model, tok, prefix_cache=layout == "kv")
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from biprm.analysis.common import first_error_report, first_errors, markdown_table, subsets
+from biprm.analysis.common import TITLES, first_error_report, first_errors, markdown_table, subsets
 from biprm.evaluation.common import EvalOptions, fmt, write_outputs
 from biprm.evaluation.data import PROCESSBENCH_SUBSETS, load_processbench
 from biprm.evaluation.models import modes_of, score_modes
@@ -20,7 +20,6 @@ from biprm.metrics.processbench import tune_threshold
 from biprm.scores import StepScores
 from biprm.trajectory import Trajectory
 
-TITLES = {"gsm8k": "GSM8K", "math": "MATH", "olympiadbench": "OlympiadBench", "omnimath": "Omni-MATH"}
 TUNE_ON = "gsm8k"
 
 
