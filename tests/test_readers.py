@@ -268,3 +268,15 @@ def test_gsm8k_bon_small_checks_alignment(data_dir, monkeypatch):
     monkeypatch.setattr(readers, "read_rows", shuffled)
     with pytest.raises(DataError, match=r"abel_13b\.json\.gz row 1: field 'question' does not match question 1"):
         gsm8k_bon_small(str(data_dir))
+
+
+def test_written_trajectories_read_back_unchanged(tmp_path):
+    from biprm.sources import load_source
+    from biprm.synthetic import make_dataset
+    from biprm.writers import write_trajectories
+
+    trajs = make_dataset(30, seed=4)
+    trajs[0].labels = [1.0, 0.5] + [0.0] * (len(trajs[0].steps) - 2)  # a soft label stays a float
+    path = write_trajectories(tmp_path / "train.jsonl", trajs)
+    back = load_source(str(path), labelled=True)
+    assert [(t.question, t.steps, t.labels) for t in back] == [(t.question, t.steps, t.labels) for t in trajs]
