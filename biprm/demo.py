@@ -17,7 +17,7 @@ import numpy as np
 
 from biprm.metrics.bon import bon_table
 from biprm.metrics.processbench import predict_first_error, processbench_scores, tune_threshold
-from biprm.plots import plot_curves, position_curve
+from biprm.plots import plot_sigma_by_position, position_curve
 from biprm.scoring import Scorer
 from biprm.synthetic import make_bon_pools, make_dataset
 from biprm.train import TrainConfig, train
@@ -85,8 +85,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     print("\n" + table(results))
     (out / "results.json").write_text(json.dumps({"config": asdict(cfg), "results": results}, indent=2))
     if "bi" in results:
-        plot_curves(str(out / "sigma_by_position.png"), {"BiPRM": results["bi"]["sigma_curve"]},
-                    ylabel="mean gate sigma_t (weight on L2R)", title="Gate weight by step position")
+        plot_sigma_by_position({"curve": results["bi"]["sigma_curve"]}, str(out / "sigma_by_position.png"))
     print(f"\nwrote {out / 'results.json'}" + (f" and {out / 'sigma_by_position.png'}" if "bi" in results else ""))
     return results
 
