@@ -15,9 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from biprm.analysis.common import first_errors
+from biprm.analysis.position import sigma_by_position
 from biprm.metrics.bon import bon_table
 from biprm.metrics.processbench import predict_first_error, processbench_scores, tune_threshold
-from biprm.plots import plot_sigma_by_position, position_curve
+from biprm.plots import plot_sigma_by_position
 from biprm.scoring import Scorer
 from biprm.synthetic import make_bon_pools, make_dataset
 from biprm.train import TrainConfig, train
@@ -41,10 +43,6 @@ class DemoConfig:
     seed: int = 1106
 
 
-def first_errors(trajs) -> np.ndarray:
-    return np.array([t.first_error for t in trajs])
-
-
 def evaluate(scorer: Scorer, dev, test, pools) -> dict:
     """First-error F1 at 0.5 and at the threshold tuned on `dev` (ProcessBench tunes on its GSM8K subset)."""
     dev_scores = scorer.score(dev, progress=False)
@@ -59,7 +57,7 @@ def evaluate(scorer: Scorer, dev, test, pools) -> dict:
     answers = np.array([t.steps[-1] for t in pools])
     result["bon"] = bon_table(qid, pool_scores, correct, answers, ns=(4, 8, 16))
     if scores.sigma is not None and scorer.mode == "bi":
-        result["sigma_curve"] = position_curve(scores.sigma, scores.offsets)
+        result["sigma_by_position"] = sigma_by_position(scores)
     return result
 
 
@@ -85,7 +83,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     print("\n" + table(results))
     (out / "results.json").write_text(json.dumps({"config": asdict(cfg), "results": results}, indent=2))
     if "bi" in results:
-        plot_sigma_by_position({"curve": results["bi"]["sigma_curve"]}, str(out / "sigma_by_position.png"))
+        plot_sigma_by_position(results["bi"]["sigma_by_position"], str(out / "sigma_by_position.png"))
     print(f"\nwrote {out / 'results.json'}" + (f" and {out / 'sigma_by_position.png'}" if "bi" in results else ""))
     return results
 
