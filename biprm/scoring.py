@@ -31,6 +31,7 @@ from biprm.scores import StepScores, step_positions
 from biprm.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
+TOKENS_PER_ROW = 512  # longer tree rows pay more in masked attention than the shared prompt saves (benchmarks/)
 CACHE_FROM = 4  # candidates per question from which the prompt cache wins (benchmarks/, scaling plot)
 
 
@@ -45,7 +46,7 @@ class Scorer:
         tokenizer,
         max_length: int = 4096,
         tokens_per_batch: int | None = None,
-        tokens_per_row: int | None = 512,
+        tokens_per_row: int | None = TOKENS_PER_ROW,
         share_prefix: bool = True,
         prefix_cache: bool | None = None,
         tokens_per_call: int = 1024,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from biprm.scores import StepScores
-from biprm.scoring import Scorer, default_device
+from biprm.scoring import TOKENS_PER_ROW, Scorer, default_device
 from biprm.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class ScorerSettings:
 
     device: str | None = None
     tokens_per_batch: int | None = None
-    tokens_per_row: int | None = 512
+    tokens_per_row: int | None = TOKENS_PER_ROW
     max_length: int = 4096
 
 

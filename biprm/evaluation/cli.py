@@ -38,7 +38,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grade-workers", type=int, default=2, help="processes for math-verify grading (0: inline)")
     p.add_argument("--device", default=None, help="cuda if available, else cpu")
     p.add_argument("--tokens-per-batch", type=int, default=None, help="tokens per backbone batch (Scorer's default by layout)")
-    p.add_argument("--tokens-per-row", type=int, default=512, help="packed row length; 0 gives every question its own row")
+    p.add_argument("--tokens-per-row", type=int, default=ScorerSettings.tokens_per_row, help="packed row length; 0 gives every question its own row")
     p.add_argument("--max-length", type=int, default=4096, help="tokens per stream; trailing steps past it are not scored")
 
 
