@@ -117,7 +117,12 @@ class BiPRMModel(PreTrainedModel):
         else:
             tags = self._cached_tags(input_ids, position_ids, unit_ids, prefix_ids, prefix_lengths, prefix_rows, chunks, flat_index)
         h = dict(zip(index, tags.split([len(i) for i in index.values()])))
-        h_l2r, h_r2l = h.get("l2r"), h.get("r2l")
+        return self.heads(h.get("l2r"), h.get("r2l"), step_offsets, labels)
+
+    def heads(
+        self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None, step_offsets: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> BiPRMOutput:
+        """Value head, gate, fusion and loss on the step-tag hidden states of each stream (forward step order)."""
         r_l2r = self.value_head(h_l2r).squeeze(-1) if h_l2r is not None else None
         r_r2l = self.value_head(h_r2l).squeeze(-1) if h_r2l is not None else None
         sigma = self._sigma(h_l2r, h_r2l)
@@ -200,8 +205,12 @@ def from_backbone(
     """A fresh BiPRM on a pretrained body; adds the step tag to `tokenizer` and resizes embeddings."""
     backbone = AutoModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     step_tag_id = add_step_tag(tokenizer)
-    if len(tokenizer) > backbone.get_input_embeddings().num_embeddings:
-        backbone.resize_token_embeddings(len(tokenizer))
+    old = backbone.get_input_embeddings().num_embeddings
+    if len(tokenizer) > old:  # new rows start at the mean embedding, the same for every seed
+        backbone.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        with torch.no_grad():
+            table = backbone.get_input_embeddings().weight
+            table[old:] = table[:old].mean(0)
     config = BiPRMConfig(
         backbone_config=backbone.config, mode=mode, objective=objective, step_tag_id=step_tag_id, **config_kwargs
     )

@@ -1,0 +1,289 @@
+"""Frozen trunk: train only the top K layers, on bottom-layer features cached on disk.
+
+With the embeddings and the bottom N-K layers frozen, their output for a token never
+changes during training, so it is computed once per trajectory and stream and kept in
+a memory-mapped file. Training and scoring then run only the top K layers, the value
+head and the gate. Every mode and seed shares one cache: `l2r` and `r2l` read their
+half of it.
+
+Layout of one trajectory in the cache (rows of H features, in the body's dtype):
+
+    [ prompt (P) | L2R continuation s_1..s_T (C) | R2L continuation s_T..s_1 (C) ]
+
+The prompt part is taken from the L2R row; under a causal mask the R2L row computes
+the same values for it. The cached forward rebuilds, for each stream, the plain row
+`prompt + continuation` that the full model would see and runs the top layers on it,
+so both give the same losses, gradients and scores (tests/test_trunk.py).
+
+The split is done on the body itself (`_view`): two shallow views that share its
+modules, one with the bottom layers and no final norm, one with the top layers and
+the norm. That only works for bodies whose forward is "embed, layers, norm" with a
+per-layer mask, which is true of the Llama family (Llama, Mistral, Qwen2).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+from tqdm.auto import tqdm
+
+from biprm.encoding import Encoded
+from biprm.modeling import BiPRMModel, BiPRMOutput
+
+SUPPORTED = ("llama", "mistral", "qwen2")
+_STORE = {torch.float32: np.float32, torch.bfloat16: np.uint16, torch.float16: np.float16}  # bf16 kept as raw bits
+
+
+def _view(body: nn.Module, layers: range, norm: nn.Module) -> nn.Module:
+    """A shallow copy of `body` that runs only `layers`, then `norm`; parameters stay shared."""
+    view = copy.copy(body)
+    view._modules = {**body._modules, "layers": nn.ModuleList(body.layers[i] for i in layers), "norm": norm}
+    config = copy.copy(body.config)
+    config.num_hidden_layers = len(layers)
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = [body.config.layer_types[i] for i in layers]
+    view.config = config
+    return view
+
+
+def split(model: BiPRMModel, top_layers: int) -> tuple[nn.Module, nn.Module]:
+    """(bottom, top) views of the model's body: embeddings + first N-K layers, last K layers + norm."""
+    body = model.backbone
+    kind = body.config.model_type
+    if kind not in SUPPORTED:
+        raise ValueError(
+            f"--train-top-layers supports Llama-family bodies {SUPPORTED}; this backbone is {kind!r}. "
+            "Train it in full instead (leave --train-top-layers unset)."
+        )
+    n = body.config.num_hidden_layers
+    if not 0 < top_layers <= n:
+        raise ValueError(f"--train-top-layers must be in [1, {n}] for this {n}-layer backbone, got {top_layers}")
+    cut = n - top_layers
+    return _view(body, range(cut), nn.Identity()), _view(body, range(cut, n), body.norm)
+
+
+def freeze_bottom(model: BiPRMModel, top_layers: int) -> None:
+    """Stop gradients into the embeddings and the bottom N-K layers (what the cache stands for)."""
+    body = model.backbone
+    cut = body.config.num_hidden_layers - top_layers
+    for module in [body.get_input_embeddings(), *body.layers[:cut]]:
+        module.requires_grad_(False)
+
+
+def _digest(*arrays: np.ndarray | bytes) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(a if isinstance(a, bytes) else np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def trunk_digest(model: BiPRMModel, top_layers: int) -> str:
+    """Content hash of everything the cached features depend on: the frozen weights, the cut, the dtype."""
+    bottom, _ = split(model, top_layers)
+    h = hashlib.sha256(f"{top_layers}:{model.dtype}".encode())
+    for name, tensor in sorted(bottom.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class Layout:
+    """Where each trajectory's prompt and continuations sit in the feature file.
+
+    Trajectories are stored shortest first (`order`), so a build runs in nearly
+    padding-free batches and its progress is one number: how many of `order` are done.
+    """
+
+    tokens: np.ndarray  # token ids of every feature row, in file order
+    starts: np.ndarray  # [n] first row of each trajectory
+    order: np.ndarray  # [n] trajectories in file order
+    prompt_lengths: np.ndarray  # [n]
+    step_lengths: np.ndarray  # flat token count of every step
+    step_offsets: np.ndarray  # [n+1] into step_lengths
+
+    @classmethod
+    def of(cls, encs: list[Encoded]) -> "Layout":
+        sizes = np.array([len(e.prompt) + 2 * (e.n_tokens - len(e.prompt)) for e in encs], dtype=np.int64)
+        order = np.argsort(sizes, kind="stable")
+        starts = np.empty(len(encs), dtype=np.int64)
+        starts[order] = np.concatenate([[0], np.cumsum(sizes[order])[:-1]])
+        tokens = np.fromiter(
+            (t for i in order for piece in (encs[i].prompt, *encs[i].steps, *encs[i].steps[::-1]) for t in piece), dtype=np.int64
+        )
+        return cls(
+            tokens=tokens,
+            starts=starts,
+            order=order,
+            prompt_lengths=np.array([len(e.prompt) for e in encs], dtype=np.int64),
+            step_lengths=np.array([len(s) for e in encs for s in e.steps], dtype=np.int64),
+            step_offsets=np.concatenate([[0], np.cumsum([len(e.steps) for e in encs])]).astype(np.int64),
+        )
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.tokens)
+
+    def rows(self, i: int, stream: str) -> tuple[np.ndarray, np.ndarray]:
+        """Feature rows of trajectory i's plain `stream` row, and its step-tag columns in forward step order."""
+        o, P = self.starts[i], self.prompt_lengths[i]
+        lengths = self.step_lengths[self.step_offsets[i] : self.step_offsets[i + 1]]
+        C = int(lengths.sum())
+        start = o + P if stream == "l2r" else o + P + C
+        rows = np.concatenate([np.arange(o, o + P), np.arange(start, start + C)])
+        order = lengths if stream == "l2r" else lengths[::-1]
+        ends = P + np.cumsum(order) - 1
+        return rows, ends if stream == "l2r" else ends[::-1]
+
+
+class TrunkCache:
+    """Memory-mapped bottom-layer features of a list of encodings, built once and resumable.
+
+    The folder name is a hash of the frozen weights, the compute dtype and the token
+    ids, so a changed backbone, cut, precision or dataset can never read stale features.
+    `dtype=torch.bfloat16` runs the trunk under bf16 autocast and stores bf16 (half the
+    disk); None runs and stores in the model's own dtype, bit for bit what the full
+    model computes. A build writes into the final file and records after every flushed
+    batch how far it got; a killed build resumes there.
+    """
+
+    def __init__(self, root: str | Path, model: BiPRMModel, top_layers: int, encs: list[Encoded], dtype: torch.dtype | None = None):
+        self.model, self.top_layers = model, top_layers
+        self.dtype = dtype or model.dtype
+        self.autocast = dtype is not None and dtype != model.dtype
+        self.layout = Layout.of(encs)
+        layout = self.layout
+        key = _digest(
+            f"{trunk_digest(model, top_layers)}:{self.dtype}:{self.autocast}".encode(),
+            layout.tokens, layout.starts, layout.prompt_lengths, layout.step_lengths, layout.step_offsets,
+        )
+        self.dir = Path(root) / key[:24]
+        self.hidden = model.config.backbone_config.hidden_size
+        self._features: np.memmap | None = None
+
+    @property
+    def complete(self) -> bool:
+        return (self.dir / "done").exists()
+
+    def build(self, tokens_per_batch: int = 8192, progress: bool = True) -> "TrunkCache":
+        if self.complete:
+            return self
+        self.dir.mkdir(parents=True, exist_ok=True)
+        layout = self.layout
+        path, state = self.dir / "features.bin", self.dir / "progress.json"
+        done = json.loads(state.read_text())["done"] if state.exists() and path.exists() else 0
+        out = np.memmap(path, dtype=_STORE[self.dtype], mode="r+" if done else "w+", shape=(layout.n_rows, self.hidden))
+        bottom, _ = split(self.model, self.top_layers)
+        sizes = np.diff(np.append(layout.starts[layout.order], layout.n_rows))
+        device = self.model.device
+        with (
+            torch.inference_mode(),
+            torch.autocast(device.type, dtype=self.dtype, enabled=self.autocast),
+            tqdm(total=len(sizes), initial=done, desc="trunk cache", unit="traj", disable=not progress) as bar,
+        ):
+            for a, b in _runs(sizes, done, tokens_per_batch):
+                rows = [layout.rows(int(i), s) for i in layout.order[a:b] for s in ("l2r", "r2l")]
+                ids = _pad([layout.tokens[r] for r, _ in rows]).to(device)
+                hidden = bottom(input_ids=ids, position_ids=_positions(ids), use_cache=False).last_hidden_state
+                for k, (r, _) in enumerate(rows):
+                    out[r] = _to_store(hidden[k, : len(r)].to(self.dtype))
+                out.flush()
+                _atomic_text(state, json.dumps({"done": b}))
+                bar.update(b - a)
+        (self.dir / "done").write_text("ok\n")
+        return self
+
+    @property
+    def features(self) -> np.memmap:
+        if self._features is None:
+            if not self.complete:
+                raise RuntimeError(f"trunk cache {self.dir} is not built; call build() first")
+            shape = (self.layout.n_rows, self.hidden)
+            self._features = np.memmap(self.dir / "features.bin", dtype=_STORE[self.dtype], mode="r", shape=shape)
+        return self._features
+
+    def batch(self, idx: np.ndarray, streams: tuple[str, ...], labels: list[list[float]] | None = None) -> dict[str, torch.Tensor]:
+        """Top-layer inputs for trajectories `idx`: one plain row per stream, features gathered from the file."""
+        pieces = [(s, self.layout.rows(int(i), s)) for s in streams for i in idx]
+        width = max(len(r) for _, (r, _) in pieces)
+        feats = np.zeros((len(pieces), width, self.hidden), dtype=self.features.dtype)
+        for k, (_, (r, _)) in enumerate(pieces):
+            feats[k, : len(r)] = self.features[r]
+        n_steps = self.layout.step_offsets[idx + 1] - self.layout.step_offsets[idx]
+        batch = {
+            "features": _from_store(feats, self.dtype),
+            "position_ids": torch.arange(width).expand(len(pieces), width),
+            "step_offsets": torch.from_numpy(np.concatenate([[0], np.cumsum(n_steps)]).astype(np.int64)),
+        }
+        for s in streams:
+            batch[f"{s}_index"] = torch.from_numpy(
+                np.concatenate([k * width + ends for k, (t, (_, ends)) in enumerate(pieces) if t == s]).astype(np.int64)
+            )
+        if labels is not None:
+            batch["labels"] = torch.tensor([y for i in idx for y in labels[int(i)]], dtype=torch.float32)
+        return batch
+
+
+def cached_forward(
+    model: BiPRMModel,
+    top: nn.Module,
+    features: torch.Tensor,
+    position_ids: torch.Tensor,
+    step_offsets: torch.Tensor,
+    l2r_index: torch.Tensor | None = None,
+    r2l_index: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+) -> BiPRMOutput:
+    """`model.forward` from cached features: the top layers on plain causal rows, then the same heads."""
+    hidden = top(inputs_embeds=features.to(model.dtype), position_ids=position_ids, use_cache=False).last_hidden_state
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    h_l2r = flat[l2r_index] if l2r_index is not None else None
+    h_r2l = flat[r2l_index] if r2l_index is not None else None
+    return model.heads(h_l2r, h_r2l, step_offsets, labels)
+
+
+def _runs(sizes: np.ndarray, start: int, budget: int) -> list[tuple[int, int]]:
+    """[a, b) runs of the (ascending) `sizes` from `start`, each within `budget` tokens counted with padding."""
+    runs, a = [], start
+    for b in range(start + 1, len(sizes) + 1):
+        if b - a > 1 and 2 * (b - a) * sizes[b - 1] > budget:
+            runs.append((a, b - 1))
+            a = b - 1
+    return runs + [(a, len(sizes))] if a < len(sizes) else runs
+
+
+def _pad(rows: list[np.ndarray]) -> torch.Tensor:
+    """Right-padded [R, L] ids; under the plain causal mask the padding is invisible to real tokens."""
+    width = max(len(r) for r in rows)
+    out = np.zeros((len(rows), width), dtype=np.int64)
+    for k, r in enumerate(rows):
+        out[k, : len(r)] = r
+    return torch.from_numpy(out)
+
+
+def _positions(ids: torch.Tensor) -> torch.Tensor:
+    return torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+
+
+def _to_store(x: torch.Tensor) -> np.ndarray:
+    x = x.detach().cpu()
+    return x.view(torch.int16).numpy().view(np.uint16) if x.dtype == torch.bfloat16 else x.numpy()
+
+
+def _from_store(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t.view(torch.int16).view(torch.bfloat16) if dtype == torch.bfloat16 else t
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
