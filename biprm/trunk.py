@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 from biprm.encoding import Encoded
 from biprm.modeling import BiPRMModel, BiPRMOutput
+from biprm.scores import StepScores, step_positions
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 _STORE = {torch.float32: np.float32, torch.bfloat16: np.uint16, torch.float16: np.float16}  # bf16 kept as raw bits
@@ -247,6 +248,32 @@ def cached_forward(
     h_l2r = flat[l2r_index] if l2r_index is not None else None
     h_r2l = flat[r2l_index] if r2l_index is not None else None
     return model.heads(h_l2r, h_r2l, step_offsets, labels)
+
+
+@torch.inference_mode()
+def cached_scores(model: BiPRMModel, top: nn.Module, cache: TrunkCache, tokens_per_batch: int = 8192, progress: bool = False) -> StepScores:
+    """Scorer.score from the cache: probabilities per step in input order, in length-sorted batches."""
+    layout, streams = cache.layout, model.streams
+    sizes = np.diff(np.append(layout.starts[layout.order], layout.n_rows))
+    offsets = layout.step_offsets
+    out = {k: np.zeros(offsets[-1]) for k in ("fused", "l2r", "r2l", "sigma")}
+    for a, b in tqdm(_runs(sizes, 0, tokens_per_batch), desc=f"scoring ({model.config.mode})", disable=not progress, unit="batch"):
+        idx = layout.order[a:b]
+        result = cached_forward(model, top, **cache.batch(idx, streams))
+        dest = step_positions(offsets, idx)
+        for key in out:
+            value = getattr(result, key)
+            if value is not None:
+                value = value.float()
+                out[key][dest] = (value if key == "sigma" else torch.sigmoid(value)).cpu().numpy()
+    mode = model.config.mode
+    return StepScores(
+        offsets=offsets.copy(),
+        fused=out["fused"],
+        l2r=out["l2r"] if "l2r" in streams else None,
+        r2l=out["r2l"] if "r2l" in streams else None,
+        sigma=out["sigma"] if mode in ("bi", "bi-static") else None,
+    )
 
 
 def _runs(sizes: np.ndarray, start: int, budget: int) -> list[tuple[int, int]]:

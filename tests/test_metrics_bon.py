@@ -7,6 +7,7 @@ from biprm.metrics.bon import (
     bon_table,
     majority_vote_at_n,
     pass_at_n,
+    random_pick_at_n,
     weighted_vote_at_n,
 )
 
@@ -37,6 +38,15 @@ def test_pass():
     # @2: q0 T, q1 F (F F), q2 T -> 2/3; @4: all have a correct candidate
     assert pass_at_n(QID, CORRECT, 2) == pytest.approx(200 / 3)
     assert pass_at_n(QID, CORRECT, 4) == 100.0
+
+
+def test_random_pick_is_the_mean_correctness_of_the_first_n():
+    # @2: q0 (F T) 1/2, q1 (F F) 0, q2 (T T) 1 -> mean 1/2; @4: q0 1/4, q1 2/4, q2 3/4 -> 1/2
+    assert random_pick_at_n(QID, CORRECT, 2) == pytest.approx(50.0)
+    assert random_pick_at_n(QID, CORRECT, 4) == pytest.approx(50.0)
+    # @1: q0 F, q1 F, q2 T -> 1/3
+    assert random_pick_at_n(QID, CORRECT, 1) == pytest.approx(100 / 3)
+    assert bon_table(QID, SCORE, CORRECT, ANSWER, (1, 2))["chance"] == {1: pytest.approx(100 / 3), 2: pytest.approx(50.0)}
 
 
 def test_majority():

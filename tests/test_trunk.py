@@ -12,7 +12,7 @@ from biprm.encoding import Encoder, add_step_tag
 from biprm.modeling import BiPRMConfig, BiPRMModel
 from biprm.packing import STREAMS, pack
 from biprm.trajectory import Trajectory
-from biprm.trunk import TrunkCache, cached_forward, freeze_bottom, split
+from biprm.trunk import TrunkCache, cached_forward, cached_scores, freeze_bottom, split
 
 TRAJS = [
     Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."], [1, 1, 1]),
@@ -160,3 +160,20 @@ def test_other_architectures_and_bad_cuts_are_refused(tokenizer):
     for bad in (0, 5):
         with pytest.raises(ValueError, match=r"must be in \[1, 4\]"):
             split(model, bad)
+
+
+@pytest.mark.parametrize("mode", ["bi", "l2r", "r2l", "bi-static"])
+def test_cached_scores_equal_the_scorer(tokenizer, tmp_path, mode):
+    from biprm.scoring import Scorer
+
+    model = build(tokenizer, "qwen2", mode).eval()
+    encs = encodings(tokenizer)
+    cache = TrunkCache(tmp_path, model, 2, encs).build(progress=False)
+    got = cached_scores(model, split(model, 2)[1], cache, tokens_per_batch=128)
+    want = Scorer(model, tokenizer).score(TRAJS, progress=False)
+    np.testing.assert_array_equal(got.offsets, want.offsets)
+    for key in ("fused", "l2r", "r2l", "sigma"):
+        a, b = getattr(got, key), getattr(want, key)
+        assert (a is None) == (b is None)
+        if a is not None:
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -59,6 +59,11 @@ def bon_at_n(qid: np.ndarray, score: np.ndarray, correct: np.ndarray, n: int) ->
     return _best_correct(first_n(qid, n), _scores(score), np.asarray(correct, dtype=bool))
 
 
+def random_pick_at_n(qid: np.ndarray, correct: np.ndarray, n: int) -> float:
+    """Expected accuracy (%) of picking one of the first n candidates uniformly: the chance baseline."""
+    return 100.0 * float(np.mean(np.asarray(correct, dtype=float)[first_n(qid, n)]))
+
+
 def pass_at_n(qid: np.ndarray, correct: np.ndarray, n: int) -> float:
     """Oracle ceiling (%): some candidate among the first n is correct."""
     return 100.0 * float(np.mean(np.asarray(correct, dtype=bool)[first_n(qid, n)].any(axis=1)))
@@ -114,9 +119,9 @@ def bon_random_subsets(
 def bon_table(
     qid: np.ndarray, score: np.ndarray, correct: np.ndarray, answer_key: np.ndarray, ns: Sequence[int] = DEFAULT_NS
 ) -> dict:
-    """BoN, pass, majority and weighted vote for every n that fits the smallest pool, plus their means.
+    """BoN, pass, random pick, majority and weighted vote for every n that fits the smallest pool, plus their means.
 
-    Returns {"ns": used, "skipped": ns larger than the smallest pool, "bon"/"pass"/
+    Returns {"ns": used, "skipped": ns larger than the smallest pool, "bon"/"pass"/"chance" (random pick)/
     "majority"/"weighted": {n: %}, "mean": {metric: mean over used n}}; "mean"["bon"]
     is the paper's main-table number.
     """
@@ -127,6 +132,7 @@ def bon_table(
     metrics = {
         "bon": lambda n: bon_at_n(qid, score, correct, n),
         "pass": lambda n: pass_at_n(qid, correct, n),
+        "chance": lambda n: random_pick_at_n(qid, correct, n),
         "majority": lambda n: majority_vote_at_n(qid, answer_key, correct, n),
         "weighted": lambda n: weighted_vote_at_n(qid, answer_key, score, correct, n),
     }
