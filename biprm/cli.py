@@ -59,6 +59,13 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo(_dataclass_from_args(DemoConfig, args))
 
 
+def cmd_replicate(args: argparse.Namespace) -> None:
+    from biprm.replication.recipe import preset, replicate
+
+    cfg = preset(args.preset, out=args.out, work_dir=args.work_dir, data_root=args.data_root, bf16=args.bf16, top_layers=args.train_top_layers)
+    replicate(cfg)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from biprm.demo import DemoConfig
     from biprm.train import TrainConfig
@@ -84,6 +91,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-batch", type=int, default=None, help="tokens per backbone batch (Scorer's default by layout)")
     p.add_argument("--skip-invalid", action="store_true")
     p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser(
+        "replicate", help="the paper's l2r / r2l / bi-static / bi comparison on SmolLM2-135M and real data (resumable)",
+        description="Train every mode on the same real data with a frozen, cached trunk and evaluate each on ProcessBench, "
+        "PRMBench and Best-of-N. Rerun the same command to resume; finished runs are kept.",
+    )
+    p.add_argument("--preset", choices=("quick", "full"), default="quick", help="quick: about 15 min, 1 seed per mode; full: about 3 h, 3 seeds for l2r and bi")
+    p.add_argument("--out", default=None, help="results folder (default results/replication/<preset>)")
+    p.add_argument("--work-dir", default=None, help="trunk caches and run checkpoints (default <biprm cache>/replicate)")
+    p.add_argument("--data-root", default=None, help="folder holding processbench/, prmbench/, gsm8k/ ... (default $BIPRM_DATA or ../shared/data)")
+    p.add_argument("--bf16", choices=("auto", "yes", "no"), default=None, help="bf16 autocast; auto: where the CPU has native bf16 or a GPU is present")
+    p.add_argument("--train-top-layers", type=int, default=None, help="layers trained on top of the frozen, cached trunk (preset's value if unset)")
+    p.set_defaults(func=cmd_replicate)
 
     from biprm.evaluation.cli import add_eval_parser
 

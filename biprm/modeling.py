@@ -36,7 +36,7 @@ class BiPRMConfig(PreTrainedConfig):
         objective: str = "bce",
         zeta: float = 4.0,
         step_tag_id: int | None = None,
-        detach_gate_inputs: bool = True,
+        detach_gate_inputs: bool = False,  # the paper trains the gate through both streams; True stops its gradient into them
         aux_loss_weight: float = 0.0,
         **kwargs,
     ):

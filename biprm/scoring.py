@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 
 from biprm.backbones import load_tokenizer
 from biprm.encoding import Encoded, Encoder
-from biprm.modeling import BiPRMModel
-from biprm.packing import check_tags, pack, pack_cached
+from biprm.modeling import BiPRMModel, BiPRMOutput
+from biprm.packing import STREAMS, check_tags, pack, pack_cached
 from biprm.scores import StepScores, step_positions
 from biprm.trajectory import Trajectory
 
@@ -120,8 +120,7 @@ class Scorer:
     @torch.inference_mode()
     def _score(self, encs: list[Encoded], cached: bool, progress: bool) -> StepScores:
         lengths = np.array([len(e.steps) for e in encs], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        out = {k: np.zeros(offsets[-1]) for k in ("fused", "l2r", "r2l", "sigma")}
+        collect = Collector(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), self.mode)
         device = self.model.device
         for idx in tqdm(self.batches(encs, cached), desc=f"scoring ({self.mode})", disable=not progress, unit="batch"):
             items, pad = [encs[i] for i in idx], self.tokenizer.pad_token_id
@@ -130,16 +129,29 @@ class Scorer:
             else:
                 batch = pack(items, self.mode, self.share_prefix, self.tokens_per_row, pad)
             check_tags(batch, self.model.config.step_tag_id)
-            result = self.model(**{k: v.to(device) for k, v in batch.items()})
-            dest = step_positions(offsets, idx)
-            for key in out:
-                value = getattr(result, key)
-                if value is not None:
-                    value = value.float()
-                    out[key][dest] = (value if key == "sigma" else torch.sigmoid(value)).cpu().numpy()
-        streams = self.model.streams
+            collect(idx, self.model(**{k: v.to(device) for k, v in batch.items()}))
+        return collect.scores()
+
+
+class Collector:
+    """Model outputs of batches in any order -> one StepScores in input order (probabilities; sigma as is)."""
+
+    def __init__(self, offsets: np.ndarray, mode: str):
+        self.offsets, self.mode = offsets, mode
+        self.out = {k: np.zeros(offsets[-1]) for k in ("fused", "l2r", "r2l", "sigma")}
+
+    def __call__(self, idx: np.ndarray, result: BiPRMOutput) -> None:
+        dest = step_positions(self.offsets, idx)
+        for key, buf in self.out.items():
+            value = getattr(result, key)
+            if value is not None:
+                value = value.float()
+                buf[dest] = (value if key == "sigma" else torch.sigmoid(value)).cpu().numpy()
+
+    def scores(self) -> StepScores:
+        streams, out = STREAMS[self.mode], self.out
         return StepScores(
-            offsets=offsets,
+            offsets=self.offsets,
             fused=out["fused"],
             l2r=out["l2r"] if "l2r" in streams else None,
             r2l=out["r2l"] if "r2l" in streams else None,

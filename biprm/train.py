@@ -55,7 +55,7 @@ class TrainConfig:
     logging_steps: int = 10
     eval_fraction: float = 0.0  # rows held out for a validation loss every save_steps (the paper holds out 5 %)
     resume: bool = False
-    detach_gate_inputs: bool = True
+    detach_gate_inputs: bool = False  # True: the gate trains on detached hidden states (a side effect of the reference code)
     aux_loss_weight: float = 0.0
     gate_lr_scale: float = 1.0  # the gate learns at lr x this; < 1 keeps it from saturating at high lr
     skip_invalid: bool = False

@@ -36,7 +36,8 @@ from tqdm.auto import tqdm
 
 from biprm.encoding import Encoded
 from biprm.modeling import BiPRMModel, BiPRMOutput
-from biprm.scores import StepScores, step_positions
+from biprm.scores import StepScores
+from biprm.scoring import Collector
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 _STORE = {torch.float32: np.float32, torch.bfloat16: np.uint16, torch.float16: np.float16}  # bf16 kept as raw bits
@@ -132,6 +133,12 @@ class Layout:
     def n_rows(self) -> int:
         return len(self.tokens)
 
+    @property
+    def sizes(self) -> np.ndarray:
+        """Feature rows of every trajectory (prompt + both continuations), in input order."""
+        tokens = np.add.reduceat(self.step_lengths, self.step_offsets[:-1]) if len(self.step_lengths) else 0
+        return self.prompt_lengths + 2 * tokens
+
     def rows(self, i: int, stream: str) -> tuple[np.ndarray, np.ndarray]:
         """Feature rows of trajectory i's plain `stream` row, and its step-tag columns in forward step order."""
         o, P = self.starts[i], self.prompt_lengths[i]
@@ -182,7 +189,7 @@ class TrunkCache:
         done = json.loads(state.read_text())["done"] if state.exists() and path.exists() else 0
         out = np.memmap(path, dtype=_STORE[self.dtype], mode="r+" if done else "w+", shape=(layout.n_rows, self.hidden))
         bottom, _ = split(self.model, self.top_layers)
-        sizes = np.diff(np.append(layout.starts[layout.order], layout.n_rows))
+        sizes = layout.sizes[layout.order]
         device = self.model.device
         with (
             torch.inference_mode(),
@@ -254,26 +261,11 @@ def cached_forward(
 def cached_scores(model: BiPRMModel, top: nn.Module, cache: TrunkCache, tokens_per_batch: int = 8192, progress: bool = False) -> StepScores:
     """Scorer.score from the cache: probabilities per step in input order, in length-sorted batches."""
     layout, streams = cache.layout, model.streams
-    sizes = np.diff(np.append(layout.starts[layout.order], layout.n_rows))
-    offsets = layout.step_offsets
-    out = {k: np.zeros(offsets[-1]) for k in ("fused", "l2r", "r2l", "sigma")}
-    for a, b in tqdm(_runs(sizes, 0, tokens_per_batch), desc=f"scoring ({model.config.mode})", disable=not progress, unit="batch"):
+    collect = Collector(layout.step_offsets.copy(), model.config.mode)
+    for a, b in tqdm(_runs(layout.sizes[layout.order], 0, tokens_per_batch), desc="scoring", disable=not progress, unit="batch"):
         idx = layout.order[a:b]
-        result = cached_forward(model, top, **cache.batch(idx, streams))
-        dest = step_positions(offsets, idx)
-        for key in out:
-            value = getattr(result, key)
-            if value is not None:
-                value = value.float()
-                out[key][dest] = (value if key == "sigma" else torch.sigmoid(value)).cpu().numpy()
-    mode = model.config.mode
-    return StepScores(
-        offsets=offsets.copy(),
-        fused=out["fused"],
-        l2r=out["l2r"] if "l2r" in streams else None,
-        r2l=out["r2l"] if "r2l" in streams else None,
-        sigma=out["sigma"] if mode in ("bi", "bi-static") else None,
-    )
+        collect(idx, cached_forward(model, top, **cache.batch(idx, streams)))
+    return collect.scores()
 
 
 def _runs(sizes: np.ndarray, start: int, budget: int) -> list[tuple[int, int]]:

@@ -1,0 +1,1 @@
+"""The laptop-scale replication recipe."""

@@ -1,0 +1,238 @@
+"""`biprm replicate`: the paper's L2R-vs-BiPRM comparison at laptop scale, read top to bottom.
+
+1. Build the training data from real text on hand (`biprm.replication.data`), split
+   validation by question and drop every question that an evaluation set contains.
+2. Load SmolLM2-135M-Instruct and cut it: the embeddings and the bottom N-K layers are
+   frozen, and their features for every trajectory and both streams are computed once
+   into an on-disk cache (`biprm.trunk`) shared by every mode and seed.
+3. For every (mode, seed): train the top K layers, the value head and the gate on the
+   cached features with the same data, budget and hyper-parameters; evaluate on the
+   validation split, ProcessBench, the PRMBench test split and Best-of-N; write one
+   JSON per run. A finished run is never redone, and a killed run resumes from its
+   last checkpoint, so the whole recipe can be stopped and restarted at any time.
+4. Summarise every finished run into `results.json`, `report.md` and the figures.
+
+Precision is decided at run time: bf16 autocast (fp32 master weights) where the CPU
+multiplies bf16 natively or a GPU is present, fp32 elsewhere.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup, set_seed
+
+from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
+from biprm.encoding import Encoder
+from biprm.evaluation.common import write_json
+from biprm.evaluation.data import default_data_root
+from biprm.modeling import from_backbone
+from biprm.replication.data import DataRecipe, build
+from biprm.replication.evaluate import EvalSets, evaluate_run, load_eval_sets
+from biprm.replication.report import write_report
+from biprm.trunk import TrunkCache, cached_forward, cached_scores, freeze_bottom, split, trunk_digest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplicateConfig:
+    """Every number of the study; the presets below only change sizes, never the method."""
+
+    preset: str = "quick"
+    out: str = ""  # results folder (JSON, Markdown, PNGs; never weights); default results/replication/<preset>
+    work_dir: str = ""  # trunk caches and run checkpoints; default <biprm cache>/replicate
+    data_root: str = field(default_factory=default_data_root)
+    backbone: str = "smollm2-135m"
+    top_layers: int = 2
+    seeds: dict[str, int] = field(default_factory=lambda: {"l2r": 1, "r2l": 1, "bi-static": 1, "bi": 1})  # run -> seeds; a run is a mode or a VARIANTS key
+    data: DataRecipe = field(default_factory=DataRecipe)
+    lr: float = 1e-4
+    epochs: float = 1.0
+    batch_size: int = 16
+    warmup_ratio: float = 0.05
+    gate_lr_scale: float = 1.0
+    detach_gate_inputs: bool = False
+    max_length: int = 1024
+    processbench_subsets: tuple[str, ...] = ("gsm8k", "math")
+    processbench_rows: int = 50  # per subset, evenly spaced within clean and erroneous rows
+    prmbench_rows: int = 100  # PRMBench test processes, evenly spaced over the classes
+    bon_questions: int = 20  # gsm8k_bon_small questions (12 candidates each)
+    long_chain_tokens: int = 512
+    save_every: int = 20  # optimizer steps between checkpoints
+    bf16: str = "auto"  # auto | yes | no
+
+    def __post_init__(self) -> None:
+        self.out = self.out or f"results/replication/{self.preset}"
+        self.work_dir = self.work_dir or str(cache_root() / "replicate")
+
+
+# Runs besides the four modes: the gate study (chosen on the validation split only).
+VARIANTS = {"bi-detached": ("bi", {"detach_gate_inputs": True})}
+PAPER_SEEDS = {"l2r": 3, "bi": 3, "r2l": 1, "bi-static": 1, "bi-detached": 1}
+PRESETS = {
+    # about 15 minutes here: one seed per mode, small sets; a smoke test of the whole recipe
+    "quick": ReplicateConfig(preset="quick", data=DataRecipe(prmbench_rows=160, gsm8k_questions=120)),
+    # about 3 hours here: the paper's comparison with 3 seeds for l2r and bi
+    "full": ReplicateConfig(
+        preset="full", seeds=PAPER_SEEDS, data=DataRecipe(prmbench_rows=1200, gsm8k_questions=600),
+        processbench_rows=200, prmbench_rows=400, bon_questions=80, save_every=25,
+    ),
+}
+
+
+def bf16_is_fast() -> bool:
+    """A GPU, or a CPU with native bf16 dot products (avx512_bf16 / amx); elsewhere bf16 is emulated and slow."""
+    if torch.cuda.is_available():
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def runs_of(cfg: ReplicateConfig) -> list[tuple[str, int]]:
+    """(mode, seed) pairs, the first seed of every mode first, so an interrupted study covers every mode early."""
+    depth = max(cfg.seeds.values())
+    return [(mode, 1106 + k) for k in range(depth) for mode, n in cfg.seeds.items() if k < n]
+
+
+def replicate(cfg: ReplicateConfig) -> dict:
+    torch.set_num_threads(os.cpu_count() or 1)
+    out, work = Path(cfg.out), Path(cfg.work_dir)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    fast = {"auto": bf16_is_fast(), "yes": True, "no": False}[cfg.bf16]
+    dtype = torch.bfloat16 if fast else None
+    log.info("precision: %s", "bf16 autocast, fp32 master weights" if fast else "fp32")
+
+    # 1. data
+    train_trajs, valid_trajs, report = build(cfg.data_root, cfg.data)
+    write_json(out / "data_report.json", asdict(report))
+    sets = load_eval_sets(cfg, valid_trajs)
+
+    # 2. the trunk, cached once for every set
+    backbone_dir = resolve_backbone(cfg.backbone)
+    tokenizer = load_tokenizer(backbone_dir)
+    base = from_backbone(backbone_dir, tokenizer, mode="bi")
+    encoder = Encoder(tokenizer, base.config.step_tag_id, cfg.max_length)
+    encs = {"train": [encoder.encode(t, f"train row {i + 1}") for i, t in enumerate(train_trajs)]}
+    encs |= {name: [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)] for name, trajs in sets.trajectories().items()}
+    caches = {name: TrunkCache(work / "trunk", base, cfg.top_layers, e, dtype=dtype) for name, e in encs.items()}
+    started = time.perf_counter()
+    for name, cache in caches.items():
+        log.info("trunk cache %s: %d trajectories, %d feature rows", name, len(encs[name]), cache.layout.n_rows)
+        cache.build(progress=True)
+    digest = trunk_digest(base, cfg.top_layers)
+    cache_seconds = time.perf_counter() - started
+    del base
+
+    # 3. every (mode, seed)
+    for mode, seed in runs_of(cfg):
+        name = f"{mode}-seed{seed}"
+        path = out / "runs" / f"{name}.json"
+        if path.exists():
+            continue
+        started = time.perf_counter()
+        base_mode, overrides = VARIANTS.get(mode, (mode, {}))
+        options = {"detach_gate_inputs": cfg.detach_gate_inputs} | overrides
+        model = from_backbone(backbone_dir, tokenizer, mode=base_mode, **options)
+        if trunk_digest(model, cfg.top_layers) != digest:
+            raise RuntimeError("the backbone's frozen layers changed since the trunk cache was built")
+        train_log = train_top(cfg, model, caches["train"], [e.labels for e in encs["train"]], seed, work / "runs" / cfg.preset / name, fast)
+        model.eval()
+        top = split(model, cfg.top_layers)[1]
+        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
+            scores = {set_name: cached_scores(model, top, caches[set_name]) for set_name in sets.trajectories()}
+        result = {"run": name, "mode": mode, "seed": seed, "options": options, "train": train_log, **evaluate_run(cfg, base_mode, sets, scores, encs)}
+        result["seconds"] = round(time.perf_counter() - started, 1)
+        write_json(path, result)
+        log.info("%s done in %.0f s", name, result["seconds"])
+
+    # 4. summary of whatever has finished
+    meta = {
+        "config": asdict(cfg), "bf16": fast, "trunk_cache_seconds": round(cache_seconds, 1),
+        "sizes": {name: len(e) for name, e in encs.items()}, "torch_threads": torch.get_num_threads(),
+    }
+    return write_report(out, meta)
+
+
+def _batches(lengths: np.ndarray, batch_size: int, epochs: float, seed: int) -> list[np.ndarray]:
+    """Seeded length-grouped batches: shuffle, sort within windows of 8 batches (less padding), shuffle the batches."""
+    rng = np.random.default_rng(seed)
+    per_epoch = math.ceil(len(lengths) / batch_size)
+    out: list[np.ndarray] = []
+    for _ in range(math.ceil(epochs)):
+        perm = rng.permutation(len(lengths))
+        window = 8 * batch_size
+        for a in range(0, len(perm), window):
+            chunk = perm[a : a + window]
+            chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+            out += [chunk[b : b + batch_size] for b in range(0, len(chunk), batch_size)]
+    total = round(per_epoch * epochs)
+    head = out[:total]
+    return [head[i] for i in rng.permutation(len(head))]
+
+
+def train_top(
+    cfg: ReplicateConfig, model, cache: TrunkCache, labels: list[list[float]], seed: int, run_dir: Path, bf16: bool
+) -> dict:
+    """AdamW + linear schedule on the top layers, value head and gate; checkpointed every `save_every` steps."""
+    set_seed(seed)
+    freeze_bottom(model, cfg.top_layers)
+    top = split(model, cfg.top_layers)[1]
+    model.train()
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    gate = {n for n in trainable if n.startswith("gate.")}
+    groups = [
+        {"params": [p for n, p in trainable.items() if n not in gate], "lr": cfg.lr},
+        {"params": [p for n, p in trainable.items() if n in gate], "lr": cfg.lr * cfg.gate_lr_scale},
+    ]
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=0.0)
+    batches = _batches(cache.layout.sizes, cfg.batch_size, cfg.epochs, seed)
+    scheduler = get_linear_schedule_with_warmup(optimizer, round(cfg.warmup_ratio * len(batches)), len(batches))
+    state_path = run_dir / "state.pt"
+    losses: list[float] = []
+    start = 0
+    if state_path.exists():
+        state = torch.load(state_path, weights_only=False)
+        model.load_state_dict(state["trainable"], strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        start, losses = state["step"], state["losses"]
+        torch.set_rng_state(state["rng"])
+        log.info("resuming %s at step %d of %d", run_dir.name, start, len(batches))
+    began = time.perf_counter()
+    streams = model.streams
+    for step in tqdm(range(start, len(batches)), initial=start, total=len(batches), desc=f"train {run_dir.name}", unit="step"):
+        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = cached_forward(model, top, **cache.batch(batches[step], streams, labels)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(trainable.values()), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+        if (step + 1) % cfg.save_every == 0 and step + 1 < len(batches):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            state = {
+                "trainable": {n: p.detach() for n, p in trainable.items()}, "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "step": step + 1, "losses": losses, "rng": torch.get_rng_state(),
+            }
+            torch.save(state, run_dir / "state.tmp")
+            os.replace(run_dir / "state.tmp", state_path)
+    return {"steps": len(batches), "trajectories": len(labels), "losses": losses, "seconds": round(time.perf_counter() - began, 1)}
+
+
+def preset(name: str, **overrides) -> ReplicateConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+
