@@ -100,6 +100,7 @@ def table(results: dict) -> str:
     blank = [""] * 5
     rows.append(["pass@n (oracle)"] + blank + [f"{some['pass'][n]:.1f}" for n in ns] + [f"{some['mean']['pass']:.1f}", ""])
     rows.append(["majority vote"] + blank + [f"{some['majority'][n]:.1f}" for n in ns] + [f"{some['mean']['majority']:.1f}", ""])
+    rows.append(["random pick (chance)"] + blank + [f"{some['chance'][n]:.1f}" for n in ns] + [f"{some['mean']['chance']:.1f}", ""])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
     return "\n".join([fmt(rows[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows[1:]])
