@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from biprm.analysis import long_chain_bon, long_chain_processbench, mae_by_position, sigma_by_position
-from biprm.analysis.common import first_errors
+from biprm.analysis.common import first_errors, step_labels
 from biprm.encoding import Encoded
 from biprm.evaluation.bon import evaluate_bon
 from biprm.evaluation.data import Pool, load_pool, load_processbench, spread
@@ -71,7 +71,7 @@ def sigma_histograms(scores: StepScores, position_bins: int = 5, sigma_bins: int
 
 def _valid_report(trajs: list[Trajectory], s: StepScores) -> dict:
     """Validation BCE of the fused probabilities and first-error F1 at 0.5: what choices are made on."""
-    labels = np.concatenate([t.labels[: n] for t, n in zip(trajs, np.diff(s.offsets))])
+    labels = step_labels(trajs, s.offsets)
     p = np.clip(s.fused, 1e-7, 1 - 1e-7)
     bce = float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
     first = first_errors(trajs)

@@ -35,7 +35,7 @@ from biprm.evaluation.common import write_json
 from biprm.evaluation.data import default_data_root
 from biprm.modeling import from_backbone
 from biprm.replication.data import DataRecipe, build
-from biprm.replication.evaluate import EvalSets, evaluate_run, load_eval_sets
+from biprm.replication.evaluate import evaluate_run, load_eval_sets
 from biprm.replication.report import write_report
 from biprm.trunk import TrunkCache, cached_forward, cached_scores, freeze_bottom, split, trunk_digest
 
