@@ -23,6 +23,7 @@ from biprm.encoding import Encoded, Encoder
 from biprm.modeling import from_backbone
 from biprm.packing import pack
 from biprm.sources import load_source
+from biprm.trunk import freeze_bottom
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class TrainConfig:
     detach_gate_inputs: bool = False  # True: the gate trains on detached hidden states (a side effect of the reference code)
     aux_loss_weight: float = 0.0
     gate_lr_scale: float = 1.0  # the gate learns at lr x this; < 1 keeps it from saturating at high lr
+    train_top_layers: int | None = None  # freeze the embeddings and all but the top K layers (Llama/Mistral/Qwen2 bodies)
     skip_invalid: bool = False
     report_to: str = "none"
     gradient_checkpointing: bool = False
@@ -131,6 +133,10 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         backbone_dir, tokenizer, mode=cfg.mode, objective=cfg.objective, zeta=cfg.zeta, dtype=dtype,
         detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight,
     )
+    if cfg.train_top_layers:
+        freeze_bottom(model, cfg.train_top_layers)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log.info("training the top %d layers, value head and gate: %d of %d parameters", cfg.train_top_layers, trainable, model.num_parameters())
     trajs = load_source(cfg.data, fmt=cfg.fmt, skip_invalid=cfg.skip_invalid, labelled=True)
     encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
     train_items, eval_items = holdout(encode_all(encoder, trajs, cfg.data), cfg.eval_fraction, cfg.seed)

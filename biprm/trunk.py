@@ -73,6 +73,7 @@ def split(model: BiPRMModel, top_layers: int) -> tuple[nn.Module, nn.Module]:
 
 def freeze_bottom(model: BiPRMModel, top_layers: int) -> None:
     """Stop gradients into the embeddings and the bottom N-K layers (what the cache stands for)."""
+    split(model, top_layers)  # refuses other architectures and a bad K before anything changes
     body = model.backbone
     cut = body.config.num_hidden_layers - top_layers
     for module in [body.get_input_embeddings(), *body.layers[:cut]]:

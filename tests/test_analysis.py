@@ -210,3 +210,21 @@ def test_plots_write_png(tmp_path):
         plot(result, str(tmp_path / name))
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_scored_part_keeps_the_leading_scored_steps_of_each_trajectory():
+    from biprm.analysis.common import scored_part
+
+    flat = np.array([10, 11, 12, 20, 21, 30, 31, 32, 33])  # 3, 2 and 4 steps
+    offsets = np.array([0, 2, 4, 5])  # the scorer kept 2, 2 and 1 of them
+    assert scored_part(flat, np.array([3, 2, 4]), offsets).tolist() == [10, 11, 20, 21, 30]
+    with pytest.raises(ValueError, match="do not belong"):
+        scored_part(flat, np.array([1, 2, 4]), offsets)
+
+
+def test_judged_rows_leaves_out_first_errors_past_the_scored_steps():
+    from biprm.analysis.common import judged_rows
+
+    trajs = [Trajectory("q", ["a", "b", "c"], [1, 1, 0]), Trajectory("q", ["a", "b"], [1, 0]), Trajectory("q", ["a"], [1])]
+    part, first = judged_rows(trajs, scores([[0.9, 0.8], [0.7, 0.1], [0.6]]))  # row 1 lost its third (wrong) step
+    assert first.tolist() == [1, -1] and part.offsets.tolist() == [0, 2, 3] and part.fused.tolist() == [0.7, 0.1, 0.6]

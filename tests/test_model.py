@@ -5,7 +5,7 @@ import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.encoding import Encoder
-from biprm.modeling import BiPRMModel, from_backbone
+from biprm.modeling import from_backbone
 from biprm.packing import attention_mask, check_tags, pack, pack_cached
 from biprm.scoring import Scorer
 from biprm.template import STEP_TAG

@@ -12,6 +12,8 @@ def test_runs_cover_every_mode_before_repeating_seeds():
     cfg = ReplicateConfig(seeds={"l2r": 3, "bi": 3, "r2l": 1, "bi-static": 1})
     assert runs_of(cfg)[:4] == [("l2r", 1106), ("bi", 1106), ("r2l", 1106), ("bi-static", 1106)]
     assert runs_of(cfg)[4:] == [("l2r", 1107), ("bi", 1107), ("l2r", 1108), ("bi", 1108)]
+    cfg.seeds["bi-detached"] = 1
+    assert runs_of(cfg)[-1] == ("bi-detached", 1106)  # the gate study comes after the main comparison
 
 
 def test_batches_are_seeded_cover_every_row_once_per_epoch_and_group_lengths():

@@ -163,3 +163,26 @@ def test_holdout_is_seeded_and_loses_no_row():
     assert holdout(rows, 0.05, seed=1) == (kept, held) and holdout(rows, 0.0, seed=1) == (rows, [])
     with pytest.raises(ValueError, match="eval_fraction=1.0"):
         holdout(rows, 1.0, seed=1)
+
+
+class Snapshot(TrainerCallback):
+    """The model's weights when training begins and when it ends."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.before = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self.after = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_train_top_layers_moves_only_the_top_of_the_body(tmp_path):
+    snap = Snapshot()
+    train(tiny_config(tmp_path / "t", mode="bi", train_top_layers=1, max_steps=2, save_steps=10), callbacks=[snap])
+    moved = {n for n in snap.before if not torch.equal(snap.before[n], snap.after[n])}
+    assert moved and all(n.startswith(("backbone.layers.2.", "backbone.norm", "value_head", "gate")) for n in moved), moved
+    assert any(n.startswith("backbone.layers.2.") for n in moved) and any(n.startswith("gate") for n in moved)
+
+
+def test_train_top_layers_out_of_range_is_refused_before_training(tmp_path):
+    with pytest.raises(ValueError, match=r"--train-top-layers must be in \[1, 3\]"):
+        train(tiny_config(tmp_path / "t", train_top_layers=5))

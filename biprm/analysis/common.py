@@ -18,17 +18,37 @@ def first_errors(trajs: Sequence[Trajectory]) -> np.ndarray:
     return np.array([t.first_error for t in trajs], dtype=np.int64)
 
 
+def scored_part(flat: np.ndarray, n_steps: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The entries of per-step `flat` (n_steps per trajectory) for the steps that were scored.
+
+    The scorer may cut trailing steps past max_length, so `offsets` can hold fewer steps
+    per trajectory than the data; the first `diff(offsets)` of each are kept.
+    """
+    scored = np.diff(offsets)
+    if len(scored) != len(n_steps) or np.any(scored > n_steps):
+        raise ValueError("scores do not belong to these trajectories (count or step numbers differ)")
+    starts = np.cumsum(n_steps) - n_steps
+    return flat[np.repeat(starts - offsets[:-1], scored) + np.arange(offsets[-1])]
+
+
 def step_labels(trajs: Sequence[Trajectory], offsets: np.ndarray) -> np.ndarray:
-    """Labels of the scored steps, flat like `offsets`; the scorer may have cut trailing steps past max_length."""
+    """Labels of the scored steps, flat like `offsets`."""
     if any(t.labels is None for t in trajs):
         raise ValueError("step labels are needed on every trajectory")
     n_steps = np.array([len(t.labels) for t in trajs])
-    scored = np.diff(offsets)
-    if len(scored) != len(trajs) or np.any(scored > n_steps):
-        raise ValueError("scores do not belong to these trajectories (count or step numbers differ)")
     labels = np.fromiter(chain.from_iterable(t.labels for t in trajs), dtype=np.float64, count=n_steps.sum())
-    starts = np.cumsum(n_steps) - n_steps
-    return labels[np.repeat(starts - offsets[:-1], scored) + np.arange(offsets[-1])]
+    return scored_part(labels, n_steps, offsets)
+
+
+def judged_rows(trajs: Sequence[Trajectory], scores: StepScores) -> tuple[StepScores, np.ndarray]:
+    """(scores, first errors) of the rows whose first error lies in the scored steps.
+
+    A row whose first error sits in steps cut at max_length cannot be judged, so it is
+    left out of threshold tuning and validation rather than counted as a miss.
+    """
+    first = first_errors(trajs)
+    seen = first < np.diff(scores.offsets)
+    return scores.select(np.flatnonzero(seen)), first[seen]
 
 
 def subsets(trajs: Sequence[Trajectory]) -> np.ndarray:

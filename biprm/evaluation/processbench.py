@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from biprm.analysis.common import TITLES, first_error_report, first_errors, markdown_table, subsets
+from biprm.analysis.common import TITLES, first_error_report, judged_rows, markdown_table, subsets
 from biprm.evaluation.common import EvalOptions, fmt, write_outputs
 from biprm.evaluation.data import PROCESSBENCH_SUBSETS, load_processbench
 from biprm.evaluation.models import modes_of, score_modes
@@ -36,11 +36,8 @@ def tuned_threshold(trajs: list[Trajectory], scores: StepScores) -> tuple[float,
     rows = np.flatnonzero(subsets(trajs) == TUNE_ON)
     if not len(rows):
         raise ValueError(f"threshold tuning uses the {TUNE_ON} subset; include it in the subsets")
-    part = scores.select(rows)
-    label = first_errors([trajs[i] for i in rows])
-    seen = label < np.diff(part.offsets)
-    part = part.select(np.flatnonzero(seen))
-    return tune_threshold(part.fused, part.offsets, label[seen])
+    part, first = judged_rows([trajs[i] for i in rows], scores.select(rows))
+    return tune_threshold(part.fused, part.offsets, first)
 
 
 def evaluate_processbench(trajs: list[Trajectory], scores: dict[str, StepScores], threshold: float = 0.5, tune: bool = False) -> dict:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from biprm.analysis import long_chain_bon, long_chain_processbench, mae_by_position, sigma_by_position
-from biprm.analysis.common import first_errors, step_labels
+from biprm.analysis.common import judged_rows, scored_part, step_labels
 from biprm.encoding import Encoded
 from biprm.evaluation.bon import evaluate_bon
 from biprm.evaluation.data import Pool, load_pool, load_processbench, spread
@@ -74,10 +74,8 @@ def _valid_report(trajs: list[Trajectory], s: StepScores) -> dict:
     labels = step_labels(trajs, s.offsets)
     p = np.clip(s.fused, 1e-7, 1 - 1e-7)
     bce = float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
-    first = first_errors(trajs)
-    seen = first < np.diff(s.offsets)
-    part = s.select(np.flatnonzero(seen))
-    report = processbench_scores(predict_first_error(part.fused, part.offsets, 0.5), first[seen])
+    part, first = judged_rows(trajs, s)
+    report = processbench_scores(predict_first_error(part.fused, part.offsets, 0.5), first)
     return {"bce": bce, **report}
 
 
@@ -88,15 +86,12 @@ def evaluate_run(cfg: ReplicateConfig, mode: str, sets: EvalSets, scores: dict[s
     lengths = {name: np.array([e.n_tokens for e in encs[name]]) for name in ("processbench", "bon")}
     prm = scores["prmbench"]
     n_steps = np.array([len(t.steps) for t in sets.prmbench])
-    scored = np.diff(prm.offsets)  # steps past max_length are not scored, and so not counted
-    full = np.concatenate([[0], np.cumsum(n_steps)])
-    first_steps = np.repeat(full[:-1], scored) + np.arange(scored.sum()) - np.repeat(np.cumsum(scored) - scored, scored)
-    labels = prmbench_step_labels(sets.prmbench)[first_steps]
+    labels = scored_part(prmbench_step_labels(sets.prmbench), n_steps, prm.offsets)  # steps past max_length are not counted
     by_class = prm_score_by_class(prm.fused, prm.offsets, labels, prmbench_classes(sets.prmbench))
     result = {
         "valid": _valid_report(sets.valid, scores["valid"]),
         "processbench": evaluate_processbench(sets.processbench, one(pb), 0.5, tune="gsm8k" in cfg.processbench_subsets)["modes"][mode],
-        "prmbench": {"classes": by_class, "categories": prmbench_category_scores(by_class), "steps_not_scored": int(n_steps.sum() - scored.sum())},
+        "prmbench": {"classes": by_class, "categories": prmbench_category_scores(by_class), "steps_not_scored": int(n_steps.sum() - len(labels))},
         "bon": evaluate_bon(sets.bon, one(bon), "min", BON_NS)["modes"][mode],
         "mae_by_position": mae_by_position(sets.processbench, one(pb))["curves"][mode],
         "long_chain": {

@@ -60,6 +60,7 @@ class ReplicateConfig:
     warmup_ratio: float = 0.05
     gate_lr_scale: float = 1.0
     detach_gate_inputs: bool = False
+    aux_loss_weight: float = 0.0  # weight of the per-stream losses added to the fused one
     max_length: int = 1024
     processbench_subsets: tuple[str, ...] = ("gsm8k", "math")
     processbench_rows: int = 50  # per subset, evenly spaced within clean and erroneous rows
@@ -74,9 +75,14 @@ class ReplicateConfig:
         self.work_dir = self.work_dir or str(cache_root() / "replicate")
 
 
-# Runs besides the four modes: the gate study (chosen on the validation split only).
-VARIANTS = {"bi-detached": ("bi", {"detach_gate_inputs": True})}
-PAPER_SEEDS = {"l2r": 3, "bi": 3, "r2l": 1, "bi-static": 1, "bi-detached": 1}
+# Runs besides the four modes: the gate study, read on the validation split only.
+# Each is `bi` with some of the config fields above changed.
+VARIANTS = {
+    "bi-detached": ("bi", {"detach_gate_inputs": True}),
+    "bi-gate-lr0.1": ("bi", {"gate_lr_scale": 0.1}),
+    "bi-aux0.5": ("bi", {"aux_loss_weight": 0.5}),
+}
+PAPER_SEEDS = {"l2r": 3, "bi": 3, "r2l": 1, "bi-static": 1} | {name: 1 for name in VARIANTS}
 PRESETS = {
     # about 15 minutes here: one seed per mode, small sets; a smoke test of the whole recipe
     "quick": ReplicateConfig(preset="quick", data=DataRecipe(prmbench_rows=160, gsm8k_questions=120)),
@@ -100,9 +106,11 @@ def bf16_is_fast() -> bool:
 
 
 def runs_of(cfg: ReplicateConfig) -> list[tuple[str, int]]:
-    """(mode, seed) pairs, the first seed of every mode first, so an interrupted study covers every mode early."""
+    """(mode, seed) pairs: the first seed of every mode first, so an interrupted study covers every mode
+    early, then the other seeds; the gate-study variants come last."""
     depth = max(cfg.seeds.values())
-    return [(mode, 1106 + k) for k in range(depth) for mode, n in cfg.seeds.items() if k < n]
+    runs = [(mode, 1106 + k) for k in range(depth) for mode, n in cfg.seeds.items() if k < n]
+    return sorted(runs, key=lambda run: run[0] in VARIANTS)
 
 
 def replicate(cfg: ReplicateConfig) -> dict:
@@ -142,11 +150,13 @@ def replicate(cfg: ReplicateConfig) -> dict:
             continue
         started = time.perf_counter()
         base_mode, overrides = VARIANTS.get(mode, (mode, {}))
-        options = {"detach_gate_inputs": cfg.detach_gate_inputs} | overrides
+        run_cfg = replace(cfg, **overrides)
+        options = {"detach_gate_inputs": run_cfg.detach_gate_inputs, "aux_loss_weight": run_cfg.aux_loss_weight}
         model = from_backbone(backbone_dir, tokenizer, mode=base_mode, **options)
         if trunk_digest(model, cfg.top_layers) != digest:
             raise RuntimeError("the backbone's frozen layers changed since the trunk cache was built")
-        train_log = train_top(cfg, model, caches["train"], [e.labels for e in encs["train"]], seed, work / "runs" / cfg.preset / name, fast)
+        options["gate_lr_scale"] = run_cfg.gate_lr_scale
+        train_log = train_top(run_cfg, model, caches["train"], [e.labels for e in encs["train"]], seed, work / "runs" / cfg.preset / name, fast)
         model.eval()
         top = split(model, cfg.top_layers)[1]
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):

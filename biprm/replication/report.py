@@ -15,7 +15,7 @@ from biprm.analysis.common import markdown_table
 from biprm.evaluation.common import write_json
 from biprm.plots import plot_curves
 
-MODES = ("l2r", "r2l", "bi-static", "bi", "bi-detached")
+MODES = ("l2r", "r2l", "bi-static", "bi")  # table order; gate-study variants follow, by name
 
 
 def _stat(values: list[float | None]) -> dict:
@@ -39,9 +39,14 @@ def _get(run: dict, path: str):
     return value
 
 
+def _modes(runs: list[dict]) -> list[str]:
+    names = {r["mode"] for r in runs}
+    return [m for m in MODES if m in names] + sorted(names - set(MODES))
+
+
 def summarise(runs: list[dict]) -> dict:
     """{mode: {metric path: stat}} for the headline metrics, and the score-free baselines."""
-    modes = [m for m in MODES if any(r["mode"] == m for r in runs)]
+    modes = _modes(runs)
     first = runs[0]
     subsets = list(first["processbench"]["fixed"]["subsets"])
     paths = [f"processbench/{t}/subsets/{s}/f1" for t in ("fixed", "tuned") for s in subsets]
