@@ -19,15 +19,22 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls) -> None:
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         kind = hints[f.name]
+        extra = {"help": f.metadata.get("help")}
+        if f.default is dataclasses.MISSING:
+            extra["required"] = True
+        else:
+            extra["default"] = f.default
+            if extra["help"] and f.default is not None:
+                extra["help"] += " (default: %(default)s)"
         if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **extra)
             continue
         if typing.get_origin(kind) is tuple:  # a fixed-length tuple: that many values
             parts = typing.get_args(kind)
-            parser.add_argument(flag, type=parts[0], nargs=len(parts), default=f.default)
+            parser.add_argument(flag, type=parts[0], nargs=len(parts), **extra)
             continue
         base = next((a for a in typing.get_args(kind) if a is not type(None)), kind)
-        parser.add_argument(flag, type=base, default=f.default)
+        parser.add_argument(flag, type=base, **extra)
 
 
 def _dataclass_from_args(cls, args: argparse.Namespace):
@@ -64,6 +71,13 @@ def cmd_replicate(args: argparse.Namespace) -> None:
 
     cfg = preset(args.preset, out=args.out, work_dir=args.work_dir, data_root=args.data_root, bf16=args.bf16, top_layers=args.train_top_layers)
     replicate(cfg)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from biprm.serve.app import serve
+    from biprm.serve.config import ServeConfig
+
+    serve(_dataclass_from_args(ServeConfig, args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bf16", choices=("auto", "yes", "no"), default=None, help="bf16 autocast; auto: where the CPU has native bf16 or a GPU is present")
     p.add_argument("--train-top-layers", type=int, default=None, help="layers trained on top of the frozen, cached trunk (preset's value if unset)")
     p.set_defaults(func=cmd_replicate)
+
+    from biprm.serve.config import ServeConfig
+
+    p = sub.add_parser(
+        "serve", help="serve a checkpoint over HTTP: /v1/score, /get_reward (OpenRLHF), /health, /metrics",
+        description="Score solutions over HTTP with dynamic batching. Needs the [serve] extra: pip install -e '.[serve]'.",
+    )
+    _add_dataclass_flags(p, ServeConfig)
+    p.set_defaults(func=cmd_serve)
 
     from biprm.evaluation.cli import add_eval_parser
 

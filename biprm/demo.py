@@ -81,6 +81,11 @@ def run_demo(cfg: DemoConfig) -> dict:
         results[mode] = evaluate(Scorer.from_pretrained(ckpt, device="cpu"), dev, test, pools)
         results[mode]["seconds"] = round(time.perf_counter() - start, 1)
     print("\n" + table(results))
+    print(
+        "\nA tiny random backbone on a synthetic task: this shows every mode training and being evaluated end to end;"
+        "\nits ordering moves with the seed, CPU and thread count and is not evidence for or against BiPRM."
+        "\nFor that, run `biprm replicate` (a real backbone on real data; docs/REPLICATION.md)."
+    )
     (out / "results.json").write_text(json.dumps({"config": asdict(cfg), "results": results}, indent=2))
     if "bi" in results:
         plot_sigma_by_position(results["bi"]["sigma_by_position"], str(out / "sigma_by_position.png"))

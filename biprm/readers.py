@@ -22,6 +22,7 @@ MS_TAG = "ки"  # Math-Shepherd's step tag (Cyrillic, U+043A U+0438)
 EMPTY_RESPONSE = "(empty response)"  # stands in for a candidate that produced no text, so pools keep their size
 _DATA_SUFFIX = re.compile(r"\.(jsonl?|parquet|csv|txt)(\.gz)?$|\.gz$")
 _SEPARATORS = {"newline": re.compile(r"\n"), "double-newline": re.compile(r"\n\s*\n"), MS_TAG: re.compile(MS_TAG)}
+SPLIT_RULES = ("auto", *_SEPARATORS)
 _ANNOTATION = re.compile(r"<<[^<>]*>>")  # GSM8K calculator annotations: <<3*4=12>>
 # A closing "#### N" (GSM8K style) or "A: N" line, with MetaMath's repeated "The answer is: N" after it.
 _FINAL_MARK = re.compile(r"(?:####|(?m:^)A:)\s*([^\n]*\S)\s*(?:\nThe answer is:?[^\n]*)?\s*\Z")
@@ -101,7 +102,7 @@ def split_steps(text: str, rule: str = "auto") -> list[str]:
         paragraphs = split_steps(text, "double-newline")
         return split_steps(text, MS_TAG) if MS_TAG in text else paragraphs if len(paragraphs) >= 2 else split_steps(text, "newline")
     if rule not in _SEPARATORS:
-        raise ValueError(f"unknown split rule {rule!r}; choose from {['auto', *_SEPARATORS]}")
+        raise ValueError(f"unknown split rule {rule!r}; choose from {list(SPLIT_RULES)}")
     return [s.strip() for s in _SEPARATORS[rule].split(text) if s.strip()]
 
 

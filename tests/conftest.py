@@ -10,3 +10,18 @@ def data_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared data folder not found at {path}; these tests read the real benchmark files")
     return path
+
+
+@pytest.fixture(scope="module")
+def bi_scorer():
+    """A Scorer around an untrained tiny `bi` model (seeded): scores are arbitrary but fixed, enough to compare paths."""
+    import torch
+
+    from biprm.backbones import load_tokenizer, resolve_backbone
+    from biprm.modeling import from_backbone
+    from biprm.scoring import Scorer
+
+    backbone = resolve_backbone("tiny")
+    tok = load_tokenizer(backbone)
+    torch.manual_seed(0)
+    return Scorer(from_backbone(backbone, tok, mode="bi").eval(), tok)

@@ -1,0 +1,1 @@
+"""BiPRM rewards for RL trainers: a TRL GRPO reward function and per-token process rewards."""

@@ -1,0 +1,46 @@
+"""Step scores -> per-token process rewards, for PPO-style trainers that take a reward per token.
+
+Each step's score goes on the policy token where that step's text ends; every other
+token gets 0. Steps are found in the completion text in order, so the rule that cut
+the text into steps must be the one that produced `steps` (e.g. `split_steps`).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def step_end_chars(text: str, steps: Sequence[str]) -> list[int]:
+    """Character offset just past each step in `text` (steps are searched left to right)."""
+    ends, at = [], 0
+    for k, step in enumerate(steps):
+        start = text.find(step, at)
+        if start < 0:
+            raise ValueError(f"step {k} ({step[:40]!r}) is not in the completion text after offset {at}")
+        at = start + len(step)
+        ends.append(at)
+    return ends
+
+
+def step_end_tokens(offsets: Sequence[tuple[int, int]], ends: Sequence[int]) -> list[int]:
+    """Index of the token that holds the last character of each step, from the tokenizer's offset mapping."""
+    token_ends = np.array([e for _, e in offsets])
+    index = np.searchsorted(token_ends, np.asarray(ends) - 1, side="right")
+    if len(ends) and index.max() >= len(offsets):
+        raise ValueError("a step ends past the last token: the offsets do not cover the completion text")
+    return index.tolist()
+
+
+def token_rewards(text: str, steps: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Per-token rewards for a completion: scores[k] on the token ending step k, 0 elsewhere.
+
+    `offsets` are the (start, end) characters of the completion's tokens, as
+    `tokenizer(text, return_offsets_mapping=True)["offset_mapping"]` gives them. A
+    scorer may return fewer scores than steps (steps past its max_length); only those
+    steps are placed.
+    """
+    out = np.zeros(len(offsets))
+    placed = step_end_tokens(offsets, step_end_chars(text, steps)[: len(scores)])
+    out[placed] = np.asarray(scores, dtype=float)[: len(placed)]
+    return out

@@ -1,0 +1,225 @@
+"""`biprm serve`: a BiPRM behind HTTP, on FastAPI + uvicorn.
+
+Endpoints:
+- POST /v1/score: one solution or a list of them, each a question plus `steps` or a
+  free-text `solution` cut by a split rule; per-step l2r, r2l, sigma and fused scores
+  and the solution score under every aggregation come back.
+- POST /get_reward: the remote reward-model interface of OpenRLHF (and of trainers that
+  copy it): {"query": [prompt + response, ...], "prompts": [prompt, ...]} in,
+  {"rewards": [one float per query]} out; aggregation and split rule are server flags.
+- GET /health, GET /metrics (Prometheus text: queue depth, batch sizes, latencies).
+
+Every scoring request goes through one `Batcher`, so concurrent clients share model calls.
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from biprm.aggregate import AGGREGATIONS
+from biprm.readers import SPLIT_RULES, split_steps
+from biprm.scores import StepScores
+from biprm.scoring import Scorer
+from biprm.serve.batcher import Batcher, Overloaded
+from biprm.serve.config import ServeConfig
+from biprm.trajectory import DataError, Trajectory
+
+log = logging.getLogger(__name__)
+
+
+class ScoreItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    question: str = Field(min_length=1)
+    steps: list[str] | None = Field(default=None, min_length=1, description="the solution's steps, in order")
+    solution: str | None = Field(default=None, description="free text, cut into steps by `split`")
+    split: str | None = Field(default=None, description=f"one of {SPLIT_RULES}; the server's rule if unset")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "ScoreItem":
+        if (self.steps is None) == (self.solution is None):
+            raise ValueError("give exactly one of 'steps' and 'solution'")
+        if self.split is not None and self.split not in SPLIT_RULES:
+            raise ValueError(f"'split' must be one of {list(SPLIT_RULES)}")
+        return self
+
+
+class RewardRequest(BaseModel):
+    query: list[str] = Field(min_length=1, description="prompt + response, as the policy produced them")
+    prompts: list[str] = Field(min_length=1, description="the prompt part of each query")
+
+
+class ServiceError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _steps(text: str, rule: str, where: str) -> list[str]:
+    steps = split_steps(text, rule)
+    if not steps:
+        raise ServiceError(400, f"{where}: no step text after splitting by {rule!r}")
+    return steps
+
+
+class Service:
+    """The model side of the server: requests -> trajectories -> batched scores -> JSON."""
+
+    def __init__(self, scorer: Scorer, cfg: ServeConfig):
+        self.scorer, self.cfg = scorer, cfg
+        scorer.encoder.max_length = cfg.max_length
+        self.batcher = Batcher(self._score, cfg.max_wait_ms, cfg.max_batch_tokens, cfg.max_queue)
+        tok = scorer.tokenizer
+        self.special = [t for t in {tok.eos_token, tok.pad_token} if t]
+
+    def _score(self, trajs: list[Trajectory]) -> StepScores:
+        return self.scorer.score(trajs, progress=False)
+
+    async def run(self, trajs: list[Trajectory], names: list[str]) -> tuple[StepScores, np.ndarray]:
+        """(scores, steps dropped per trajectory); bad text is a 400 naming the item, over-long a flag or 413."""
+        if len(trajs) > self.cfg.max_queue:
+            raise ServiceError(413, f"{len(trajs)} solutions in one request; this server takes at most {self.cfg.max_queue} solutions per request (--max-queue)")
+        encs = []
+        for traj, where in zip(trajs, names):
+            try:
+                encs.append(self.scorer.encoder.encode(traj, where))
+            except DataError as error:
+                raise ServiceError(400 if "step-tag" in str(error) else 413, str(error)) from None
+        dropped = np.array([e.n_dropped for e in encs])
+        if self.cfg.on_overlength == "refuse" and dropped.any():
+            i = int(np.flatnonzero(dropped)[0])
+            raise ServiceError(413, f"{names[i]}: longer than max_length={self.cfg.max_length} tokens ({dropped[i]} trailing steps would not be scored)")
+        try:
+            scores = await self.batcher.submit(trajs, sum(e.n_tokens for e in encs) * len(self.scorer.model.streams))
+        except Overloaded as error:
+            raise ServiceError(503, str(error)) from None
+        return scores, dropped
+
+    async def score(self, items: list[ScoreItem]) -> list[dict]:
+        trajs = [
+            Trajectory(it.question, it.steps if it.steps is not None else _steps(it.solution, it.split or self.cfg.split, f"item {i}: field 'solution'"))
+            for i, it in enumerate(items)
+        ]
+        scores, dropped = await self.run(trajs, [f"item {i}" for i in range(len(items))])
+        solution = {how: scores.solution_scores(how) for how in AGGREGATIONS}
+        streams = ("l2r", "r2l", "sigma", "fused")
+        out = []
+        for i, traj in enumerate(trajs):
+            row = {"steps": traj.steps}
+            row |= {s: None if getattr(scores, s) is None else scores.of(i, s).tolist() for s in streams}
+            row["solution"] = {how: float(solution[how][i]) for how in AGGREGATIONS}
+            row |= {"steps_scored": len(traj.steps) - int(dropped[i]), "truncated": bool(dropped[i])}
+            out.append(row)
+        return out
+
+    async def reward(self, req: RewardRequest) -> list[float]:
+        if len(req.query) != len(req.prompts):
+            raise ServiceError(400, f"field 'prompts' has {len(req.prompts)} entries for {len(req.query)} in field 'query'")
+        trajs = []
+        for i, (query, prompt) in enumerate(zip(req.query, req.prompts)):
+            if not query.startswith(prompt):
+                raise ServiceError(400, f"field 'query' [{i}] does not start with field 'prompts' [{i}]")
+            response = query[len(prompt):]
+            for token in self.special:  # the policy's padding and end-of-sequence text are not part of the answer
+                response = response.replace(token, "")
+            trajs.append(Trajectory(prompt.strip(), _steps(response, self.cfg.split, f"field 'query' [{i}]")))
+        scores, _ = await self.run(trajs, [f"field 'query' [{i}]" for i in range(len(trajs))])
+        return scores.solution_scores(self.cfg.aggregation).tolist()
+
+    def metrics(self) -> str:
+        s, b = self.batcher.stats, self.batcher
+        lines = [
+            "# TYPE biprm_requests_total counter", f"biprm_requests_total {s.requests}",
+            "# TYPE biprm_rejected_total counter", f"biprm_rejected_total {s.rejected}",
+            "# TYPE biprm_failed_total counter", f"biprm_failed_total {s.failed}",
+            "# TYPE biprm_batches_total counter", f"biprm_batches_total {s.batches}",
+            "# TYPE biprm_solutions_total counter", f"biprm_solutions_total {s.solutions}",
+            "# TYPE biprm_queue_solutions gauge", f"biprm_queue_solutions {b.queued}",
+        ]
+        for name, values in (("biprm_batch_solutions", s.batch_sizes), ("biprm_latency_seconds", s.latencies)):
+            lines.append(f"# TYPE {name} summary")
+            if values:
+                v = np.array(values, dtype=float)
+                lines += [f'{name}{{quantile="{q}"}} {np.quantile(v, q):.6g}' for q in (0.5, 0.9, 0.99)]
+            lines += [f"{name}_sum {float(np.sum(values)):.6g}", f"{name}_count {len(values)}"]
+        return "\n".join(lines) + "\n"
+
+
+def _describe(errors: list[dict]) -> str:
+    """Pydantic errors as one line that names each field ("item 2: field 'steps': ...")."""
+    parts = []
+    for e in errors:
+        loc = [x for x in e["loc"] if x != "body"]
+        head = f"item {loc.pop(0)}: " if loc and isinstance(loc[0], int) else ""
+        name = ".".join(str(x) for x in loc)
+        parts.append(f"{head}field '{name}': {e['msg']}" if name else f"{head}{e['msg']}")
+    return "; ".join(parts)
+
+
+_ITEMS = TypeAdapter(list[ScoreItem])
+
+
+def build_app(scorer: Scorer, cfg: ServeConfig) -> FastAPI:
+    service = Service(scorer, cfg)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.batcher.start()
+        yield
+        await service.batcher.stop()
+
+    app = FastAPI(title="biprm", summary="Bidirectional process reward model scoring", lifespan=lifespan)
+    app.state.service = service
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": _describe(error.errors())}, status_code=400)
+
+    @app.exception_handler(ServiceError)
+    async def refused(request: Request, error: ServiceError) -> JSONResponse:
+        return JSONResponse({"error": str(error)}, status_code=error.status, headers={"Retry-After": "1"} if error.status == 503 else None)
+
+    @app.post("/v1/score", openapi_extra={"requestBody": {"content": {"application/json": {"schema": {
+        "oneOf": [ScoreItem.model_json_schema(), _ITEMS.json_schema()]}}}, "required": True}})
+    async def score(request: Request) -> dict | list[dict]:
+        """One item (an object) or many (a list of objects); the answer has the same shape."""
+        try:
+            body = await request.json()
+        except ValueError:
+            raise ServiceError(400, "the body is not valid JSON") from None
+        many = isinstance(body, list)
+        try:
+            items = _ITEMS.validate_python(body if many else [body])
+        except ValidationError as error:
+            errors = error.errors() if many else [{**e, "loc": e["loc"][1:]} for e in error.errors()]
+            raise ServiceError(400, _describe(errors)) from None
+        out = await service.score(items)
+        return out if many else out[0]
+
+    @app.post("/get_reward")
+    async def get_reward(body: RewardRequest) -> dict:
+        return {"rewards": await service.reward(body)}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": cfg.model, "mode": scorer.mode, "queued": service.batcher.queued}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> str:
+        return service.metrics()
+
+    return app
+
+
+def serve(cfg: ServeConfig) -> None:
+    """Load the model, then serve until SIGINT/SIGTERM; requests already accepted are finished first."""
+    import uvicorn
+
+    scorer = Scorer.from_pretrained(cfg.model, device=cfg.device)
+    log.info("serving %s (%s) on http://%s:%d", cfg.model, scorer.mode, cfg.host, cfg.port)
+    uvicorn.run(build_app(scorer, cfg), host=cfg.host, port=cfg.port, log_level="info")
