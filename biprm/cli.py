@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import sys
 import typing
+from pathlib import Path
 
 
 
@@ -53,11 +54,13 @@ def cmd_score(args: argparse.Namespace) -> None:
     from biprm.sources import load_source
     from biprm.writers import write_scores
 
+    if not (Path(args.model) / "config.json").is_file():
+        raise FileNotFoundError(f"--model {args.model}: no checkpoint there (config.json is missing)")
+    trajs = load_source(args.input, fmt=args.format, skip_invalid=args.skip_invalid)  # bad input fails before the model loads
     scorer = Scorer.from_pretrained(args.model, device=args.device, tokens_per_batch=args.tokens_per_batch)
-    trajs = load_source(args.input, fmt=args.format, skip_invalid=args.skip_invalid)
     scores = scorer.score(trajs)
     n = write_scores(args.output, trajs, scores)
-    print(f"wrote {n} scored trajectories to {args.output}")
+    print(f"wrote {n} scored trajectories to {'stdout' if args.output == '-' else args.output}", file=sys.stderr)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -74,10 +77,20 @@ def cmd_replicate(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from biprm.serve.app import serve
     from biprm.serve.config import ServeConfig
 
+    try:
+        from biprm.serve.app import serve
+    except ModuleNotFoundError as error:
+        sys.exit(f"biprm serve: error: {error.name} is not installed; install the server extra: pip install -e '.[serve]'")
+
     serve(_dataclass_from_args(ServeConfig, args))
+
+
+def cmd_loadtest(args: argparse.Namespace) -> None:
+    from biprm.serve.loadtest import LoadTestConfig, run, write
+
+    write(run(LoadTestConfig(shape=args.shape, requests=args.requests, out=args.out, **({"data_root": args.data_root} if args.data_root else {}))), args.out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("score", help="write per-step and solution scores as JSONL")
     p.add_argument("--model", required=True, help="checkpoint folder written by `biprm train`")
     p.add_argument("--input", required=True, help="data file, HF dataset name or synthetic[:N]")
-    p.add_argument("--output", default="scores.jsonl")
+    p.add_argument("--output", default="scores.jsonl", help="JSONL file, or - for stdout (default: %(default)s)")
     p.add_argument("--format", default="auto")
     p.add_argument("--device", default=None)
     p.add_argument("--tokens-per-batch", type=int, default=None, help="tokens per backbone batch (Scorer's default by layout)")
@@ -128,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataclass_flags(p, ServeConfig)
     p.set_defaults(func=cmd_serve)
 
+    p = sub.add_parser("loadtest", help="benchmark `biprm serve` on loopback: batched vs one-at-a-time, latency by concurrency, overload")
+    p.add_argument("--shape", default="smollm2-135m", help="backbone shape served with random weights: smollm2-135m or tiny (default: %(default)s)")
+    p.add_argument("--requests", type=int, default=192, help="single-solution requests per measurement (default: %(default)s)")
+    p.add_argument("--data-root", default=None, help="folder holding gsm8k/ and gsm8k_bon_small/ (default $BIPRM_DATA or ../shared/data)")
+    p.add_argument("--out", default="benchmarks", help="where serve-<shape>.{json,md} go (default: %(default)s)")
+    p.set_defaults(func=cmd_loadtest)
+
     from biprm.evaluation.cli import add_eval_parser
 
     add_eval_parser(sub)
@@ -141,7 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args.func(args)
+    try:
+        args.func(args)
+    except (ValueError, OSError) as error:  # bad input, a missing file: one line; -v shows the traceback
+        if args.verbose:
+            raise
+        print(f"biprm {args.command}: error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -130,9 +130,11 @@ def _field(row: dict, key: str, where: str, kind: type) -> Any:
 
 
 def from_trl(row: dict, where: str) -> Trajectory:
-    """TRL stepwise supervision: {"prompt", "completions", "labels"?}; no labels means unlabelled scoring."""
+    """TRL stepwise supervision: {"prompt", "completions", "labels"?}; no labels means unlabelled scoring.
+    Any other field (an id, an answer, ...) rides along in `meta`, so scores can be joined back."""
     labels = _field(row, "labels", where, list) if row.get("labels") is not None else None
-    traj = Trajectory(_field(row, "prompt", where, str), _field(row, "completions", where, list), labels)
+    extra = {k: v for k, v in row.items() if k not in ("prompt", "completions", "labels")}
+    traj = Trajectory(_field(row, "prompt", where, str), _field(row, "completions", where, list), labels, meta=extra)
     return validate(traj, where)
 
 

@@ -2,23 +2,47 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from biprm.aggregate import AGGREGATIONS
 from biprm.scores import StepScores
+
+STREAMS = ("l2r", "r2l", "sigma", "fused")
 from biprm.trajectory import Trajectory
 
 
-def write_scores(path: str, trajs: list[Trajectory], scores: StepScores) -> int:
+def score_rows(trajs: list[Trajectory], scores: StepScores) -> Iterator[dict]:
+    """One dict per trajectory, the same keys whatever the mode: a stream the model lacks is null.
+
+    The input travels with its scores (question, steps, labels, answer, correct, meta with
+    any extra input fields), so the output joins back by content, not by line order.
+    `steps_scored` < len(steps) when steps past max_length were not scored.
+    """
     solution = {how: scores.solution_scores(how) for how in AGGREGATIONS}
-    streams = [s for s in ("l2r", "r2l", "sigma", "fused") if getattr(scores, s) is not None]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for i, traj in enumerate(trajs):
-            row = {"question": traj.question, "steps": traj.steps, "meta": traj.meta}
-            row.update({s: [round(float(x), 6) for x in scores.of(i, s)] for s in streams})
-            row["solution"] = {how: float(solution[how][i]) for how in AGGREGATIONS}
-            f.write(json.dumps(row) + "\n")
+    for i, traj in enumerate(trajs):
+        row = {"question": traj.question, "steps": traj.steps, "labels": traj.labels, "answer": traj.answer, "correct": traj.correct, "meta": traj.meta}
+        row |= {s: None if getattr(scores, s) is None else [round(float(x), 6) for x in scores.of(i, s)] for s in STREAMS}
+        row["solution"] = {how: float(solution[how][i]) for how in AGGREGATIONS}
+        row["steps_scored"] = int(scores.offsets[i + 1] - scores.offsets[i])
+        yield row
+
+
+def write_scores(path: str, trajs: list[Trajectory], scores: StepScores) -> int:
+    """JSONL to `path` ("-": stdout). A file appears whole or not at all: it is written beside and renamed."""
+    lines = (json.dumps(row) + "\n" for row in score_rows(trajs, scores))
+    if path == "-":
+        sys.stdout.writelines(lines)
+        sys.stdout.flush()
+        return len(trajs)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    with open(partial, "w") as f:
+        f.writelines(lines)
+    os.replace(partial, target)
     return len(trajs)
 
 
