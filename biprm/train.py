@@ -20,6 +20,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.encoding import Encoded, Encoder
+from biprm.lora import DEFAULT_TARGETS, save_merged, with_lora
 from biprm.modeling import from_backbone
 from biprm.packing import pack
 from biprm.sources import load_source
@@ -60,6 +61,10 @@ class TrainConfig:
     aux_loss_weight: float = 0.0
     gate_lr_scale: float = 1.0  # the gate learns at lr x this; < 1 keeps it from saturating at high lr
     train_top_layers: int | None = None  # freeze the embeddings and all but the top K layers (Llama/Mistral/Qwen2 bodies)
+    lora_r: int = 0  # > 0: LoRA adapters of this rank on the backbone; value head, gate and step-tag row train in full
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.0
+    lora_targets: str = ",".join(DEFAULT_TARGETS)  # names of the backbone's linear layers that get adapters
     skip_invalid: bool = False
     report_to: str = "none"
     gradient_checkpointing: bool = False
@@ -90,8 +95,8 @@ def encode_all(encoder: Encoder, trajs: list, name: str) -> list[Encoded]:
 class BiPRMTrainer(Trainer):
     """`Trainer` plus one option: the gate's parameters get their own group at `gate_lr_scale` x lr.
 
-    The linear schedule then scales both groups alike. (With a DeepSpeed config that
-    defines its own optimizer, DeepSpeed builds it and the option does not apply.)
+    The linear schedule then scales both groups alike. (A DeepSpeed config that defines
+    its own optimizer or scheduler would bypass this, so `check_deepspeed_config` refuses it.)
     """
 
     def __init__(self, *args, gate_lr_scale: float = 1.0, **kwargs):
@@ -124,25 +129,8 @@ def holdout(items: list, fraction: float, seed: int) -> tuple[list, list]:
     return [x for x, h in zip(items, held) if not h], [x for x, h in zip(items, held) if h]
 
 
-def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> str:
-    set_seed(cfg.seed)
-    backbone_dir = resolve_backbone(cfg.backbone)
-    tokenizer = load_tokenizer(backbone_dir)
-    dtype = torch.bfloat16 if cfg.bf16 and not torch.cuda.is_available() else torch.float32
-    model = from_backbone(
-        backbone_dir, tokenizer, mode=cfg.mode, objective=cfg.objective, zeta=cfg.zeta, dtype=dtype,
-        detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight,
-    )
-    if cfg.train_top_layers:
-        freeze_bottom(model, cfg.train_top_layers)
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        log.info("training the top %d layers, value head and gate: %d of %d parameters", cfg.train_top_layers, trainable, model.num_parameters())
-    trajs = load_source(cfg.data, fmt=cfg.fmt, skip_invalid=cfg.skip_invalid, labelled=True)
-    encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
-    train_items, eval_items = holdout(encode_all(encoder, trajs, cfg.data), cfg.eval_fraction, cfg.seed)
-    log.info("training %s/%s on %d trajectories from %s (%d held out)", cfg.mode, cfg.objective, len(train_items), cfg.data, len(eval_items))
-
-    args = TrainingArguments(
+def training_arguments(cfg: TrainConfig) -> TrainingArguments:
+    return TrainingArguments(
         output_dir=cfg.output_dir,
         learning_rate=cfg.lr,
         num_train_epochs=cfg.epochs,
@@ -154,12 +142,13 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         weight_decay=cfg.weight_decay,
         optim="adamw_torch",
         seed=cfg.seed,
-        bf16=cfg.bf16 and torch.cuda.is_available(),
+        bf16=cfg.bf16,
+        use_cpu=cfg.bf16 and not torch.cuda.is_available(),  # how Trainer is told to autocast bf16 on the CPU
         save_strategy="steps",
         save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit,
         logging_steps=cfg.logging_steps,
-        eval_strategy="steps" if eval_items else "no",
+        eval_strategy="steps" if cfg.eval_fraction else "no",
         eval_steps=cfg.save_steps,
         per_device_eval_batch_size=cfg.batch_size,
         prediction_loss_only=True,
@@ -171,6 +160,58 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         deepspeed=cfg.deepspeed,
         disable_tqdm=not cfg.show_progress,
     )
+
+
+def check_deepspeed_config(path: str, gate_lr_scale: float) -> None:
+    """Refuse, before anything loads, a DeepSpeed config that would lose an option or the final weights."""
+    try:
+        ds = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--deepspeed {path}: cannot read it as JSON ({error})") from None
+    own = [k for k in ("optimizer", "scheduler") if k in ds]
+    if gate_lr_scale != 1.0 and own:
+        raise ValueError(
+            f"--deepspeed {path} defines its own {' and '.join(own)}, so --gate-lr-scale {gate_lr_scale} would be ignored; "
+            "remove those blocks (the Trainer then builds AdamW and the linear schedule with the gate's group) or drop --gate-lr-scale"
+        )
+    zero = ds.get("zero_optimization", {})
+    if zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
+        raise ValueError(
+            f"--deepspeed {path}: ZeRO-3 without \"stage3_gather_16bit_weights_on_model_save\": true saves no usable weights "
+            "at the end of training; set it in zero_optimization (configs/ds_zero3.json does)"
+        )
+
+
+def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> str:
+    set_seed(cfg.seed)
+    if cfg.deepspeed:
+        check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale)
+    # The arguments come first: with a ZeRO-3 config they switch on partitioned init, so the
+    # backbone below is loaded straight into shards instead of whole into every rank's RAM.
+    args = training_arguments(cfg)
+    backbone_dir = resolve_backbone(cfg.backbone)
+    tokenizer = load_tokenizer(backbone_dir)
+    # fp32 master weights everywhere; --bf16 is autocast (CUDA or CPU), never bf16 weights,
+    # which would round most updates at the paper's lr away (0.02 + 3e-5 == 0.02 in bf16)
+    model = from_backbone(
+        backbone_dir, tokenizer, mode=cfg.mode, objective=cfg.objective, zeta=cfg.zeta, dtype=torch.float32,
+        detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight,
+    )
+    if cfg.lora_r and cfg.train_top_layers:
+        raise ValueError("--lora-r and --train-top-layers are two ways to train part of the backbone; choose one")
+    if cfg.lora_r:
+        model = with_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, tuple(cfg.lora_targets.split(",")))
+        trainable, total = model.get_nb_trainable_parameters()
+        log.info("LoRA r=%d: training %d of %d parameters", cfg.lora_r, trainable, total)
+    if cfg.train_top_layers:
+        freeze_bottom(model, cfg.train_top_layers)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log.info("training the top %d layers, value head and gate: %d of %d parameters", cfg.train_top_layers, trainable, model.num_parameters())
+    trajs = load_source(cfg.data, fmt=cfg.fmt, skip_invalid=cfg.skip_invalid, labelled=True)
+    encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
+    train_items, eval_items = holdout(encode_all(encoder, trajs, cfg.data), cfg.eval_fraction, cfg.seed)
+    log.info("training %s/%s on %d trajectories from %s (%d held out)", cfg.mode, cfg.objective, len(train_items), cfg.data, len(eval_items))
+
     collate = partial(
         pack, mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row,
         pad_id=tokenizer.pad_token_id,
@@ -182,7 +223,11 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
     )
     resume = cfg.resume and any(Path(cfg.output_dir).glob("checkpoint-*"))
     trainer.train(resume_from_checkpoint=True if resume else None)
-    trainer.save_model(cfg.output_dir)
+    if cfg.lora_r:
+        if trainer.is_world_process_zero():
+            save_merged(trainer.model, tokenizer, cfg.output_dir)
+    else:
+        trainer.save_model(cfg.output_dir)
     if trainer.is_world_process_zero():
         Path(cfg.output_dir, "biprm_train.json").write_text(json.dumps(asdict(cfg), indent=2))
         Path(cfg.output_dir, "train_log.json").write_text(json.dumps(trainer.state.log_history, indent=2))

@@ -72,9 +72,10 @@ def test_ensemble_mode_averages_probabilities():
     assert mean.sigma is None and Mode("x", ["a"], "l2r").scores(Stub(), []).fused.tolist() == [0.2, 0.4, 0.9]
 
 
-def test_ablation_roles_are_checked(ckpt, tmp_path):
-    with pytest.raises(ValueError, match="'l2r' row needs 'l2r'"):  # a swapped flag fails before any scoring
+def test_ablation_roles_are_checked(ckpt, tmp_path, capsys):
+    with pytest.raises(SystemExit):  # a swapped flag fails before any scoring, in one line
         main(["eval", "ablations", "--l2r", ckpt, "--r2l", ckpt, "--bi-static", ckpt, "--bi", ckpt, "--out", str(tmp_path)])
+    assert "'l2r' row needs 'l2r'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="needs --l2r"):
         ablation_modes({"bi": ckpt, "l2r-2": ckpt})
     assert [m.key for m in ablation_modes({"bi": ckpt})] == ["bi"]

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -186,3 +187,81 @@ def test_train_top_layers_moves_only_the_top_of_the_body(tmp_path):
 def test_train_top_layers_out_of_range_is_refused_before_training(tmp_path):
     with pytest.raises(ValueError, match=r"--train-top-layers must be in \[1, 3\]"):
         train(tiny_config(tmp_path / "t", train_top_layers=5))
+
+
+class MatmulDtypes(TrainerCallback):
+    """The dtype the first decoder layer's attention projection computes in, seen during training."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.seen = set()
+        model.backbone.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: self.seen.add(o.dtype))
+
+
+def test_bf16_on_cpu_is_autocast_over_fp32_weights(tmp_path):
+    snap, dtypes = Snapshot(), MatmulDtypes()
+    train(tiny_config(tmp_path / "b", mode="bi", bf16=True, lr=3e-5, max_steps=2, save_steps=10), callbacks=[snap, dtypes])
+    assert dtypes.seen == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in snap.after.values())
+    body = [n for n in snap.before if n.startswith("backbone.layers.")]
+    moved = [n for n in body if not torch.equal(snap.before[n], snap.after[n])]
+    assert len(moved) == len(body)  # at lr 3e-5 pure bf16 weights would mostly not move
+
+
+def test_arguments_are_built_before_the_model(tmp_path, monkeypatch):
+    recipe = sys.modules["biprm.train"]
+
+    order = []
+    build_args, build_model = recipe.training_arguments, recipe.from_backbone
+    monkeypatch.setattr(recipe, "training_arguments", lambda cfg: order.append("args") or build_args(cfg))
+    monkeypatch.setattr(recipe, "from_backbone", lambda *a, **k: order.append("model") or build_model(*a, **k))
+    train(tiny_config(tmp_path / "o", max_steps=1, save_steps=10))
+    assert order == ["args", "model"]  # so a ZeRO-3 config's partitioned init is active while the backbone loads
+
+
+@pytest.mark.parametrize("config, flags, message", [
+    ({"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 2}}, {"gate_lr_scale": 0.1}, "--gate-lr-scale 0.1 would be ignored"),
+    ({"zero_optimization": {"stage": 3}}, {}, "stage3_gather_16bit_weights_on_model_save"),
+    ("{not json", {}, "cannot read it as JSON"),
+])
+def test_deepspeed_configs_that_lose_options_or_weights_are_refused_up_front(tmp_path, config, flags, message, monkeypatch):
+    recipe = sys.modules["biprm.train"]
+
+    monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the config was checked"))
+    path = tmp_path / "ds.json"
+    path.write_text(config if isinstance(config, str) else json.dumps(config))
+    with pytest.raises(ValueError, match=message):
+        train(tiny_config(tmp_path / "d", deepspeed=str(path), **flags))
+
+
+def test_shipped_deepspeed_configs_pass_the_checks():
+    from biprm.train import check_deepspeed_config
+
+    for name in ("ds_zero2.json", "ds_zero3.json"):
+        check_deepspeed_config(str(ROOT / "configs" / name), gate_lr_scale=0.1)
+
+
+def test_lora_trains_adapters_heads_and_the_step_tag_row_and_saves_a_scoreable_merged_model(tmp_path):
+    pytest.importorskip("peft")
+    from biprm.scoring import Scorer
+    from biprm.trajectory import Trajectory
+
+    seen = {}
+    traj = [Trajectory("What is 2 + 2?", ["2 + 2 = 4.", "The answer is 4."])]
+
+    class Trainable(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen["names"] = [n for n, p in model.named_parameters() if p.requires_grad]
+
+        def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+            seen["live"] = Scorer(model.eval(), processing_class).score(traj, progress=False)  # adapters not yet merged
+
+    out = Path(train(tiny_config(tmp_path / "l", mode="bi", lora_r=4, max_steps=3, save_steps=10), callbacks=[Trainable()]))
+    names = seen["names"]
+    assert any("lora_A" in n for n in names) and any("value_head" in n for n in names) and any(".gate." in n for n in names)
+    assert any("trainable_tokens" in n for n in names)  # the step-tag row
+    assert not any(n.endswith("embed_tokens.weight") or ("lora_" not in n and ".layers." in n) for n in names)  # the rest is frozen
+    assert (out / "adapter" / "adapter_config.json").is_file() and (out / "model.safetensors").is_file()
+    merged = Scorer.from_pretrained(str(out), device="cpu").score(traj, progress=False)
+    live = seen["live"]
+    np.testing.assert_allclose(merged.fused, live.fused, atol=1e-5)
+    np.testing.assert_allclose(merged.sigma, live.sigma, atol=1e-5)

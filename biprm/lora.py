@@ -1,0 +1,42 @@
+"""LoRA through `peft`: adapters on the backbone's linear layers, while the value head, the gate
+and the step-tag embedding row train in full (they are new, so a low-rank update of them
+would make no sense).
+
+Training sees a `PeftModel`; the checkpoint it leaves is the merged `BiPRMModel`, so
+`Scorer.from_pretrained` and `biprm serve` load it like any other, and the adapter alone
+is kept beside it in `adapter/` for users who stack or swap adapters.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from biprm.modeling import BiPRMModel
+
+# the projections of Llama/Mistral/Qwen2-style decoder layers; only under `backbone.`
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def with_lora(model: BiPRMModel, r: int, alpha: float, dropout: float = 0.0, targets: tuple[str, ...] = DEFAULT_TARGETS):
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError("--lora-r needs peft: pip install -e '.[peft]'") from None
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout,
+        target_modules=rf"backbone\..*\.({'|'.join(targets)})",
+        modules_to_save=["value_head", "gate"] if model.gate is not None else ["value_head"],
+        trainable_token_indices={"embed_tokens": [model.config.step_tag_id]},
+    )
+    peft_model = get_peft_model(model, config)
+    if not any("lora_" in n for n, _ in peft_model.named_parameters()):
+        raise ValueError(f"--lora-targets {','.join(targets)} match no linear layer of this backbone")
+    return peft_model
+
+
+def save_merged(peft_model, tokenizer, out: str | Path) -> None:
+    """The adapter in out/adapter, and the merged full model (what scoring loads) in out."""
+    out = Path(out)
+    peft_model.save_pretrained(out / "adapter")
+    merged = peft_model.merge_and_unload()
+    merged.save_pretrained(out)
+    tokenizer.save_pretrained(out)
