@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import sys
 import typing
-from pathlib import Path
 
 
 
@@ -50,17 +49,11 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_score(args: argparse.Namespace) -> None:
-    from biprm.scoring import Scorer
-    from biprm.sources import load_source
-    from biprm.writers import write_scores
+    from biprm.score_file import score_file
 
-    if not (Path(args.model) / "config.json").is_file():
-        raise FileNotFoundError(f"--model {args.model}: no checkpoint there (config.json is missing)")
-    trajs = load_source(args.input, fmt=args.format, skip_invalid=args.skip_invalid)  # bad input fails before the model loads
-    scorer = Scorer.from_pretrained(args.model, device=args.device, tokens_per_batch=args.tokens_per_batch)
-    scores = scorer.score(trajs)
-    n = write_scores(args.output, trajs, scores)
-    print(f"wrote {n} scored trajectories to {'stdout' if args.output == '-' else args.output}", file=sys.stderr)
+    n = score_file(args.model, args.input, args.output, fmt=args.format, skip_invalid=args.skip_invalid, device=args.device,
+                   tokens_per_batch=args.tokens_per_batch, chunk=args.chunk, resume=args.resume)
+    print(f"scored {n} trajectories into {'stdout' if args.output == '-' else args.output}", file=sys.stderr)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -116,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="auto")
     p.add_argument("--device", default=None)
     p.add_argument("--tokens-per-batch", type=int, default=None, help="tokens per backbone batch (Scorer's default by layout)")
-    p.add_argument("--skip-invalid", action="store_true")
+    p.add_argument("--skip-invalid", action="store_true", help="skip bad rows (reported with file, row and field) instead of stopping")
+    p.add_argument("--chunk", type=int, default=1024, help="rows scored and written to disk at a time; a kill loses at most one (default: %(default)s)")
+    p.add_argument("--resume", action="store_true", help="continue a killed run from its OUTPUT.parts folder")
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser(

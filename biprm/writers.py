@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,22 +26,6 @@ def score_rows(trajs: list[Trajectory], scores: StepScores) -> Iterator[dict]:
         row["solution"] = {how: float(solution[how][i]) for how in AGGREGATIONS}
         row["steps_scored"] = int(scores.offsets[i + 1] - scores.offsets[i])
         yield row
-
-
-def write_scores(path: str, trajs: list[Trajectory], scores: StepScores) -> int:
-    """JSONL to `path` ("-": stdout). A file appears whole or not at all: it is written beside and renamed."""
-    lines = (json.dumps(row) + "\n" for row in score_rows(trajs, scores))
-    if path == "-":
-        sys.stdout.writelines(lines)
-        sys.stdout.flush()
-        return len(trajs)
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
-    with open(partial, "w") as f:
-        f.writelines(lines)
-    os.replace(partial, target)
-    return len(trajs)
 
 
 def write_trajectories(path: str | Path, trajs: list[Trajectory]) -> Path:

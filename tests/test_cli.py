@@ -48,23 +48,19 @@ def test_score_to_stdout_carries_every_input_field(checkpoint, tmp_path, capsys)
     out = capsys.readouterr()
     line = json.loads(out.out)
     assert line["meta"] == {"id": "q7", "source": "mine"} and line["labels"] == [1.0, 1.0] and line["steps_scored"] == 2
-    assert "wrote 1 scored trajectories to stdout" in out.err
+    assert "scored 1 trajectories into stdout" in out.err
 
 
 def test_score_schema_is_the_same_for_every_mode(tmp_path):
     from biprm.scores import StepScores
     from biprm.trajectory import Trajectory
-    from biprm.writers import write_scores
+    from biprm.writers import score_rows
 
     trajs = [Trajectory("q", ["a", "b"])]
     l2r = StepScores(offsets=[0, 2], fused=[0.5, 0.25], l2r=[0.5, 0.25])
     bi = StepScores(offsets=[0, 2], fused=[0.5, 0.25], l2r=[0.5, 0.25], r2l=[0.5, 0.5], sigma=[1.0, 0.0])
-    keys = []
-    for name, s in (("l2r", l2r), ("bi", bi)):
-        write_scores(str(tmp_path / f"{name}.jsonl"), trajs, s)
-        keys.append(list(json.loads((tmp_path / f"{name}.jsonl").read_text())))
-    assert keys[0] == keys[1] and not list(tmp_path.glob("*.partial"))
-    assert json.loads((tmp_path / "l2r.jsonl").read_text())["sigma"] is None
+    rows = [next(score_rows(trajs, s)) for s in (l2r, bi)]
+    assert list(rows[0]) == list(rows[1]) and rows[0]["sigma"] is None and rows[1]["sigma"] == [1.0, 0.0]
 
 
 def test_bad_input_is_one_line_before_the_model_loads(checkpoint, tmp_path, capsys, monkeypatch):
@@ -81,3 +77,69 @@ def test_bad_input_is_one_line_before_the_model_loads(checkpoint, tmp_path, caps
     with pytest.raises(SystemExit):
         main(["score", "--model", str(tmp_path / "nowhere"), "--input", str(rows)])
     assert "no checkpoint there" in capsys.readouterr().err
+
+
+def _rows(path, n):
+    path.write_text("\n".join(json.dumps({"id": k, "prompt": f"What is {k} + {k}?", "completions": [f"{k} + {k} = {2 * k}", f"The answer is {2 * k}."]}) for k in range(n)))
+    return path
+
+
+def test_score_crash_loses_at_most_a_chunk_and_resume_finishes_the_same_file(checkpoint, tmp_path, monkeypatch, capsys):
+    from biprm.scoring import Scorer
+
+    rows = _rows(tmp_path / "in.jsonl", 7)
+    clean = tmp_path / "clean.jsonl"
+    main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(clean), "--chunk", "2"])
+    out = tmp_path / "out.jsonl"
+    real, calls = Scorer.score, []
+
+    def dies_on_third_chunk(self, trajs, progress=True):
+        calls.append(len(trajs))
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # a kill between chunks
+        return real(self, trajs, progress)
+
+    monkeypatch.setattr(Scorer, "score", dies_on_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out), "--chunk", "2"])
+    part = next((tmp_path / "out.jsonl.parts").glob("part-*.jsonl"))
+    assert not out.exists() and len(part.read_text().splitlines()) == 4
+    with open(part, "a") as f:
+        f.write('{"torn": ')  # a kill in the middle of a write
+    with pytest.raises(SystemExit):
+        main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out), "--chunk", "2"])
+    assert "add --resume" in capsys.readouterr().err
+    monkeypatch.setattr(Scorer, "score", real)
+    main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out), "--chunk", "2", "--resume"])
+    assert out.read_text() == clean.read_text() and not (tmp_path / "out.jsonl.parts").exists()
+
+
+def test_resume_refuses_another_runs_parts(checkpoint, tmp_path, capsys):
+    parts = tmp_path / "out.jsonl.parts"
+    parts.mkdir()
+    (parts / "run.json").write_text(json.dumps({"model": "elsewhere", "input": "x", "rows": 3, "processes": 1}))
+    with pytest.raises(SystemExit):
+        main(["score", "--model", checkpoint, "--input", str(_rows(tmp_path / "in.jsonl", 2)), "--output", str(tmp_path / "out.jsonl"), "--resume"])
+    err = capsys.readouterr().err
+    assert "belongs to another run" in err and "rows: 3 then, 2 now" in err
+
+
+@pytest.mark.slow
+def test_two_processes_score_their_blocks_and_join_them_in_order(checkpoint, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    rows = _rows(tmp_path / "in.jsonl", 9)
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(one)])
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "--cpu", "-m", "biprm.cli", "score", "--model", checkpoint, "--input", str(rows), "--output", str(two)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = ([json.loads(x) for x in p.read_text().splitlines()] for p in (one, two))
+    assert [r["meta"]["id"] for r in b] == list(range(9))
+    for x, y in zip(a, b):
+        assert y["fused"] == pytest.approx(x["fused"], abs=1e-5)

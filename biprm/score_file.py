@@ -1,0 +1,117 @@
+"""`biprm score`: a data file -> scored JSONL, written as it goes, resumable, on one or many processes.
+
+Each process (one per device under `accelerate launch` or `torchrun`) takes one
+contiguous block of the rows (so a question's candidates stay together for the prompt
+cache), scores it in chunks and appends every chunk's lines to its own part file,
+flushed to disk. A killed run loses at most the chunk in flight: `--resume` keeps the
+complete lines of each part file and scores only the rest. When every process is done,
+the first one joins the parts in input order into the output, through a rename, so the
+output file is never seen half-written.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from biprm.scoring import Scorer
+from biprm.sources import load_source
+from biprm.trajectory import Trajectory
+from biprm.writers import score_rows
+
+log = logging.getLogger(__name__)
+
+
+def complete_lines(path: Path) -> int:
+    """Lines of `path` that end in a newline and parse as JSON; a torn tail is cut off the file."""
+    if not path.exists():
+        return 0
+    good, keep = 0, 0
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                json.loads(line)
+            except ValueError:
+                break
+            good, keep = good + 1, keep + len(line)
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+    return good
+
+
+def score_file(
+    model: str, source: str, output: str, fmt: str = "auto", skip_invalid: bool = False, device: str | None = None,
+    tokens_per_batch: int | None = None, chunk: int = 1024, resume: bool = False,
+) -> int:
+    from accelerate import PartialState
+
+    if not (Path(model) / "config.json").is_file():
+        raise FileNotFoundError(f"--model {model}: no checkpoint there (config.json is missing)")
+    trajs = load_source(source, fmt=fmt, skip_invalid=skip_invalid)  # bad input fails before the model loads
+    state = PartialState()
+    rank, world = state.process_index, state.num_processes
+    to_stdout = output == "-"
+    if to_stdout and world > 1:
+        raise ValueError("--output - works with one process; give a file to score with several")
+    scratch = Path(output + ".parts") if not to_stdout else None
+    if scratch is not None and state.is_main_process:
+        _check_run(scratch, {"model": str(Path(model).resolve()), "input": source, "rows": len(trajs), "processes": world}, resume)
+    state.wait_for_everyone()
+
+    begin, end = len(trajs) * rank // world, len(trajs) * (rank + 1) // world
+    mine = trajs[begin:end]
+    part = None if to_stdout else scratch / f"part-{rank:05d}-of-{world:05d}.jsonl"
+    done = 0
+    if part is not None:
+        done = complete_lines(part)
+        if done:
+            log.info("resuming: %d of %d rows of part %d already scored", done, len(mine), rank)
+    scorer = Scorer.from_pretrained(model, device=device or state.device, tokens_per_batch=tokens_per_batch)
+    sink = sys.stdout if to_stdout else open(part, "a")
+    try:
+        for a in tqdm(range(done, len(mine), chunk), desc=f"scoring ({scorer.mode})", unit="chunk", disable=not state.is_main_process):
+            block: list[Trajectory] = mine[a : a + chunk]
+            sink.writelines(json.dumps(row) + "\n" for row in score_rows(block, scorer.score(block, progress=False)))
+            sink.flush()
+            if not to_stdout:
+                os.fsync(sink.fileno())
+    finally:
+        if not to_stdout:
+            sink.close()
+    state.wait_for_everyone()
+    if state.is_main_process and not to_stdout:
+        _join(sorted(scratch.glob(f"part-*-of-{world:05d}.jsonl")), Path(output), world)
+        for p in scratch.iterdir():
+            p.unlink()
+        scratch.rmdir()
+    return len(trajs)
+
+
+def _check_run(scratch: Path, run: dict, resume: bool) -> None:
+    """Record what this run scores; a resume must be the same run (model, input, rows, processes)."""
+    record = scratch / "run.json"
+    if scratch.exists() and not resume:
+        raise FileExistsError(f"{scratch} holds the parts of an unfinished run: add --resume to continue it, or delete it")
+    if resume and record.exists():
+        before = json.loads(record.read_text())
+        if before != run:
+            diff = ", ".join(f"{k}: {before.get(k)!r} then, {v!r} now" for k, v in run.items() if before.get(k) != v)
+            raise ValueError(f"--resume: {scratch} belongs to another run ({diff})")
+    scratch.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(run))
+
+
+def _join(parts: list[Path], target: Path, world: int) -> None:
+    if len(parts) != world:
+        raise RuntimeError(f"expected {world} part files, found {len(parts)}: a process did not finish")
+    partial = target.with_name(target.name + ".partial")
+    with open(partial, "wb") as out:
+        for p in parts:
+            out.write(p.read_bytes())
+    os.replace(partial, target)
