@@ -31,7 +31,7 @@ _FINAL_MARK = re.compile(r"(?:####|(?m:^)A:)\s*([^\n]*\S)\s*(?:\nThe answer is:?
 # ---- reading rows ---------------------------------------------------------------------
 
 
-def _looks_like_path(source: str) -> bool:
+def looks_like_path(source: str) -> bool:
     """Hub names are 'owner/name' with no data-file suffix; anything else that is missing is a bad path."""
     return bool(_DATA_SUFFIX.search(source)) or source.startswith(("/", ".", "~")) or source.count("/") > 1
 
@@ -81,7 +81,7 @@ def read_rows(source: str, split: str = "train") -> tuple[list[dict], str]:
         return _read_file(path), str(path)
     if path.exists():
         raise FileNotFoundError(f"{source}: is not a data file")
-    if _looks_like_path(source):
+    if looks_like_path(source):
         raise FileNotFoundError(f"{source}: no such data file (and it does not look like a Hugging Face dataset name)")
     import datasets
 
@@ -256,13 +256,19 @@ def detect_format(row: dict, where: str) -> str:
     return fmt
 
 
-def _converter(fmt: str, split_rule: str) -> Callable[[dict, str, int], Trajectory | list[Trajectory]]:
+def row_converter(fmt: str, split_rule: str) -> Callable[[dict, str, int], Trajectory | list[Trajectory]]:
     if fmt == "bon":
         return lambda row, where, i: from_bon_pool(row, where, split_rule, qid=i)
     simple = {"trl": from_trl, "math-shepherd": from_math_shepherd, "processbench": from_processbench, "prmbench": from_prmbench}
     if fmt not in simple:
         raise ValueError(f"unknown format {fmt!r}; choose from {('auto', *FORMATS)}")
     return lambda row, where, i: simple[fmt](row, where)
+
+
+def skip_reason(error: str, where: str) -> str:
+    """An error message without its row and numbers, so that skipped rows can be counted by kind."""
+    reason = re.sub(r"\[[\d, ]*\]", "[...]", error.removeprefix(where).lstrip(" :"))
+    return re.sub(r"\d+", "N", reason)
 
 
 def load_with_report(
@@ -275,7 +281,7 @@ def load_with_report(
     rows, name = read_rows(source, split)
     if not rows:
         raise DataError(f"{name}: has no rows")
-    convert = _converter(detect_format(rows[0], f"{name} row 1") if fmt == "auto" else fmt, split_rule)
+    convert = row_converter(detect_format(rows[0], f"{name} row 1") if fmt == "auto" else fmt, split_rule)
     trajs: list[Trajectory] = []
     skipped: Counter[str] = Counter()
     examples: list[str] = []
@@ -288,8 +294,7 @@ def load_with_report(
         except DataError as e:
             if not skip_invalid:
                 raise
-            reason = re.sub(r"\[[\d, ]*\]", "[...]", str(e).removeprefix(where).lstrip(" :"))
-            skipped[re.sub(r"\d+", "N", reason)] += 1
+            skipped[skip_reason(str(e), where)] += 1
             if len(examples) < 3:
                 examples.append(str(e))
             continue

@@ -10,12 +10,18 @@ from biprm.synthetic import make_dataset
 from biprm.trajectory import DataError, Trajectory
 
 
+def synthetic_spec(spec: str) -> tuple[int, int] | None:
+    """(rows, seed) of "synthetic[:N[:SEED]]", None for any other source."""
+    if spec != "synthetic" and not spec.startswith("synthetic:"):
+        return None
+    parts = spec.split(":")
+    return (int(parts[1]) if len(parts) > 1 else 2000, int(parts[2]) if len(parts) > 2 else 0)
+
+
 def load_source(spec: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, labelled: bool = False) -> list[Trajectory]:
-    if spec == "synthetic" or spec.startswith("synthetic:"):
-        parts = spec.split(":")
-        n = int(parts[1]) if len(parts) > 1 else 2000
-        seed = int(parts[2]) if len(parts) > 2 else 0
-        return make_dataset(n, seed)
+    synthetic = synthetic_spec(spec)
+    if synthetic is not None:
+        return make_dataset(*synthetic)
     trajs = load_trajectories(spec, fmt=fmt, split=split, skip_invalid=skip_invalid)
     if labelled:
         missing = next((i for i, t in enumerate(trajs) if t.labels is None), None)

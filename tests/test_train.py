@@ -156,12 +156,15 @@ def test_held_out_rows_give_a_validation_loss(tmp_path):
 
 
 def test_holdout_is_seeded_and_loses_no_row():
+    import datasets
+
     from biprm.train import holdout
 
-    rows = list(range(40))
+    rows = datasets.Dataset.from_dict({"i": list(range(40))})
     kept, held = holdout(rows, 0.05, seed=1)
-    assert len(held) == 2 and sorted(kept + held) == rows
-    assert holdout(rows, 0.05, seed=1) == (kept, held) and holdout(rows, 0.0, seed=1) == (rows, [])
+    assert len(held) == 2 and sorted([*kept["i"], *held["i"]]) == list(range(40))
+    again = holdout(rows, 0.05, seed=1)
+    assert (list(again[0]["i"]), list(again[1]["i"])) == (list(kept["i"]), list(held["i"])) and holdout(rows, 0.0, seed=1) == (rows, None)
     with pytest.raises(ValueError, match="eval_fraction=1.0"):
         holdout(rows, 1.0, seed=1)
 

@@ -1,0 +1,138 @@
+"""Raw rows -> an encoded training set on Arrow, built once, cached on disk, memory-mapped.
+
+A local file is read by `datasets` into an Arrow table (a Hub dataset already is one);
+`Dataset.map` then converts every row to a `Trajectory` with the same readers and
+checks as everywhere else, and encodes it with the one template, in `num_proc`
+processes. The result is cached under a fingerprint of the input, the format, the
+tokenizer, `max_length` and the encoder version, so a second run, a `--resume` or
+another rank of the same job maps the cached file instead of encoding again. No rank
+holds the token ids as Python lists: rows are read from the memory-mapped table as
+the data loader asks for them.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+import datasets
+
+from biprm.encoding import Encoded, Encoder
+from biprm.readers import detect_format, looks_like_path, read_rows, row_converter, skip_reason
+from biprm.sources import synthetic_spec
+from biprm.synthetic import make_dataset
+from biprm.trajectory import DataError
+
+log = logging.getLogger(__name__)
+ENCODER_VERSION = "1"  # bump when the template or the encoder changes the tokens a row gives
+FEATURES = datasets.Features({
+    "prompt": datasets.Sequence(datasets.Value("int32")),
+    "steps": datasets.Sequence(datasets.Sequence(datasets.Value("int32"))),
+    "labels": datasets.Sequence(datasets.Value("float64")),
+    "n_dropped": datasets.Value("int32"),
+    "n_tokens": datasets.Value("int32"),  # one stream: the length the batches are grouped by
+    "row": datasets.Value("int64"),  # 1-based input row, for messages
+    "error": datasets.Value("string"),  # why a row was skipped (--skip-invalid); empty for kept rows
+})
+
+
+def raw_rows(source: str, split: str = "train") -> tuple[datasets.Dataset, str]:
+    """The rows of a local .json/.jsonl/.parquet file (optionally .gz) or a Hub dataset, as Arrow, and a display name."""
+    path = Path(source).expanduser()
+    if not path.is_file():
+        if path.exists() or looks_like_path(source):
+            read_rows(source, split)  # not a data file: raises the reader's error, naming it
+        name, _, config = source.partition(":")
+        return datasets.load_dataset(name, config or None, split=split), f"{source}[{split}]"
+    kind = "parquet" if ".parquet" in path.suffixes else "json"
+    try:
+        return datasets.load_dataset(kind, data_files=str(path), split="train"), str(path)
+    except Exception as error:  # the Arrow reader is strict; the line reader names the bad line and field
+        rows, name = read_rows(source, split)
+        try:
+            return datasets.Dataset.from_list(rows), name
+        except Exception:
+            raise DataError(f"{path}: rows do not fit one table ({error})") from None
+
+
+def _encode_rows(batch: dict[str, list], indices: list[int], *, convert, name: str, encoder: Encoder, skip_invalid: bool) -> dict[str, list]:
+    keys = list(batch)
+    out: dict[str, list] = {k: [] for k in FEATURES}
+    for i, values in zip(indices, zip(*batch.values())):
+        where = f"{name} row {i + 1}"
+        try:
+            got = convert(dict(zip(keys, values)), where, i)
+            encs = []
+            for traj in got if isinstance(got, list) else [got]:
+                if traj.labels is None:
+                    raise DataError(f"{where}: field 'labels' is missing; training needs step labels")
+                encs.append(encoder.encode(traj, where))
+        except DataError as error:
+            if not skip_invalid:
+                raise
+            encs, bad = [Encoded([], [], [])], str(error)
+        else:
+            bad = ""
+        for e in encs:
+            for key, value in (("prompt", e.prompt), ("steps", e.steps), ("labels", e.labels), ("n_dropped", e.n_dropped),
+                               ("n_tokens", e.n_tokens), ("row", i + 1), ("error", bad)):
+                out[key].append(value)
+    return out
+
+
+def _fingerprint(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _tokenizer_id(encoder: Encoder) -> str:
+    tok = encoder.tokenizer
+    backend = getattr(tok, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else f"{tok.name_or_path}:{len(tok)}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def encoded_dataset(
+    source: str, encoder: Encoder, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, num_proc: int | None = None,
+) -> datasets.Dataset:
+    """Labelled rows of `source`, encoded (columns of FEATURES but `error`); bad rows raise, or are skipped and reported."""
+    synthetic = synthetic_spec(source)
+    if synthetic is not None:
+        raw, name, fmt = datasets.Dataset.from_dict({"i": list(range(synthetic[0]))}), source, "synthetic"
+        trajs = make_dataset(*synthetic)
+        convert = lambda row, where, i: trajs[i]  # noqa: E731  generated in this process, no cache needed
+    else:
+        raw, name = raw_rows(source, split)
+        if not len(raw):
+            raise DataError(f"{name}: has no rows")
+        fmt = detect_format(raw[0], f"{name} row 1") if fmt == "auto" else fmt
+        convert = row_converter(fmt, "auto")
+    if num_proc is None:
+        num_proc = min(os.cpu_count() or 1, 8) if len(raw) >= 20_000 else None
+    key = _fingerprint(raw._fingerprint, fmt, str(skip_invalid), str(encoder.max_length), str(encoder.step_tag_id), _tokenizer_id(encoder), ENCODER_VERSION)
+    encode = partial(_encode_rows, convert=convert, name=name, encoder=encoder, skip_invalid=skip_invalid)
+    out = raw.map(encode, batched=True, batch_size=256, with_indices=True, remove_columns=raw.column_names, features=FEATURES,
+                  num_proc=num_proc if synthetic is None else None, new_fingerprint=key, desc=f"encoding {Path(name).name}")
+    _report(out, name, len(raw), encoder.max_length)
+    if skip_invalid:
+        out = out.filter(lambda e: not e, input_columns="error", new_fingerprint=_fingerprint(key, "kept"))
+    return out.remove_columns("error")
+
+
+def _report(out: datasets.Dataset, name: str, n_rows: int, max_length: int) -> None:
+    """Warn (never hide) how many rows were skipped, and why, and which rows lost trailing steps to max_length."""
+    errors = [(row, e) for row, e in zip(out["row"], out["error"]) if e]
+    if errors:
+        reasons = Counter(skip_reason(e, f"{name} row {row}") for row, e in errors)
+        counts = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common())
+        log.warning("%s: skipped %d of %d rows: %s. First: %s", name, len(errors), n_rows, counts, " | ".join(e for _, e in errors[:3]))
+    cut = [row for row, n in zip(out["row"], out["n_dropped"]) if n]
+    if cut:
+        log.warning("%s: %d rows exceed max_length=%d and lose trailing steps in both streams: rows %s%s", name, len(cut), max_length,
+                    ", ".join(map(str, cut[:10])), " ..." if len(cut) > 10 else "")
+
+
+def to_encoded(row: dict) -> Encoded:
+    return Encoded(row["prompt"], row["steps"], row["labels"], row["n_dropped"])

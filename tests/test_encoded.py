@@ -1,0 +1,80 @@
+"""The Arrow training set: the same encodings as the in-memory path, built once and then read from the cache,
+bad rows named (file, row, field) or skipped and counted, truncated rows named."""
+import json
+import logging
+
+import datasets
+import pytest
+
+import biprm.encoded as encoded
+from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.encoded import encoded_dataset, to_encoded
+from biprm.encoding import Encoder, add_step_tag
+from biprm.sources import load_source
+from biprm.trajectory import DataError
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    tok = load_tokenizer(resolve_backbone("tiny"))
+    return Encoder(tok, add_step_tag(tok), max_length=2048)
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+
+
+def trl_file(path, n=12, bad_row=None):
+    rows = [{"prompt": f"What is {k} + {k}?", "completions": [f"{k} + {k} = {2 * k}.", f"The answer is {2 * k}."], "labels": [True, k % 3 != 0]}
+            for k in range(n)]
+    if bad_row is not None:
+        del rows[bad_row - 1]["labels"]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_encodings_equal_the_in_memory_path(tmp_path, encoder):
+    path = trl_file(tmp_path / "d.jsonl")
+    data = encoded_dataset(str(path), encoder)
+    want = [encoder.encode(t) for t in load_source(str(path), labelled=True)]
+    got = [to_encoded(r) for r in data]
+    assert [(g.prompt, g.steps, g.labels) for g in got] == [(w.prompt, w.steps, w.labels) for w in want]
+    assert list(data["n_tokens"]) == [w.n_tokens for w in want] and list(data["row"]) == list(range(1, 13))
+    synthetic = encoded_dataset("synthetic:5:3", encoder)
+    assert [to_encoded(r).steps for r in synthetic] == [encoder.encode(t).steps for t in load_source("synthetic:5:3")]
+
+
+def test_a_second_run_reads_the_cache(tmp_path, encoder, monkeypatch):
+    path = trl_file(tmp_path / "d.jsonl")
+    calls = []
+    real = encoded._encode_rows
+    monkeypatch.setattr(encoded, "_encode_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = encoded_dataset(str(path), encoder)
+    n = len(calls)
+    second = encoded_dataset(str(path), encoder)
+    assert n > 0 and len(calls) == n and list(second["steps"]) == list(first["steps"])
+    encoded_dataset(str(path), Encoder(encoder.tokenizer, encoder.step_tag_id, max_length=64))
+    assert len(calls) > n  # another max_length is another encoding
+
+
+def test_a_bad_row_is_named_or_skipped_and_counted(tmp_path, encoder, caplog):
+    path = trl_file(tmp_path / "d.jsonl", bad_row=5)
+    with pytest.raises(DataError, match=r"d.jsonl row 5: field 'labels' is missing"):
+        encoded_dataset(str(path), encoder)
+    with caplog.at_level(logging.WARNING):
+        data = encoded_dataset(str(path), encoder, skip_invalid=True)
+    assert len(data) == 11 and 5 not in list(data["row"]) and "error" not in data.column_names
+    assert "skipped 1 of 12 rows: 1 x field 'labels' is missing" in caplog.text
+
+
+def test_truncated_rows_are_named_and_broken_json_names_its_line(tmp_path, encoder, caplog):
+    path = trl_file(tmp_path / "d.jsonl", n=3)
+    short = Encoder(encoder.tokenizer, encoder.step_tag_id, max_length=len(encoder.encode(load_source(str(path))[0]).prompt) + 12)
+    with caplog.at_level(logging.WARNING):
+        data = encoded_dataset(str(path), short)
+    assert all(n > 0 for n in data["n_dropped"]) and "3 rows exceed max_length" in caplog.text and "rows 1, 2, 3" in caplog.text
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(path.read_text() + '{"prompt": "x", \n')
+    with pytest.raises(DataError, match=r"broken.jsonl line 4: not valid JSON"):
+        encoded_dataset(str(broken), encoder)
