@@ -86,6 +86,13 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
     write(run(LoadTestConfig(shape=args.shape, requests=args.requests, out=args.out, **({"data_root": args.data_root} if args.data_root else {}))), args.out)
 
 
+def cmd_bench_data(args: argparse.Namespace) -> None:
+    from biprm.bench.data import DataBenchConfig, run, write
+
+    cfg = DataBenchConfig(rows=args.rows, work_dir=args.work_dir or "", out=args.out, **({"data_root": args.data_root} if args.data_root else {}))
+    write(run(cfg), args.out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from biprm.demo import DemoConfig
     from biprm.train import TrainConfig
@@ -135,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_dataclass_flags(p, ServeConfig)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("bench-data", help="time to the first training step and peak RSS per rank on a Math-Shepherd-size file, cold and cached, 1 and 2 processes")
+    p.add_argument("--rows", type=int, default=445_000, help="rows of the generated TRL file (default: %(default)s)")
+    p.add_argument("--work-dir", default=None, help="keep the generated file and caches here (default: a temporary folder)")
+    p.add_argument("--data-root", default=None, help="folder holding gsm8k/ (default $BIPRM_DATA or ../shared/data)")
+    p.add_argument("--out", default="benchmarks", help="where data-<rows>.{json,md} go (default: %(default)s)")
+    p.set_defaults(func=cmd_bench_data)
 
     p = sub.add_parser("loadtest", help="benchmark `biprm serve` on loopback: batched vs one-at-a-time, latency by concurrency, overload")
     p.add_argument("--shape", default="smollm2-135m", help="backbone shape served with random weights: smollm2-135m or tiny (default: %(default)s)")

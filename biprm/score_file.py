@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
 from biprm.scoring import Scorer
@@ -54,7 +55,7 @@ def score_file(
     if not (Path(model) / "config.json").is_file():
         raise FileNotFoundError(f"--model {model}: no checkpoint there (config.json is missing)")
     trajs = load_source(source, fmt=fmt, skip_invalid=skip_invalid)  # bad input fails before the model loads
-    state = PartialState()
+    state = PartialState(cpu=not torch.cuda.is_available())  # cpu: gloo between processes where there is no GPU
     rank, world = state.process_index, state.num_processes
     to_stdout = output == "-"
     if to_stdout and world > 1:
@@ -65,6 +66,7 @@ def score_file(
     state.wait_for_everyone()
 
     begin, end = len(trajs) * rank // world, len(trajs) * (rank + 1) // world
+    log.info("process %d of %d scores rows %d-%d", rank + 1, world, begin + 1, end)
     mine = trajs[begin:end]
     part = None if to_stdout else scratch / f"part-{rank:05d}-of-{world:05d}.jsonl"
     done = 0

@@ -130,7 +130,8 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         optim="adamw_torch",
         seed=cfg.seed,
         bf16=cfg.bf16,
-        use_cpu=cfg.bf16 and not torch.cuda.is_available(),  # how Trainer is told to autocast bf16 on the CPU
+        # on a machine with no accelerator: CPU autocast for --bf16, and gloo between torchrun's processes
+        use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()),
         save_strategy="steps",
         save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit,
@@ -216,6 +217,6 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
     else:
         trainer.save_model(cfg.output_dir)
     if trainer.is_world_process_zero():
-        Path(cfg.output_dir, "biprm_train.json").write_text(json.dumps(asdict(cfg), indent=2))
+        Path(cfg.output_dir, "biprm_train.json").write_text(json.dumps({**asdict(cfg), "world_size": args.world_size}, indent=2))
         Path(cfg.output_dir, "train_log.json").write_text(json.dumps(trainer.state.log_history, indent=2))
     return cfg.output_dir

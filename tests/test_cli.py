@@ -134,11 +134,12 @@ def test_two_processes_score_their_blocks_and_join_them_in_order(checkpoint, tmp
     rows = _rows(tmp_path / "in.jsonl", 9)
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
     main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(one)])
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-           "--dynamo_backend", "no", "--cpu", "-m", "biprm.cli", "score", "--model", checkpoint, "--input", str(rows), "--output", str(two)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "biprm.cli", "-v", "score",
+           "--model", checkpoint, "--input", str(rows), "--output", str(two)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "process 1 of 2 scores rows 1-4" in done.stderr and "process 2 of 2 scores rows 5-9" in done.stderr
     a, b = ([json.loads(x) for x in p.read_text().splitlines()] for p in (one, two))
     assert [r["meta"]["id"] for r in b] == list(range(9))
     for x, y in zip(a, b):

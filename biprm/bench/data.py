@@ -1,0 +1,137 @@
+"""`biprm bench-data`: the training data pipeline at Math-Shepherd size (docs/PERFORMANCE.md).
+
+A TRL-format file of N GSM8K-length rows (GSM8K-train questions and reference steps,
+resampled, with Math-Shepherd-style labels) is written once. Then `biprm train` is
+started on it with the tiny backbone, so the time and memory measured are the data
+pipeline's and the framework's, not a big model's, and stopped after its first
+optimizer step, in four settings: 1 and 2 processes, each with an empty cache (cold)
+and again with the cache the first run left (cached). Each process reports the seconds
+from its start to the end of its first step and its peak RSS; the first also reports
+the padding share of its first 100 batches.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from biprm.evaluation.data import default_data_root
+
+
+@dataclass
+class DataBenchConfig:
+    rows: int = 445_000
+    data_root: str = field(default_factory=default_data_root)
+    work_dir: str = ""  # the generated file and the caches; default a temporary folder
+    out: str = "benchmarks"
+    max_length: int = 2048
+    batch_size: int = 8
+
+
+def write_rows(path: Path, n: int, data_root: str, seed: int = 0) -> None:
+    """n TRL rows: GSM8K-train questions with their reference steps, labels 1 before a random first error (or none)."""
+    from biprm.readers import read_rows, solution_steps
+
+    source, _ = read_rows(str(Path(data_root) / "gsm8k" / "train.jsonl.gz"))
+    refs = [(r["question"], solution_steps(r["answer"])) for r in source]
+    rng = np.random.default_rng(seed)
+    picks, firsts = rng.integers(len(refs), size=n), rng.random(n)
+    with open(path, "w") as f:
+        for pick, u in zip(picks, firsts):
+            question, steps = refs[pick]
+            first = int(u * 2 * len(steps)) if u < 0.5 else len(steps)  # half the rows wrong from a uniform step on
+            f.write(json.dumps({"prompt": question, "completions": steps, "labels": [t < first for t in range(len(steps))]}) + "\n")
+
+
+def worker(spec: str) -> None:
+    """One training process: time to the end of the first step, peak RSS, padding of the first 100 batches."""
+    started = time.perf_counter()
+    from transformers import TrainerCallback
+
+    from biprm.train import TrainConfig, train
+
+    job = json.loads(spec)
+    report: dict = {}
+
+    class FirstStep(TrainerCallback):
+        def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+            if args.process_index == 0 and train_dataloader is not None:
+                pad = total = 0
+                for k, batch in enumerate(train_dataloader):
+                    if k == 100:
+                        break
+                    pad, total = pad + int((batch["unit_ids"] == -1).sum()), total + batch["unit_ids"].numel()
+                report["padding"] = pad / total
+
+        def on_step_end(self, args, state, control, **kwargs):
+            report.update(rank=args.process_index, seconds_to_first_step=round(time.perf_counter() - started, 1))
+            control.should_training_stop = True
+
+    cfg = TrainConfig(backbone="tiny", data=job["data"], output_dir=job["output_dir"], max_length=job["max_length"],
+                      batch_size=job["batch_size"], grad_accum=1, max_steps=10, save_steps=10**9, show_progress=False)
+    train(cfg, callbacks=[FirstStep()])
+    report["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    Path(job["report"]).with_suffix(f".rank{report['rank']}.json").write_text(json.dumps(report))
+
+
+def _launch(cfg: DataBenchConfig, data: Path, cache: Path, processes: int, name: str, work: Path) -> dict:
+    report = work / f"{name}.json"
+    spec = json.dumps({"data": str(data), "output_dir": str(work / f"run-{name}"), "max_length": cfg.max_length,
+                       "batch_size": cfg.batch_size, "report": str(report)})
+    worker_cmd = ["-m", "biprm.bench.data", spec]
+    if processes > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), *worker_cmd]
+    else:
+        cmd = [sys.executable, *worker_cmd]
+    env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes))}
+    started = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
+    ranks = [json.loads(p.read_text()) for p in sorted(work.glob(f"{name}.rank*.json"))]
+    return {"processes": processes, "wall_s": round(time.perf_counter() - started, 1), "ranks": ranks}
+
+
+def run(cfg: DataBenchConfig) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(cfg.work_dir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        data = work / f"trl-{cfg.rows}.jsonl"
+        if not data.exists():
+            write_rows(data, cfg.rows, cfg.data_root)
+        result = {"config": asdict(cfg), "file_mib": round(data.stat().st_size / 2**20, 1), "runs": {}}
+        for processes in (1, 2):
+            cache = work / f"hf-cache-{processes}"
+            for state in ("cold", "cached"):
+                name = f"{processes}proc-{state}"
+                result["runs"][name] = _launch(cfg, data, cache, processes, name, work)
+                print(name, json.dumps(result["runs"][name]), flush=True)
+    return result
+
+
+def write(result: dict, out: str) -> Path:
+    path = Path(out) / f"data-{result['config']['rows']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    rows = ["| run | processes | wall (s) | slowest rank to first step (s) | peak RSS per rank (MiB) | padding |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, r in result["runs"].items():
+        first = max(x["seconds_to_first_step"] for x in r["ranks"])
+        rss = " / ".join(str(x["peak_rss_mib"]) for x in r["ranks"])
+        pad = next((x["padding"] for x in r["ranks"] if "padding" in x), None)
+        rows.append(f"| {name} | {r['processes']} | {r['wall_s']} | {first} | {rss} | {'' if pad is None else f'{pad:.1%}'} |")
+    text = f"# Data pipeline, {result['config']['rows']:,} TRL rows ({result['file_mib']} MiB)\n\n" + "\n".join(rows) + "\n"
+    path.with_suffix(".md").write_text(text)
+    print(text)
+    return path
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1])
