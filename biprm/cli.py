@@ -11,6 +11,8 @@ import logging
 import sys
 import typing
 
+from biprm import __version__
+
 
 
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls) -> None:
@@ -98,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     from biprm.train import TrainConfig
 
     parser = argparse.ArgumentParser(prog="biprm", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress, and show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=f"biprm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("demo", help="train l2r, r2l, bi-static and bi on the synthetic task and compare them")
@@ -164,7 +167,17 @@ def build_parser() -> argparse.ArgumentParser:
     from biprm.bench import add_bench_parser
 
     add_bench_parser(sub)
+    _verbose_everywhere(parser)
     return parser
+
+
+def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
+    """-v after a sub-command too (`biprm train -v`), not only before it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress, and show tracebacks on errors")
+                _verbose_everywhere(sub)
 
 
 def main(argv: list[str] | None = None) -> None:

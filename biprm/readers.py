@@ -213,7 +213,8 @@ def from_prmbench(row: dict, where: str) -> list[Trajectory]:
 
 def from_bon_pool(row: dict, where: str, split_rule: str = "auto", qid: int = 0) -> list[Trajectory]:
     """Best-of-N candidates of one question: PQM's {"question", "responses": [{"text"}]} or
-    ours {"question", "answer"?, "candidates": [{"steps"} | {"text"}, "correct"?]}."""
+    ours {"question", "answer"?, "candidates": [{"steps"} | {"text"}, "correct"?]}. A candidate
+    may also be a plain string (what generators usually write): its text, cut by `split_rule`."""
     question = _field(row, "question", where, str)
     key = "candidates" if "candidates" in row else "responses"
     if key not in row:
@@ -225,8 +226,10 @@ def from_bon_pool(row: dict, where: str, split_rule: str = "auto", qid: int = 0)
     trajs = []
     for j, cand in enumerate(cands):
         at = f"{where} {key}[{j}]"
+        if isinstance(cand, str):
+            cand = {"text": cand}
         if not isinstance(cand, dict):
-            raise DataError(f"{at}: expected an object with 'steps' or 'text', got a {type(cand).__name__}")
+            raise DataError(f"{at}: expected a string or an object with 'steps' or 'text', got a {type(cand).__name__}")
         steps = _field(cand, "steps", at, list) if "steps" in cand else split_steps(_field(cand, "text", at, str), split_rule)
         correct = _field(cand, "correct", at, bool) if cand.get("correct") is not None else None
         meta = {"qid": qid, "cand": j} | ({"policy": cand["model_name"]} if "model_name" in cand else {})

@@ -144,3 +144,15 @@ def test_two_processes_score_their_blocks_and_join_them_in_order(checkpoint, tmp
     assert [r["meta"]["id"] for r in b] == list(range(9))
     for x, y in zip(a, b):
         assert y["fused"] == pytest.approx(x["fused"], abs=1e-5)
+
+
+def test_verbose_goes_before_or_after_the_command_and_version_prints(capsys):
+    from biprm import __version__
+    from biprm.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["-v", "demo"]).verbose and parse(["demo", "-v"]).verbose and not parse(["demo"]).verbose
+    assert parse(["eval", "bon", "--model", "m", "-v"]).verbose
+    with pytest.raises(SystemExit):
+        parse(["--version"])
+    assert capsys.readouterr().out.strip() == f"biprm {__version__}"

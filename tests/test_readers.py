@@ -195,6 +195,10 @@ def test_bon_pool_layouts():
         from_bon_pool({**ours, "candidates": [{"text": "a", "correct": "yes"}]}, "f row 1")
     with pytest.raises(DataError, match=r"f row 1 candidates\[0\]: field 'steps' is an empty step list"):
         from_bon_pool({**ours, "candidates": [{"text": "\n\n"}]}, "f row 1")
+    plain = from_bon_pool({"question": "Q?", "responses": ["a\n\nb", "c"]}, "f row 2")  # what generators write
+    assert [t.steps for t in plain] == [["a", "b"], ["c"]] and plain[1].meta == {"qid": 0, "cand": 1}
+    with pytest.raises(DataError, match=r"f row 2 responses\[0\]: expected a string or an object"):
+        from_bon_pool({"question": "Q?", "responses": [3]}, "f row 2")
 
 
 def test_split_steps_and_solution_steps():
