@@ -111,7 +111,7 @@ def encoded_dataset(
         convert = row_converter(fmt, "auto")
     if num_proc is None:
         num_proc = min(os.cpu_count() or 1, 8) if len(raw) >= 20_000 else None
-    key = _fingerprint(raw._fingerprint, fmt, str(skip_invalid), str(encoder.max_length), str(encoder.step_tag_id), _tokenizer_id(encoder), ENCODER_VERSION)
+    key = _fingerprint(raw._fingerprint, fmt, str(skip_invalid), str(encoder.max_length), str(encoder.step_tag_id), str(encoder.prefix), _tokenizer_id(encoder), ENCODER_VERSION)
     encode = partial(_encode_rows, convert=convert, name=name, encoder=encoder, skip_invalid=skip_invalid)
     out = raw.map(encode, batched=True, batch_size=256, with_indices=True, remove_columns=raw.column_names, features=FEATURES,
                   num_proc=num_proc if synthetic is None else None, new_fingerprint=key, desc=f"encoding {Path(name).name}")

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -55,14 +56,18 @@ def score_file(
     if not (Path(model) / "config.json").is_file():
         raise FileNotFoundError(f"--model {model}: no checkpoint there (config.json is missing)")
     trajs = load_source(source, fmt=fmt, skip_invalid=skip_invalid)  # bad input fails before the model loads
-    state = PartialState(cpu=not torch.cuda.is_available())  # cpu: gloo between processes where there is no GPU
+    # cpu: gloo between processes where there is no GPU; a process that finishes its block waits at the
+    # final barrier for the slowest one, which may take hours, so the group's timeout is a week, not minutes
+    state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(days=7))
     rank, world = state.process_index, state.num_processes
     to_stdout = output == "-"
     if to_stdout and world > 1:
         raise ValueError("--output - works with one process; give a file to score with several")
     scratch = Path(output + ".parts") if not to_stdout else None
     if scratch is not None and state.is_main_process:
-        _check_run(scratch, {"model": str(Path(model).resolve()), "input": source, "rows": len(trajs), "processes": world}, resume)
+        run = {"model": str(Path(model).resolve()), "model_files": _stamp(Path(model)), "input": source, "input_file": _stamp(Path(source)),
+               "rows": len(trajs), "processes": world}
+        _check_run(scratch, run, resume)
     state.wait_for_everyone()
 
     begin, end = len(trajs) * rank // world, len(trajs) * (rank + 1) // world
@@ -89,10 +94,19 @@ def score_file(
     state.wait_for_everyone()
     if state.is_main_process and not to_stdout:
         _join(sorted(scratch.glob(f"part-*-of-{world:05d}.jsonl")), Path(output), world)
-        for p in scratch.iterdir():
+        for p in scratch.glob("part-*"):
             p.unlink()
+        (scratch / "run.json").unlink()  # last: parts never outlive the record that says whose they are
         scratch.rmdir()
     return len(trajs)
+
+
+def _stamp(path: Path) -> list:
+    """Size and modification time of a file, or of a folder's files: an edited input or a retrained model differs."""
+    if not path.exists():
+        return []
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
 
 
 def _check_run(scratch: Path, run: dict, resume: bool) -> None:
@@ -100,6 +114,8 @@ def _check_run(scratch: Path, run: dict, resume: bool) -> None:
     record = scratch / "run.json"
     if scratch.exists() and not resume:
         raise FileExistsError(f"{scratch} holds the parts of an unfinished run: add --resume to continue it, or delete it")
+    if resume and scratch.exists() and not record.exists() and any(scratch.iterdir()):
+        raise FileExistsError(f"{scratch} holds parts but no run.json saying which run wrote them; delete the folder and start again")
     if resume and record.exists():
         before = json.loads(record.read_text())
         if before != run:
@@ -116,4 +132,6 @@ def _join(parts: list[Path], target: Path, world: int) -> None:
     with open(partial, "wb") as out:
         for p in parts:
             out.write(p.read_bytes())
+        out.flush()
+        os.fsync(out.fileno())
     os.replace(partial, target)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -152,7 +153,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
     )
 
 
-def check_deepspeed_config(path: str, gate_lr_scale: float) -> None:
+def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0) -> None:
     """Refuse, before anything loads, a DeepSpeed config that would lose an option or the final weights."""
     try:
         ds = json.loads(Path(path).read_text())
@@ -165,6 +166,9 @@ def check_deepspeed_config(path: str, gate_lr_scale: float) -> None:
             "remove those blocks (the Trainer then builds AdamW and the linear schedule with the gate's group) or drop --gate-lr-scale"
         )
     zero = ds.get("zero_optimization", {})
+    if lora_r and zero.get("stage") == 3:
+        raise ValueError(f"--deepspeed {path}: --lora-r with ZeRO-3 is not supported (the merged save needs the full weights "
+                         "on one process); use ZeRO-2, which keeps the base weights whole on every rank")
     if zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
         raise ValueError(
             f"--deepspeed {path}: ZeRO-3 without \"stage3_gather_16bit_weights_on_model_save\": true saves no usable weights "
@@ -175,7 +179,7 @@ def check_deepspeed_config(path: str, gate_lr_scale: float) -> None:
 def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> str:
     set_seed(cfg.seed)
     if cfg.deepspeed:
-        check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale)
+        check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r)
     # The arguments come first: with a ZeRO-3 config they switch on partitioned init, so the
     # backbone below is loaded straight into shards instead of whole into every rank's RAM.
     args = training_arguments(cfg)
@@ -187,6 +191,8 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         backbone_dir, tokenizer, mode=cfg.mode, objective=cfg.objective, zeta=cfg.zeta, dtype=torch.float32,
         detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight,
     )
+    if cfg.lora_r and (args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"):
+        raise ValueError("--lora-r with FSDP is not supported (the merged save needs the full weights on one process); use DDP or ZeRO-2")
     if cfg.lora_r and cfg.train_top_layers:
         raise ValueError("--lora-r and --train-top-layers are two ways to train part of the backbone; choose one")
     if cfg.lora_r:

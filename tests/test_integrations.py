@@ -22,6 +22,7 @@ def test_step_ends_by_hand():
     assert step_end_chars(text, ["ab", "cde", "f"]) == [2, 7, 10]
     offsets = [(0, 1), (1, 3), (3, 5), (5, 7), (7, 9), (9, 10)]  # token 1 holds "b\n", token 3 "de", token 5 "f"
     assert step_end_tokens(offsets, [2, 7, 10]) == [1, 3, 5]
+    assert step_end_tokens([(0, 0), *offsets, (0, 0)], [2, 7, 10]) == [2, 4, 6]  # special tokens around the text
     assert token_rewards(text, ["ab", "cde", "f"], [0.9, 0.5], offsets).tolist() == [0, 0.9, 0, 0.5, 0, 0]  # third step unscored
     with pytest.raises(ValueError, match="step 1"):
         step_end_chars(text, ["cde", "ab"])
@@ -39,8 +40,8 @@ def test_token_rewards_with_a_real_tokenizer(bi_scorer):
 def test_reward_is_the_scorers_solution_score_and_handles_conversations(bi_scorer):
     reward = BiPRMReward(scorer=bi_scorer, aggregation="mean")
     got = reward(prompts=PROMPTS, completions=COMPLETIONS, completion_ids=None, trainer_state=None)
-    trajs = [Trajectory(PROMPTS[0], ["3 + 4 = 7.", "The answer is 7."]), Trajectory(PROMPTS[1], ["(empty response)"])]
-    assert got == bi_scorer.score(trajs, progress=False).solution_scores("mean").tolist()
+    trajs = [Trajectory(PROMPTS[0], ["3 + 4 = 7.", "The answer is 7."])]
+    assert got == [*bi_scorer.score(trajs, progress=False).solution_scores("mean").tolist(), 0.0]  # the empty one gets invalid_reward
     chat = reward(prompts=[[{"role": "system", "content": "be brief"}, {"role": "user", "content": p}] for p in PROMPTS],
                   completions=[[{"role": "assistant", "content": c}] for c in COMPLETIONS])
     assert chat == got
@@ -66,11 +67,44 @@ def test_remote_reward_equals_local(bi_scorer):
     try:
         while not server.started:
             time.sleep(0.05)
-        remote = BiPRMReward(url=f"http://127.0.0.1:{port}/")(prompts=PROMPTS, completions=COMPLETIONS)
+        tag = bi_scorer.tokenizer.convert_ids_to_tokens(bi_scorer.model.config.step_tag_id)
+        completions = [*COMPLETIONS, f"2 + 2 = 4 {tag}", "2 + 2 = 4.\n\nThe answer is 4."]
+        prompts = [*PROMPTS, PROMPTS[1], PROMPTS[1]]
+        remote = BiPRMReward(url=f"http://127.0.0.1:{port}/", request_size=2, invalid_reward=-1.0)(prompts=prompts, completions=completions)
     finally:
         server.should_exit = True
         thread.join(10)
-    assert remote == BiPRMReward(scorer=bi_scorer)(prompts=PROMPTS, completions=COMPLETIONS)
+    local = BiPRMReward(scorer=bi_scorer, invalid_reward=-1.0)(prompts=prompts, completions=completions)
+    assert remote == local and remote[1] == remote[2] == -1.0 and 0 < remote[3] < 1  # the tagged one is refused, its neighbour scored
+
+
+def test_remote_reward_retries_a_busy_server():
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    answers = [503, 503, 200]
+
+    class Busy(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            code = answers.pop(0)
+            body = json.dumps([{"solution": {"min": 0.25}}] if code == 200 else {"error": "busy"}).encode()
+            self.send_response(code)
+            self.send_header("Retry-After", "0.01")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        got = BiPRMReward(url=f"http://127.0.0.1:{server.server_port}")(prompts=PROMPTS[:1], completions=COMPLETIONS[:1])
+    finally:
+        server.shutdown()
+    assert got == [0.25] and answers == []
 
 
 def test_grpo_trainer_runs_two_steps_with_a_biprm_reward(tmp_path, bi_scorer):

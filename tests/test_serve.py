@@ -67,6 +67,9 @@ def test_get_reward_speaks_the_openrlhf_interface(bi_scorer):
     ("/get_reward", {"query": ["a"]}, "field 'prompts'"),
     ("/get_reward", {"query": ["ab", "cd"], "prompts": ["a"]}, "field 'prompts' has 1 entries for 2"),
     ("/get_reward", {"query": ["ab"], "prompts": ["x"]}, "field 'query' [0] does not start with field 'prompts' [0]"),
+    ("/v1/score", {"question": Q, "steps": ["a", " "]}, "item 0: field 'steps' has an empty step at index 1"),
+    ("/v1/score", {"question": "  ", "steps": ["a"]}, "item 0: field 'question' is missing or empty"),
+    ("/v1/score", [], "empty list"),
 ])
 def test_bad_requests_get_a_400_that_names_the_field(bi_scorer, path, body, message):
     with client(bi_scorer) as c:
@@ -77,7 +80,10 @@ def test_bad_requests_get_a_400_that_names_the_field(bi_scorer, path, body, mess
 
 def test_invalid_json_and_step_tag_text_are_400s(bi_scorer):
     with client(bi_scorer) as c:
-        assert c.post("/v1/score", content=b"{not json", headers={"content-type": "application/json"}).status_code == 400
+        for path in ("/v1/score", "/get_reward"):
+            for body in (b"{not json", b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe"):
+                r = c.post(path, content=body, headers={"content-type": "application/json"})
+                assert r.status_code == 400 and r.json() == {"error": "the body is not valid JSON"}
         tag = bi_scorer.tokenizer.convert_ids_to_tokens(bi_scorer.model.config.step_tag_id)
         r = c.post("/v1/score", json={"question": Q, "steps": [f"a {tag} b"]})
     assert r.status_code == 400 and "item 0" in r.json()["error"] and "step tag" in r.json()["error"]

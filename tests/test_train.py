@@ -224,6 +224,7 @@ def test_arguments_are_built_before_the_model(tmp_path, monkeypatch):
     ({"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 2}}, {"gate_lr_scale": 0.1}, "--gate-lr-scale 0.1 would be ignored"),
     ({"zero_optimization": {"stage": 3}}, {}, "stage3_gather_16bit_weights_on_model_save"),
     ("{not json", {}, "cannot read it as JSON"),
+    ({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}, {"lora_r": 8}, "--lora-r with ZeRO-3"),
 ])
 def test_deepspeed_configs_that_lose_options_or_weights_are_refused_up_front(tmp_path, config, flags, message, monkeypatch):
     recipe = sys.modules["biprm.train"]

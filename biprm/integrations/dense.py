@@ -25,7 +25,7 @@ def step_end_chars(text: str, steps: Sequence[str]) -> list[int]:
 
 def step_end_tokens(offsets: Sequence[tuple[int, int]], ends: Sequence[int]) -> list[int]:
     """Index of the token that holds the last character of each step, from the tokenizer's offset mapping."""
-    token_ends = np.array([e for _, e in offsets])
+    token_ends = np.maximum.accumulate([e for _, e in offsets])  # special tokens are (0, 0): they end where the last text did
     index = np.searchsorted(token_ends, np.asarray(ends) - 1, side="right")
     if len(ends) and index.max() >= len(offsets):
         raise ValueError("a step ends past the last token: the offsets do not cover the completion text")

@@ -12,13 +12,18 @@ aggregation (min, the paper's, unless chosen otherwise):
 from __future__ import annotations
 
 import json
+import logging
+import time
+import urllib.error
 import urllib.request
 from typing import Any
 
 from biprm.aggregate import AGGREGATIONS
-from biprm.readers import EMPTY_RESPONSE, split_steps
+from biprm.readers import split_steps
 from biprm.scoring import Scorer
-from biprm.trajectory import Trajectory
+from biprm.trajectory import DataError, Trajectory, validate
+
+log = logging.getLogger(__name__)
 
 
 def message_text(x: str | list[dict[str, Any]], role: str) -> str:
@@ -32,30 +37,84 @@ def message_text(x: str | list[dict[str, Any]], role: str) -> str:
 
 
 class BiPRMReward:
-    """Callable with TRL's reward-function signature; `__name__` names its column in TRL's logs."""
+    """Callable with TRL's reward-function signature; `__name__` names its column in TRL's logs.
+
+    A completion that cannot be scored (no step text, step-tag text in it, a prompt longer
+    than the model's max_length) gets `invalid_reward` and a warning, instead of stopping
+    the training step. Against a server, requests go in slices of `request_size`
+    solutions, and a busy server (503) is retried with backoff.
+    """
 
     __name__ = "biprm"
 
-    def __init__(self, scorer: Scorer | None = None, url: str | None = None, aggregation: str = "min", split: str = "auto", timeout: float = 600.0):
+    def __init__(self, scorer: Scorer | None = None, url: str | None = None, aggregation: str = "min", split: str = "auto",
+                 invalid_reward: float = 0.0, request_size: int = 64, retries: int = 8, timeout: float = 600.0):
         if (scorer is None) == (url is None):
             raise ValueError("give exactly one of `scorer` (score in this process) and `url` (a running `biprm serve`)")
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation {aggregation!r}: choose one of {AGGREGATIONS}")
         split_steps("", split)  # an unknown rule fails here, not at the first training step
-        self.scorer, self.url, self.aggregation, self.split, self.timeout = scorer, url and url.rstrip("/"), aggregation, split, timeout
+        self.scorer, self.url, self.aggregation, self.split = scorer, url and url.rstrip("/"), aggregation, split
+        self.invalid_reward, self.request_size, self.retries, self.timeout = invalid_reward, request_size, retries, timeout
 
     def trajectories(self, prompts: list, completions: list) -> list[Trajectory]:
-        """One trajectory per completion; a completion with no text becomes one placeholder step (it still gets a score)."""
-        return [
-            Trajectory(message_text(p, "user"), split_steps(message_text(c, "assistant"), self.split) or [EMPTY_RESPONSE])
-            for p, c in zip(prompts, completions, strict=True)
-        ]
+        """One trajectory per completion (a completion with no step text has no steps)."""
+        return [Trajectory(message_text(p, "user"), split_steps(message_text(c, "assistant"), self.split))
+                for p, c in zip(prompts, completions, strict=True)]
 
     def __call__(self, prompts: list, completions: list, **kwargs) -> list[float]:
         trajs = self.trajectories(prompts, completions)
-        if self.scorer is not None:
-            return self.scorer.score(trajs, progress=False).solution_scores(self.aggregation).tolist()
+        rewards = [self.invalid_reward] * len(trajs)
+        ok, why = [], []
+        for i, traj in enumerate(trajs):
+            try:
+                validate(traj, f"completion {i}")
+                if self.scorer is not None:
+                    self.scorer.encoder.encode(traj, f"completion {i}")
+                ok.append(i)
+            except DataError as error:
+                why.append(str(error))
+        scores = self._local([trajs[i] for i in ok]) if self.scorer is not None else self._remote([trajs[i] for i in ok], why)
+        for i, score in zip(ok, scores):
+            if score is not None:
+                rewards[i] = score
+        if why:
+            log.warning("%d of %d completions could not be scored and get reward %g; first: %s", len(why), len(trajs), self.invalid_reward, why[0])
+        return rewards
+
+    def _local(self, trajs: list[Trajectory]) -> list[float]:
+        return self.scorer.score(trajs, progress=False).solution_scores(self.aggregation).tolist() if trajs else []
+
+    def _remote(self, trajs: list[Trajectory], why: list[str]) -> list[float | None]:
+        out: list[float | None] = []
+        for a in range(0, len(trajs), self.request_size):
+            part = trajs[a : a + self.request_size]
+            try:
+                out += [row["solution"][self.aggregation] for row in self._post(part)]
+            except urllib.error.HTTPError as error:
+                if error.code not in (400, 413):
+                    raise
+                out += [self._one(t, why) for t in part]  # one refused solution refuses its request: find it
+        return out
+
+    def _one(self, traj: Trajectory, why: list[str]) -> float | None:
+        try:
+            return self._post([traj])[0]["solution"][self.aggregation]
+        except urllib.error.HTTPError as error:
+            if error.code not in (400, 413):
+                raise
+            why.append(json.loads(error.read() or b"{}").get("error", str(error)))
+            return None
+
+    def _post(self, trajs: list[Trajectory]) -> list[dict]:
         body = json.dumps([{"question": t.question, "steps": t.steps} for t in trajs]).encode()
-        req = urllib.request.Request(f"{self.url}/v1/score", body, {"content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout) as r:
-            return [row["solution"][self.aggregation] for row in json.loads(r.read())]
+        for attempt in range(self.retries + 1):
+            req = urllib.request.Request(f"{self.url}/v1/score", body, {"content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                    return json.loads(r.read())
+            except urllib.error.HTTPError as error:
+                if error.code != 503 or attempt == self.retries:
+                    raise
+                time.sleep(min(30.0, float(error.headers.get("Retry-After", 1)) * 2**attempt))
+        raise AssertionError("unreachable")

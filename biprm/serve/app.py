@@ -13,12 +13,12 @@ Every scoring request goes through one `Batcher`, so concurrent clients share mo
 """
 from __future__ import annotations
 
+import json
 import logging
 from contextlib import asynccontextmanager
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -28,7 +28,7 @@ from biprm.scores import StepScores
 from biprm.scoring import Scorer
 from biprm.serve.batcher import Batcher, Overloaded
 from biprm.serve.config import ServeConfig
-from biprm.trajectory import DataError, Trajectory
+from biprm.trajectory import DataError, Trajectory, validate
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +87,9 @@ class Service:
         encs = []
         for traj, where in zip(trajs, names):
             try:
-                encs.append(self.scorer.encoder.encode(traj, where))
+                encs.append(self.scorer.encoder.encode(validate(traj, where), where))
             except DataError as error:
-                raise ServiceError(400 if "step-tag" in str(error) else 413, str(error)) from None
+                raise ServiceError(413 if "max_length" in str(error) else 400, str(error)) from None
         dropped = np.array([e.n_dropped for e in encs])
         if self.cfg.on_overlength == "refuse" and dropped.any():
             i = int(np.flatnonzero(dropped)[0])
@@ -164,6 +164,18 @@ def _describe(errors: list[dict]) -> str:
 _ITEMS = TypeAdapter(list[ScoreItem])
 
 
+async def _json(request: Request):
+    try:
+        return json.loads(await request.body())
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deep to parse
+        raise ServiceError(400, "the body is not valid JSON") from None
+
+
+def _body_schema(schema: dict) -> dict:
+    """The request body's schema for the OpenAPI page (the endpoints parse the body themselves, to word errors)."""
+    return {"requestBody": {"content": {"application/json": {"schema": schema}}, "required": True}}
+
+
 def build_app(scorer: Scorer, cfg: ServeConfig) -> FastAPI:
     service = Service(scorer, cfg)
 
@@ -176,23 +188,17 @@ def build_app(scorer: Scorer, cfg: ServeConfig) -> FastAPI:
     app = FastAPI(title="biprm", summary="Bidirectional process reward model scoring", lifespan=lifespan)
     app.state.service = service
 
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"error": _describe(error.errors())}, status_code=400)
-
     @app.exception_handler(ServiceError)
     async def refused(request: Request, error: ServiceError) -> JSONResponse:
         return JSONResponse({"error": str(error)}, status_code=error.status, headers={"Retry-After": "1"} if error.status == 503 else None)
 
-    @app.post("/v1/score", openapi_extra={"requestBody": {"content": {"application/json": {"schema": {
-        "oneOf": [ScoreItem.model_json_schema(), _ITEMS.json_schema()]}}}, "required": True}})
+    @app.post("/v1/score", openapi_extra=_body_schema({"oneOf": [ScoreItem.model_json_schema(), _ITEMS.json_schema()]}))
     async def score(request: Request) -> dict | list[dict]:
         """One item (an object) or many (a list of objects); the answer has the same shape."""
-        try:
-            body = await request.json()
-        except ValueError:
-            raise ServiceError(400, "the body is not valid JSON") from None
+        body = await _json(request)
         many = isinstance(body, list)
+        if many and not body:
+            raise ServiceError(400, "the body is an empty list: no solutions to score")
         try:
             items = _ITEMS.validate_python(body if many else [body])
         except ValidationError as error:
@@ -201,8 +207,12 @@ def build_app(scorer: Scorer, cfg: ServeConfig) -> FastAPI:
         out = await service.score(items)
         return out if many else out[0]
 
-    @app.post("/get_reward")
-    async def get_reward(body: RewardRequest) -> dict:
+    @app.post("/get_reward", openapi_extra=_body_schema(RewardRequest.model_json_schema()))
+    async def get_reward(request: Request) -> dict:
+        try:
+            body = RewardRequest.model_validate(await _json(request))
+        except ValidationError as error:
+            raise ServiceError(400, _describe(error.errors())) from None
         return {"rewards": await service.reward(body)}
 
     @app.get("/health")

@@ -110,20 +110,23 @@ class Batcher:
             self.busy, self.queued = True, self.queued - len(trajs)
             try:
                 scores = await loop.run_in_executor(self._pool, self.score, trajs)
-            except Exception as error:  # every request of the batch learns why; the server goes on
+                ends = np.cumsum([len(job.trajs) for job in jobs])
+                parts = [scores.select(np.arange(end - len(job.trajs), end)) for job, end in zip(jobs, ends)]
+            except BaseException as error:  # every request of the batch learns why; the worker goes on
                 self.stats.failed += len(jobs)
                 for job in jobs:
                     if not job.future.done():
-                        job.future.set_exception(error)
-                self.busy = False
+                        job.future.set_exception(error if isinstance(error, Exception) else RuntimeError(f"scoring stopped: {error!r}"))
+                if not isinstance(error, Exception):
+                    raise
                 continue
+            finally:
+                self.busy = False
             self.stats.batches += 1
             self.stats.solutions += len(trajs)
             self.stats.batch_sizes.append(len(trajs))
-            ends = np.cumsum([len(job.trajs) for job in jobs])
             now = time.perf_counter()
-            for job, end in zip(jobs, ends):
+            for job, part in zip(jobs, parts):
                 self.stats.latencies.append(now - job.queued_at)
                 if not job.future.done():  # a client that went away has cancelled its future
-                    job.future.set_result(scores.select(np.arange(end - len(job.trajs), end)))
-            self.busy = False
+                    job.future.set_result(part)
