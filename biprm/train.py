@@ -21,6 +21,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.checkpoint import share, stamp, write_model_card
 from biprm.encoded import encoded_dataset, to_encoded
 from biprm.encoding import Encoder
 from biprm.lora import DEFAULT_TARGETS, save_merged, with_lora
@@ -217,6 +218,7 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
     )
     resume = cfg.resume and any(Path(cfg.output_dir).glob("checkpoint-*"))
     trainer.train(resume_from_checkpoint=True if resume else None)
+    stamp(model.config)
     if cfg.lora_r:
         if trainer.is_world_process_zero():
             save_merged(trainer.model, tokenizer, cfg.output_dir)
@@ -225,4 +227,6 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
     if trainer.is_world_process_zero():
         Path(cfg.output_dir, "biprm_train.json").write_text(json.dumps({**asdict(cfg), "world_size": args.world_size}, indent=2))
         Path(cfg.output_dir, "train_log.json").write_text(json.dumps(trainer.state.log_history, indent=2))
+        write_model_card(cfg.output_dir, asdict(cfg), trainer.state.log_history)
+        share(cfg.output_dir)
     return cfg.output_dir

@@ -268,3 +268,29 @@ def test_lora_trains_adapters_heads_and_the_step_tag_row_and_saves_a_scoreable_m
     live = seen["live"]
     np.testing.assert_allclose(merged.fused, live.fused, atol=1e-5)
     np.testing.assert_allclose(merged.sigma, live.sigma, atol=1e-5)
+
+
+def test_checkpoint_is_portable_card_layout_readable_and_loads_in_a_fresh_process(tmp_path):
+    out = Path(train(tiny_config(tmp_path / "p", mode="bi", max_steps=2)))
+    card = (out / "README.md").read_text()
+    assert "library_name: biprm" in card and "bi process reward model" in card and '"data": "synthetic:48"' in card
+    config = json.loads((out / "config.json").read_text())
+    assert config["biprm_version"] and config["text_layout"]["prompt"].startswith("Question: {question}")
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in out.iterdir() if p.is_file())  # group and others can read
+    code = f"import biprm, sys; from transformers import AutoModel; m = AutoModel.from_pretrained({str(out)!r}); print(type(m).__name__, m.config.mode)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.split()[-2:] == ["BiPRMModel", "bi"], done.stderr[-2000:]
+
+
+def test_a_checkpoint_with_another_text_layout_is_flagged(tmp_path, caplog):
+    import logging
+
+    from biprm.scoring import Scorer
+
+    out = Path(train(tiny_config(tmp_path / "p", mode="l2r", max_steps=1)))
+    config = json.loads((out / "config.json").read_text())
+    config["text_layout"]["prompt"] = "Q: {question}"
+    (out / "config.json").write_text(json.dumps(config))
+    with caplog.at_level(logging.WARNING):
+        Scorer.from_pretrained(str(out), device="cpu")
+    assert "was trained with the text layout" in caplog.text
