@@ -23,6 +23,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.checkpoint import share, stamp, write_model_card
 from biprm.encoded import encoded_dataset, to_encoded
+from biprm.run_folder import plan, publish, run_record, start
 from biprm.encoding import Encoder
 from biprm.lora import DEFAULT_TARGETS, save_merged, with_lora
 from biprm.modeling import from_backbone
@@ -59,7 +60,8 @@ class TrainConfig:
     save_total_limit: int | None = 2
     logging_steps: int = 10
     eval_fraction: float = 0.0  # rows held out for a validation loss every save_steps (the paper holds out 5 %)
-    resume: bool = False
+    resume: bool = False  # continue this run from its newest complete checkpoint (the folder's record must match)
+    overwrite: bool = False  # replace the run this folder holds
     detach_gate_inputs: bool = False  # True: the gate trains on detached hidden states (a side effect of the reference code)
     aux_loss_weight: float = 0.0
     gate_lr_scale: float = 1.0  # the gate learns at lr x this; < 1 keeps it from saturating at high lr
@@ -208,6 +210,11 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
     with args.main_process_first(desc="encoding the training data"):  # rank 0 builds the cache, the others map it
         data = encoded_dataset(cfg.data, encoder, fmt=cfg.fmt, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)
     train_set, eval_set = holdout(data, cfg.eval_fraction, cfg.seed)
+    record = run_record(asdict(cfg), data._fingerprint)
+    resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite)  # every rank decides alike, before anything is written
+    with args.main_process_first(desc="preparing the run folder"):
+        if args.process_index == 0:
+            start(cfg.output_dir, record, cfg.overwrite)
     log.info("training %s/%s on %d trajectories from %s (%d held out)", cfg.mode, cfg.objective, len(train_set), cfg.data,
              len(eval_set) if eval_set is not None else 0)
 
@@ -216,17 +223,18 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, data_collator=partial(collate, **options),
         processing_class=tokenizer, callbacks=callbacks, gate_lr_scale=cfg.gate_lr_scale,
     )
-    resume = cfg.resume and any(Path(cfg.output_dir).glob("checkpoint-*"))
-    trainer.train(resume_from_checkpoint=True if resume else None)
+    trainer.train(resume_from_checkpoint=resume_from)
     stamp(model.config)
+    scratch = Path(cfg.output_dir, ".final")  # the final save lands here first, then moves in (run_folder.publish)
     if cfg.lora_r:
         if trainer.is_world_process_zero():
-            save_merged(trainer.model, tokenizer, cfg.output_dir)
+            save_merged(trainer.model, tokenizer, scratch)
     else:
-        trainer.save_model(cfg.output_dir)
+        trainer.save_model(str(scratch))
     if trainer.is_world_process_zero():
-        Path(cfg.output_dir, "biprm_train.json").write_text(json.dumps({**asdict(cfg), "world_size": args.world_size}, indent=2))
-        Path(cfg.output_dir, "train_log.json").write_text(json.dumps(trainer.state.log_history, indent=2))
-        write_model_card(cfg.output_dir, asdict(cfg), trainer.state.log_history)
+        Path(scratch, "biprm_train.json").write_text(json.dumps({**asdict(cfg), "world_size": args.world_size}, indent=2))
+        Path(scratch, "train_log.json").write_text(json.dumps(trainer.state.log_history, indent=2))
+        write_model_card(scratch, asdict(cfg), trainer.state.log_history)
+        publish(scratch, cfg.output_dir)
         share(cfg.output_dir)
     return cfg.output_dir

@@ -294,3 +294,46 @@ def test_a_checkpoint_with_another_text_layout_is_flagged(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         Scorer.from_pretrained(str(out), device="cpu")
     assert "was trained with the text layout" in caplog.text
+
+
+def test_a_folder_holding_a_run_is_refused_resumed_only_by_the_same_run_or_overwritten(tmp_path):
+    first = tiny_config(tmp_path / "r", max_steps=2, save_steps=1)
+    train(first)
+    with pytest.raises(FileExistsError, match="holds a training run; add --resume"):
+        train(tiny_config(tmp_path / "r", max_steps=2, lr=5e-4))
+    with pytest.raises(ValueError, match=r"holds another run \(lr: 0.001 then, 0.0005 now\)"):
+        train(tiny_config(tmp_path / "r", max_steps=2, lr=5e-4, resume=True))
+    from biprm.synthetic import make_dataset
+    from biprm.writers import write_trajectories
+
+    data = write_trajectories(tmp_path / "d.jsonl", make_dataset(16, 1))
+    train(tiny_config(tmp_path / "f", max_steps=1, data=str(data)))
+    write_trajectories(data, make_dataset(16, 2))  # the same file name, other rows
+    with pytest.raises(ValueError, match=r"holds another run \(the training data differ\)"):
+        train(tiny_config(tmp_path / "f", max_steps=1, data=str(data), resume=True))
+    train(tiny_config(tmp_path / "r", max_steps=2, lr=5e-4, save_steps=10, overwrite=True))
+    assert not (tmp_path / "r" / "checkpoint-1").exists()  # the old run's checkpoints went with it
+    assert json.loads((tmp_path / "r" / "biprm_run.json").read_text())["config"]["lr"] == 5e-4
+
+
+def test_resume_skips_an_incomplete_checkpoint_and_says_which_it_takes(tmp_path, caplog):
+    import logging
+
+    cfg = tiny_config(tmp_path / "k", max_steps=6, save_steps=2, save_total_limit=None)
+    train(cfg, callbacks=[StopAt(4)])
+    (tmp_path / "k" / "checkpoint-4" / "optimizer.pt").unlink()  # killed while writing checkpoint 4
+    (tmp_path / "k" / "checkpoint-4" / "trainer_state.json").write_text('{"global_st')
+    cfg.resume = True
+    with caplog.at_level(logging.WARNING):
+        out = Path(train(cfg))
+    assert "skipping" in caplog.text and "checkpoint-4: missing optimizer.pt" in caplog.text
+    assert "resuming from" in caplog.text and caplog.text.count("checkpoint-2") >= 1
+    assert max(e.get("step", 0) for e in json.loads((out / "train_log.json").read_text())) == 6
+
+
+def test_resume_with_nothing_to_resume_says_so(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        train(tiny_config(tmp_path / "n", max_steps=1, resume=True))
+    assert "holds no run yet; training from the start" in caplog.text
