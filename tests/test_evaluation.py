@@ -158,6 +158,17 @@ def test_eval_processbench_command(ckpt, data_dir, cache_dir, tmp_path):
     assert {s["n_error"] for s in fused["fixed"]["subsets"].values()} == {1}  # the slice keeps clean and wrong rows
     assert 0.0 <= fused["tuned"]["threshold"] <= 1.0
     assert "tuned on GSM8K" in (tmp_path / "processbench.md").read_text()
+    assert result["baselines"]["always -1 (no error)"]["subsets"]["gsm8k"]["acc_correct"] == 100.0
+    assert "baseline: always step 0" in (tmp_path / "processbench.md").read_text()
+
+
+def test_eval_processbench_on_the_users_own_file(ckpt, data_dir, cache_dir, tmp_path):
+    rows = json.loads((data_dir / "processbench" / "gsm8k.json").read_text())[:4]
+    mine = tmp_path / "my_bench.json"
+    mine.write_text(json.dumps(rows))
+    main(["eval", "processbench", "--model", ckpt, "--data", str(mine), "--out", str(tmp_path / "o"), "--cache-dir", cache_dir, *FAST])
+    result = json.loads((tmp_path / "o" / "processbench.json").read_text())
+    assert result["subsets"] == ["my_bench"] and result["rows"] == {"my_bench": 4}
 
 
 def test_eval_all_writes_report_and_reruns_from_cache(ckpt, data_dir, cache_dir, tmp_path, score_calls):
@@ -178,3 +189,10 @@ def test_eval_all_writes_report_and_reruns_from_cache(ckpt, data_dir, cache_dir,
     scored = len(score_calls)
     main(argv)  # a rerun finds every score in the cache
     assert len(score_calls) == scored
+
+
+def test_a_missing_data_folder_says_how_to_point_at_the_data(tmp_path):
+    from biprm.evaluation.data import load_processbench
+
+    with pytest.raises(FileNotFoundError, match="pass --data-root DIR or set BIPRM_DATA=DIR"):
+        load_processbench(str(tmp_path / "nowhere"), ("gsm8k",))

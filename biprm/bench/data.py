@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from biprm.evaluation.data import default_data_root
+from biprm.evaluation.data import data_file, default_data_root
 
 
 @dataclass
@@ -40,7 +40,7 @@ def write_rows(path: Path, n: int, data_root: str, seed: int = 0) -> None:
     """n TRL rows: GSM8K-train questions with their reference steps, labels 1 before a random first error (or none)."""
     from biprm.readers import read_rows, solution_steps
 
-    source, _ = read_rows(str(Path(data_root) / "gsm8k" / "train.jsonl.gz"))
+    source, _ = read_rows(str(data_file(data_root, "gsm8k", "train.jsonl.gz")))
     refs = [(r["question"], solution_steps(r["answer"])) for r in source]
     rng = np.random.default_rng(seed)
     picks, firsts = rng.integers(len(refs), size=n), rng.random(n)

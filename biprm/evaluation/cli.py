@@ -65,7 +65,7 @@ def cmd_bon(args: argparse.Namespace) -> None:
 
 
 def cmd_processbench(args: argparse.Namespace) -> None:
-    run_processbench(ProcessBenchConfig(models=args.model, subsets=args.subsets, threshold=args.threshold, tune=args.tune_threshold,
+    run_processbench(ProcessBenchConfig(models=args.model, subsets=tuple(args.data or args.subsets), threshold=args.threshold, tune=args.tune_threshold,
                                         **_options(args)))
 
 
@@ -101,6 +101,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p = protocols.add_parser("processbench", help="first-error F1 per ProcessBench subset")
     p.add_argument("--model", action="append", required=True, help="checkpoint folder (repeat to compare)")
     p.add_argument("--tune-threshold", action="store_true", help="also report the threshold tuned on GSM8K, applied to all subsets")
+    p.add_argument("--data", action="append", default=None, metavar="FILE",
+                   help="a file in ProcessBench's layout (problem, steps, label) to evaluate instead of the subsets; repeatable")
     _scoring(p)
     _common(p)
     p.set_defaults(func=cmd_processbench)

@@ -25,8 +25,16 @@ QUESTION_SETS = {"gsm_plus": "gsm_plus/gsmplus_testmini.jsonl", "math500": "math
 
 
 def default_data_root() -> str:
-    """$BIPRM_DATA, else ../shared/data beside the repository."""
+    """$BIPRM_DATA, else ../shared/data beside a source checkout (the folder the tests and docs use)."""
     return os.environ.get("BIPRM_DATA") or str(Path(__file__).resolve().parents[3] / "shared" / "data")
+
+
+def data_file(root: str | Path, *parts: str) -> Path:
+    """A benchmark file under the data root, or an error that says how to point biprm at the data."""
+    if not Path(root).is_dir():
+        raise FileNotFoundError(f"benchmark data folder {root} not found: pass --data-root DIR or set BIPRM_DATA=DIR "
+                                "(DIR holds processbench/, prmbench/, gsm8k/, gsm8k_bon_small/ ...)")
+    return Path(root, *parts)
 
 
 def spread(n: int, limit: int | None) -> np.ndarray:
@@ -80,7 +88,7 @@ def _gold(row: dict, where: str) -> tuple[str, str]:
 
 
 def _attach_golds(trajs: list[Trajectory], spec: str, data_root: str, split: str) -> None:
-    source = str(Path(data_root) / QUESTION_SETS[spec]) if spec in QUESTION_SETS else spec
+    source = str(data_file(data_root, QUESTION_SETS[spec])) if spec in QUESTION_SETS else spec
     rows, name = read_rows(source, split)
     position = {q: i for i, q in enumerate(dict.fromkeys(t.meta["qid"] for t in trajs))}
     if len(rows) != len(position):
@@ -137,12 +145,20 @@ def load_pool(
 
 
 def load_processbench(data_root: str, subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS, limit: int | None = None) -> list[Trajectory]:
-    """The chosen subsets in one list, each row tagged meta["subset"]; `limit` rows per subset via `balanced_slice`."""
+    """The chosen subsets in one list, each row tagged meta["subset"]; `limit` rows per subset via `balanced_slice`.
+
+    A subset is one of ProcessBench's four names, or the path of any file in ProcessBench's
+    layout (problem, steps, label), which is then named by its file name.
+    """
     out = []
     for name in subsets:
-        if name not in PROCESSBENCH_SUBSETS:
-            raise ValueError(f"unknown ProcessBench subset {name!r}; choose from {PROCESSBENCH_SUBSETS}")
-        path = Path(data_root) / "processbench" / f"{name}.json"
+        path = Path(name).expanduser()
+        if path.is_file():
+            name = path.name.split(".")[0]
+        elif name not in PROCESSBENCH_SUBSETS:
+            raise ValueError(f"unknown ProcessBench subset {name!r}: not a file, nor one of {PROCESSBENCH_SUBSETS}")
+        else:
+            path = data_file(data_root, "processbench", f"{name}.json")
         if not path.is_file():
             raise FileNotFoundError(f"{path}: ProcessBench subset not found; pass --data-root (or set $BIPRM_DATA)")
         trajs = load_trajectories(str(path), fmt="processbench")

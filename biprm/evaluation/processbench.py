@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from biprm.analysis.common import TITLES, first_error_report, judged_rows, markdown_table, subsets
+from biprm.analysis.common import TITLES, first_error_report, first_errors, judged_rows, markdown_table, subsets
 from biprm.evaluation.common import EvalOptions, fmt, write_outputs
 from biprm.evaluation.data import PROCESSBENCH_SUBSETS, load_processbench
 from biprm.evaluation.models import modes_of, score_modes
-from biprm.metrics.processbench import tune_threshold
+from biprm.metrics.processbench import first_error_f1_by_subset, tune_threshold
 from biprm.scores import StepScores
 from biprm.trajectory import Trajectory
 
@@ -49,7 +49,12 @@ def evaluate_processbench(trajs: list[Trajectory], scores: dict[str, StepScores]
             t, f1 = tuned_threshold(trajs, s)
             modes[key]["tuned"] = {"threshold": t, "tuning_f1": f1, **first_error_report(trajs, s, t)}
     names = list(dict.fromkeys(subsets(trajs)))
-    return {"threshold": threshold, "subsets": names, "rows": {n: int((subsets(trajs) == n).sum()) for n in names}, "modes": modes}
+    first, where = first_errors(trajs), subsets(trajs)
+    baselines = {  # what a verifier must beat: flag nothing, or flag every solution at its first step
+        "always -1 (no error)": first_error_f1_by_subset(np.full(len(trajs), -1), first, where),
+        "always step 0": first_error_f1_by_subset(np.zeros(len(trajs), dtype=np.int64), first, where),
+    }
+    return {"threshold": threshold, "subsets": names, "rows": {n: int((where == n).sum()) for n in names}, "modes": modes, "baselines": baselines}
 
 
 def format_processbench(result: dict) -> str:
@@ -59,8 +64,10 @@ def format_processbench(result: dict) -> str:
     f1_row = lambda r: [fmt(r["subsets"][n]["f1"]) for n in names] + [fmt(r["average_f1"])]  # noqa: E731
     rows = [[f"{key} @ {result['threshold']:g}", *f1_row(m["fixed"])] for key, m in modes.items()]
     rows += [[f"{key} @ {m['tuned']['threshold']:.3f} (tuned on GSM8K)", *f1_row(m["tuned"])] for key, m in modes.items() if "tuned" in m]
+    rows += [[f"baseline: {key}", *f1_row(b)] for key, b in result.get("baselines", {}).items()]
     both = lambda s: f"{fmt(s['acc_error'])} / {fmt(s['acc_correct'])}"  # noqa: E731
     acc = [[f"{key} @ {result['threshold']:g}", *(both(m["fixed"]["subsets"][n]) for n in names)] for key, m in modes.items()]
+    acc += [[f"baseline: {key}", *(both(b["subsets"][n]) for n in names)] for key, b in result.get("baselines", {}).items()]
     sizes = ", ".join(f"{TITLES.get(n, n)} {k}" for n, k in result["rows"].items())
     return (f"Rows: {sizes}. F1 (%):\n\n" + markdown_table(["mode", *heads, "Avg. F1"], rows)
             + "\n\nAccuracy on erroneous / clean rows (%):\n\n" + markdown_table(["mode", *heads], acc))

@@ -23,7 +23,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Callable
 
-from biprm.evaluation.data import PROCESSBENCH_SUBSETS, QUESTION_SETS, spread
+from biprm.evaluation.data import PROCESSBENCH_SUBSETS, QUESTION_SETS, data_file, spread
 from biprm.perturb import mix_seed
 from biprm.readers import load_trajectories, read_rows, solution_steps
 from biprm.trajectory import DataError, Trajectory, labels_from_first_error, validate
@@ -297,7 +297,7 @@ def _gsm8k_train(data_root: str, recipe: DataRecipe, report: DataReport) -> list
     """References and their corrupted copies, in file order. Copy k of question i uses a
     generator seeded by (seed, i, k) and the kind order drawn from (seed, i), so a row does
     not change when the cap does; a kind that does not apply falls back to the other."""
-    rows, name = read_rows(str(Path(data_root) / "gsm8k" / "train.jsonl.gz"))
+    rows, name = read_rows(str(data_file(data_root, "gsm8k", "train.jsonl.gz")))
     report.gsm8k_questions_read = len(rows)
     kinds = list(CORRUPTIONS)
     made: Counter[str] = Counter()
@@ -336,7 +336,7 @@ def prmbench_train(data_root: str) -> tuple[list[Trajectory], int]:
     would be wrong. Rows the reader rejects are skipped with a warning. All rows of one
     PRM800K problem share meta["group"], its PRMBench idx.
     """
-    files = sorted((Path(data_root) / "prmbench" / "classified").glob("prm800k_train_*.jsonl.gz"))
+    files = sorted(data_file(data_root, "prmbench", "classified").glob("prm800k_train_*.jsonl.gz"))
     if not files:
         raise FileNotFoundError(f"{data_root}/prmbench/classified: no prm800k_train_*.jsonl.gz files")
     trajs = [t for path in files for t in load_trajectories(str(path), fmt="prmbench", skip_invalid=True)]
@@ -354,7 +354,7 @@ def prmbench_train(data_root: str) -> tuple[list[Trajectory], int]:
 
 def evaluation_questions(data_root: str) -> dict[str, set[str]]:
     """Normalised questions of every evaluation set on hand; a set with no file present is left out."""
-    root = Path(data_root)
+    root = data_file(data_root)
     prmbench = root / "prmbench" / "classified"
     sources = {f"processbench_{s}": ([root / "processbench" / f"{s}.json"], ("problem",)) for s in PROCESSBENCH_SUBSETS}
     sources |= {

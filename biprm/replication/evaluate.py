@@ -8,7 +8,6 @@ size with evenly spaced rows, so the same rows are used by every mode and seed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +16,7 @@ from biprm.analysis import long_chain_bon, long_chain_processbench, mae_by_posit
 from biprm.analysis.common import judged_rows, scored_part, step_labels
 from biprm.encoding import Encoded
 from biprm.evaluation.bon import evaluate_bon
-from biprm.evaluation.data import Pool, load_pool, load_processbench, spread
+from biprm.evaluation.data import Pool, data_file, load_pool, load_processbench, spread
 from biprm.evaluation.processbench import evaluate_processbench
 from biprm.metrics.processbench import predict_first_error, processbench_scores
 from biprm.metrics.prmbench import (
@@ -53,7 +52,7 @@ class EvalSets:
 def load_eval_sets(cfg: ReplicateConfig, valid: list[Trajectory]) -> EvalSets:
     root = cfg.data_root
     processbench = load_processbench(root, cfg.processbench_subsets, cfg.processbench_rows)
-    prmbench = load_trajectories(str(Path(root) / PRMBENCH_SUBSET), fmt="prmbench")
+    prmbench = load_trajectories(str(data_file(root, PRMBENCH_SUBSET)), fmt="prmbench")
     prmbench = [t for t, keep in zip(prmbench, prmbench_keep(prmbench)) if keep]
     prmbench = [prmbench[i] for i in spread(len(prmbench), cfg.prmbench_rows)]
     bon = load_pool("gsm8k_bon_small", root, cfg.bon_questions)
