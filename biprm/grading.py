@@ -38,8 +38,9 @@ _NUM = (
 _NUM_FULL = re.compile(_NUM)
 _NUM_IN_TEXT = re.compile(r"(?<![\w.])" + _NUM)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE = re.compile(r"[{}]")
 _ANSWER_IS = re.compile(r"\banswer is\b\s*:?\s*([^\n]+)", re.IGNORECASE)
-_HASHES = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
+_HASHES = re.compile(r"^[ \t]*####[ \t]*(.+?)[ \t]*$", re.MULTILINE)  # within one line: no backtracking over blank lines
 _SENTENCE_END = re.compile(r"\.\s")
 _MATH_WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _TEXT_CMD = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{(.*)\}$")
@@ -84,14 +85,22 @@ def _clean(answer: str) -> str | None:
 
 
 def _last_boxed(text: str) -> str | None:
-    """Content of the last complete \\boxed{...}; a truncated one is skipped."""
-    for m in reversed(list(_BOXED.finditer(text))):
-        depth = 1
-        for i in range(m.end(), len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[m.end() : i]
-    return None
+    """Content of the last complete \\boxed{...}; a truncated one is skipped.
+
+    One pass over the braces with a stack, so hostile text (thousands of unclosed
+    \\boxed{) costs linear time, not a rescan from every opening.
+    """
+    content_at = {m.end() - 1: m.end() for m in _BOXED.finditer(text)}  # a boxed's "{" -> where its content starts
+    stack: list[int] = []
+    last: tuple[int, int] | None = None
+    for m in _BRACE.finditer(text):
+        if m[0] == "{":
+            stack.append(m.start())
+        elif stack:
+            opened = stack.pop()
+            if opened in content_at and (last is None or opened > last[0]):
+                last = (opened, m.start())
+    return None if last is None else text[content_at[last[0]] : last[1]]
 
 
 def extract_answer(solution: str) -> str | None:
@@ -234,10 +243,11 @@ def _run_pool(todo: list[Pair], workers: int, timeout: float) -> tuple[list[bool
     return verdicts, failed
 
 
-def grade_many(pairs: list[Pair], workers: int = 2, timeout: float = 5.0) -> list[bool]:
+def grade_many(pairs: list[Pair], workers: int = 2, timeout: float = 5.0) -> list[bool | None]:
     """grade() over many pairs, each bounded by `timeout` seconds (workers=0: inline, unbounded).
 
-    An item that times out (or crashes its worker) is counted wrong and logged by index.
+    An item that times out (or crashes its worker) is None, never a verdict: it is logged by
+    index and kept out of the in-memory cache, so the caller can report it and try again.
     """
     pairs = [(gold, pred) for gold, pred in pairs]
     known = {p: v for p in dict.fromkeys(pairs) if (v := _CACHE.get(p)) is not None}
@@ -248,10 +258,10 @@ def grade_many(pairs: list[Pair], workers: int = 2, timeout: float = 5.0) -> lis
         verdicts, failed = _run_pool(todo, workers, timeout)
     for position in failed:
         indices = [i for i, p in enumerate(pairs) if p == todo[position]]
-        logger.warning("grading timed out or crashed for item(s) %s; counted as incorrect", indices)
-    fresh = dict(zip(todo, verdicts))
+        logger.warning("grading timed out (%g s) or crashed for item(s) %s", timeout, indices)
+    fresh = {p: v for k, (p, v) in enumerate(zip(todo, verdicts)) if k not in set(failed)}
     if len(_CACHE) + len(fresh) > _CACHE_MAX:
         _CACHE.clear()
     _CACHE.update(fresh)
     known.update(fresh)
-    return [known[p] for p in pairs]
+    return [known.get(p) for p in pairs]

@@ -196,3 +196,28 @@ def test_a_missing_data_folder_says_how_to_point_at_the_data(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="pass --data-root DIR or set BIPRM_DATA=DIR"):
         load_processbench(str(tmp_path / "nowhere"), ("gsm8k",))
+
+
+def test_a_damaged_cache_file_is_named_removed_and_rebuilt_and_timeouts_are_retried(tmp_path, caplog):
+    import logging
+
+    import numpy as np
+
+    from biprm.evaluation.cache import ScoreCache
+    from biprm.trajectory import Trajectory
+
+    cache, trajs, calls = ScoreCache(tmp_path), [Trajectory("q", ["a"])], []
+
+    def compute():
+        calls.append(1)
+        return np.array([-1, 1] if len(calls) == 1 else [0, 1], dtype=np.int8)  # the first run has a timeout
+
+    timed_out = lambda v: bool((v == -1).any())  # noqa: E731
+    assert cache.array("grades", None, trajs, "x", compute, retry=timed_out).tolist() == [-1, 1]
+    assert cache.array("grades", None, trajs, "x", compute, retry=timed_out).tolist() == [0, 1] and len(calls) == 2
+    assert cache.array("grades", None, trajs, "x", compute, retry=timed_out).tolist() == [0, 1] and len(calls) == 2
+    path = next(tmp_path.rglob("grades-*.npz"))
+    path.write_bytes(b"PK\x03\x04 torn")
+    with caplog.at_level(logging.WARNING):
+        assert cache.array("grades", None, trajs, "x", compute, retry=timed_out).tolist() == [0, 1]
+    assert len(calls) == 3 and f"cache file {path} is damaged" in caplog.text

@@ -59,7 +59,7 @@ def run_ablations(cfg: AblationConfig) -> dict:
     modes = ablation_modes(cfg.checkpoints)
     bon = []
     for spec in cfg.pools:
-        pool = load_pool(spec, cfg.data_root, cfg.limit, cache=cache, grade_workers=cfg.grade_workers)
+        pool = load_pool(spec, cfg.data_root, cfg.limit, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
         bon.append(evaluate_bon(pool, score_modes(modes, cache, pool.trajs), cfg.agg, cfg.ns))
     trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
     pb = evaluate_processbench(trajs, score_modes(modes, cache, trajs), cfg.threshold, cfg.tune)

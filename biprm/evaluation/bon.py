@@ -73,7 +73,7 @@ def format_bon(result: dict) -> str:
 def run_bon(cfg: BonConfig) -> dict:
     cache = cfg.open_cache()
     pool = load_pool(cfg.pool, cfg.data_root, cfg.limit, questions=cfg.questions, questions_split=cfg.questions_split,
-                     split_rule=cfg.split_rule, cache=cache, grade_workers=cfg.grade_workers)
+                     split_rule=cfg.split_rule, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
     result = evaluate_bon(pool, score_modes(modes_of(cfg.models), cache, pool.trajs), cfg.agg, cfg.ns, cfg.random_subsets, cfg.seed)
     markdown = "# Best-of-N\n\n" + format_bon(result) + "\n"
     print(markdown)

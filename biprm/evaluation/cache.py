@@ -61,6 +61,19 @@ def dataset_key(trajs: list[Trajectory]) -> str:
     return h.hexdigest()
 
 
+def _read(path: Path) -> dict[str, np.ndarray] | None:
+    """The arrays of a cache file; None when it is absent, or damaged (then it is named, removed and rebuilt)."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as error:  # a torn or corrupted .npz: zipfile.BadZipFile, EOFError, ValueError ...
+        log.warning("cache file %s is damaged (%s: %s); removing it and computing it again", path, type(error).__name__, error)
+        path.unlink(missing_ok=True)
+        return None
+
+
 class ScoreCache:
     def __init__(self, root: str | Path, settings: ScorerSettings | None = None):
         self.root = Path(root)
@@ -110,21 +123,22 @@ class ScoreCache:
     def scores(self, ckpt: str, trajs: list[Trajectory]) -> StepScores:
         device = torch.device(self.settings.device) if self.settings.device else default_device()
         path = self._path("scores", ckpt, trajs, f"{device.type}-len{self.settings.max_length}")
-        if path.is_file():
-            with np.load(path) as z:
-                return StepScores(z["offsets"], z["fused"], *(z[k] if k in z else None for k in STREAMS))
+        if (z := _read(path)) is not None:
+            return StepScores(z["offsets"], z["fused"], *(z.get(k) for k in STREAMS))
         scores = self.scorer(ckpt).score(trajs)
         arrays = {"offsets": scores.offsets, "fused": scores.fused}
         arrays |= {k: getattr(scores, k) for k in STREAMS if getattr(scores, k) is not None}
         _atomic_write(path, lambda f: np.savez(f, **arrays))
         return scores
 
-    def array(self, kind: str, ckpt: str | None, trajs: list[Trajectory], extra: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
-        """Any other per-trajectory array worth keeping (grades, token lengths), keyed like scores plus `extra`."""
+    def array(self, kind: str, ckpt: str | None, trajs: list[Trajectory], extra: str, compute: Callable[[], np.ndarray],
+              retry: Callable[[np.ndarray], bool] | None = None) -> np.ndarray:
+        """Any other per-trajectory array worth keeping (grades, token lengths), keyed like scores plus `extra`;
+        a cached value for which `retry` is true (e.g. it holds timeouts) is computed again."""
         path = self._path(kind, ckpt, trajs, hashlib.sha256(extra.encode()).hexdigest()[:12])
-        if path.is_file():
-            with np.load(path) as z:
-                return z["value"]
+        cached = _read(path)
+        if cached is not None and not (retry and retry(cached["value"])):
+            return cached["value"]
         value = np.asarray(compute())
         _atomic_write(path, lambda f: np.savez(f, value=value))
         return value

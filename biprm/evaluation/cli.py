@@ -36,6 +36,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help="score cache (default: OUT/cache)")
     p.add_argument("--limit", type=int, default=None, help="at most N questions per pool and rows per ProcessBench subset, evenly spaced")
     p.add_argument("--grade-workers", type=int, default=2, help="processes for math-verify grading (0: inline)")
+    p.add_argument("--grade-timeout", type=float, default=5.0, help="seconds per graded answer; slower ones are reported and retried next run")
     p.add_argument("--device", default=None, help="cuda if available, else cpu")
     p.add_argument("--tokens-per-batch", type=int, default=None, help="tokens per backbone batch (Scorer's default by layout)")
     p.add_argument("--tokens-per-row", type=int, default=ScorerSettings.tokens_per_row, help="packed row length; 0 gives every question its own row")
@@ -55,7 +56,7 @@ def _scoring(p: argparse.ArgumentParser, pb: bool = True) -> None:
 def _options(args: argparse.Namespace) -> dict:
     scorer = ScorerSettings(args.device, args.tokens_per_batch, args.tokens_per_row or None, args.max_length)
     return dict(data_root=args.data_root, out=args.out, cache_dir=args.cache_dir, limit=args.limit,
-                grade_workers=args.grade_workers, scorer=scorer)
+                grade_workers=args.grade_workers, grade_timeout=args.grade_timeout, scorer=scorer)
 
 
 def cmd_bon(args: argparse.Namespace) -> None:

@@ -21,6 +21,7 @@ class EvalOptions:
     cache_dir: str | None = None
     limit: int | None = None
     grade_workers: int = 2
+    grade_timeout: float = 5.0  # seconds per answer; a grade that takes longer is reported and retried next run
     scorer: ScorerSettings = field(default_factory=ScorerSettings)
 
     def open_cache(self) -> ScoreCache:

@@ -9,6 +9,7 @@ the pool by position and checked by text, as PQM's evaluation does.
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ from biprm.trajectory import DataError, Trajectory
 
 PROCESSBENCH_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
 QUESTION_SETS = {"gsm_plus": "gsm_plus/gsmplus_testmini.jsonl", "math500": "math500/test.jsonl", "gsm8k": "gsm8k/test.jsonl"}
+
+logger = logging.getLogger(__name__)
 
 
 def default_data_root() -> str:
@@ -114,9 +117,12 @@ def answer_key(answer: str | None, i: int) -> str:
 
 def load_pool(
     spec: str, data_root: str, limit: int | None = None, questions: str | None = None, questions_split: str = "test",
-    split_rule: str = "auto", cache: ScoreCache | None = None, grade_workers: int = 2,
+    split_rule: str = "auto", cache: ScoreCache | None = None, grade_workers: int = 2, grade_timeout: float = 5.0,
 ) -> Pool:
-    """A pool with correctness per candidate: the stored flag when present, else math-verify against the gold."""
+    """A pool with correctness per candidate: the stored flag when present, else math-verify against the gold.
+
+    A grade that timed out counts as incorrect in this run, is reported, and is graded again
+    on the next run (the cache keeps -1 for it, never a verdict)."""
     spec, _, at = spec.partition("@")
     questions = questions or at or None
     if spec == "gsm8k_bon_small":
@@ -134,12 +140,18 @@ def load_pool(
     if any(trajs[i].answer is None for i in missing):
         raise DataError(f"{spec}: candidates have no stored 'correct' flag and no gold answer; name the questions as {spec}@QUESTIONS")
     pairs = [(trajs[i].answer, preds[i]) for i in missing]
-    graded: list[bool] | np.ndarray = []
+    graded = np.zeros(0, dtype=np.int8)
     if pairs:
-        grade = lambda: grade_many(pairs, grade_workers)  # noqa: E731
-        graded = grade() if cache is None else cache.array("grades", None, [trajs[i] for i in missing], repr(pairs), grade)
+        grade = lambda: np.array([-1 if v is None else int(v) for v in grade_many(pairs, grade_workers, grade_timeout)], dtype=np.int8)  # noqa: E731
+        if cache is None:
+            graded = grade()
+        else:
+            graded = cache.array("grades", None, [trajs[i] for i in missing], repr(pairs), grade, retry=lambda v: bool((v == -1).any()))
+        if (timed_out := int((graded == -1).sum())):
+            logger.warning("%s: %d candidates could not be graded within %g s; counted incorrect in this run and graded again "
+                           "on the next (raise --grade-timeout to give them longer)", name, timed_out, grade_timeout)
     correct = np.array([bool(t.correct) for t in trajs])
-    correct[missing] = np.asarray(graded, dtype=bool)
+    correct[missing] = graded == 1
     keys = np.array([answer_key(a, i) for i, a in enumerate(preds)])
     return Pool(name, trajs, np.array([t.meta["qid"] for t in trajs]), correct, keys)
 

@@ -94,7 +94,7 @@ def run_suite(cfg: SuiteConfig) -> dict:
     results["bon"] = {}
     for spec in pools:
         with stage(f"BoN {spec}"):
-            pool = load_pool(spec, cfg.data_root, cfg.limit, cache=cache, grade_workers=cfg.grade_workers)
+            pool = load_pool(spec, cfg.data_root, cfg.limit, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
             scores = score_modes(modes, cache, pool.trajs)
             lengths = token_lengths(cfg.model, pool.trajs, cache)
             bon = evaluate_bon(pool, scores, cfg.agg, cfg.ns)
