@@ -255,7 +255,7 @@ def detect_format(row: dict, where: str) -> str:
     fmt = next((fmt for fmt, keys in _SIGNATURES if isinstance(row, dict) and keys <= row.keys()), None)
     if fmt is None:
         fields = sorted(row) if isinstance(row, dict) else type(row).__name__
-        raise DataError(f"{where}: cannot tell the format from fields {fields}; pass fmt= one of {FORMATS}")
+        raise DataError(f"{where}: cannot tell the format from fields {fields}; name it with --format, one of {FORMATS}")
     return fmt
 
 

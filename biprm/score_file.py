@@ -20,12 +20,39 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from biprm.scoring import Scorer
+from biprm.backbones import load_tokenizer
+from biprm.encoding import Encoder
+from biprm.modeling import BiPRMConfig
+from biprm.scoring import MAX_LENGTH, Scorer
 from biprm.sources import load_source
-from biprm.trajectory import Trajectory
+from biprm.trajectory import DataError, Trajectory
 from biprm.writers import score_rows
 
 log = logging.getLogger(__name__)
+
+
+def encodable(trajs: list[Trajectory], encoder: Encoder, source: str, skip_invalid: bool) -> list[Trajectory]:
+    """The trajectories the model can read: text holding the step tag, or a first step past max_length, is an
+    error naming the trajectory (or, with skip_invalid, skipped and counted); rows that lose trailing steps are named."""
+    keep, bad, cut = [], [], []
+    for i, traj in enumerate(trajs):
+        where = f"{source} trajectory {i + 1}"
+        try:
+            enc = encoder.encode(traj, where)
+        except DataError as error:
+            if not skip_invalid:
+                raise
+            bad.append(str(error))
+            continue
+        keep.append(traj)
+        if enc.n_dropped:
+            cut.append(i + 1)
+    if bad:
+        log.warning("%s: skipped %d of %d trajectories the model cannot read. First: %s", source, len(bad), len(trajs), " | ".join(bad[:3]))
+    if cut:
+        log.warning("%s: %d trajectories exceed max_length=%d; their trailing steps get no score (steps_scored says how many did): "
+                    "trajectories %s%s", source, len(cut), encoder.max_length, ", ".join(map(str, cut[:10])), " ..." if len(cut) > 10 else "")
+    return keep
 
 
 def complete_lines(path: Path) -> int:
@@ -56,6 +83,7 @@ def score_file(
     if not (Path(model) / "config.json").is_file():
         raise FileNotFoundError(f"--model {model}: no checkpoint there (config.json is missing)")
     trajs = load_source(source, fmt=fmt, skip_invalid=skip_invalid)  # bad input fails before the model loads
+    trajs = encodable(trajs, Encoder(load_tokenizer(model), BiPRMConfig.from_pretrained(model).step_tag_id, MAX_LENGTH), source, skip_invalid)
     # cpu: gloo between processes where there is no GPU; a process that finishes its block waits at the
     # final barrier for the slowest one, which may take hours, so the group's timeout is a week, not minutes
     state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(days=7))

@@ -34,6 +34,7 @@ from biprm.trajectory import Trajectory
 log = logging.getLogger(__name__)
 TOKENS_PER_ROW = 512  # longer tree rows pay more in masked attention than the shared prompt saves (benchmarks/)
 CACHE_FROM = 4  # candidates per question from which the prompt cache wins (benchmarks/, scaling plot)
+MAX_LENGTH = 4096  # tokens per stream unless set; trailing steps past it are not scored
 
 
 def default_device() -> torch.device:
@@ -45,7 +46,7 @@ class Scorer:
         self,
         model: BiPRMModel,
         tokenizer,
-        max_length: int = 4096,
+        max_length: int = MAX_LENGTH,
         tokens_per_batch: int | None = None,
         tokens_per_row: int | None = TOKENS_PER_ROW,
         share_prefix: bool = True,

@@ -39,7 +39,7 @@ class TrainConfig:
 
     backbone: str = "tiny"
     data: str = "synthetic:2000"
-    fmt: str = "auto"
+    format: str = "auto"  # the data layout: auto (detected from the first row), trl, math-shepherd, processbench, prmbench
     output_dir: str = "runs/biprm"
     mode: str = "bi"
     objective: str = "bce"
@@ -73,7 +73,7 @@ class TrainConfig:
     skip_invalid: bool = False
     num_proc: int | None = None  # processes that encode the data (default: up to 8 for 20,000+ rows, else 1)
     group_by_length: bool = True  # batches of similar lengths (less padding), in a seeded random order
-    report_to: str = "none"
+    report_to: str = "none"  # none, or trackers separated by commas: tensorboard,wandb
     gradient_checkpointing: bool = False
     deepspeed: str | None = None
     show_progress: bool = True
@@ -144,7 +144,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         eval_steps=cfg.save_steps,
         per_device_eval_batch_size=cfg.batch_size,
         prediction_loss_only=True,
-        report_to=[] if cfg.report_to == "none" else [cfg.report_to],
+        report_to=[t.strip() for t in cfg.report_to.split(",") if t.strip() and t.strip() != "none"],
         remove_unused_columns=False,
         dataloader_drop_last=False,
         activation_checkpointing=cfg.gradient_checkpointing,
@@ -208,7 +208,7 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         log.info("training the top %d layers, value head and gate: %d of %d parameters", cfg.train_top_layers, trainable, model.num_parameters())
     encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
     with args.main_process_first(desc="encoding the training data"):  # rank 0 builds the cache, the others map it
-        data = encoded_dataset(cfg.data, encoder, fmt=cfg.fmt, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)
+        data = encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)
     train_set, eval_set = holdout(data, cfg.eval_fraction, cfg.seed)
     record = run_record(asdict(cfg), data._fingerprint)
     resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite)  # every rank decides alike, before anything is written

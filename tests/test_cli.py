@@ -1,5 +1,6 @@
 """The command line as a user runs it: score writes JSONL, the demo writes its table, JSON and plot."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -129,7 +130,6 @@ def test_two_processes_score_their_blocks_and_join_them_in_order(checkpoint, tmp
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     rows = _rows(tmp_path / "in.jsonl", 9)
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
@@ -156,3 +156,19 @@ def test_verbose_goes_before_or_after_the_command_and_version_prints(capsys):
     with pytest.raises(SystemExit):
         parse(["--version"])
     assert capsys.readouterr().out.strip() == f"biprm {__version__}"
+
+
+def test_score_names_unreadable_text_and_skips_it_on_request(checkpoint, tmp_path, capsys):
+    from biprm.backbones import load_tokenizer
+
+    tag = load_tokenizer(checkpoint).convert_ids_to_tokens(json.loads((Path(checkpoint) / "config.json").read_text())["step_tag_id"])
+    rows = _rows(tmp_path / "in.jsonl", 3)
+    lines = rows.read_text().splitlines()
+    bad = json.loads(lines[1])
+    bad["completions"][0] += f" {tag}"
+    rows.write_text("\n".join([lines[0], json.dumps(bad), lines[2]]))
+    with pytest.raises(SystemExit):
+        main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(tmp_path / "o.jsonl")])
+    assert "in.jsonl trajectory 2: found 3 step-tag tokens for 2 steps" in capsys.readouterr().err
+    main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(tmp_path / "o.jsonl"), "--skip-invalid"])
+    assert [json.loads(x)["meta"]["id"] for x in (tmp_path / "o.jsonl").read_text().splitlines()] == [0, 2]

@@ -337,3 +337,11 @@ def test_resume_with_nothing_to_resume_says_so(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         train(tiny_config(tmp_path / "n", max_steps=1, resume=True))
     assert "holds no run yet; training from the start" in caplog.text
+
+
+def test_several_trackers_and_one_spelling_of_the_data_format(tmp_path):
+    from biprm.train import training_arguments
+
+    args = training_arguments(tiny_config(tmp_path / "t", report_to="tensorboard, wandb"))
+    assert args.report_to == ["tensorboard", "wandb"] and training_arguments(tiny_config(tmp_path / "t")).report_to == []
+    assert TrainConfig(format="trl").format == "trl"  # `--format`, as in `biprm score`
