@@ -26,7 +26,9 @@ from biprm.encoded import encoded_dataset, to_encoded
 from biprm.run_folder import plan, publish, run_record, start
 from biprm.encoding import Encoder
 from biprm.lora import DEFAULT_TARGETS, save_merged, with_lora
-from biprm.modeling import from_backbone
+from biprm.losses import OBJECTIVES
+from biprm.modeling import MODES, from_backbone
+from biprm.readers import FORMATS
 from biprm.packing import pack
 from biprm.trunk import freeze_bottom
 
@@ -77,6 +79,12 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     deepspeed: str | None = None
     show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        """Refuse a misspelt choice at once, before any backbone or data loads."""
+        for flag, value, allowed in (("mode", self.mode, MODES), ("objective", self.objective, OBJECTIVES), ("format", self.format, ("auto", *FORMATS))):
+            if value not in allowed:
+                raise ValueError(f"--{flag} {value!r}: choose one of {', '.join(allowed)}")
 
 
 class BiPRMTrainer(Trainer):

@@ -345,3 +345,14 @@ def test_several_trackers_and_one_spelling_of_the_data_format(tmp_path):
     args = training_arguments(tiny_config(tmp_path / "t", report_to="tensorboard, wandb"))
     assert args.report_to == ["tensorboard", "wandb"] and training_arguments(tiny_config(tmp_path / "t")).report_to == []
     assert TrainConfig(format="trl").format == "trl"  # `--format`, as in `biprm score`
+
+
+@pytest.mark.parametrize("field, value", [("mode", "bidirectional"), ("objective", "ce"), ("format", "csv")])
+def test_a_misspelt_choice_fails_before_anything_loads(tmp_path, capsys, field, value):
+    from biprm.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", f"--{field}", value, "--output-dir", str(tmp_path / "x")])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"biprm train: error: --{field} '{value}': choose one of") and "\n" not in err
+    assert not (tmp_path / "x").exists()
