@@ -219,10 +219,11 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         data = encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)
     train_set, eval_set = holdout(data, cfg.eval_fraction, cfg.seed)
     record = run_record(asdict(cfg), data._fingerprint)
-    resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite)  # every rank decides alike, before anything is written
-    with args.main_process_first(desc="preparing the run folder"):
-        if args.process_index == 0:
-            start(cfg.output_dir, record, cfg.overwrite)
+    resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite)
+    args.distributed_state.wait_for_everyone()  # every rank has looked at the folder before the first one writes to it
+    if args.process_index == 0:
+        start(cfg.output_dir, record, cfg.overwrite)
+    args.distributed_state.wait_for_everyone()
     log.info("training %s/%s on %d trajectories from %s (%d held out)", cfg.mode, cfg.objective, len(train_set), cfg.data,
              len(eval_set) if eval_set is not None else 0)
 
@@ -240,7 +241,7 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
     else:
         trainer.save_model(str(scratch))
     if trainer.is_world_process_zero():
-        Path(scratch, "biprm_train.json").write_text(json.dumps({**asdict(cfg), "world_size": args.world_size}, indent=2))
+        Path(scratch, "biprm_train.json").write_text(json.dumps({**asdict(cfg), "world_size": args.world_size, "fsdp": trainer.is_fsdp_enabled}, indent=2))
         Path(scratch, "train_log.json").write_text(json.dumps(trainer.state.log_history, indent=2))
         write_model_card(scratch, asdict(cfg), trainer.state.log_history)
         publish(scratch, cfg.output_dir)
