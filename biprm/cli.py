@@ -65,10 +65,13 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_replicate(args: argparse.Namespace) -> None:
-    from biprm.replication.recipe import preset, replicate
+    from biprm.replication.recipe import preset, replicate, report_only
 
     cfg = preset(args.preset, out=args.out, work_dir=args.work_dir, data_root=args.data_root, bf16=args.bf16, top_layers=args.train_top_layers)
-    replicate(cfg)
+    if args.report_only:
+        report_only(cfg)
+    else:
+        replicate(cfg)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -135,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-root", default=None, help="folder holding processbench/, prmbench/, gsm8k/ ... (default $BIPRM_DATA or ../shared/data)")
     p.add_argument("--bf16", choices=("auto", "yes", "no"), default=None, help="bf16 autocast; auto: where the CPU has native bf16 or a GPU is present")
     p.add_argument("--train-top-layers", type=int, default=None, help="layers trained on top of the frozen, cached trunk (preset's value if unset)")
+    p.add_argument("--report-only", action="store_true", help="write report.md, results.json and the figures from the runs finished so far; train nothing")
     p.set_defaults(func=cmd_replicate)
 
     from biprm.serve.config import ServeConfig

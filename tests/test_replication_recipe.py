@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from biprm.replication.data import DataRecipe
-from biprm.replication.recipe import ReplicateConfig, _batches, replicate, runs_of
+from biprm.replication.recipe import ReplicateConfig, _batches, replicate, report_only, runs_of
 
 
 def test_runs_cover_every_mode_before_repeating_seeds():
@@ -53,3 +53,7 @@ def test_toy_replication_runs_resumes_and_reports(data_dir, tmp_path):
     stamp = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
     replicate(cfg)
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == stamp
+
+    # the report alone, from what has finished
+    (out / "report.md").unlink()
+    assert report_only(cfg)["summary"]["modes"]["bi"]["seeds"] == [1106, 1107] and (out / "report.md").is_file()

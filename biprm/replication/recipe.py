@@ -17,6 +17,7 @@ multiplies bf16 natively or a GPU is present, fp32 elsewhere.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -139,8 +140,12 @@ def replicate(cfg: ReplicateConfig) -> dict:
         log.info("trunk cache %s: %d trajectories, %d feature rows", name, len(encs[name]), cache.layout.n_rows)
         cache.build(progress=True)
     digest = trunk_digest(base, cfg.top_layers)
-    cache_seconds = time.perf_counter() - started
     del base
+    meta = {
+        "config": asdict(cfg), "bf16": fast, "trunk_cache_seconds_this_session": round(time.perf_counter() - started, 1),
+        "sizes": {name: len(e) for name, e in encs.items()}, "torch_threads": torch.get_num_threads(),
+    }
+    write_json(out / "meta.json", meta)  # what `--report-only` summarises with
 
     # 3. every (mode, seed)
     for mode, seed in runs_of(cfg):
@@ -167,11 +172,15 @@ def replicate(cfg: ReplicateConfig) -> dict:
         log.info("%s done in %.0f s", name, result["seconds"])
 
     # 4. summary of whatever has finished
-    meta = {
-        "config": asdict(cfg), "bf16": fast, "trunk_cache_seconds": round(cache_seconds, 1),
-        "sizes": {name: len(e) for name, e in encs.items()}, "torch_threads": torch.get_num_threads(),
-    }
     return write_report(out, meta)
+
+
+def report_only(cfg: ReplicateConfig) -> dict:
+    """The report of the runs finished so far, without training (e.g. while the study goes on elsewhere)."""
+    path = Path(cfg.out) / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run `biprm replicate --preset {cfg.preset}` first (it writes it once the caches are built)")
+    return write_report(Path(cfg.out), json.loads(path.read_text()))
 
 
 def _batches(lengths: np.ndarray, batch_size: int, epochs: float, seed: int) -> list[np.ndarray]:
