@@ -39,15 +39,17 @@ FEATURES = datasets.Features({
 })
 
 
-def raw_rows(source: str, split: str = "train") -> tuple[datasets.Dataset, str]:
+def raw_rows(source: str, split: str = "train", streaming: bool = False) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
     """The rows of a local .json/.jsonl/.parquet file (optionally .gz) or a Hub dataset, as Arrow, and a display name."""
     path = Path(source).expanduser()
     if not path.is_file():
         if path.exists() or looks_like_path(source):
             read_rows(source, split)  # not a data file: raises the reader's error, naming it
         name, _, config = source.partition(":")
-        return datasets.load_dataset(name, config or None, split=split), f"{source}[{split}]"
+        return datasets.load_dataset(name, config or None, split=split, streaming=streaming), f"{source}[{split}]"
     kind = "parquet" if ".parquet" in path.suffixes else "json"
+    if streaming:
+        return datasets.load_dataset(kind, data_files=str(path), split="train", streaming=True), str(path)
     try:
         return datasets.load_dataset(kind, data_files=str(path), split="train"), str(path)
     except Exception as error:  # the Arrow reader is strict; the line reader names the bad line and field
@@ -119,6 +121,25 @@ def encoded_dataset(
     if skip_invalid:
         out = out.filter(lambda e: not e, input_columns="error", new_fingerprint=_fingerprint(key, "kept"))
     return out.remove_columns("error")
+
+
+def streamed_dataset(source: str, encoder: Encoder, fmt: str = "auto", split: str = "train", skip_invalid: bool = False) -> datasets.IterableDataset:
+    """`encoded_dataset` for data read as it is consumed (no full download, no cache, no length): rows are encoded
+    on the fly; a skipped row is logged as it passes, since there is no end to count at."""
+    raw, name = raw_rows(source, split, streaming=True)
+    first = next(iter(raw), None)
+    if first is None:
+        raise DataError(f"{name}: has no rows")
+    fmt = detect_format(first, f"{name} row 1") if fmt == "auto" else fmt
+    encode = partial(_encode_rows, convert=row_converter(fmt, "auto"), name=name, encoder=encoder, skip_invalid=skip_invalid)
+    out = raw.map(encode, batched=True, batch_size=256, with_indices=True, remove_columns=list(first), features=FEATURES)
+
+    def kept(error: str) -> bool:
+        if error:
+            log.warning("skipped: %s", error)
+        return not error
+
+    return out.filter(kept, input_columns="error").remove_columns("error")
 
 
 def _report(out: datasets.Dataset, name: str, n_rows: int, max_length: int) -> None:

@@ -22,7 +22,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.checkpoint import share, stamp, write_model_card
-from biprm.encoded import encoded_dataset, to_encoded
+from biprm.encoded import encoded_dataset, streamed_dataset, to_encoded
 from biprm.run_folder import plan, publish, run_record, start
 from biprm.encoding import Encoder
 from biprm.lora import DEFAULT_TARGETS, save_merged, with_lora
@@ -75,6 +75,7 @@ class TrainConfig:
     skip_invalid: bool = False
     num_proc: int | None = None  # processes that encode the data (default: up to 8 for 20,000+ rows, else 1)
     group_by_length: bool = True  # batches of similar lengths (less padding), in a seeded random order
+    streaming: bool = False  # read and encode the data as training consumes it (huge Hub sets); needs --max-steps
     report_to: str = "none"  # none, or trackers separated by commas: tensorboard,wandb
     gradient_checkpointing: bool = False
     deepspeed: str | None = None
@@ -85,6 +86,8 @@ class TrainConfig:
         for flag, value, allowed in (("mode", self.mode, MODES), ("objective", self.objective, OBJECTIVES), ("format", self.format, ("auto", *FORMATS))):
             if value not in allowed:
                 raise ValueError(f"--{flag} {value!r}: choose one of {', '.join(allowed)}")
+        if self.streaming and (self.max_steps <= 0 or self.eval_fraction):
+            raise ValueError("--streaming data has no length: give --max-steps, and hold out no --eval-fraction")
 
 
 class BiPRMTrainer(Trainer):
@@ -159,7 +162,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         dataloader_pin_memory=torch.cuda.is_available(),
         deepspeed=cfg.deepspeed,
         disable_tqdm=not cfg.show_progress,
-        train_sampling_strategy="group_by_length" if cfg.group_by_length else "random",
+        train_sampling_strategy="group_by_length" if cfg.group_by_length and not cfg.streaming else "random",
         length_column_name="n_tokens",
     )
 
@@ -215,17 +218,23 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log.info("training the top %d layers, value head and gate: %d of %d parameters", cfg.train_top_layers, trainable, model.num_parameters())
     encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
-    with args.main_process_first(desc="encoding the training data"):  # rank 0 builds the cache, the others map it
-        data = encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)
-    train_set, eval_set = holdout(data, cfg.eval_fraction, cfg.seed)
-    record = run_record(asdict(cfg), data._fingerprint)
+    if cfg.streaming:
+        data = streamed_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid)
+        train_set, eval_set, fingerprint = data, None, f"stream:{cfg.data}"
+    else:
+        with args.main_process_first(desc="encoding the training data"):  # rank 0 builds the cache, the others map it
+            data = encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)
+        train_set, eval_set = holdout(data, cfg.eval_fraction, cfg.seed)
+        fingerprint = data._fingerprint
+    record = run_record(asdict(cfg), fingerprint)
     resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite)
     args.distributed_state.wait_for_everyone()  # every rank has looked at the folder before the first one writes to it
     if args.process_index == 0:
         start(cfg.output_dir, record, cfg.overwrite)
     args.distributed_state.wait_for_everyone()
-    log.info("training %s/%s on %d trajectories from %s (%d held out)", cfg.mode, cfg.objective, len(train_set), cfg.data,
-             len(eval_set) if eval_set is not None else 0)
+    if not cfg.streaming:
+        log.info("training %s/%s on %d trajectories from %s (%d held out)", cfg.mode, cfg.objective, len(train_set), cfg.data,
+                 len(eval_set) if eval_set is not None else 0)
 
     options = dict(mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row, pad_id=tokenizer.pad_token_id)
     trainer = BiPRMTrainer(

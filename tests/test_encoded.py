@@ -78,3 +78,19 @@ def test_truncated_rows_are_named_and_broken_json_names_its_line(tmp_path, encod
     broken.write_text(path.read_text() + '{"prompt": "x", \n')
     with pytest.raises(DataError, match=r"broken.jsonl line 4: not valid JSON"):
         encoded_dataset(str(broken), encoder)
+
+
+def test_streaming_encodes_as_it_goes_and_trains(tmp_path, encoder, caplog):
+    from biprm.encoded import streamed_dataset
+    from biprm.train import TrainConfig, train
+
+    path = trl_file(tmp_path / "d.jsonl", bad_row=2)
+    with caplog.at_level(logging.WARNING):
+        rows = list(streamed_dataset(str(path), encoder, skip_invalid=True))
+    want = [encoder.encode(t) for t in load_source(str(path)) if t.labels is not None]
+    assert [r["steps"] for r in rows] == [w.steps for w in want] and "d.jsonl row 2: field 'labels' is missing" in caplog.text
+    with pytest.raises(ValueError, match="give --max-steps"):
+        TrainConfig(data=str(path), streaming=True)
+    out = train(TrainConfig(backbone="tiny", data=str(path), streaming=True, skip_invalid=True, max_steps=2, batch_size=2, grad_accum=1,
+                            output_dir=str(tmp_path / "run"), save_steps=10, show_progress=False))
+    assert max(e.get("step", 0) for e in json.loads((tmp_path / "run" / "train_log.json").read_text())) == 2 and out
