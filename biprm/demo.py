@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -22,25 +22,9 @@ from biprm.metrics.processbench import predict_first_error, processbench_scores,
 from biprm.plots import plot_sigma_by_position
 from biprm.scoring import Scorer
 from biprm.synthetic import make_bon_pools, make_dataset
-from biprm.train import TrainConfig, train
+from biprm.config import DemoConfig, TrainConfig
+from biprm.train import train
 from biprm.writers import write_trajectories
-
-
-@dataclass
-class DemoConfig:
-    output_dir: str = "out/demo"
-    modes: str = "l2r,r2l,bi-static,bi"
-    n_train: int = 4800
-    n_test: int = 600
-    bon_questions: int = 150
-    bon_candidates: int = 16
-    events: tuple[int, int] = (2, 3)  # events per problem: short problems a tiny model learns within minutes
-    mix: tuple[float, float, float] = (0.45, 0.1, 0.45)  # correct, calc, claim: mostly errors a later step exposes
-    epochs: float = 2.0
-    lr: float = 3e-3  # 100x the paper's, to learn something in minutes ...
-    gate_lr_scale: float = 0.1  # ... at which a full-lr gate saturates (sigma -> 0 or 1) within the first steps
-    batch_size: int = 16
-    seed: int = 1106
 
 
 def evaluate(scorer: Scorer, dev, test, pools) -> dict:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from biprm.config import LORA_TARGETS
 from biprm.modeling import BiPRMModel
 
 # the projections of Llama/Mistral/Qwen2-style decoder layers; only under `backbone.`
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def with_lora(model: BiPRMModel, r: int, alpha: float, dropout: float = 0.0, targets: tuple[str, ...] = DEFAULT_TARGETS):
+def with_lora(model: BiPRMModel, r: int, alpha: float, dropout: float = 0.0, targets: tuple[str, ...] = LORA_TARGETS):
     try:
         from peft import LoraConfig, get_peft_model
     except ModuleNotFoundError:

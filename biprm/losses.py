@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-OBJECTIVES = ("bce", "mse", "qrank")
+from biprm.config import OBJECTIVES
 
 
 def _segments(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

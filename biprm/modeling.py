@@ -18,11 +18,11 @@ import torch.nn as nn
 from transformers import AutoConfig, AutoModel, DynamicCache, PreTrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from biprm.config import MODES
 from biprm.encoding import add_step_tag
 from biprm.losses import objective_loss
 from biprm.packing import STREAMS, attention_mask, cached_attention_mask
 
-MODES = tuple(STREAMS)
 
 
 class BiPRMConfig(PreTrainedConfig):

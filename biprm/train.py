@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -21,73 +21,17 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.config import TrainConfig
 from biprm.checkpoint import share, stamp, write_model_card
 from biprm.encoded import encoded_dataset, streamed_dataset, to_encoded
 from biprm.run_folder import plan, publish, run_record, start
 from biprm.encoding import Encoder
-from biprm.lora import DEFAULT_TARGETS, save_merged, with_lora
-from biprm.losses import OBJECTIVES
-from biprm.modeling import MODES, from_backbone
-from biprm.readers import FORMATS
+from biprm.lora import save_merged, with_lora
+from biprm.modeling import from_backbone
 from biprm.packing import pack
 from biprm.trunk import freeze_bottom
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainConfig:
-    """Defaults are the paper's (Appendix A): AdamW, linear schedule, lr 3e-5, 1 epoch, seed 1106."""
-
-    backbone: str = "tiny"
-    data: str = "synthetic:2000"
-    format: str = "auto"  # the data layout: auto (detected from the first row), trl, math-shepherd, processbench, prmbench
-    output_dir: str = "runs/biprm"
-    mode: str = "bi"
-    objective: str = "bce"
-    zeta: float = 4.0
-    lr: float = 3e-5
-    epochs: float = 1.0
-    max_steps: int = -1
-    batch_size: int = 2
-    grad_accum: int = 4
-    warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
-    seed: int = 1106
-    max_length: int = 2048
-    max_tokens_per_row: int | None = None
-    share_prefix: bool = True
-    bf16: bool = False
-    save_steps: int = 500
-    save_total_limit: int | None = 2
-    logging_steps: int = 10
-    eval_fraction: float = 0.0  # rows held out for a validation loss every save_steps (the paper holds out 5 %)
-    resume: bool = False  # continue this run from its newest complete checkpoint (the folder's record must match)
-    overwrite: bool = False  # replace the run this folder holds
-    detach_gate_inputs: bool = False  # True: the gate trains on detached hidden states (a side effect of the reference code)
-    aux_loss_weight: float = 0.0
-    gate_lr_scale: float = 1.0  # the gate learns at lr x this; < 1 keeps it from saturating at high lr
-    train_top_layers: int | None = None  # freeze the embeddings and all but the top K layers (Llama/Mistral/Qwen2 bodies)
-    lora_r: int = 0  # > 0: LoRA adapters of this rank on the backbone; value head, gate and step-tag row train in full
-    lora_alpha: float = 32.0
-    lora_dropout: float = 0.0
-    lora_targets: str = ",".join(DEFAULT_TARGETS)  # names of the backbone's linear layers that get adapters
-    skip_invalid: bool = False
-    num_proc: int | None = None  # processes that encode the data (default: up to 8 for 20,000+ rows, else 1)
-    group_by_length: bool = True  # batches of similar lengths (less padding), in a seeded random order
-    streaming: bool = False  # read and encode the data as training consumes it (huge Hub sets); needs --max-steps
-    report_to: str = "none"  # none, or trackers separated by commas: tensorboard,wandb
-    gradient_checkpointing: bool = False
-    deepspeed: str | None = None
-    show_progress: bool = True
-
-    def __post_init__(self) -> None:
-        """Refuse a misspelt choice at once, before any backbone or data loads."""
-        for flag, value, allowed in (("mode", self.mode, MODES), ("objective", self.objective, OBJECTIVES), ("format", self.format, ("auto", *FORMATS))):
-            if value not in allowed:
-                raise ValueError(f"--{flag} {value!r}: choose one of {', '.join(allowed)}")
-        if self.streaming and (self.max_steps <= 0 or self.eval_fraction):
-            raise ValueError("--streaming data has no length: give --max-steps, and hold out no --eval-fraction")
 
 
 class BiPRMTrainer(Trainer):

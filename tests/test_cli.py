@@ -172,3 +172,44 @@ def test_score_names_unreadable_text_and_skips_it_on_request(checkpoint, tmp_pat
     assert "in.jsonl trajectory 2: found 3 step-tag tokens for 2 steps" in capsys.readouterr().err
     main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(tmp_path / "o.jsonl"), "--skip-invalid"])
     assert [json.loads(x)["meta"]["id"] for x in (tmp_path / "o.jsonl").read_text().splitlines()] == [0, 2]
+
+
+def test_every_flag_has_help_and_choices_are_checked_when_parsing(capsys):
+    from biprm.cli import _subparsers, build_parser
+
+    parser = build_parser()
+    for p in _subparsers(parser):
+        for action in (a for a in p._actions if a.option_strings):
+            assert action.help, f"{p.prog} {action.option_strings} has no help"
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args(["train", "--mode", "bidirectional"])
+    assert stop.value.code == 2 and "invalid choice" in capsys.readouterr().err
+    assert parser.parse_args(["serve", "--model", "m", "--aggregation", "prod"]).aggregation == "prod"
+
+
+def test_help_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys\nfrom biprm.cli import build_parser\nbuild_parser().format_help()\nprint('torch' in sys.modules, 'transformers.modeling_utils' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["False", "False"], done.stderr[-2000:]
+
+
+def test_config_file_fills_settings_and_flags_win(tmp_path, monkeypatch, capsys):
+    import biprm.cli as cli
+
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "train", (TrainConfig, seen.append, "train"))
+    (tmp_path / "run.yaml").write_text("mode: l2r\nlr: 1.0e-4\nmax_steps: 7\nshare_prefix: false\n")
+    main(["train", "--config", str(tmp_path / "run.yaml"), "--max-steps", "3"])
+    cfg = seen[-1]
+    assert (cfg.mode, cfg.lr, cfg.max_steps, cfg.share_prefix, cfg.batch_size) == ("l2r", 1e-4, 3, False, TrainConfig.batch_size)
+    (tmp_path / "run.json").write_text(json.dumps({"mode": "r2l", "lr": "2e-5"}))
+    main(["train", "--config", str(tmp_path / "run.json")])
+    assert (seen[-1].mode, seen[-1].lr) == ("r2l", 2e-5)
+    for text, message in (("mdoe: l2r\n", "unknown setting 'mdoe'"), ("mode: bidirectional\n", "mode: 'bidirectional' is not one of")):
+        (tmp_path / "bad.yaml").write_text(text)
+        with pytest.raises(SystemExit) as stop:
+            main(["train", "--config", str(tmp_path / "bad.yaml")])
+        assert stop.value.code == 2 and message in capsys.readouterr().err

@@ -277,7 +277,7 @@ def test_checkpoint_is_portable_card_layout_readable_and_loads_in_a_fresh_proces
     config = json.loads((out / "config.json").read_text())
     assert config["biprm_version"] and config["text_layout"]["prompt"].startswith("Question: {question}")
     assert all(p.stat().st_mode & 0o044 == 0o044 for p in out.iterdir() if p.is_file())  # group and others can read
-    code = f"import biprm, sys; from transformers import AutoModel; m = AutoModel.from_pretrained({str(out)!r}); print(type(m).__name__, m.config.mode)"
+    code = f"import biprm.modeling, sys; from transformers import AutoModel; m = AutoModel.from_pretrained({str(out)!r}); print(type(m).__name__, m.config.mode)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.split()[-2:] == ["BiPRMModel", "bi"], done.stderr[-2000:]
 

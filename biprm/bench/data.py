@@ -18,22 +18,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from biprm.evaluation.data import data_file, default_data_root
-
-
-@dataclass
-class DataBenchConfig:
-    rows: int = 445_000
-    data_root: str = field(default_factory=default_data_root)
-    work_dir: str = ""  # the generated file and the caches; default a temporary folder
-    out: str = "benchmarks"
-    max_length: int = 2048
-    batch_size: int = 8
+from biprm.bench.config import DataBenchConfig
+from biprm.evaluation.data import data_file
 
 
 def write_rows(path: Path, n: int, data_root: str, seed: int = 0) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from transformers import Qwen2Config
 
+from biprm.bench.config import BenchConfig
 from biprm.bench.measure import machine, matmul_peak, step_memory, timed
 from biprm.bench.reference import score_one_at_a_time
 from biprm.bench.report import plot_scaling, targets, write_markdown
@@ -35,36 +36,12 @@ from biprm.readers import gsm8k_bon_small
 from biprm.scoring import Scorer
 from biprm.trajectory import Trajectory
 
-PRESETS = {  # smoke: every code path in seconds on the tiny shape (tests)
-    "full": dict(batch=4, tokens=256, repeats=3, questions=5, bon_repeats=2, ref_sample=12, latency_sample=3, extra=True, scaling=True),
-    "quick": dict(batch=2, tokens=128, repeats=2, questions=2, bon_repeats=1, ref_sample=4, latency_sample=2, extra=False, scaling=False),
-    "smoke": dict(batch=2, tokens=128, repeats=1, questions=1, bon_repeats=1, ref_sample=2, latency_sample=1, extra=True, scaling=True),
-}
 # (what the targets need, what the full run adds)
 TRAIN = ("ref-bi", "l2r:plain", "bi:tree"), ("ref-l2r", "bi:plain", "bi:packed1024")
 MEMORY = ("ref-bi", "bi:tree"), ("l2r:plain",)
 LATENCY = ("ref-bi", "l2r:plain", "bi:default", "bi:kv"), ("ref-l2r", "bi:plain")
 BON = ("ref-bi", "l2r:plain", "l2r:kv", "bi:kv"), ("ref-l2r", "bi:default")
 SCALING = ("l2r:plain", "bi:plain", "bi:default", "bi:kv")
-
-
-@dataclass
-class BenchConfig:
-    shape: str = "smollm2-135m"
-    preset: str = "full"
-    data_root: str = ""
-    out: str = "benchmarks"
-    threads: int = 0  # 0: every core
-    seed: int = 0
-    memory: bool = True
-    dtypes: str = "auto"  # float32 and, when this CPU multiplies bf16 faster than fp32, bfloat16
-
-    @property
-    def sizes(self) -> dict:
-        return PRESETS[self.preset]
-
-    def names(self, pair: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[str, ...]:
-        return pair[0] + (pair[1] if self.sizes["extra"] else ())
 
 
 def scorer(bench: Bench, name: str) -> Scorer:

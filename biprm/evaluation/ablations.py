@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from biprm.analysis.common import TITLES, markdown_table
 from biprm.evaluation.bon import evaluate_bon, format_bon
 from biprm.evaluation.common import EvalOptions, fmt, write_outputs
-from biprm.evaluation.data import PROCESSBENCH_SUBSETS, load_pool, load_processbench
+from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.evaluation.data import load_pool, load_processbench
 from biprm.evaluation.models import ROLES, ablation_modes, score_modes
 from biprm.evaluation.processbench import evaluate_processbench, format_processbench
 from biprm.metrics.bon import DEFAULT_NS

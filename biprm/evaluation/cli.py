@@ -1,16 +1,14 @@
-"""`biprm eval {bon,processbench,ablations,all}`: flags -> one config dataclass -> one recipe."""
+"""`biprm eval {bon,processbench,ablations,all}`: flags -> one config dataclass -> one recipe.
+
+The recipes are imported when a command runs, so that building the parser (and `--help`) stays cheap.
+"""
 from __future__ import annotations
 
 import argparse
 
 from biprm.aggregate import AGGREGATIONS
-from biprm.evaluation.ablations import AblationConfig, run_ablations
-from biprm.evaluation.bon import BonConfig, run_bon
-from biprm.evaluation.cache import ScorerSettings
-from biprm.evaluation.data import PROCESSBENCH_SUBSETS, default_data_root
-from biprm.evaluation.models import CHECKPOINT_ROLES as ROLES
-from biprm.evaluation.processbench import ProcessBenchConfig, run_processbench
-from biprm.evaluation.suite import SuiteConfig, run_suite
+from biprm.config import CHECKPOINT_ROLES as ROLES
+from biprm.config import PROCESSBENCH_SUBSETS, default_data_root
 from biprm.metrics.bon import DEFAULT_NS
 
 
@@ -30,8 +28,7 @@ def _role(text: str) -> tuple[str, str]:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-root", default=default_data_root(),
-                   help="benchmark folder: $BIPRM_DATA, else ../shared/data beside the repo (%(default)s)")
+    p.add_argument("--data-root", default=default_data_root(), help="benchmark folder: $BIPRM_DATA, else ../shared/data beside the repo")
     p.add_argument("--out", default="eval", help="output folder")
     p.add_argument("--cache-dir", default=None, help="score cache (default: OUT/cache)")
     p.add_argument("--limit", type=int, default=None, help="at most N questions per pool and rows per ProcessBench subset, evenly spaced")
@@ -39,44 +36,53 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grade-timeout", type=float, default=5.0, help="seconds per graded answer; slower ones are reported and retried next run")
     p.add_argument("--device", default=None, help="cuda if available, else cpu")
     p.add_argument("--tokens-per-batch", type=int, default=None, help="tokens per backbone batch (Scorer's default by layout)")
-    p.add_argument("--tokens-per-row", type=int, default=ScorerSettings.tokens_per_row, help="packed row length; 0 gives every question its own row")
+    p.add_argument("--tokens-per-row", type=int, default=None, help="packed row length (default: the Scorer's); 0 gives every question its own row")
     p.add_argument("--max-length", type=int, default=4096, help="tokens per stream; trailing steps past it are not scored")
 
 
 def _scoring(p: argparse.ArgumentParser, pb: bool = True) -> None:
     p.add_argument("--agg", choices=AGGREGATIONS, default="min", help="step -> solution score")
-    ns = ",".join(map(str, DEFAULT_NS))
-    p.add_argument("--ns", type=_ints, default=DEFAULT_NS, help=f"BoN sizes, comma-separated (default {ns}; those above the pool size are skipped)")
+    p.add_argument("--ns", type=_ints, default=DEFAULT_NS, help="BoN sizes, comma-separated; those above the pool size are skipped")
     if pb:
-        subsets = ",".join(PROCESSBENCH_SUBSETS)
-        p.add_argument("--subsets", type=_names, default=PROCESSBENCH_SUBSETS, help=f"ProcessBench subsets (default {subsets})")
+        p.add_argument("--subsets", type=_names, default=PROCESSBENCH_SUBSETS, help="ProcessBench subsets, comma-separated")
         p.add_argument("--threshold", type=float, default=0.5, help="first-error threshold on step probabilities")
 
 
 def _options(args: argparse.Namespace) -> dict:
-    scorer = ScorerSettings(args.device, args.tokens_per_batch, args.tokens_per_row or None, args.max_length)
+    from biprm.evaluation.cache import ScorerSettings
+
+    per_row = ScorerSettings.tokens_per_row if args.tokens_per_row is None else args.tokens_per_row or None
+    scorer = ScorerSettings(args.device, args.tokens_per_batch, per_row, args.max_length)
     return dict(data_root=args.data_root, out=args.out, cache_dir=args.cache_dir, limit=args.limit,
                 grade_workers=args.grade_workers, grade_timeout=args.grade_timeout, scorer=scorer)
 
 
 def cmd_bon(args: argparse.Namespace) -> None:
+    from biprm.evaluation.bon import BonConfig, run_bon
+
     run_bon(BonConfig(models=args.model, pool=args.pool, questions=args.questions, questions_split=args.questions_split,
                       split_rule=args.split_rule, agg=args.agg, ns=args.ns, random_subsets=args.random_subsets, seed=args.seed,
                       **_options(args)))
 
 
 def cmd_processbench(args: argparse.Namespace) -> None:
+    from biprm.evaluation.processbench import ProcessBenchConfig, run_processbench
+
     run_processbench(ProcessBenchConfig(models=args.model, subsets=tuple(args.data or args.subsets), threshold=args.threshold, tune=args.tune_threshold,
                                         **_options(args)))
 
 
 def cmd_ablations(args: argparse.Namespace) -> None:
+    from biprm.evaluation.ablations import AblationConfig, run_ablations
+
     ckpts = {role: path for role in ROLES if (path := getattr(args, role.replace("-", "_")))}
     run_ablations(AblationConfig(checkpoints=ckpts, pools=args.pool or ["gsm8k_bon_small"], agg=args.agg, ns=args.ns,
                                  subsets=args.subsets, threshold=args.threshold, tune=args.tune_threshold, **_options(args)))
 
 
 def cmd_all(args: argparse.Namespace) -> None:
+    from biprm.evaluation.suite import SuiteConfig, run_suite
+
     run_suite(SuiteConfig(model=args.model, ablation=dict(args.ablation or []), pools=args.pool or [], agg=args.agg, ns=args.ns,
                           subsets=args.subsets, threshold=args.threshold, long_chain_tokens=args.long_chain_tokens,
                           perturb_seed=args.perturb_seed, cases=args.cases, **_options(args)))
@@ -94,7 +100,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--questions-split", default="test", help="split when --questions is a Hub dataset (GSM-Plus: testmini)")
     p.add_argument("--split-rule", default="auto", help="how a candidate's text is cut into steps: auto, newline, double-newline, ки")
     p.add_argument("--random-subsets", type=int, default=0, help="also average BoN@n over R random n-subsets (95%% range)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random n-subsets")
     _scoring(p, pb=False)
     _common(p)
     p.set_defaults(func=cmd_bon)
@@ -125,7 +131,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ablation", type=_role, nargs="+", default=None, metavar="ROLE=CKPT",
                    help=f"separately trained models (ROLE in {', '.join(ROLES)}); --model fills its own role")
     p.add_argument("--long-chain-tokens", type=int, default=1024, help="long-chain subset: sequences longer than this")
-    p.add_argument("--perturb-seed", type=int, default=1106)
+    p.add_argument("--perturb-seed", type=int, default=1106, help="seed of the perturbation analysis")
     p.add_argument("--cases", type=int, default=3, help="case studies to show")
     _scoring(p)
     _common(p)

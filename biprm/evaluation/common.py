@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from biprm.evaluation.cache import ScoreCache, ScorerSettings
-from biprm.evaluation.data import default_data_root
+from biprm.config import default_data_root
 
 
 @dataclass(kw_only=True)

@@ -10,26 +10,20 @@ the pool by position and checked by text, as PQM's evaluation does.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from biprm.config import PROCESSBENCH_SUBSETS
 from biprm.evaluation.cache import ScoreCache
 from biprm.grading import extract_answer, grade_many
 from biprm.readers import gsm8k_bon_small, load_trajectories, read_rows
 from biprm.trajectory import DataError, Trajectory
 
-PROCESSBENCH_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
 QUESTION_SETS = {"gsm_plus": "gsm_plus/gsmplus_testmini.jsonl", "math500": "math500/test.jsonl", "gsm8k": "gsm8k/test.jsonl"}
 
 logger = logging.getLogger(__name__)
-
-
-def default_data_root() -> str:
-    """$BIPRM_DATA, else ../shared/data beside a source checkout (the folder the tests and docs use)."""
-    return os.environ.get("BIPRM_DATA") or str(Path(__file__).resolve().parents[3] / "shared" / "data")
 
 
 def data_file(root: str | Path, *parts: str) -> Path:

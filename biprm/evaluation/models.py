@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 
 from biprm.backbones import load_tokenizer
+from biprm.config import CHECKPOINT_ROLES
 from biprm.encoding import Encoder
 from biprm.evaluation.cache import ScoreCache
 from biprm.scores import StepScores
 from biprm.trajectory import Trajectory
 
-CHECKPOINT_ROLES = ("l2r", "r2l", "bi-static", "bi", "l2r-2", "r2l-2")  # what `eval ablations` takes
 # Ablation rows in the paper's order: (role, expected checkpoint mode, row label).
 ROLES = (
     ("l2r", "l2r", "w/o R2L"),

@@ -14,7 +14,8 @@ import numpy as np
 
 from biprm.analysis.common import TITLES, first_error_report, first_errors, judged_rows, markdown_table, subsets
 from biprm.evaluation.common import EvalOptions, fmt, write_outputs
-from biprm.evaluation.data import PROCESSBENCH_SUBSETS, load_processbench
+from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.evaluation.data import load_processbench
 from biprm.evaluation.models import modes_of, score_modes
 from biprm.metrics.processbench import first_error_f1_by_subset, tune_threshold
 from biprm.scores import StepScores

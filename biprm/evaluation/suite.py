@@ -39,7 +39,8 @@ from biprm.analysis.common import markdown_table
 from biprm.evaluation.ablations import ablation_table, format_ablation_table
 from biprm.evaluation.bon import evaluate_bon, format_bon
 from biprm.evaluation.common import EvalOptions, fmt, write_json
-from biprm.evaluation.data import PROCESSBENCH_SUBSETS, load_pool, load_processbench
+from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.evaluation.data import load_pool, load_processbench
 from biprm.evaluation.models import Mode, ablation_modes, checkpoint_mode, checkpoint_modes, score_modes, token_lengths
 from biprm.evaluation.processbench import TUNE_ON, evaluate_processbench, format_processbench
 from biprm.evaluation.report import format_curves, format_long_chain

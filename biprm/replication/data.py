@@ -23,7 +23,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Callable
 
-from biprm.evaluation.data import PROCESSBENCH_SUBSETS, QUESTION_SETS, data_file, spread
+from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.evaluation.data import QUESTION_SETS, data_file, spread
 from biprm.perturb import mix_seed
 from biprm.readers import load_trajectories, read_rows, solution_steps
 from biprm.trajectory import DataError, Trajectory, labels_from_first_error, validate

@@ -1,28 +1,46 @@
-"""Flags of `biprm serve`: a plain dataclass, so the CLI lists them without importing the server stack."""
+"""Flags of `biprm serve` and `biprm loadtest`: plain dataclasses, so the CLI lists them without importing the server stack."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 from biprm.aggregate import AGGREGATIONS
+from biprm.config import arg, default_data_root
 from biprm.readers import SPLIT_RULES
+
+Aggregation = Literal[AGGREGATIONS]
+SplitRule = Literal[SPLIT_RULES]
 
 
 @dataclass
 class ServeConfig:
-    model: str = field(metadata={"help": "checkpoint folder written by `biprm train`"})
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on (0.0.0.0 for every interface)"})
-    port: int = field(default=8000, metadata={"help": "TCP port"})
-    device: str | None = field(default=None, metadata={"help": "cuda, cuda:1, cpu (default: cuda if present)"})
-    max_wait_ms: float = field(default=5.0, metadata={"help": "how long the first request of a batch waits for others to join"})
-    max_batch_tokens: int = field(default=16384, metadata={"help": "stop gathering a batch at this many tokens (both streams)"})
-    max_queue: int = field(default=1024, metadata={"help": "solutions waiting at most; past it requests get 503 at once"})
-    max_length: int = field(default=4096, metadata={"help": "tokens per stream; trailing steps past it are not scored"})
-    on_overlength: str = field(default="flag", metadata={"help": "flag: score the steps that fit and say so; refuse: answer 413"})
-    aggregation: str = field(default="min", metadata={"help": f"solution score of /get_reward, one of {AGGREGATIONS}"})
-    split: str = field(default="auto", metadata={"help": f"how free text is cut into steps, one of {SPLIT_RULES}"})
+    model: str = arg(help="checkpoint folder written by `biprm train`")
+    host: str = arg("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
+    port: int = arg(8000, "TCP port")
+    device: str | None = arg(None, "cuda, cuda:1, cpu (default: cuda if present)")
+    max_wait_ms: float = arg(5.0, "how long the first request of a batch waits for others to join")
+    max_batch_tokens: int = arg(16384, "stop gathering a batch at this many tokens (both streams)")
+    max_queue: int = arg(1024, "solutions waiting at most; past it requests get 503 at once")
+    max_length: int = arg(4096, "tokens per stream; trailing steps past it are not scored")
+    on_overlength: Literal["flag", "refuse"] = arg("flag", "flag: score the steps that fit and say so; refuse: answer 413")
+    aggregation: Aggregation = arg("min", "solution score of /get_reward")
+    split: SplitRule = arg("auto", "how free text is cut into steps")
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("aggregation", self.aggregation, AGGREGATIONS), ("split", self.split, SPLIT_RULES),
                                      ("on_overlength", self.on_overlength, ("flag", "refuse"))):
             if value not in allowed:
                 raise ValueError(f"--{name.replace('_', '-')} {value!r}: choose one of {list(allowed)}")
+
+
+@dataclass
+class LoadTestConfig:
+    shape: str = arg("smollm2-135m", "backbone shape served with random weights (speed does not depend on them): smollm2-135m or tiny")
+    data_root: str = arg(help="folder holding gsm8k/ and gsm8k_bon_small/", factory=default_data_root)
+    requests: int = arg(192, "single-solution requests per measurement")
+    concurrency: list[int] = arg(help="concurrent clients of the batching server's latency table", factory=lambda: [1, 8, 32])
+    compare_at: int = arg(32, "concurrency of the batched vs one-at-a-time comparison")
+    overload_clients: int = arg(256, "clients of the overload measurement")
+    overload_queue: int = arg(32, "--max-queue of the overloaded server")
+    time_limit_s: float = arg(240.0, "seconds per measurement; requests not sent by then are not sent")
+    out: str = arg("benchmarks", "where serve-<shape>.{json,md} go")

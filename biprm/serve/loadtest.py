@@ -21,30 +21,17 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from biprm.bench.measure import machine
 from biprm.bench.workload import build
-from biprm.evaluation.data import default_data_root
 from biprm.readers import gsm8k_bon_small
 from biprm.scoring import Scorer
+from biprm.serve.config import LoadTestConfig
 from biprm.trajectory import Trajectory
-
-
-@dataclass
-class LoadTestConfig:
-    shape: str = "smollm2-135m"
-    data_root: str = field(default_factory=default_data_root)
-    requests: int = 192  # per measurement
-    concurrency: tuple[int, ...] = (1, 8, 32)
-    compare_at: int = 32  # concurrency of the batched vs one-at-a-time comparison
-    overload_clients: int = 256
-    overload_queue: int = 32
-    time_limit_s: float = 240.0  # per measurement; requests not sent by then are not sent
-    out: str = "benchmarks"
 
 
 async def _one(client, url: str, traj: Trajectory) -> tuple[int, float, dict | None]:

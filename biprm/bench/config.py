@@ -1,0 +1,43 @@
+"""Flags of `biprm bench` and `biprm bench-data`: plain dataclasses, so the CLI lists them without importing torch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from biprm.config import arg, default_data_root
+
+PRESETS = {  # smoke: every code path in seconds on the tiny shape (tests)
+    "full": dict(batch=4, tokens=256, repeats=3, questions=5, bon_repeats=2, ref_sample=12, latency_sample=3, extra=True, scaling=True),
+    "quick": dict(batch=2, tokens=128, repeats=2, questions=2, bon_repeats=1, ref_sample=4, latency_sample=2, extra=False, scaling=False),
+    "smoke": dict(batch=2, tokens=128, repeats=1, questions=1, bon_repeats=1, ref_sample=2, latency_sample=1, extra=True, scaling=True),
+}
+
+
+@dataclass
+class BenchConfig:
+    preset: Literal["full", "quick", "smoke"] = arg("full", "quick: the target ratios on small sizes, about 3 minutes on 2 cores; "
+                                                      "full adds the reference L2R, more layouts and the scaling curve")
+    shape: str = arg("smollm2-135m", "backbone whose config and tokenizer to use (random weights): smollm2-135m or tiny")
+    data_root: str = arg(help="folder holding gsm8k/ and gsm8k_bon_small/", factory=default_data_root)
+    out: str = arg("benchmarks", "where bench-<shape>[-quick].{json,md} and the scaling PNG go")
+    threads: int = arg(0, "torch threads; 0: every core")
+    seed: int = arg(0, "seed of the sampled solutions")
+    memory: bool = arg(True, "probe the peak memory of each configuration")
+    dtypes: str = arg("auto", "auto (fp32, and bf16 where this CPU multiplies it faster), or a list like float32,bfloat16")
+
+    @property
+    def sizes(self) -> dict:
+        return PRESETS[self.preset]
+
+    def names(self, pair: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[str, ...]:
+        return pair[0] + (pair[1] if self.sizes["extra"] else ())
+
+
+@dataclass
+class DataBenchConfig:
+    rows: int = arg(445_000, "rows of the generated TRL file")
+    data_root: str = arg(help="folder holding gsm8k/", factory=default_data_root)
+    work_dir: str = arg("", "keep the generated file and caches here (default: a temporary folder)")
+    out: str = arg("benchmarks", "where data-<rows>.{json,md} go")
+    max_length: int = arg(2048, "tokens per stream, as in `biprm train`")
+    batch_size: int = arg(8, "trajectories per step")

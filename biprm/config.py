@@ -1,0 +1,131 @@
+"""What each `biprm` command can be told, as plain dataclasses kept apart from the heavy modules.
+
+The CLI turns every field into a flag with `HfArgumentParser` (help, default and choices
+come from the field), and `--config run.yaml` fills the same fields. Nothing here imports
+torch or transformers, so `biprm --help` answers at once.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import MISSING, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from biprm.readers import FORMATS
+
+Mode = Literal["l2r", "r2l", "bi-static", "bi"]
+MODES: tuple[str, ...] = get_args(Mode)
+Objective = Literal["bce", "mse", "qrank"]
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+Format = Literal[("auto", *FORMATS)]  # noqa: F821 (a Literal built from the readers' list)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROCESSBENCH_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
+CHECKPOINT_ROLES = ("l2r", "r2l", "bi-static", "bi", "l2r-2", "r2l-2")  # what `eval ablations` takes
+
+
+def default_data_root() -> str:
+    """$BIPRM_DATA, else ../shared/data beside a source checkout (the folder the tests and docs use)."""
+    return os.environ.get("BIPRM_DATA") or str(Path(__file__).resolve().parents[2] / "shared" / "data")
+
+
+def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING) -> Any:
+    """A dataclass field with the help text its flag shows."""
+    return field(default=default, default_factory=factory, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    """Defaults are the paper's (Appendix A): AdamW, linear schedule, lr 3e-5, 1 epoch, seed 1106."""
+
+    backbone: str = arg("tiny", "a Hugging Face causal LM (name or folder), or a built-in: tiny, smollm2-135m")
+    data: str = arg("synthetic:2000", "a JSONL/JSON/Parquet file (.gz too), a Hub dataset name, or synthetic:N")
+    format: Format = arg("auto", "the data layout; auto detects it from the first row")
+    output_dir: str = arg("runs/biprm", "where checkpoints, logs and the final model go")
+    mode: Mode = arg("bi", "l2r/r2l: one stream; bi: both, fused by the learned gate; bi-static: both, averaged")
+    objective: Objective = arg("bce", "step loss: bce (the paper), mse, or qrank (ranking with margin zeta)")
+    zeta: float = arg(4.0, "qrank margin")
+    lr: float = arg(3e-5, "peak learning rate (AdamW, linear decay)")
+    epochs: float = arg(1.0, "passes over the data")
+    max_steps: int = arg(-1, "optimizer steps; > 0 overrides --epochs")
+    batch_size: int = arg(2, "trajectories per device per micro-batch")
+    grad_accum: int = arg(4, "micro-batches per optimizer step")
+    warmup_ratio: float = arg(0.0, "share of steps spent warming up the learning rate")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    seed: int = arg(1106, "seed of the data order and the new weights")
+    max_length: int = arg(2048, "tokens per stream; trailing steps past it are not trained on (and are reported)")
+    max_tokens_per_row: int | None = arg(None, "pack several trajectories' streams into rows of this many tokens")
+    share_prefix: bool = arg(True, "encode the shared question once for both streams (tree attention)")
+    bf16: bool = arg(False, "bf16 autocast with fp32 master weights (GPU, or CPU autocast)")
+    save_steps: int = arg(500, "optimizer steps between checkpoints")
+    save_total_limit: int | None = arg(2, "checkpoints kept; older ones are deleted")
+    logging_steps: int = arg(10, "optimizer steps between log lines")
+    eval_fraction: float = arg(0.0, "rows held out for a validation loss at every save (the paper holds out 5 %%)")
+    resume: bool = arg(False, "continue this run from its newest complete checkpoint (the folder's record must match)")
+    overwrite: bool = arg(False, "replace the run this folder holds")
+    detach_gate_inputs: bool = arg(False, "train the gate on detached hidden states (a side effect of the reference code)")
+    aux_loss_weight: float = arg(0.0, "weight of the per-stream losses added to the fused one")
+    gate_lr_scale: float = arg(1.0, "the gate learns at lr x this; < 1 keeps it from saturating at a high lr")
+    train_top_layers: int | None = arg(None, "freeze the embeddings and all but the top K layers (Llama/Mistral/Qwen2 bodies)")
+    lora_r: int = arg(0, "> 0: LoRA adapters of this rank; the value head, gate and step-tag row train in full")
+    lora_alpha: float = arg(32.0, "LoRA scaling")
+    lora_dropout: float = arg(0.0, "LoRA dropout")
+    lora_targets: str = arg(",".join(LORA_TARGETS), "the backbone's linear layers that get adapters, comma-separated")
+    skip_invalid: bool = arg(False, "skip bad rows (each reported with file, row and field) instead of stopping")
+    num_proc: int | None = arg(None, "processes that encode the data (default: up to 8 for 20,000+ rows, else 1)")
+    group_by_length: bool = arg(True, "batches of similar lengths (less padding), in a seeded random order")
+    streaming: bool = arg(False, "read and encode the data as training consumes it (huge Hub sets); needs --max-steps")
+    report_to: str = arg("none", "none, or trackers separated by commas: tensorboard,wandb")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass (less memory, more time)")
+    deepspeed: str | None = arg(None, "a DeepSpeed JSON config, e.g. configs/ds_zero3.json (launch with accelerate or deepspeed)")
+    show_progress: bool = arg(True, "a progress bar")
+
+    def __post_init__(self) -> None:
+        """Refuse a misspelt choice at once, before any backbone or data loads (the CLI does too; Python callers need it)."""
+        for flag, value, allowed in (("mode", self.mode, MODES), ("objective", self.objective, OBJECTIVES), ("format", self.format, get_args(Format))):
+            if value not in allowed:
+                raise ValueError(f"--{flag} {value!r}: choose one of {', '.join(allowed)}")
+        if self.streaming and (self.max_steps <= 0 or self.eval_fraction):
+            raise ValueError("--streaming data has no length: give --max-steps, and hold out no --eval-fraction")
+
+
+@dataclass
+class DemoConfig:
+    output_dir: str = arg("out/demo", "where results.json, the data and the gate plot go")
+    modes: str = arg("l2r,r2l,bi-static,bi", "modes to train and compare, comma-separated")
+    n_train: int = arg(4800, "synthetic training solutions")
+    n_test: int = arg(600, "held-out labelled solutions for first-error F1")
+    bon_questions: int = arg(150, "held-out Best-of-N questions")
+    bon_candidates: int = arg(16, "candidates per Best-of-N question")
+    events: list[int] = arg(help="least and most events per problem: short problems a tiny model learns within minutes", factory=lambda: [2, 3])
+    mix: list[float] = arg(help="shares of correct, calculation-error and claim-error solutions", factory=lambda: [0.45, 0.1, 0.45])
+    epochs: float = arg(2.0, "passes over the training data")
+    lr: float = arg(3e-3, "100x the paper's, to learn something in minutes ...")
+    gate_lr_scale: float = arg(0.1, "... at which a full-lr gate saturates (sigma -> 0 or 1) within the first steps")
+    batch_size: int = arg(16, "trajectories per step")
+    seed: int = arg(1106, "seed of the data and the weights")
+
+
+@dataclass
+class ScoreConfig:
+    model: str = arg(help="checkpoint folder written by `biprm train`")
+    input: str = arg(help="data file, Hub dataset name or synthetic[:N]")
+    output: str = arg("scores.jsonl", "JSONL file, or - for stdout")
+    format: Format = arg("auto", "the input's layout; auto detects it from the first row")
+    device: str | None = arg(None, "cuda, cuda:1, cpu (default: cuda if present)")
+    tokens_per_batch: int | None = arg(None, "tokens per backbone batch (default: the Scorer's, by layout)")
+    skip_invalid: bool = arg(False, "skip bad rows (reported with file, row and field) instead of stopping")
+    chunk: int = arg(1024, "rows scored and written to disk at a time; a kill loses at most one")
+    resume: bool = arg(False, "continue a killed run from its OUTPUT.parts folder")
+
+
+@dataclass
+class ReplicateArgs:
+    """The flags of `biprm replicate`; every other number of the study is fixed by its preset."""
+
+    preset: Literal["quick", "full"] = arg("quick", "quick: about 15 min, 1 seed per mode; full: about 3 h, 3 seeds for l2r and bi")
+    out: str | None = arg(None, "results folder (default results/replication/<preset>)")
+    work_dir: str | None = arg(None, "trunk caches and run checkpoints (default <biprm cache>/replicate)")
+    data_root: str | None = arg(None, "folder holding processbench/, prmbench/, gsm8k/ ... (default $BIPRM_DATA or ../shared/data)")
+    bf16: Literal["auto", "yes", "no"] | None = arg(None, "bf16 autocast; auto: where the CPU has native bf16 or a GPU is present (preset's if unset)")
+    train_top_layers: int | None = arg(None, "layers trained on top of the frozen, cached trunk (preset's if unset)")
+    report_only: bool = arg(False, "write report.md, results.json and the figures from the runs finished so far; train nothing")
