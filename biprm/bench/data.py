@@ -112,12 +112,14 @@ def write(result: dict, out: str) -> Path:
     path = Path(out) / f"data-{result['config']['rows']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
-    rows = ["| run | processes | wall (s) | slowest rank to first step (s) | peak RSS per rank (MiB) | padding |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    n = result["config"]["rows"]
+    rows = ["| run | processes | wall (s) | slowest rank to first step (s) | rows/s to first step | peak RSS per rank (MiB) | padding |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in result["runs"].items():
         first = max(x["seconds_to_first_step"] for x in r["ranks"])
         rss = " / ".join(str(x["peak_rss_mib"]) for x in r["ranks"])
         pad = next((x["padding"] for x in r["ranks"] if "padding" in x), None)
-        rows.append(f"| {name} | {r['processes']} | {r['wall_s']} | {first} | {rss} | {'' if pad is None else f'{pad:.1%}'} |")
+        rows.append(f"| {name} | {r['processes']} | {r['wall_s']} | {first} | {n / first:,.0f} | {rss} | {'' if pad is None else f'{pad:.1%}'} |")
     text = f"# Data pipeline, {result['config']['rows']:,} TRL rows ({result['file_mib']} MiB)\n\n" + "\n".join(rows) + "\n"
     path.with_suffix(".md").write_text(text)
     print(text)
