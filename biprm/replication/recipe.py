@@ -85,8 +85,9 @@ VARIANTS = {
 }
 PAPER_SEEDS = {"l2r": 3, "bi": 3, "r2l": 1, "bi-static": 1} | {name: 1 for name in VARIANTS}
 PRESETS = {
-    # about 15 minutes here: one seed per mode, small sets; a smoke test of the whole recipe
-    "quick": ReplicateConfig(preset="quick", data=DataRecipe(prmbench_rows=160, gsm8k_questions=120)),
+    # under 15 minutes here: one seed per mode, small sets; a smoke test of the whole recipe
+    "quick": ReplicateConfig(preset="quick", data=DataRecipe(prmbench_rows=100, gsm8k_questions=80),
+                             processbench_rows=30, prmbench_rows=60, bon_questions=12),
     # about 3 hours here: the paper's comparison with 3 seeds for l2r and bi
     "full": ReplicateConfig(
         preset="full", seeds=PAPER_SEEDS, data=DataRecipe(prmbench_rows=1200, gsm8k_questions=600),
