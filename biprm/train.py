@@ -19,6 +19,7 @@ import datasets
 import numpy as np
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.config import TrainConfig
@@ -57,6 +58,19 @@ class BiPRMTrainer(Trainer):
                 group["params"] = [p for p in group["params"] if id(p) not in ids]
                 optimizer.add_param_group({**group, "params": mine, "lr": group["lr"] * self.gate_lr_scale, "gate": True})
         return optimizer
+
+    def _get_train_sampler(self, train_dataset=None):
+        """The length-grouped sampler, given its lengths as one array read in one go.
+
+        Left to itself, Trainer hands the sampler `dataset[column]`, which datasets 5
+        reads lazily at about 0.5 ms per row: minutes at Math-Shepherd size before the first step.
+        """
+        data = self.train_dataset if train_dataset is None else train_dataset
+        column = self.args.length_column_name
+        if self.args.train_sampling_strategy != "group_by_length" or not isinstance(data, datasets.Dataset) or column not in data.column_names:
+            return super()._get_train_sampler(train_dataset)
+        lengths = data.select_columns([column]).with_format("numpy")[:][column].tolist()
+        return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps, lengths=lengths)
 
 
 def holdout(data: datasets.Dataset, fraction: float, seed: int) -> tuple[datasets.Dataset, datasets.Dataset | None]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainingArguments
 
 from biprm.train import TrainConfig, train
 from biprm.trajectory import DataError
@@ -356,3 +356,23 @@ def test_a_misspelt_choice_fails_before_anything_loads(tmp_path, capsys, field, 
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"biprm train: error: --{field} '{value}': choose one of") and "\n" not in err
     assert not (tmp_path / "x").exists()
+
+
+def test_length_grouped_sampler_gets_its_lengths_as_one_list(tmp_path):
+    """Trainer would hand the sampler a lazy datasets Column, read row by row (minutes at 445K rows)."""
+    import datasets
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    from biprm.train import BiPRMTrainer
+
+    data = datasets.Dataset.from_dict({"n_tokens": [5, 1, 9, 3] * 10}).select(range(0, 40, 2))  # with an indices mapping
+    trainer = BiPRMTrainer.__new__(BiPRMTrainer)  # the sampler needs only the arguments and the data
+    trainer.args = TrainingArguments(str(tmp_path), per_device_train_batch_size=2, train_sampling_strategy="group_by_length",
+                                     length_column_name="n_tokens", use_cpu=True, report_to=[])
+    trainer.train_dataset = data
+    sampler = trainer._get_train_sampler()
+    assert isinstance(sampler, LengthGroupedSampler) and sampler.lengths == [5, 9] * 10
+    torch.manual_seed(0)
+    ours = list(sampler)
+    torch.manual_seed(0)
+    assert ours == list(LengthGroupedSampler(2, lengths=list(data["n_tokens"])))  # the order Trainer's own sampler gives
