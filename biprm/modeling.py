@@ -71,6 +71,7 @@ class BiPRMModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_flash_attn = False
+    _keep_in_fp32_modules_strict = [r"^value_head\.", r"^gate\."]  # loaded in bf16, the heads stay fp32 (see `heads`)
 
     def __init__(self, config: BiPRMConfig, backbone: PreTrainedModel | None = None):
         super().__init__(config)
@@ -122,7 +123,19 @@ class BiPRMModel(PreTrainedModel):
     def heads(
         self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None, step_offsets: torch.Tensor, labels: torch.Tensor | None = None
     ) -> BiPRMOutput:
-        """Value head, gate, fusion and loss on the step-tag hidden states of each stream (forward step order)."""
+        """Value head, gate, fusion and loss on the step-tag hidden states of each stream (forward step order).
+
+        They run in the heads' own dtype (fp32: see `_keep_in_fp32_modules`) on upcast hidden
+        states, outside autocast: a bf16 logit near 10 moves in steps of 0.06, which ties candidates.
+        """
+        device, dtype = self.value_head.weight.device, self.value_head.weight.dtype
+        h_l2r, h_r2l = (None if h is None else h.to(dtype) for h in (h_l2r, h_r2l))
+        with torch.autocast(device.type, enabled=False):
+            return self._heads(h_l2r, h_r2l, step_offsets, labels)
+
+    def _heads(
+        self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None, step_offsets: torch.Tensor, labels: torch.Tensor | None
+    ) -> BiPRMOutput:
         r_l2r = self.value_head(h_l2r).squeeze(-1) if h_l2r is not None else None
         r_r2l = self.value_head(h_r2l).squeeze(-1) if h_r2l is not None else None
         sigma = self._sigma(h_l2r, h_r2l)

@@ -137,7 +137,11 @@ class Scorer:
 
 
 class Collector:
-    """Model outputs of batches in any order -> one StepScores in input order (probabilities; sigma as is)."""
+    """Model outputs of batches in any order -> one StepScores in input order (probabilities; sigma as is).
+
+    The sigmoid runs in float64: in float32, logits above about 9 round to a few probabilities,
+    and Best-of-N would then choose among tied candidates by pool order.
+    """
 
     def __init__(self, offsets: np.ndarray, mode: str):
         self.offsets, self.mode = offsets, mode
@@ -148,7 +152,7 @@ class Collector:
         for key, buf in self.out.items():
             value = getattr(result, key)
             if value is not None:
-                value = value.float()
+                value = value.double()
                 buf[dest] = (value if key == "sigma" else torch.sigmoid(value)).cpu().numpy()
 
     def scores(self) -> StepScores:

@@ -8,6 +8,7 @@ from biprm.metrics.bon import (
     majority_vote_at_n,
     pass_at_n,
     random_pick_at_n,
+    tie_rate_at_n,
     weighted_vote_at_n,
 )
 
@@ -108,3 +109,10 @@ def test_random_subsets_unequal_pools_never_draw_padding():
     qid, score, correct = QID[:6], SCORE[:6], CORRECT[:6]
     mean, low, high = bon_random_subsets(qid, score, correct, 2, repeats=200, seed=0)
     assert high <= 50.0 and mean > 0.0
+
+
+def test_tie_rate():
+    # @2: no question ties (q2's .3/.7 differ); @4: q0 (.9/.9) and q2 (.7/.7) tie at the top -> 2/3
+    assert tie_rate_at_n(QID, SCORE, 2) == 0.0
+    assert tie_rate_at_n(QID, SCORE, 4) == pytest.approx(200 / 3)
+    assert bon_table(QID, SCORE, CORRECT, ANSWER, ns=(2, 4))["tie"] == {2: 0.0, 4: pytest.approx(200 / 3)}

@@ -279,3 +279,32 @@ def test_scorer_warns_when_trailing_steps_are_not_scored(backbone, caplog):
         scores = scorer.score(TRAJS[2:], progress=False)
     assert np.diff(scores.offsets).tolist() == [2, 3]
     assert "1 of 2 trajectories exceed max_length" in caplog.text
+
+
+def test_heads_run_in_fp32_under_a_bf16_backbone_and_autocast(backbone, tmp_path):
+    """A bf16 logit near 10 moves in steps of 0.06 and ties Best-of-N candidates; the heads keep fp32."""
+    from biprm.modeling import BiPRMModel
+
+    model, tok = make(backbone, "bi")
+    model.save_pretrained(tmp_path)
+    loaded = BiPRMModel.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    dtypes = {name: p.dtype for name, p in loaded.named_parameters()}
+    assert all(d == torch.float32 for n, d in dtypes.items() if n.startswith(("value_head.", "gate.")))
+    assert all(d == torch.bfloat16 for n, d in dtypes.items() if n.startswith("backbone."))  # gate_proj too: only our gate is kept
+    h = torch.randn(5, model.config.backbone_config.hidden_size, dtype=torch.bfloat16)
+    offsets = torch.tensor([0, 5])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = loaded.heads(h, h.flip(0), offsets)
+    assert out.fused.dtype == out.l2r.dtype == out.sigma.dtype == torch.float32
+    expected = h.float() @ loaded.value_head.weight.T + loaded.value_head.bias
+    torch.testing.assert_close(out.l2r, expected.squeeze(-1), rtol=1e-6, atol=1e-6)
+
+
+def test_step_probabilities_keep_float64_resolution():
+    from biprm.scoring import Collector
+
+    collect = Collector(np.array([0, 1, 2]), "l2r")
+    logits = torch.tensor([12.0, 12.0001], dtype=torch.float32)
+    collect(np.array([0, 1]), type("Out", (), {"fused": logits, "l2r": logits, "r2l": None, "sigma": None})())
+    fused = collect.scores().fused
+    assert fused.dtype == np.float64 and fused[1] > fused[0]  # float32 sigmoids would both round to 0.99999386

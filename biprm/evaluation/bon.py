@@ -58,6 +58,7 @@ def format_bon(result: dict) -> str:
     line = lambda name, row, mean: [name, *(fmt(row[n]) for n in ns), fmt(mean)]  # noqa: E731
     rows = [line(f"{key}: BoN", t["bon"], t["mean"]["bon"]) for key, t in modes.items()]
     rows += [line(f"{key}: weighted vote", t["weighted"], t["mean"]["weighted"]) for key, t in modes.items()]
+    rows += [line(f"{key}: top score tied (% questions)", t["tie"], t["mean"]["tie"]) for key, t in modes.items()]
     rows += [line("majority vote", first["majority"], first["mean"]["majority"]), line("pass@n (oracle)", first["pass"], first["mean"]["pass"]),
              line("random pick (chance)", first["chance"], first["mean"]["chance"])]
     for key, t in modes.items():

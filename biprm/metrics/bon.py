@@ -59,6 +59,12 @@ def bon_at_n(qid: np.ndarray, score: np.ndarray, correct: np.ndarray, n: int) ->
     return _best_correct(first_n(qid, n), _scores(score), np.asarray(correct, dtype=bool))
 
 
+def tie_rate_at_n(qid: np.ndarray, score: np.ndarray, n: int) -> float:
+    """% of questions whose top score among the first n is shared: there BoN picks by pool order, not by the PRM."""
+    top = _scores(score)[first_n(qid, n)]
+    return 100.0 * float(np.mean((top == top.max(axis=1, keepdims=True)).sum(axis=1) > 1))
+
+
 def random_pick_at_n(qid: np.ndarray, correct: np.ndarray, n: int) -> float:
     """Expected accuracy (%) of picking one of the first n candidates uniformly: the chance baseline."""
     return 100.0 * float(np.mean(np.asarray(correct, dtype=float)[first_n(qid, n)]))
@@ -122,8 +128,8 @@ def bon_table(
     """BoN, pass, random pick, majority and weighted vote for every n that fits the smallest pool, plus their means.
 
     Returns {"ns": used, "skipped": ns larger than the smallest pool, "bon"/"pass"/"chance" (random pick)/
-    "majority"/"weighted": {n: %}, "mean": {metric: mean over used n}}; "mean"["bon"]
-    is the paper's main-table number.
+    "majority"/"weighted"/"tie" (questions whose top score is shared): {n: %}, "mean": {metric: mean
+    over used n}}; "mean"["bon"] is the paper's main-table number.
     """
     _, sizes = pool_bounds(qid)
     used = [n for n in ns if n <= sizes.min()]
@@ -135,6 +141,7 @@ def bon_table(
         "chance": lambda n: random_pick_at_n(qid, correct, n),
         "majority": lambda n: majority_vote_at_n(qid, answer_key, correct, n),
         "weighted": lambda n: weighted_vote_at_n(qid, answer_key, score, correct, n),
+        "tie": lambda n: tie_rate_at_n(qid, score, n),
     }
     table = {name: {n: fn(n) for n in used} for name, fn in metrics.items()}
     mean = {name: float(np.mean(list(row.values()))) for name, row in table.items()}
