@@ -43,8 +43,9 @@ def test_score_equals_the_scorer_for_steps_and_free_text(bi_scorer):
         assert one[stream] == want.of(0, stream).tolist()
     assert one["solution"]["min"] == float(want.solution_scores("min")[0]) and set(one["solution"]) == {"min", "mean", "prod", "max", "last"}
     assert one["steps_scored"] == 3 and one["truncated"] is False
-    assert many[0]["steps"] == STEPS and many[0]["fused"] == one["fused"]
-    assert many[1]["fused"] == bi_scorer.score([Trajectory(Q, STEPS[:1])], progress=False).fused.tolist()
+    # scored beside another request: the same up to float32 rounding of a differently shaped batch
+    assert many[0]["steps"] == STEPS and many[0]["fused"] == pytest.approx(one["fused"], abs=1e-6)
+    assert many[1]["fused"] == pytest.approx(bi_scorer.score([Trajectory(Q, STEPS[:1])], progress=False).fused.tolist(), abs=1e-6)
 
 
 def test_get_reward_speaks_the_openrlhf_interface(bi_scorer):
