@@ -1,4 +1,5 @@
 """The replication recipe end to end at toy size (tiny backbone, a few rows of every real set)."""
+import dataclasses
 import json
 
 import numpy as np
@@ -57,3 +58,13 @@ def test_toy_replication_runs_resumes_and_reports(data_dir, tmp_path):
     # the report alone, from what has finished
     (out / "report.md").unlink()
     assert report_only(cfg)["summary"]["modes"]["bi"]["seeds"] == [1106, 1107] and (out / "report.md").is_file()
+
+
+def test_a_results_folder_of_another_study_is_refused(tmp_path):
+    from biprm.replication.recipe import check_study
+
+    cfg = ReplicateConfig(preset="toy", out=str(tmp_path), work_dir=str(tmp_path / "w"), data_root="/data", processbench_rows=6)
+    (tmp_path / "meta.json").write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
+    check_study(dataclasses.replace(cfg, work_dir="/elsewhere", data_root="/other"))  # paths are not the study
+    with pytest.raises(ValueError, match=r"holds the runs of another study \(processbench_rows: 6 then, 30 now\)"):
+        check_study(dataclasses.replace(cfg, processbench_rows=30))

@@ -17,6 +17,7 @@ multiplies bf16 natively or a GPU is present, fp32 elsewhere.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -115,7 +116,27 @@ def runs_of(cfg: ReplicateConfig) -> list[tuple[str, int]]:
     return sorted(runs, key=lambda run: run[0] in VARIANTS)
 
 
+PATHS = ("out", "work_dir", "data_root")  # where the study reads and writes, not what it studies
+
+
+def study(config: dict) -> dict:
+    """The settings that decide the results (a config as JSON would hold it)."""
+    return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in PATHS}
+
+
+def check_study(cfg: ReplicateConfig) -> None:
+    """Finished runs are kept across reruns, so a results folder holding another study's runs is refused."""
+    path = Path(cfg.out) / "meta.json"
+    if not path.is_file():
+        return
+    then, now = study(json.loads(path.read_text())["config"]), study(asdict(cfg))
+    diff = [f"{k}: {then.get(k)!r} then, {now.get(k)!r} now" for k in sorted(then.keys() | now.keys()) if then.get(k) != now.get(k)]
+    if diff:
+        raise ValueError(f"{cfg.out} holds the runs of another study ({'; '.join(diff)}); pass another --out, or remove it to start over")
+
+
 def replicate(cfg: ReplicateConfig) -> dict:
+    check_study(cfg)
     torch.set_num_threads(os.cpu_count() or 1)
     out, work = Path(cfg.out), Path(cfg.work_dir)
     (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -141,6 +162,7 @@ def replicate(cfg: ReplicateConfig) -> dict:
         log.info("trunk cache %s: %d trajectories, %d feature rows", name, len(encs[name]), cache.layout.n_rows)
         cache.build(progress=True)
     digest = trunk_digest(base, cfg.top_layers)
+    study_key = hashlib.sha256(json.dumps(study(asdict(cfg)), sort_keys=True).encode()).hexdigest()[:12]
     del base
     meta = {
         "config": asdict(cfg), "bf16": fast, "trunk_cache_seconds_this_session": round(time.perf_counter() - started, 1),
@@ -162,7 +184,8 @@ def replicate(cfg: ReplicateConfig) -> dict:
         if trunk_digest(model, cfg.top_layers) != digest:
             raise RuntimeError("the backbone's frozen layers changed since the trunk cache was built")
         options["gate_lr_scale"] = run_cfg.gate_lr_scale
-        train_log = train_top(run_cfg, model, caches["train"], [e.labels for e in encs["train"]], seed, work / "runs" / cfg.preset / name, fast)
+        checkpoints = work / "runs" / cfg.preset / study_key / name  # another study never resumes these
+        train_log = train_top(run_cfg, model, caches["train"], [e.labels for e in encs["train"]], seed, checkpoints, fast)
         model.eval()
         top = split(model, cfg.top_layers)[1]
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
