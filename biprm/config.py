@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from biprm.readers import FORMATS
 
@@ -17,7 +17,8 @@ Mode = Literal["l2r", "r2l", "bi-static", "bi"]
 MODES: tuple[str, ...] = get_args(Mode)
 Objective = Literal["bce", "mse", "qrank"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
-Format = Literal[("auto", *FORMATS)]  # noqa: F821 (a Literal built from the readers' list)
+Format = Literal[("auto", *FORMATS)]  # a Literal built from the readers' list
+# the projections of Llama/Mistral/Qwen2-style decoder layers (adapters go only under `backbone.`)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PROCESSBENCH_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
 CHECKPOINT_ROLES = ("l2r", "r2l", "bi-static", "bi", "l2r-2", "r2l-2")  # what `eval ablations` takes
@@ -26,6 +27,13 @@ CHECKPOINT_ROLES = ("l2r", "r2l", "bi-static", "bi", "l2r-2", "r2l-2")  # what `
 def default_data_root() -> str:
     """$BIPRM_DATA, else ../shared/data beside a source checkout (the folder the tests and docs use)."""
     return os.environ.get("BIPRM_DATA") or str(Path(__file__).resolve().parents[2] / "shared" / "data")
+
+
+def check_choices(settings: Any) -> None:
+    """Refuse a value outside its field's Literal choices: the parser checks flags, this checks Python callers."""
+    for name, kind in get_type_hints(type(settings)).items():
+        if get_origin(kind) is Literal and (value := getattr(settings, name)) not in get_args(kind):
+            raise ValueError(f"--{name.replace('_', '-')} {value!r}: choose one of {', '.join(map(str, get_args(kind)))}")
 
 
 def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING) -> Any:
@@ -80,10 +88,8 @@ class TrainConfig:
     show_progress: bool = arg(True, "a progress bar")
 
     def __post_init__(self) -> None:
-        """Refuse a misspelt choice at once, before any backbone or data loads (the CLI does too; Python callers need it)."""
-        for flag, value, allowed in (("mode", self.mode, MODES), ("objective", self.objective, OBJECTIVES), ("format", self.format, get_args(Format))):
-            if value not in allowed:
-                raise ValueError(f"--{flag} {value!r}: choose one of {', '.join(allowed)}")
+        """Refuse a misspelt choice at once, before any backbone or data loads."""
+        check_choices(self)
         if self.streaming and (self.max_steps <= 0 or self.eval_fraction):
             raise ValueError("--streaming data has no length: give --max-steps, and hold out no --eval-fraction")
 

@@ -259,7 +259,8 @@ def grade_many(pairs: list[Pair], workers: int = 2, timeout: float = 5.0) -> lis
     for position in failed:
         indices = [i for i, p in enumerate(pairs) if p == todo[position]]
         logger.warning("grading timed out (%g s) or crashed for item(s) %s", timeout, indices)
-    fresh = {p: v for k, (p, v) in enumerate(zip(todo, verdicts)) if k not in set(failed)}
+    lost = set(failed)
+    fresh = {p: v for k, (p, v) in enumerate(zip(todo, verdicts)) if k not in lost}
     if len(_CACHE) + len(fresh) > _CACHE_MAX:
         _CACHE.clear()
     _CACHE.update(fresh)

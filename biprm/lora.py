@@ -13,8 +13,6 @@ from pathlib import Path
 from biprm.config import LORA_TARGETS
 from biprm.modeling import BiPRMModel
 
-# the projections of Llama/Mistral/Qwen2-style decoder layers; only under `backbone.`
-
 
 def with_lora(model: BiPRMModel, r: int, alpha: float, dropout: float = 0.0, targets: tuple[str, ...] = LORA_TARGETS):
     try:

@@ -125,7 +125,7 @@ class BiPRMModel(PreTrainedModel):
     ) -> BiPRMOutput:
         """Value head, gate, fusion and loss on the step-tag hidden states of each stream (forward step order).
 
-        They run in the heads' own dtype (fp32: see `_keep_in_fp32_modules`) on upcast hidden
+        They run in the heads' own dtype (fp32: see `_keep_in_fp32_modules_strict`) on upcast hidden
         states, outside autocast: a bf16 logit near 10 moves in steps of 0.06, which ties candidates.
         """
         device, dtype = self.value_head.weight.device, self.value_head.weight.dtype

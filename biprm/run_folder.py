@@ -27,6 +27,11 @@ def run_record(config: dict, data_fingerprint: str) -> dict:
     return {"config": {k: v for k, v in config.items() if k not in COSMETIC}, "data_fingerprint": data_fingerprint, "biprm_version": __version__}
 
 
+def changes(before: dict, now: dict) -> list[str]:
+    """What differs between a recorded setting and the current one, as "key: old then, new now" lines."""
+    return [f"{k}: {before.get(k)!r} then, {now.get(k)!r} now" for k in dict.fromkeys([*now, *before]) if before.get(k) != now.get(k)]
+
+
 def _checkpoints(folder: Path) -> list[Path]:
     found = [p for p in folder.glob("checkpoint-*") if p.is_dir() and re.fullmatch(r"checkpoint-\d+", p.name)]
     return sorted(found, key=lambda p: int(p.name.split("-")[1]), reverse=True)
@@ -63,7 +68,7 @@ def plan(folder: str | Path, record: dict, resume: bool, overwrite: bool) -> str
         raise FileExistsError(f"{folder} holds a training run; add --resume to continue it or --overwrite to replace it")
     if saved.is_file():
         before = json.loads(saved.read_text())
-        diff = [f"{k}: {before['config'].get(k)!r} then, {v!r} now" for k, v in record["config"].items() if before["config"].get(k) != v]
+        diff = changes(before["config"], record["config"])
         if before.get("data_fingerprint") != record["data_fingerprint"]:
             diff.append("the training data differ")
         if diff:

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from biprm.backbones import load_tokenizer
 from biprm.encoding import Encoder
 from biprm.modeling import BiPRMConfig
+from biprm.run_folder import changes
 from biprm.scoring import MAX_LENGTH, Scorer
 from biprm.sources import load_source
 from biprm.trajectory import DataError, Trajectory
@@ -147,8 +148,7 @@ def _check_run(scratch: Path, run: dict, resume: bool) -> None:
     if resume and record.exists():
         before = json.loads(record.read_text())
         if before != run:
-            diff = ", ".join(f"{k}: {before.get(k)!r} then, {v!r} now" for k, v in run.items() if before.get(k) != v)
-            raise ValueError(f"--resume: {scratch} belongs to another run ({diff})")
+            raise ValueError(f"--resume: {scratch} belongs to another run ({', '.join(changes(before, run))})")
     scratch.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(run))
 

@@ -7,22 +7,24 @@ from pathlib import Path
 
 from biprm.aggregate import AGGREGATIONS
 from biprm.scores import StepScores
-
-STREAMS = ("l2r", "r2l", "sigma", "fused")
 from biprm.trajectory import Trajectory
 
+STREAMS = ("l2r", "r2l", "sigma", "fused")
 
-def score_rows(trajs: list[Trajectory], scores: StepScores) -> Iterator[dict]:
+
+def score_rows(trajs: list[Trajectory], scores: StepScores, digits: int | None = 6) -> Iterator[dict]:
     """One dict per trajectory, the same keys whatever the mode: a stream the model lacks is null.
 
     The input travels with its scores (question, steps, labels, answer, correct, meta with
     any extra input fields), so the output joins back by content, not by line order.
-    `steps_scored` < len(steps) when steps past max_length were not scored.
+    `steps_scored` < len(steps) when steps past max_length were not scored. Step scores
+    are rounded to `digits` (None: kept whole).
     """
     solution = {how: scores.solution_scores(how) for how in AGGREGATIONS}
+    step = float if digits is None else lambda x: round(float(x), digits)
     for i, traj in enumerate(trajs):
         row = {"question": traj.question, "steps": traj.steps, "labels": traj.labels, "answer": traj.answer, "correct": traj.correct, "meta": traj.meta}
-        row |= {s: None if getattr(scores, s) is None else [round(float(x), 6) for x in scores.of(i, s)] for s in STREAMS}
+        row |= {s: None if getattr(scores, s) is None else [step(x) for x in scores.of(i, s)] for s in STREAMS}
         row["solution"] = {how: float(solution[how][i]) for how in AGGREGATIONS}
         row["steps_scored"] = int(scores.offsets[i + 1] - scores.offsets[i])
         yield row

@@ -39,6 +39,7 @@ from biprm.modeling import from_backbone
 from biprm.replication.data import DataRecipe, build
 from biprm.replication.evaluate import evaluate_run, load_eval_sets
 from biprm.replication.report import write_report
+from biprm.run_folder import changes
 from biprm.trunk import TrunkCache, cached_forward, cached_scores, freeze_bottom, split, trunk_digest
 
 log = logging.getLogger(__name__)
@@ -129,8 +130,7 @@ def check_study(cfg: ReplicateConfig) -> None:
     path = Path(cfg.out) / "meta.json"
     if not path.is_file():
         return
-    then, now = study(json.loads(path.read_text())["config"]), study(asdict(cfg))
-    diff = [f"{k}: {then.get(k)!r} then, {now.get(k)!r} now" for k in sorted(then.keys() | now.keys()) if then.get(k) != now.get(k)]
+    diff = changes(study(json.loads(path.read_text())["config"]), study(asdict(cfg)))
     if diff:
         raise ValueError(f"{cfg.out} holds the runs of another study ({'; '.join(diff)}); pass another --out, or remove it to start over")
 

@@ -22,13 +22,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from biprm.aggregate import AGGREGATIONS
 from biprm.readers import SPLIT_RULES, split_steps
 from biprm.scores import StepScores
 from biprm.scoring import Scorer
 from biprm.serve.batcher import Batcher, Overloaded
 from biprm.serve.config import ServeConfig
 from biprm.trajectory import DataError, Trajectory, validate
+from biprm.writers import STREAMS, score_rows
 
 log = logging.getLogger(__name__)
 
@@ -106,16 +106,8 @@ class Service:
             for i, it in enumerate(items)
         ]
         scores, dropped = await self.run(trajs, [f"item {i}" for i in range(len(items))])
-        solution = {how: scores.solution_scores(how) for how in AGGREGATIONS}
-        streams = ("l2r", "r2l", "sigma", "fused")
-        out = []
-        for i, traj in enumerate(trajs):
-            row = {"steps": traj.steps}
-            row |= {s: None if getattr(scores, s) is None else scores.of(i, s).tolist() for s in streams}
-            row["solution"] = {how: float(solution[how][i]) for how in AGGREGATIONS}
-            row |= {"steps_scored": len(traj.steps) - int(dropped[i]), "truncated": bool(dropped[i])}
-            out.append(row)
-        return out
+        keys = ("steps", *STREAMS, "solution", "steps_scored")  # what `biprm score` writes, less the input's own fields
+        return [{**{k: row[k] for k in keys}, "truncated": bool(d)} for row, d in zip(score_rows(trajs, scores, digits=None), dropped)]
 
     async def reward(self, req: RewardRequest) -> list[float]:
         if len(req.query) != len(req.prompts):

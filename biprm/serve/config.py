@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from biprm.aggregate import AGGREGATIONS
-from biprm.config import arg, default_data_root
+from biprm.config import arg, check_choices, default_data_root
 from biprm.readers import SPLIT_RULES
 
 Aggregation = Literal[AGGREGATIONS]
@@ -27,10 +27,7 @@ class ServeConfig:
     split: SplitRule = arg("auto", "how free text is cut into steps")
 
     def __post_init__(self) -> None:
-        for name, value, allowed in (("aggregation", self.aggregation, AGGREGATIONS), ("split", self.split, SPLIT_RULES),
-                                     ("on_overlength", self.on_overlength, ("flag", "refuse"))):
-            if value not in allowed:
-                raise ValueError(f"--{name.replace('_', '-')} {value!r}: choose one of {list(allowed)}")
+        check_choices(self)
 
 
 @dataclass
