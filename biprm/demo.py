@@ -30,12 +30,12 @@ from biprm.writers import write_trajectories
 def evaluate(scorer: Scorer, dev, test, pools) -> dict:
     """First-error F1 at 0.5 and at the threshold tuned on `dev` (ProcessBench tunes on its GSM8K subset)."""
     dev_scores = scorer.score(dev, progress=False)
-    threshold, _ = tune_threshold(dev_scores.fused, dev_scores.offsets, first_errors(dev))
+    threshold, _ = tune_threshold(dev_scores.prob(), dev_scores.offsets, first_errors(dev))
     scores = scorer.score(test, progress=False)
     result = {"threshold": threshold}
     for name, t in (("processbench", 0.5), ("processbench_tuned", threshold)):
-        result[name] = processbench_scores(predict_first_error(scores.fused, scores.offsets, t), first_errors(test))
-    pool_scores = scorer.score(pools, progress=False).solution_scores("min")
+        result[name] = processbench_scores(predict_first_error(scores.prob(), scores.offsets, t), first_errors(test))
+    pool_scores = scorer.score(pools, progress=False).solution_logits("min")
     qid = np.array([t.meta["qid"] for t in pools])
     correct = np.array([bool(t.correct) for t in pools])
     answers = np.array([t.steps[-1] for t in pools])

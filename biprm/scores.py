@@ -1,8 +1,9 @@
 """Per-step outputs of a scored dataset, kept flat so metrics never loop over items.
 
 Trajectory i owns positions offsets[i]:offsets[i+1] of every array, in forward step
-order (the R2L stream is already re-aligned). Arrays hold probabilities, except
-`sigma`, the gate weight on the L2R stream. A stream the model does not run is None.
+order (the R2L stream is already re-aligned). `fused`, `l2r` and `r2l` hold float64
+logits, as the model outputs them; `prob()` gives probabilities. `sigma` is the gate
+weight on the L2R stream. A stream the model does not run is None.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from biprm.aggregate import aggregate
+from biprm.aggregate import aggregate, logit, sigmoid
 
 
 @dataclass
@@ -21,15 +22,31 @@ class StepScores:
     r2l: np.ndarray | None = None
     sigma: np.ndarray | None = None
 
+    @classmethod
+    def from_probs(cls, offsets, fused, l2r=None, r2l=None, sigma=None) -> "StepScores":
+        """Scores given as step probabilities (another PRM's output, a hand-made example)."""
+        as_logit = lambda p: None if p is None else logit(p)  # noqa: E731
+        return cls(np.asarray(offsets, dtype=np.int64), logit(fused), as_logit(l2r), as_logit(r2l), None if sigma is None else np.asarray(sigma))
+
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    def prob(self, stream: str = "fused") -> np.ndarray:
+        """Step probabilities of one stream, flat."""
+        return sigmoid(getattr(self, stream))
+
     def of(self, i: int, stream: str = "fused") -> np.ndarray:
-        """The step scores of trajectory i in one stream."""
-        return getattr(self, stream)[self.offsets[i] : self.offsets[i + 1]]
+        """The step probabilities of trajectory i in one stream (sigma as is)."""
+        values = getattr(self, stream)[self.offsets[i] : self.offsets[i + 1]]
+        return values if stream == "sigma" else sigmoid(values)
+
+    def solution_logits(self, how: str = "min", stream: str = "fused") -> np.ndarray:
+        """One logit per trajectory: what ranks candidates (see biprm.aggregate)."""
+        return aggregate(getattr(self, stream), self.offsets, how)
 
     def solution_scores(self, how: str = "min", stream: str = "fused") -> np.ndarray:
-        return aggregate(getattr(self, stream), self.offsets, how)
+        """One probability per trajectory, as the aggregation defines it on step probabilities."""
+        return sigmoid(self.solution_logits(how, stream))
 
     def select(self, index: np.ndarray) -> "StepScores":
         """The scores of a subset of trajectories, in the order of `index`."""

@@ -137,10 +137,10 @@ class Scorer:
 
 
 class Collector:
-    """Model outputs of batches in any order -> one StepScores in input order (probabilities; sigma as is).
+    """Model outputs of batches in any order -> one StepScores in input order (float64 logits; sigma as is).
 
-    The sigmoid runs in float64: in float32, logits above about 9 round to a few probabilities,
-    and Best-of-N would then choose among tied candidates by pool order.
+    Logits are kept rather than probabilities: in float32, sigmoids of logits above about
+    9 round to a few values, and Best-of-N would then choose among tied candidates by pool order.
     """
 
     def __init__(self, offsets: np.ndarray, mode: str):
@@ -152,8 +152,7 @@ class Collector:
         for key, buf in self.out.items():
             value = getattr(result, key)
             if value is not None:
-                value = value.double()
-                buf[dest] = (value if key == "sigma" else torch.sigmoid(value)).cpu().numpy()
+                buf[dest] = value.double().cpu().numpy()
 
     def scores(self) -> StepScores:
         streams, out = STREAMS[self.mode], self.out

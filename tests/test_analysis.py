@@ -23,11 +23,11 @@ from biprm.trajectory import Trajectory
 
 
 def scores(*streams):
-    """StepScores from per-trajectory lists: fused[, l2r, r2l, sigma]."""
+    """StepScores from per-trajectory lists of probabilities: fused[, l2r, r2l, sigma]."""
     lengths = [len(x) for x in streams[0]]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     flat = [np.concatenate([np.asarray(x, dtype=float) for x in s]) for s in streams]
-    return StepScores(offsets, *flat)
+    return StepScores.from_probs(offsets, *flat)
 
 
 # Five labelled trajectories (2 or 4 steps, so bins=2 splits them evenly):
@@ -227,4 +227,4 @@ def test_judged_rows_leaves_out_first_errors_past_the_scored_steps():
 
     trajs = [Trajectory("q", ["a", "b", "c"], [1, 1, 0]), Trajectory("q", ["a", "b"], [1, 0]), Trajectory("q", ["a"], [1])]
     part, first = judged_rows(trajs, scores([[0.9, 0.8], [0.7, 0.1], [0.6]]))  # row 1 lost its third (wrong) step
-    assert first.tolist() == [1, -1] and part.offsets.tolist() == [0, 2, 3] and part.fused.tolist() == [0.7, 0.1, 0.6]
+    assert first.tolist() == [1, -1] and part.offsets.tolist() == [0, 2, 3] and np.allclose(part.prob(), [0.7, 0.1, 0.6])

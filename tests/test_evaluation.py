@@ -65,11 +65,12 @@ def test_ensemble_mode_averages_probabilities():
     class Stub:
         def scores(self, ckpt, trajs):
             p = {"a": [0.2, 0.4, 0.9], "b": [0.6, 0.8, 0.1]}[ckpt]
-            return StepScores(np.array([0, 2, 3]), np.array(p), l2r=np.array(p))
+            return StepScores.from_probs(np.array([0, 2, 3]), np.array(p), l2r=np.array(p))
 
     mean = Mode("2xl2r", ["a", "b"]).scores(Stub(), [])
-    np.testing.assert_allclose(mean.fused, [0.4, 0.6, 0.5])
-    assert mean.sigma is None and Mode("x", ["a"], "l2r").scores(Stub(), []).fused.tolist() == [0.2, 0.4, 0.9]
+    np.testing.assert_allclose(mean.prob(), [0.4, 0.6, 0.5])
+    assert mean.sigma is None
+    np.testing.assert_allclose(Mode("x", ["a"], "l2r").scores(Stub(), []).prob(), [0.2, 0.4, 0.9])
 
 
 def test_ablation_roles_are_checked(ckpt, tmp_path, capsys):

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from biprm.aggregate import logit
 from biprm.metrics.bon import (
     bon_at_n,
     bon_random_subsets,
@@ -12,12 +13,12 @@ from biprm.metrics.bon import (
     weighted_vote_at_n,
 )
 
-# Three questions x four candidates, in pool order.
+# Three questions x four candidates, in pool order; scores are given as probabilities.
 # q0: scores .2 .9 .5 .9 | correct F T F F | answers 1 2 1 3
 # q1: scores .8 .1 .4 .95| correct F F T T | answers 5 5 7 7
 # q2: scores .3 .7 .7 .1 | correct T T F T | answers 4 4 9 4
 QID = np.repeat([0, 1, 2], 4)
-SCORE = np.array([0.2, 0.9, 0.5, 0.9, 0.8, 0.1, 0.4, 0.95, 0.3, 0.7, 0.7, 0.1])
+SCORE = logit(np.array([0.2, 0.9, 0.5, 0.9, 0.8, 0.1, 0.4, 0.95, 0.3, 0.7, 0.7, 0.1]))  # solution logits
 CORRECT = np.array([0, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1], dtype=bool)
 ANSWER = np.array(["1", "2", "1", "3", "5", "5", "7", "7", "4", "4", "9", "4"])
 
@@ -116,3 +117,10 @@ def test_tie_rate():
     assert tie_rate_at_n(QID, SCORE, 2) == 0.0
     assert tie_rate_at_n(QID, SCORE, 4) == pytest.approx(200 / 3)
     assert bon_table(QID, SCORE, CORRECT, ANSWER, ns=(2, 4))["tie"] == {2: 0.0, 4: pytest.approx(200 / 3)}
+
+
+def test_ranking_on_logits_keeps_what_probabilities_round_away():
+    # sigmoid(40) and sigmoid(41) are both 1.0 in float64: ranked by probability, q0 would tie and pick
+    # the wrong first candidate; ranked by logit, the second one wins
+    assert tie_rate_at_n([0, 0], [40.0, 41.0], 2) == 0.0
+    assert bon_at_n([0, 0], [40.0, 41.0], [False, True], 2) == 100.0

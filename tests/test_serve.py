@@ -45,7 +45,7 @@ def test_score_equals_the_scorer_for_steps_and_free_text(bi_scorer):
     assert one["steps_scored"] == 3 and one["truncated"] is False
     # scored beside another request: the same up to float32 rounding of a differently shaped batch
     assert many[0]["steps"] == STEPS and many[0]["fused"] == pytest.approx(one["fused"], abs=1e-6)
-    assert many[1]["fused"] == pytest.approx(bi_scorer.score([Trajectory(Q, STEPS[:1])], progress=False).fused.tolist(), abs=1e-6)
+    assert many[1]["fused"] == pytest.approx(bi_scorer.score([Trajectory(Q, STEPS[:1])], progress=False).prob().tolist(), abs=1e-6)
 
 
 def test_get_reward_speaks_the_openrlhf_interface(bi_scorer):
@@ -223,7 +223,7 @@ def test_cli_server_finishes_accepted_requests_on_sigterm(tmp_path, bi_scorer):
         log = server.stdout.read().decode()
     finally:
         server.kill()
-    want = bi_scorer.score([Trajectory(Q, STEPS)], progress=False).fused.tolist()
+    want = bi_scorer.score([Trajectory(Q, STEPS)], progress=False).prob().tolist()
     assert "Finished server process" in log and "Traceback" not in log, log
     assert len(answers) == 6 and all(a["fused"] == pytest.approx(want, abs=1e-6) for a in answers)
 

@@ -50,7 +50,7 @@ def aggregation_table(
     """
     used = fitting_ns(qid, ns)
     table = {
-        mode: {how: bon_by_n(qid, s.solution_scores(how), correct, used)["mean"] for how in aggregations}
+        mode: {how: bon_by_n(qid, s.solution_logits(how), correct, used)["mean"] for how in aggregations}
         for mode, s in scores.items()
     }
     best = {mode: max(row, key=row.get) for mode, row in table.items()}

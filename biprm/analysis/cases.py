@@ -41,7 +41,7 @@ def pick_cases(trajs: Sequence[Trajectory], scores: dict[str, StepScores], k: in
     first = first_errors(trajs)
     wrong = np.flatnonzero((first >= 0) & (first < np.diff(s.offsets)))
     at = s.offsets[wrong] + first[wrong]
-    p, l2r, r2l = s.fused[at], s.l2r[at], s.r2l[at]
+    p, l2r, r2l = s.prob()[at], s.prob("l2r")[at], s.prob("r2l")[at]
     flagged, missed = p < 0.5, r2l >= 0.5
     success = wrong[flagged][np.argsort(-(l2r - p)[flagged], kind="stable")].tolist()
     failure = wrong[missed][np.argsort(-(r2l - l2r)[missed], kind="stable")].tolist()

@@ -65,7 +65,7 @@ def first_error_report(trajs: Sequence[Trajectory], scores: StepScores, threshol
     """ProcessBench protocol on the fused probabilities: per-subset scores and the mean F1 over subsets."""
     if len(scores) != len(trajs):
         raise ValueError(f"{len(scores)} scored trajectories for {len(trajs)} trajectories")
-    pred = predict_first_error(scores.fused, scores.offsets, threshold)
+    pred = predict_first_error(scores.prob(), scores.offsets, threshold)
     return first_error_f1_by_subset(pred, first_errors(trajs), subsets(trajs))
 
 

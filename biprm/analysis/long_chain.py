@@ -65,7 +65,7 @@ def long_chain_bon(
     used = fitting_ns(qid, ns)
     full, sub = {}, {}
     for mode, s in scores.items():
-        score = s.solution_scores(how)
+        score = s.solution_logits(how)
         full[mode] = bon_by_n(qid, score, correct, used)
         sub[mode] = bon_by_n(qid[long], score[long], correct[long], used) if len(long) else {"mean": float("nan")}
     drop = {mode: _relative_drop(full[mode]["mean"], sub[mode]["mean"]) for mode in scores}

@@ -31,7 +31,7 @@ def mae_by_position(trajs: Sequence[Trajectory], scores: dict[str, StepScores], 
     """
     curves = {}
     for mode, s in scores.items():
-        err = np.abs(s.fused - step_labels(trajs, s.offsets))
+        err = np.abs(s.prob() - step_labels(trajs, s.offsets))
         curves[mode] = {**position_curve(err, s.offsets, bins), "overall": float(err.mean())}
     return {
         "bins": bins,

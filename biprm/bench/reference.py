@@ -58,6 +58,6 @@ class ReferencePRM(nn.Module):
 
 @torch.inference_mode()
 def score_one_at_a_time(model: ReferencePRM, encoder: Encoder, trajs: list[Trajectory], pad_id: int) -> np.ndarray:
-    """Fused step probabilities, one candidate per call, as the reference scores Best-of-N pools."""
+    """Fused step logits, one candidate per call, as the reference scores Best-of-N pools."""
     out = [model(**reference_inputs([encoder.encode(t)], model.mode, pad_id)).fused for t in trajs]
-    return torch.sigmoid(torch.cat(out)).numpy()
+    return torch.cat(out).double().numpy()

@@ -41,7 +41,7 @@ def evaluate_bon(
     """bon_table per mode (see biprm.metrics.bon), plus "random": {n: {mean, low, high}} when asked."""
     modes = {}
     for key, s in scores.items():
-        score = s.solution_scores(agg)
+        score = s.solution_logits(agg)
         table = bon_table(pool.qid, score, pool.correct, pool.answer_key, ns)
         if random_subsets:
             draws = {n: bon_random_subsets(pool.qid, score, pool.correct, n, random_subsets, seed) for n in table["ns"]}

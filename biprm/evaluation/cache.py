@@ -4,8 +4,8 @@ Keys are content hashes, never paths: a model is its config.json plus the bytes 
 safetensors weights, a dataset is its questions and steps. Copying a checkpoint keeps
 its scores; retraining into the same folder, or editing one step, invalidates them.
 Weight files are hashed once per (path, size, mtime), remembered in the cache folder.
-Scores live as `<root>/<model key>/<dataset key>-<settings>.npz`; the settings part
-holds what changes the numbers (device type, hence dtype, and max_length).
+Scores live as `<root>/<model key>/scores-<dataset key>-logits-<settings>.npz` (float64
+logits); the settings part holds what changes the numbers (device type, hence dtype, and max_length).
 """
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ class ScoreCache:
 
     def scores(self, ckpt: str, trajs: list[Trajectory]) -> StepScores:
         device = torch.device(self.settings.device) if self.settings.device else default_device()
-        path = self._path("scores", ckpt, trajs, f"{device.type}-len{self.settings.max_length}")
+        path = self._path("scores", ckpt, trajs, f"logits-{device.type}-len{self.settings.max_length}")
         if (z := _read(path)) is not None:
             return StepScores(z["offsets"], z["fused"], *(z.get(k) for k in STREAMS))
         scores = self.scorer(ckpt).score(trajs)

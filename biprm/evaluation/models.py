@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from biprm.aggregate import mean_of_probabilities
 from biprm.backbones import load_tokenizer
 from biprm.config import CHECKPOINT_ROLES
 from biprm.encoding import Encoder
@@ -45,14 +46,14 @@ class Mode:
         return checkpoint_mode(self.checkpoints[0]) if len(self.checkpoints) == 1 else "ensemble"
 
     def scores(self, cache: ScoreCache, trajs: list[Trajectory]) -> StepScores:
-        """The mode's probabilities in `fused`; a single checkpoint's fused view keeps its streams and gate."""
+        """The mode's logits in `fused`; a single checkpoint's fused view keeps its streams and gate."""
         parts = [cache.scores(c, trajs) for c in self.checkpoints]
         if len(parts) == 1 and self.stream == "fused":
             return parts[0]
-        probs = [getattr(p, self.stream) for p in parts]
-        if any(p is None for p in probs):
+        logits = [getattr(p, self.stream) for p in parts]
+        if any(x is None for x in logits):
             raise ValueError(f"mode {self.key!r}: a checkpoint has no {self.stream!r} stream")
-        return StepScores(parts[0].offsets, np.mean(probs, axis=0))
+        return StepScores(parts[0].offsets, mean_of_probabilities(logits))
 
 
 def checkpoint_mode(ckpt: str) -> str:

@@ -38,7 +38,7 @@ def tuned_threshold(trajs: list[Trajectory], scores: StepScores) -> tuple[float,
     if not len(rows):
         raise ValueError(f"threshold tuning uses the {TUNE_ON} subset; include it in the subsets")
     part, first = judged_rows([trajs[i] for i in rows], scores.select(rows))
-    return tune_threshold(part.fused, part.offsets, first)
+    return tune_threshold(part.prob(), part.offsets, first)
 
 
 def evaluate_processbench(trajs: list[Trajectory], scores: dict[str, StepScores], threshold: float = 0.5, tune: bool = False) -> dict:

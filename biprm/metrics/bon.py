@@ -5,12 +5,16 @@ contiguous and in pool order. Every @n metric reads the FIRST n candidates of ea
 question (the reference protocol), so a [Q, n] index matrix turns each metric into one
 row-wise numpy reduction, whatever the pool sizes are. Answer keys must be mutually
 comparable (e.g. all str, as np.unique sorts them): give unparsed answers one shared key.
+A candidate's `score` is its solution logit (`StepScores.solution_logits`): the ranking
+needs no other property, and the weighted vote weighs each answer by sigmoid(score).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import numpy as np
+
+from biprm.aggregate import sigmoid
 
 DEFAULT_NS = (8, 16, 32, 64, 128)
 
@@ -94,8 +98,8 @@ def majority_vote_at_n(qid: np.ndarray, answer_key: np.ndarray, correct: np.ndar
 
 
 def weighted_vote_at_n(qid: np.ndarray, answer_key: np.ndarray, score: np.ndarray, correct: np.ndarray, n: int) -> float:
-    """PRM-weighted vote (%): the answer with the largest sum of scores among the first n."""
-    return _vote(qid, answer_key, _scores(score), correct, n)
+    """PRM-weighted vote (%): the answer with the largest sum of solution probabilities among the first n."""
+    return _vote(qid, answer_key, sigmoid(_scores(score)), correct, n)
 
 
 def bon_random_subsets(

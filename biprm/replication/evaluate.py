@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from biprm.aggregate import log_sigmoid
 from biprm.analysis import long_chain_bon, long_chain_processbench, mae_by_position, sigma_by_position
 from biprm.analysis.common import judged_rows, scored_part, step_labels
 from biprm.encoding import Encoded
@@ -71,10 +72,9 @@ def sigma_histograms(scores: StepScores, position_bins: int = 5, sigma_bins: int
 def _valid_report(trajs: list[Trajectory], s: StepScores) -> dict:
     """Validation BCE of the fused probabilities and first-error F1 at 0.5: what choices are made on."""
     labels = step_labels(trajs, s.offsets)
-    p = np.clip(s.fused, 1e-7, 1 - 1e-7)
-    bce = float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
+    bce = float(-np.mean(labels * log_sigmoid(s.fused) + (1 - labels) * log_sigmoid(-s.fused)))
     part, first = judged_rows(trajs, s)
-    report = processbench_scores(predict_first_error(part.fused, part.offsets, 0.5), first)
+    report = processbench_scores(predict_first_error(part.prob(), part.offsets, 0.5), first)
     return {"bce": bce, **report}
 
 
@@ -86,7 +86,7 @@ def evaluate_run(cfg: ReplicateConfig, mode: str, sets: EvalSets, scores: dict[s
     prm = scores["prmbench"]
     n_steps = np.array([len(t.steps) for t in sets.prmbench])
     labels = scored_part(prmbench_step_labels(sets.prmbench), n_steps, prm.offsets)  # steps past max_length are not counted
-    by_class = prm_score_by_class(prm.fused, prm.offsets, labels, prmbench_classes(sets.prmbench))
+    by_class = prm_score_by_class(prm.prob(), prm.offsets, labels, prmbench_classes(sets.prmbench))
     result = {
         "valid": _valid_report(sets.valid, scores["valid"]),
         "processbench": evaluate_processbench(sets.processbench, one(pb), 0.5, tune="gsm8k" in cfg.processbench_subsets)["modes"][mode],
