@@ -14,15 +14,14 @@ import json
 import logging
 import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from biprm.backbones import load_tokenizer
 from biprm.encoding import Encoder
 from biprm.modeling import BiPRMConfig
+from biprm.processes import process_state
 from biprm.run_folder import changes
 from biprm.scoring import MAX_LENGTH, Scorer
 from biprm.sources import load_source
@@ -79,15 +78,11 @@ def score_file(
     model: str, source: str, output: str, fmt: str = "auto", skip_invalid: bool = False, device: str | None = None,
     tokens_per_batch: int | None = None, chunk: int = 1024, resume: bool = False,
 ) -> int:
-    from accelerate import PartialState
-
     if not (Path(model) / "config.json").is_file():
         raise FileNotFoundError(f"--model {model}: no checkpoint there (config.json is missing)")
     trajs = load_source(source, fmt=fmt, skip_invalid=skip_invalid)  # bad input fails before the model loads
     trajs = encodable(trajs, Encoder(load_tokenizer(model), BiPRMConfig.from_pretrained(model).step_tag_id, MAX_LENGTH), source, skip_invalid)
-    # cpu: gloo between processes where there is no GPU; a process that finishes its block waits at the
-    # final barrier for the slowest one, which may take hours, so the group's timeout is a week, not minutes
-    state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(days=7))
+    state = process_state()
     rank, world = state.process_index, state.num_processes
     to_stdout = output == "-"
     if to_stdout and world > 1:

@@ -64,3 +64,11 @@ def step_positions(offsets: np.ndarray, index: np.ndarray) -> np.ndarray:
     starts, lengths = offsets[index], offsets[index + 1] - offsets[index]
     first = np.cumsum(lengths) - lengths
     return np.repeat(starts - first, lengths) + np.arange(lengths.sum())
+
+
+def concat(parts: list[StepScores]) -> StepScores:
+    """The scores of several blocks of trajectories, one after another."""
+    lengths = np.concatenate([np.diff(p.offsets) for p in parts])
+    join = lambda k: None if getattr(parts[0], k) is None else np.concatenate([getattr(p, k) for p in parts])  # noqa: E731
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return StepScores(offsets, join("fused"), join("l2r"), join("r2l"), join("sigma"))

@@ -1,5 +1,9 @@
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ from biprm.evaluation.models import Mode, ablation_modes, checkpoint_modes, scor
 from biprm.scores import StepScores
 from biprm.scoring import Scorer
 from biprm.synthetic import make_dataset
+from biprm.template import STEP_TAG
 from biprm.train import TrainConfig, train
 from biprm.trajectory import DataError
 
@@ -222,3 +227,31 @@ def test_a_damaged_cache_file_is_named_removed_and_rebuilt_and_timeouts_are_retr
     with caplog.at_level(logging.WARNING):
         assert cache.array("grades", None, trajs, "x", compute, retry=timed_out).tolist() == [0, 1]
     assert len(calls) == 3 and f"cache file {path} is damaged" in caplog.text
+
+
+def _launch(*argv: str, processes: int = 2) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "-m", "biprm.cli", "-v", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_eval_on_two_processes_equals_one_and_names_a_failing_process(ckpt, data_dir, tmp_path):
+    args = ["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "3", "--ns", "4,8", "--grade-workers", "0", *FAST]
+    main([*args, "--out", str(tmp_path / "one")])
+    done = _launch(*args, "--out", str(tmp_path / "two"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "scoring 36 trajectories" in done.stderr and "on 2 processes (18/18 rows each)" in done.stderr
+    one, two = (json.loads((tmp_path / d / "bon.json").read_text()) for d in ("one", "two"))
+    assert two == one
+    (a,), (b,) = (list((tmp_path / d / "cache").glob("*/scores-*.npz")) for d in ("one", "two"))  # only the first process writes
+    with np.load(a) as x, np.load(b) as y:
+        assert x.files == y.files
+        for k in x.files:
+            np.testing.assert_allclose(y[k], x[k], rtol=0, atol=1e-6)
+
+    rows = json.loads((data_dir / "processbench" / "gsm8k.json").read_text())[:4]
+    rows[3]["steps"][0] += " " + STEP_TAG  # a row the model cannot read, in the second process's block
+    (tmp_path / "bad.json").write_text(json.dumps(rows))
+    done = _launch("eval", "processbench", "--model", ckpt, "--data", str(tmp_path / "bad.json"), "--out", str(tmp_path / "bad"), *FAST)
+    assert "failed on process 2 of 2, which scored rows 3-4" in done.stderr and "the step tag" in done.stderr
+    assert done.returncode != 0 and not (tmp_path / "bad" / "processbench.json").exists()

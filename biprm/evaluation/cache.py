@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from biprm.evaluation.sharing import score_shared
+from biprm.processes import process_state
 from biprm.scores import StepScores
 from biprm.scoring import TOKENS_PER_ROW, Scorer, default_device
 from biprm.trajectory import Trajectory
@@ -39,6 +41,24 @@ class ScorerSettings:
     tokens_per_batch: int | None = None
     tokens_per_row: int | None = TOKENS_PER_ROW
     max_length: int = 4096
+
+    def load(self, ckpt: str) -> Scorer:
+        """A scorer on this process's device (under `accelerate launch`, one GPU per process) unless `device` is set."""
+        device = self.device or process_state().device
+        return Scorer.from_pretrained(ckpt, device=device, max_length=self.max_length, tokens_per_batch=self.tokens_per_batch,
+                                      tokens_per_row=self.tokens_per_row)
+
+
+def scorer_loader(settings: ScorerSettings) -> Callable[[str], Scorer]:
+    """checkpoint -> its Scorer, loaded on first use only: a fully cached run never loads a model."""
+    loaded: dict[str, Scorer] = {}
+
+    def scorer(ckpt: str) -> Scorer:
+        if ckpt not in loaded:
+            loaded[ckpt] = settings.load(ckpt)
+        return loaded[ckpt]
+
+    return scorer
 
 
 def _atomic_write(path: Path, write: Callable) -> None:
@@ -80,7 +100,7 @@ class ScoreCache:
         self.settings = settings or ScorerSettings()
         self._memo_path = self.root / "file_hashes.json"
         self._memo: dict[str, str] = json.loads(self._memo_path.read_text()) if self._memo_path.is_file() else {}
-        self._scorers: dict[str, Scorer] = {}
+        self.scorer = scorer_loader(self.settings)
         self._model_keys: dict[str, str] = {}
 
     def file_hash(self, path: Path) -> str:
@@ -107,15 +127,6 @@ class ScoreCache:
             self._model_keys[ckpt] = h.hexdigest()
         return self._model_keys[ckpt]
 
-    def scorer(self, ckpt: str) -> Scorer:
-        """Loaded on first use only: a fully cached run never loads a model."""
-        if ckpt not in self._scorers:
-            s = self.settings
-            self._scorers[ckpt] = Scorer.from_pretrained(
-                ckpt, device=s.device, max_length=s.max_length, tokens_per_batch=s.tokens_per_batch, tokens_per_row=s.tokens_per_row
-            )
-        return self._scorers[ckpt]
-
     def _path(self, kind: str, ckpt: str | None, trajs: list[Trajectory], tag: str) -> Path:
         model = self.model_key(ckpt)[:20] if ckpt else "data"
         return self.root / model / f"{kind}-{dataset_key(trajs)[:20]}-{tag}.npz"
@@ -125,7 +136,7 @@ class ScoreCache:
         path = self._path("scores", ckpt, trajs, f"logits-{device.type}-len{self.settings.max_length}")
         if (z := _read(path)) is not None:
             return StepScores(z["offsets"], z["fused"], *(z.get(k) for k in STREAMS))
-        scores = self.scorer(ckpt).score(trajs)
+        scores = score_shared(self.scorer, ckpt, trajs)  # on every process of the launch, if there are several
         arrays = {"offsets": scores.offsets, "fused": scores.fused}
         arrays |= {k: getattr(scores, k) for k in STREAMS if getattr(scores, k) is not None}
         _atomic_write(path, lambda f: np.savez(f, **arrays))

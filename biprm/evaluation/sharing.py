@@ -1,0 +1,91 @@
+"""`biprm eval` on several processes (`accelerate launch` or `torchrun`): the scoring is shared, nothing else.
+
+The main process runs the evaluation recipe exactly as it runs alone, and alone reads
+and writes files (score cache, grades, reports). Every other process only waits for
+scoring jobs. A job is what the score cache lacks: a checkpoint and its trajectories.
+The main process sends each process one contiguous block of them, scores the first
+block itself, and gathers the blocks back in input order, so the scores, and the cache
+file written from them, are the ones a single process would compute (up to float
+rounding of differently shaped batches). A process that fails sends its error back,
+and the main process raises it; when the recipe ends, for any reason, the others stop.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch.distributed as dist
+
+from biprm.processes import process_state
+from biprm.scores import StepScores, concat
+from biprm.scoring import Scorer
+from biprm.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+Job = tuple[str, list[Trajectory]] | None  # (checkpoint, block of trajectories); None: stop
+_others_serve = False  # True on the main process while run_shared has the other processes waiting for jobs
+
+
+def _score(scorer: Callable[[str], Scorer], job: tuple[str, list[Trajectory]], progress: bool) -> StepScores | Exception | None:
+    """One block's scores; None for an empty block. A failure is sent back, so that the main process fails
+    with it instead of waiting forever: bad input (ValueError, OSError) as a ValueError, anything else as a RuntimeError."""
+    ckpt, block = job
+    if not block:
+        return None
+    try:
+        return scorer(ckpt).score(block, progress=progress)
+    except Exception as error:
+        kind = ValueError if isinstance(error, (ValueError, OSError)) else RuntimeError
+        return kind(f"{type(error).__name__}: {error}")
+
+
+def _gather(result: StepScores | Exception | None) -> list:
+    state = process_state()
+    parts = [None] * state.num_processes if state.is_main_process else None
+    dist.gather_object(result, parts, dst=0)
+    return parts
+
+
+def score_shared(scorer: Callable[[str], Scorer], ckpt: str, trajs: list[Trajectory]) -> StepScores:
+    """Every process scores one block of `trajs`; scores come back in input order. Outside `run_shared`
+    (a Python caller, one process) this process scores them all."""
+    world = process_state().num_processes
+    if not _others_serve:
+        return scorer(ckpt).score(trajs)
+    bounds = [len(trajs) * r // world for r in range(world + 1)]
+    blocks = [trajs[a:b] for a, b in zip(bounds, bounds[1:])]
+    log.info("scoring %d trajectories with %s on %d processes (%s rows each)", len(trajs), ckpt, world, "/".join(str(len(b)) for b in blocks))
+    job: list[Job] = [None]
+    dist.scatter_object_list(job, [(ckpt, b) for b in blocks], src=0)
+    parts = _gather(_score(scorer, job[0], progress=True))
+    for r, error in enumerate(parts):
+        if isinstance(error, Exception):
+            raise type(error)(f"scoring {ckpt} failed on process {r + 1} of {world}, which scored rows {bounds[r] + 1}-{bounds[r + 1]} "
+                              f"(its 'trajectory k' is row {bounds[r] + 1} + k): {error}")
+    return concat([p for p in parts if p is not None])
+
+
+def serve_scoring(scorer: Callable[[str], Scorer]) -> None:
+    """Called by every process but the main one: score the blocks it sends until it says stop."""
+    while True:
+        job: list[Job] = [None]
+        dist.scatter_object_list(job, None, src=0)
+        if job[0] is None:
+            return
+        _gather(_score(scorer, job[0], progress=False))
+
+
+def run_shared(recipe: Callable[[], object], scorer: Callable[[str], Scorer]) -> object:
+    """Run `recipe` on the main process with the others serving its scoring; alone, just run it."""
+    state = process_state()
+    if state.num_processes == 1:
+        return recipe()
+    if not state.is_main_process:
+        return serve_scoring(scorer)
+    global _others_serve
+    _others_serve = True
+    try:
+        return recipe()
+    finally:
+        _others_serve = False
+        dist.scatter_object_list([None], [None] * state.num_processes, src=0)
