@@ -2,6 +2,7 @@
 import json
 import math
 
+import numpy as np
 import torch
 
 from biprm.bench.measure import step_memory
@@ -64,3 +65,18 @@ def test_each_configuration_pins_its_layout():
     bench = build("tiny")
     layouts = {name: scorer(bench, name).prefix_cache for name in ("l2r:plain", "bi:plain", "bi:default", "bi:kv", "l2r:kv")}
     assert layouts == {"l2r:plain": False, "bi:plain": False, "bi:default": False, "bi:kv": True, "l2r:kv": True}
+
+
+def test_bench_data_rows_chain_solutions_to_the_asked_length(data_dir, tmp_path):
+    from biprm.bench.config import DataBenchConfig
+    from biprm.bench.data import write_rows
+    from biprm.readers import load_trajectories
+
+    steps = {}
+    for per_row in (1.0, 2.5):
+        write_rows(tmp_path / f"{per_row}.jsonl", 400, str(data_dir), per_row, seed=1)
+        trajs = load_trajectories(str(tmp_path / f"{per_row}.jsonl"))
+        assert len(trajs) == 400 and all(len(t.labels) == len(t.steps) for t in trajs)
+        steps[per_row] = np.mean([len(t.steps) for t in trajs])
+    assert 2.2 < steps[2.5] / steps[1.0] < 2.8  # half the rows chain 2 solutions, half 3
+    assert DataBenchConfig(rows=10).name == "data-10" and DataBenchConfig(rows=10, solutions_per_row=2.7).name == "data-10-x2.7"

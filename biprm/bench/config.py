@@ -36,8 +36,15 @@ class BenchConfig:
 @dataclass
 class DataBenchConfig:
     rows: int = arg(445_000, "rows of the generated TRL file")
+    solutions_per_row: float = arg(1.0, "reference solutions chained into one row, on average: 1 gives GSM8K-length rows, "
+                                        "3.8 gives rows with 2.7x the tokens, about Math-Shepherd's length")
     data_root: str = arg(help="folder holding gsm8k/", factory=default_data_root)
     work_dir: str = arg("", "keep the generated file and caches here (default: a temporary folder)")
     out: str = arg("benchmarks", "where data-<rows>.{json,md} go")
     max_length: int = arg(2048, "tokens per stream, as in `biprm train`")
     batch_size: int = arg(8, "trajectories per step")
+
+    @property
+    def name(self) -> str:
+        """data-<rows>, plus -x<solutions per row> for longer rows."""
+        return f"data-{self.rows}" + ("" if self.solutions_per_row == 1 else f"-x{self.solutions_per_row:g}")

@@ -1,7 +1,8 @@
 """`biprm bench-data`: the training data pipeline at Math-Shepherd size (docs/PERFORMANCE.md).
 
-A TRL-format file of N GSM8K-length rows (GSM8K-train questions and reference steps,
-resampled, with Math-Shepherd-style labels) is written once. Then `biprm train` is
+A TRL-format file of N rows (GSM8K-train questions and reference steps, resampled, with
+Math-Shepherd-style labels; `--solutions-per-row 2.7` chains references into rows as long
+as Math-Shepherd's) is written once. Then `biprm train` is
 started on it with the tiny backbone, so the time and memory measured are the data
 pipeline's and the framework's, not a big model's, and stopped after its first
 optimizer step, in four settings: 1 and 2 processes, each with an empty cache (cold)
@@ -27,17 +28,22 @@ from biprm.bench.config import DataBenchConfig
 from biprm.evaluation.data import data_file
 
 
-def write_rows(path: Path, n: int, data_root: str, seed: int = 0) -> None:
-    """n TRL rows: GSM8K-train questions with their reference steps, labels 1 before a random first error (or none)."""
+def write_rows(path: Path, n: int, data_root: str, per_row: float = 1.0, seed: int = 0) -> None:
+    """n TRL rows: GSM8K-train questions with their reference steps, labels 1 before a random first error (or none).
+
+    A row holds the steps of floor(per_row) or one more reference solutions (the question is
+    the first one's), drawn so that rows chain `per_row` solutions on average.
+    """
     from biprm.readers import read_rows, solution_steps
 
     source, _ = read_rows(str(data_file(data_root, "gsm8k", "train.jsonl.gz")))
     refs = [(r["question"], solution_steps(r["answer"])) for r in source]
     rng = np.random.default_rng(seed)
-    picks, firsts = rng.integers(len(refs), size=n), rng.random(n)
+    chained = np.floor(per_row).astype(int) + (rng.random(n) < per_row % 1)
+    picks, firsts = np.split(rng.integers(len(refs), size=chained.sum()), np.cumsum(chained)[:-1]), rng.random(n)
     with open(path, "w") as f:
         for pick, u in zip(picks, firsts):
-            question, steps = refs[pick]
+            question, steps = refs[pick[0]][0], [s for i in pick for s in refs[i][1]]
             first = int(u * 2 * len(steps)) if u < 0.5 else len(steps)  # half the rows wrong from a uniform step on
             f.write(json.dumps({"prompt": question, "completions": steps, "labels": [t < first for t in range(len(steps))]}) + "\n")
 
@@ -95,12 +101,12 @@ def run(cfg: DataBenchConfig) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(cfg.work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        data = work / f"trl-{cfg.rows}.jsonl"
+        data = work / f"trl-{cfg.name[5:]}.jsonl"
         if not data.exists():
-            write_rows(data, cfg.rows, cfg.data_root)
+            write_rows(data, cfg.rows, cfg.data_root, cfg.solutions_per_row)
         result = {"config": asdict(cfg), "file_mib": round(data.stat().st_size / 2**20, 1), "runs": {}}
         for processes in (1, 2):
-            cache = work / f"hf-cache-{processes}"
+            cache = work / f"hf-cache-{cfg.name[5:]}-{processes}"
             for state in ("cold", "cached"):
                 name = f"{processes}proc-{state}"
                 result["runs"][name] = _launch(cfg, data, cache, processes, name, work)
@@ -109,7 +115,7 @@ def run(cfg: DataBenchConfig) -> dict:
 
 
 def write(result: dict, out: str) -> Path:
-    path = Path(out) / f"data-{result['config']['rows']}.json"
+    path = Path(out) / f"{DataBenchConfig(**result['config']).name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     n = result["config"]["rows"]
@@ -120,7 +126,9 @@ def write(result: dict, out: str) -> Path:
         rss = " / ".join(str(x["peak_rss_mib"]) for x in r["ranks"])
         pad = next((x["padding"] for x in r["ranks"] if "padding" in x), None)
         rows.append(f"| {name} | {r['processes']} | {r['wall_s']} | {first} | {n / first:,.0f} | {rss} | {'' if pad is None else f'{pad:.1%}'} |")
-    text = f"# Data pipeline, {result['config']['rows']:,} TRL rows ({result['file_mib']} MiB)\n\n" + "\n".join(rows) + "\n"
+    per_row = result["config"].get("solutions_per_row", 1.0)
+    length = "" if per_row == 1 else f", {per_row:g} reference solutions per row"
+    text = f"# Data pipeline, {result['config']['rows']:,} TRL rows{length} ({result['file_mib']} MiB)\n\n" + "\n".join(rows) + "\n"
     path.with_suffix(".md").write_text(text)
     print(text)
     return path
