@@ -5,7 +5,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from biprm.aggregate import AGGREGATIONS
+from biprm.aggregate import AGGREGATIONS, sigmoid
 from biprm.scores import StepScores
 from biprm.trajectory import Trajectory
 
@@ -18,14 +18,18 @@ def score_rows(trajs: list[Trajectory], scores: StepScores, digits: int | None =
     The input travels with its scores (question, steps, labels, answer, correct, meta with
     any extra input fields), so the output joins back by content, not by line order.
     `steps_scored` < len(steps) when steps past max_length were not scored. Step scores
-    are rounded to `digits` (None: kept whole).
+    are probabilities rounded to `digits` (None: kept whole); `solution` holds each
+    aggregation's probability and `solution_logit` its logit, which ranks candidates whose
+    probabilities round to the same float (Best-of-N from this file should sort by it).
     """
-    solution = {how: scores.solution_scores(how) for how in AGGREGATIONS}
+    logits = {how: scores.solution_logits(how) for how in AGGREGATIONS}
+    solution = {how: sigmoid(x) for how, x in logits.items()}
     step = float if digits is None else lambda x: round(float(x), digits)
     for i, traj in enumerate(trajs):
         row = {"question": traj.question, "steps": traj.steps, "labels": traj.labels, "answer": traj.answer, "correct": traj.correct, "meta": traj.meta}
         row |= {s: None if getattr(scores, s) is None else [step(x) for x in scores.of(i, s)] for s in STREAMS}
         row["solution"] = {how: float(solution[how][i]) for how in AGGREGATIONS}
+        row["solution_logit"] = {how: float(logits[how][i]) for how in AGGREGATIONS}
         row["steps_scored"] = int(scores.offsets[i + 1] - scores.offsets[i])
         yield row
 

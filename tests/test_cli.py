@@ -1,5 +1,6 @@
 """The command line as a user runs it: score writes JSONL, the demo writes its table, JSON and plot."""
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,9 @@ def test_score_writes_per_step_and_solution_scores(checkpoint, tmp_path):
             assert len(line[stream]) == 2 and all(0 <= v <= 1 for v in line[stream])
         assert set(line["solution"]) == set(AGGREGATIONS)
         assert line["solution"]["min"] == pytest.approx(min(line["fused"]), abs=1e-6)
+        assert set(line["solution_logit"]) == set(AGGREGATIONS)
+        for how, p in line["solution"].items():
+            assert p == pytest.approx(1 / (1 + math.exp(-line["solution_logit"][how])), rel=1e-12)
 
 
 def test_demo_end_to_end_on_a_tiny_budget(tmp_path, capsys):

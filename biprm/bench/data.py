@@ -7,8 +7,11 @@ started on it with the tiny backbone, so the time and memory measured are the da
 pipeline's and the framework's, not a big model's, and stopped after its first
 optimizer step, in four settings: 1 and 2 processes, each with an empty cache (cold)
 and again with the cache the first run left (cached). Each process reports the seconds
-from its start to the end of its first step and its peak RSS; the first also reports
-the padding share of its first 100 batches.
+from its start to the end of its first step, and its peak RSS twice: when training
+begins (the data pipeline's peak: reading, encoding, the sampler, the first 100 batches)
+and after the first step (which adds the model's longest batch: the length-grouped
+sampler puts it first). The first process also reports the padding share of its first
+100 batches.
 """
 from __future__ import annotations
 
@@ -48,6 +51,15 @@ def write_rows(path: Path, n: int, data_root: str, per_row: float = 1.0, seed: i
             f.write(json.dumps({"prompt": question, "completions": steps, "labels": [t < first for t in range(len(steps))]}) + "\n")
 
 
+def peak_rss_mib() -> float:
+    """The process's peak resident memory so far (VmHWM, Linux; ru_maxrss elsewhere)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        line = next(x for x in status.read_text().splitlines() if x.startswith("VmHWM:"))
+        return round(int(line.split()[1]) / 1024, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def worker(spec: str) -> None:
     """One training process: time to the end of the first step, peak RSS, padding of the first 100 batches."""
     started = time.perf_counter()
@@ -67,6 +79,7 @@ def worker(spec: str) -> None:
                         break
                     pad, total = pad + int((batch["unit_ids"] == -1).sum()), total + batch["unit_ids"].numel()
                 report["padding"] = pad / total
+            report["peak_rss_before_step_mib"] = peak_rss_mib()
 
         def on_step_end(self, args, state, control, **kwargs):
             report.update(rank=args.process_index, seconds_to_first_step=round(time.perf_counter() - started, 1))
@@ -75,7 +88,7 @@ def worker(spec: str) -> None:
     cfg = TrainConfig(backbone="tiny", data=job["data"], output_dir=job["output_dir"], max_length=job["max_length"],
                       batch_size=job["batch_size"], grad_accum=1, max_steps=10, save_steps=10**9, show_progress=False)
     train(cfg, callbacks=[FirstStep()])
-    report["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    report["peak_rss_mib"] = peak_rss_mib()
     Path(job["report"]).with_suffix(f".rank{report['rank']}.json").write_text(json.dumps(report))
 
 
@@ -119,13 +132,15 @@ def write(result: dict, out: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     n = result["config"]["rows"]
-    rows = ["| run | processes | wall (s) | slowest rank to first step (s) | rows/s to first step | peak RSS per rank (MiB) | padding |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| run | processes | wall (s) | slowest rank to first step (s) | rows/s to first step "
+            "| peak RSS per rank before the first step (MiB) | peak RSS per rank with the first step (MiB) | padding |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in result["runs"].items():
         first = max(x["seconds_to_first_step"] for x in r["ranks"])
         rss = " / ".join(str(x["peak_rss_mib"]) for x in r["ranks"])
+        data_rss = " / ".join(str(x.get("peak_rss_before_step_mib", "–")) for x in r["ranks"])
         pad = next((x["padding"] for x in r["ranks"] if "padding" in x), None)
-        rows.append(f"| {name} | {r['processes']} | {r['wall_s']} | {first} | {n / first:,.0f} | {rss} | {'' if pad is None else f'{pad:.1%}'} |")
+        rows.append(f"| {name} | {r['processes']} | {r['wall_s']} | {first} | {n / first:,.0f} | {data_rss} | {rss} | {'' if pad is None else f'{pad:.1%}'} |")
     per_row = result["config"].get("solutions_per_row", 1.0)
     length = "" if per_row == 1 else f", {per_row:g} reference solutions per row"
     text = f"# Data pipeline, {result['config']['rows']:,} TRL rows{length} ({result['file_mib']} MiB)\n\n" + "\n".join(rows) + "\n"

@@ -43,8 +43,10 @@ class ScorerSettings:
     max_length: int = 4096
 
     def load(self, ckpt: str) -> Scorer:
-        """A scorer on this process's device (under `accelerate launch`, one GPU per process) unless `device` is set."""
-        device = self.device or process_state().device
+        """A scorer on this process's device: under `accelerate launch` one GPU per process, also for `device="cuda"`."""
+        own = process_state().device
+        device = torch.device(self.device) if self.device else own
+        device = own if device.type == own.type and device.index is None else device
         return Scorer.from_pretrained(ckpt, device=device, max_length=self.max_length, tokens_per_batch=self.tokens_per_batch,
                                       tokens_per_row=self.tokens_per_row)
 

@@ -106,7 +106,7 @@ class Service:
             for i, it in enumerate(items)
         ]
         scores, dropped = await self.run(trajs, [f"item {i}" for i in range(len(items))])
-        keys = ("steps", *STREAMS, "solution", "steps_scored")  # what `biprm score` writes, less the input's own fields
+        keys = ("steps", *STREAMS, "solution", "solution_logit", "steps_scored")  # what `biprm score` writes, less the input's own fields
         return [{**{k: row[k] for k in keys}, "truncated": bool(d)} for row, d in zip(score_rows(trajs, scores, digits=None), dropped)]
 
     async def reward(self, req: RewardRequest) -> list[float]:
