@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+WAIT = timedelta(days=7)  # how long a process waits on the others: a done process may wait for hours
+
 
 def process_state():
     """accelerate's PartialState: gloo between processes where there is no GPU. A process that is done
@@ -10,4 +12,4 @@ def process_state():
     import torch
     from accelerate import PartialState
 
-    return PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(days=7))
+    return PartialState(cpu=not torch.cuda.is_available(), timeout=WAIT)

@@ -1,8 +1,8 @@
 """`biprm bench-data`: the training data pipeline at Math-Shepherd size (docs/PERFORMANCE.md).
 
 A TRL-format file of N rows (GSM8K-train questions and reference steps, resampled, with
-Math-Shepherd-style labels; `--solutions-per-row 2.7` chains references into rows as long
-as Math-Shepherd's) is written once. Then `biprm train` is
+Math-Shepherd-style labels; `--solutions-per-row 3.8` chains references into rows with 2.7x
+the tokens, as long as Math-Shepherd's) is written once. Then `biprm train` is
 started on it with the tiny backbone, so the time and memory measured are the data
 pipeline's and the framework's, not a big model's, and stopped after its first
 optimizer step, in four settings: 1 and 2 processes, each with an empty cache (cold)

@@ -53,7 +53,7 @@ class Mode:
         logits = [getattr(p, self.stream) for p in parts]
         if any(x is None for x in logits):
             raise ValueError(f"mode {self.key!r}: a checkpoint has no {self.stream!r} stream")
-        return StepScores(parts[0].offsets, mean_of_probabilities(logits))
+        return StepScores(parts[0].offsets, logits[0] if len(logits) == 1 else mean_of_probabilities(logits))
 
 
 def checkpoint_mode(ckpt: str) -> str:

@@ -16,14 +16,14 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from biprm.processes import process_state
+from biprm.processes import WAIT, process_state
 from biprm.scores import StepScores, concat
 from biprm.scoring import Scorer
 from biprm.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 Job = tuple[str, list[Trajectory]] | None  # (checkpoint, block of trajectories); None: stop
-_others_serve = False  # True on the main process while run_shared has the other processes waiting for jobs
+_jobs = None  # while run_shared runs: the gloo group that carries jobs and results (never a GPU, so waiting costs nothing)
 
 
 def _score(scorer: Callable[[str], Scorer], job: tuple[str, list[Trajectory]], progress: bool) -> StepScores | Exception | None:
@@ -42,7 +42,7 @@ def _score(scorer: Callable[[str], Scorer], job: tuple[str, list[Trajectory]], p
 def _gather(result: StepScores | Exception | None) -> list:
     state = process_state()
     parts = [None] * state.num_processes if state.is_main_process else None
-    dist.gather_object(result, parts, dst=0)
+    dist.gather_object(result, parts, dst=0, group=_jobs)
     return parts
 
 
@@ -50,13 +50,13 @@ def score_shared(scorer: Callable[[str], Scorer], ckpt: str, trajs: list[Traject
     """Every process scores one block of `trajs`; scores come back in input order. Outside `run_shared`
     (a Python caller, one process) this process scores them all."""
     world = process_state().num_processes
-    if not _others_serve:
+    if _jobs is None or not trajs:
         return scorer(ckpt).score(trajs)
     bounds = [len(trajs) * r // world for r in range(world + 1)]
     blocks = [trajs[a:b] for a, b in zip(bounds, bounds[1:])]
     log.info("scoring %d trajectories with %s on %d processes (%s rows each)", len(trajs), ckpt, world, "/".join(str(len(b)) for b in blocks))
     job: list[Job] = [None]
-    dist.scatter_object_list(job, [(ckpt, b) for b in blocks], src=0)
+    dist.scatter_object_list(job, [(ckpt, b) for b in blocks], src=0, group=_jobs)
     parts = _gather(_score(scorer, job[0], progress=True))
     for r, error in enumerate(parts):
         if isinstance(error, Exception):
@@ -69,7 +69,7 @@ def serve_scoring(scorer: Callable[[str], Scorer]) -> None:
     """Called by every process but the main one: score the blocks it sends until it says stop."""
     while True:
         job: list[Job] = [None]
-        dist.scatter_object_list(job, None, src=0)
+        dist.scatter_object_list(job, None, src=0, group=_jobs)
         if job[0] is None:
             return
         _gather(_score(scorer, job[0], progress=False))
@@ -77,15 +77,17 @@ def serve_scoring(scorer: Callable[[str], Scorer]) -> None:
 
 def run_shared(recipe: Callable[[], object], scorer: Callable[[str], Scorer]) -> object:
     """Run `recipe` on the main process with the others serving its scoring; alone, just run it."""
+    global _jobs
     state = process_state()
     if state.num_processes == 1:
         return recipe()
-    if not state.is_main_process:
-        return serve_scoring(scorer)
-    global _others_serve
-    _others_serve = True
+    _jobs = dist.new_group(backend="gloo", timeout=WAIT)  # every process creates it, at the same point
     try:
-        return recipe()
+        if not state.is_main_process:
+            return serve_scoring(scorer)
+        try:
+            return recipe()
+        finally:
+            dist.scatter_object_list([None], [None] * state.num_processes, src=0, group=_jobs)
     finally:
-        _others_serve = False
-        dist.scatter_object_list([None], [None] * state.num_processes, src=0)
+        _jobs = None
