@@ -5,7 +5,9 @@ Data flows one way: raw rows -> Trajectory (readers) -> encoded L2R/R2L pieces
 scores (aggregate) -> metrics and reports (metrics, analysis, evaluation).
 
 The names below load on first use, so `biprm --help` does not pay for torch.
-`import biprm.modeling` registers the architecture with `AutoModel`.
+`import biprm.modeling` registers the architecture with `AutoModel`. `train` shares its
+name with its module: once the module `biprm.train` is imported, `biprm.train` is that
+module, so import the function as `from biprm.train import train` in such code.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "BiPRMConfig": "biprm.modeling", "BiPRMModel": "biprm.modeling", "from_backbone": "biprm.modeling",
-    "StepScores": "biprm.scores", "Scorer": "biprm.scoring", "TrainConfig": "biprm.configs", "train": "biprm.train",
+    "StepScores": "biprm.scores", "Scorer": "biprm.scoring", "TrainConfig": "biprm.config", "train": "biprm.train",
     "DataError": "biprm.trajectory", "Trajectory": "biprm.trajectory",
 }
 __all__ = sorted(_EXPORTS)
@@ -24,4 +26,6 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'biprm' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # kept: importing biprm.train just bound the module to that name
+    return value

@@ -200,6 +200,15 @@ def test_help_does_not_import_torch():
     assert done.stdout.split() == ["False", "False"], done.stderr[-2000:]
 
 
+def test_every_lazy_export_resolves():
+    import subprocess
+    import sys
+
+    code = "import biprm\nprint(all(getattr(biprm, n).__name__ == n for n in biprm.__all__), biprm.train.__module__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)  # a fresh interpreter
+    assert done.stdout.split() == ["True", "biprm.train"], done.stderr[-2000:]
+
+
 def test_config_file_fills_settings_and_flags_win(tmp_path, monkeypatch, capsys):
     import biprm.cli as cli
 
