@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from biprm.aggregate import AGGREGATIONS
 from biprm.config import CHECKPOINT_ROLES as ROLES
 from biprm.config import PROCESSBENCH_SUBSETS, default_data_root
 from biprm.metrics.bon import DEFAULT_NS
+
+if TYPE_CHECKING:
+    from biprm.evaluation.common import EvalOptions
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -51,56 +55,51 @@ def _scoring(p: argparse.ArgumentParser, pb: bool = True) -> None:
         p.add_argument("--threshold", type=float, default=0.5, help="first-error threshold on step probabilities")
 
 
-def _scorer(args: argparse.Namespace):
+def _options(args: argparse.Namespace) -> dict:
     from biprm.evaluation.cache import ScorerSettings
 
     per_row = ScorerSettings.tokens_per_row if args.tokens_per_row is None else args.tokens_per_row or None
-    return ScorerSettings(args.device, args.tokens_per_batch, per_row, args.max_length)
-
-
-def _options(args: argparse.Namespace) -> dict:
+    scorer = ScorerSettings(args.device, args.tokens_per_batch, per_row, args.max_length)
     return dict(data_root=args.data_root, out=args.out, cache_dir=args.cache_dir, limit=args.limit,
-                grade_workers=args.grade_workers, grade_timeout=args.grade_timeout, scorer=_scorer(args))
+                grade_workers=args.grade_workers, grade_timeout=args.grade_timeout, scorer=scorer)
 
 
-def _on_every_process(args: argparse.Namespace, recipe: Callable[[], object]) -> None:
+def _on_every_process(recipe: Callable[[EvalOptions], object], cfg: EvalOptions) -> None:
     from biprm.evaluation.cache import scorer_loader
     from biprm.evaluation.sharing import run_shared
 
-    run_shared(recipe, scorer_loader(_scorer(args)))
+    run_shared(lambda: recipe(cfg), scorer_loader(cfg.scorer))
 
 
 def cmd_bon(args: argparse.Namespace) -> None:
     from biprm.evaluation.bon import BonConfig, run_bon
 
-    _on_every_process(args, lambda: run_bon(BonConfig(models=args.model, pool=args.pool, questions=args.questions, questions_split=args.questions_split,
-                      split_rule=args.split_rule, agg=args.agg, ns=args.ns, random_subsets=args.random_subsets, seed=args.seed,
-                      **_options(args))))
+    _on_every_process(run_bon, BonConfig(models=args.model, pool=args.pool, questions=args.questions, questions_split=args.questions_split,
+                                         split_rule=args.split_rule, agg=args.agg, ns=args.ns, random_subsets=args.random_subsets,
+                                         seed=args.seed, **_options(args)))
 
 
 def cmd_processbench(args: argparse.Namespace) -> None:
     from biprm.evaluation.processbench import ProcessBenchConfig, run_processbench
 
-    _on_every_process(args, lambda: run_processbench(ProcessBenchConfig(
-        models=args.model, subsets=tuple(args.data or args.subsets), threshold=args.threshold, tune=args.tune_threshold, **_options(args))))
+    _on_every_process(run_processbench, ProcessBenchConfig(models=args.model, subsets=tuple(args.data or args.subsets), threshold=args.threshold,
+                                                           tune=args.tune_threshold, **_options(args)))
 
 
 def cmd_ablations(args: argparse.Namespace) -> None:
     from biprm.evaluation.ablations import AblationConfig, run_ablations
 
     ckpts = {role: path for role in ROLES if (path := getattr(args, role.replace("-", "_")))}
-    _on_every_process(args, lambda: run_ablations(AblationConfig(
-        checkpoints=ckpts, pools=args.pool or ["gsm8k_bon_small"], agg=args.agg, ns=args.ns, subsets=args.subsets,
-        threshold=args.threshold, tune=args.tune_threshold, **_options(args))))
+    _on_every_process(run_ablations, AblationConfig(checkpoints=ckpts, pools=args.pool or ["gsm8k_bon_small"], agg=args.agg, ns=args.ns,
+                                                    subsets=args.subsets, threshold=args.threshold, tune=args.tune_threshold, **_options(args)))
 
 
 def cmd_all(args: argparse.Namespace) -> None:
     from biprm.evaluation.suite import SuiteConfig, run_suite
 
-    _on_every_process(args, lambda: run_suite(SuiteConfig(
-        model=args.model, ablation=dict(args.ablation or []), pools=args.pool or [], agg=args.agg, ns=args.ns, subsets=args.subsets,
-        threshold=args.threshold, long_chain_tokens=args.long_chain_tokens, perturb_seed=args.perturb_seed, cases=args.cases,
-        **_options(args))))
+    _on_every_process(run_suite, SuiteConfig(model=args.model, ablation=dict(args.ablation or []), pools=args.pool or [], agg=args.agg, ns=args.ns,
+                                             subsets=args.subsets, threshold=args.threshold, long_chain_tokens=args.long_chain_tokens,
+                                             perturb_seed=args.perturb_seed, cases=args.cases, **_options(args)))
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
