@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from biprm.encoding import Encoded
+from biprm.scores import offsets_of
 
 STREAMS = {"l2r": ("l2r",), "r2l": ("r2l",), "bi": ("l2r", "r2l"), "bi-static": ("l2r", "r2l")}
 
@@ -133,7 +134,7 @@ def _layout(rows: list[list[_Segment]], encs: list[Encoded], streams: tuple[str,
         "position_ids": torch.from_numpy(position_ids),
         "unit_ids": torch.from_numpy(unit_ids),
         "stream_ids": torch.from_numpy(stream_ids),
-        "step_offsets": torch.from_numpy(np.concatenate([[0], np.cumsum(n_steps)]).astype(np.int64)),
+        "step_offsets": torch.from_numpy(offsets_of(n_steps)),
     }
     for stream in streams:
         batch[f"{stream}_index"] = torch.from_numpy(np.concatenate(tag_index[stream]).astype(np.int64))

@@ -54,8 +54,12 @@ class StepScores:
         lengths = np.diff(self.offsets)[index]
         flat = step_positions(self.offsets, index)
         pick = lambda a: None if a is None else a[flat]  # noqa: E731
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        return StepScores(offsets, self.fused[flat], pick(self.l2r), pick(self.r2l), pick(self.sigma))
+        return StepScores(offsets_of(lengths), self.fused[flat], pick(self.l2r), pick(self.r2l), pick(self.sigma))
+
+
+def offsets_of(lengths) -> np.ndarray:
+    """[0, l0, l0 + l1, ...]: where each trajectory's steps start in a flat array, plus the end."""
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
 
 
 def step_positions(offsets: np.ndarray, index: np.ndarray) -> np.ndarray:
@@ -68,7 +72,5 @@ def step_positions(offsets: np.ndarray, index: np.ndarray) -> np.ndarray:
 
 def concat(parts: list[StepScores]) -> StepScores:
     """The scores of several blocks of trajectories, one after another."""
-    lengths = np.concatenate([np.diff(p.offsets) for p in parts])
     join = lambda k: None if getattr(parts[0], k) is None else np.concatenate([getattr(p, k) for p in parts])  # noqa: E731
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    return StepScores(offsets, join("fused"), join("l2r"), join("r2l"), join("sigma"))
+    return StepScores(offsets_of(np.concatenate([np.diff(p.offsets) for p in parts])), join("fused"), join("l2r"), join("r2l"), join("sigma"))

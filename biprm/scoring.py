@@ -28,7 +28,7 @@ from biprm.checkpoint import check_layout
 from biprm.encoding import Encoded, Encoder
 from biprm.modeling import BiPRMModel, BiPRMOutput
 from biprm.packing import STREAMS, check_tags, pack, pack_cached
-from biprm.scores import StepScores, step_positions
+from biprm.scores import StepScores, offsets_of, step_positions
 from biprm.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class Scorer:
     @torch.inference_mode()
     def _score(self, encs: list[Encoded], cached: bool, progress: bool) -> StepScores:
         lengths = np.array([len(e.steps) for e in encs], dtype=np.int64)
-        collect = Collector(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), self.mode)
+        collect = Collector(offsets_of(lengths), self.mode)
         device = self.model.device
         for idx in tqdm(self.batches(encs, cached), desc=f"scoring ({self.mode})", disable=not progress, unit="batch"):
             items, pad = [encs[i] for i in idx], self.tokenizer.pad_token_id

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from biprm.encoding import Encoded
 from biprm.modeling import BiPRMModel, BiPRMOutput
-from biprm.scores import StepScores
+from biprm.scores import StepScores, offsets_of
 from biprm.scoring import Collector
 
 SUPPORTED = ("llama", "mistral", "qwen2")
@@ -127,7 +127,7 @@ class Layout:
             order=order,
             prompt_lengths=np.array([len(e.prompt) for e in encs], dtype=np.int64),
             step_lengths=np.array([len(s) for e in encs for s in e.steps], dtype=np.int64),
-            step_offsets=np.concatenate([[0], np.cumsum([len(e.steps) for e in encs])]).astype(np.int64),
+            step_offsets=offsets_of([len(e.steps) for e in encs]),
         )
 
     @property
@@ -229,7 +229,7 @@ class TrunkCache:
         batch = {
             "features": _from_store(feats, self.dtype),
             "position_ids": torch.arange(width).expand(len(pieces), width),
-            "step_offsets": torch.from_numpy(np.concatenate([[0], np.cumsum(n_steps)]).astype(np.int64)),
+            "step_offsets": torch.from_numpy(offsets_of(n_steps)),
         }
         for s in streams:
             batch[f"{s}_index"] = torch.from_numpy(
