@@ -46,6 +46,14 @@ def cmd_demo(cfg: DemoConfig) -> None:
 def cmd_replicate(cfg: ReplicateArgs) -> None:
     from biprm.replication.recipe import preset, replicate, report_only
 
+    if cfg.preset == "mechanism":
+        from biprm.replication.mechanism_report import write_report
+        from biprm.replication.mechanism_study import MechanismConfig, run_study
+
+        given = dict(out=cfg.out, work_dir=cfg.work_dir, data_root=cfg.data_root, bf16=cfg.bf16, top_layers=cfg.train_top_layers)
+        mechanism = MechanismConfig(**{k: v for k, v in given.items() if v is not None})
+        write_report(mechanism) if cfg.report_only else run_study(mechanism)
+        return
     study = preset(cfg.preset, out=cfg.out, work_dir=cfg.work_dir, data_root=cfg.data_root, bf16=cfg.bf16, top_layers=cfg.train_top_layers)
     if cfg.report_only:
         report_only(study)

@@ -128,7 +128,9 @@ class ScoreConfig:
 class ReplicateArgs:
     """The flags of `biprm replicate`; every other number of the study is fixed by its preset."""
 
-    preset: Literal["quick", "full"] = arg("quick", "quick: about 15 min, 1 seed per mode; full: about 3 h, 3 seeds for l2r and bi")
+    preset: Literal["quick", "full", "mechanism"] = arg(
+        "quick", "quick: about 15 min, 1 seed per mode; full: about 3 h, 3 seeds for l2r and bi; "
+        "mechanism: the controlled future-only-error test (docs/REPLICATION.md), about 2 h")
     out: str | None = arg(None, "results folder (default results/replication/<preset>)")
     work_dir: str | None = arg(None, "trunk caches and run checkpoints (default <biprm cache>/replicate)")
     data_root: str | None = arg(None, "folder holding processbench/, prmbench/, gsm8k/ ... (default $BIPRM_DATA or ../shared/data)")

@@ -25,6 +25,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -35,14 +36,27 @@ from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
 from biprm.encoding import Encoder
 from biprm.evaluation.common import write_json
 from biprm.config import default_data_root
-from biprm.modeling import from_backbone
+from biprm.modeling import BiPRMModel, from_backbone
 from biprm.replication.data import DataRecipe, build
 from biprm.replication.evaluate import evaluate_run, load_eval_sets
 from biprm.replication.report import write_report
 from biprm.run_folder import changes
+from biprm.scores import StepScores
 from biprm.trunk import TrunkCache, cached_forward, cached_scores, freeze_bottom, split, trunk_digest
 
 log = logging.getLogger(__name__)
+
+
+class TrainBudget(Protocol):
+    """What `train_top` reads from a study's config (`heads_only`, when present, also freezes the top layers)."""
+
+    top_layers: int
+    lr: float
+    epochs: float
+    batch_size: int
+    warmup_ratio: float
+    gate_lr_scale: float
+    save_every: int
 
 
 @dataclass
@@ -180,7 +194,7 @@ def replicate(cfg: ReplicateConfig) -> dict:
         base_mode, overrides = VARIANTS.get(mode, (mode, {}))
         run_cfg = replace(cfg, **overrides)
         options = {"detach_gate_inputs": run_cfg.detach_gate_inputs, "aux_loss_weight": run_cfg.aux_loss_weight}
-        model = from_backbone(backbone_dir, tokenizer, mode=base_mode, **options)
+        model = seeded_model(backbone_dir, tokenizer, base_mode, seed, **options)
         if trunk_digest(model, cfg.top_layers) != digest:
             raise RuntimeError("the backbone's frozen layers changed since the trunk cache was built")
         options["gate_lr_scale"] = run_cfg.gate_lr_scale
@@ -190,6 +204,7 @@ def replicate(cfg: ReplicateConfig) -> dict:
         top = split(model, cfg.top_layers)[1]
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
             scores = {set_name: cached_scores(model, top, caches[set_name]) for set_name in sets.trajectories()}
+        save_scores(checkpoints / "scores.npz", scores)
         result = {"run": name, "mode": mode, "seed": seed, "options": options, "train": train_log, **evaluate_run(cfg, base_mode, sets, scores, encs)}
         result["seconds"] = round(time.perf_counter() - started, 1)
         write_json(path, result)
@@ -224,15 +239,32 @@ def _batches(lengths: np.ndarray, batch_size: int, epochs: float, seed: int) -> 
     return [head[i] for i in rng.permutation(len(head))]
 
 
+def seeded_model(backbone_dir: str, tokenizer, mode: str, seed: int, **options) -> BiPRMModel:
+    """A fresh model whose value head and gate initialisation the run's seed fixes."""
+    set_seed(seed)
+    return from_backbone(backbone_dir, tokenizer, mode=mode, **options)
+
+
 def train_top(
-    cfg: ReplicateConfig, model, cache: TrunkCache, labels: list[list[float]], seed: int, run_dir: Path, bf16: bool
+    cfg: TrainBudget, model: BiPRMModel, cache: TrunkCache, labels: list[list[float]], seed: int, run_dir: Path, bf16: bool
 ) -> dict:
-    """AdamW + linear schedule on the top layers, value head and gate; checkpointed every `save_every` steps."""
+    """AdamW + linear schedule on the top layers (unless `heads_only`), value head and gate.
+
+    Checkpointed every `save_every` steps; the final trainable state is kept as
+    `run_dir/final.pt`, and a run that finds it loads it instead of training again.
+    """
     set_seed(seed)
     freeze_bottom(model, cfg.top_layers)
     top = split(model, cfg.top_layers)[1]
+    if getattr(cfg, "heads_only", False):
+        top.requires_grad_(False)
     model.train()
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    final_path = run_dir / "final.pt"
+    if final_path.exists():
+        final = torch.load(final_path, weights_only=False)
+        model.load_state_dict(final["trainable"], strict=False)
+        return final["log"]
     gate = {n for n in trainable if n.startswith("gate.")}
     groups = [
         {"params": [p for n, p in trainable.items() if n not in gate], "lr": cfg.lr},
@@ -271,7 +303,28 @@ def train_top(
             }
             torch.save(state, run_dir / "state.tmp")
             os.replace(run_dir / "state.tmp", state_path)
-    return {"steps": len(batches), "trajectories": len(labels), "losses": losses, "seconds": round(time.perf_counter() - began, 1)}
+    log_ = {"steps": len(batches), "trajectories": len(labels), "losses": losses, "seconds": round(time.perf_counter() - began, 1)}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.save({"trainable": {n: p.detach() for n, p in trainable.items()}, "log": log_}, run_dir / "final.tmp")
+    os.replace(run_dir / "final.tmp", final_path)
+    return log_
+
+
+def save_scores(path: Path, scores: dict[str, StepScores]) -> None:
+    """Per-item step logits of one run, per evaluation set, so its metrics can be recomputed without training."""
+    arrays = {f"{name}/{field}": value for name, s in scores.items() for field in ("offsets", "fused", "l2r", "r2l", "sigma")
+              if (value := getattr(s, field)) is not None}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".tmp"), "wb") as f:
+        np.savez_compressed(f, **arrays)
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+def load_scores(path: Path) -> dict[str, StepScores]:
+    with np.load(path) as data:
+        names = {key.split("/")[0] for key in data.files}
+        get = lambda name, field: data[f"{name}/{field}"] if f"{name}/{field}" in data.files else None  # noqa: E731
+        return {n: StepScores(get(n, "offsets"), get(n, "fused"), get(n, "l2r"), get(n, "r2l"), get(n, "sigma")) for n in names}
 
 
 def preset(name: str, **overrides) -> ReplicateConfig:

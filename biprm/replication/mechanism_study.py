@@ -1,0 +1,182 @@
+"""`biprm replicate --preset mechanism`: the controlled test of the R2L stream and the gate.
+
+Read top to bottom:
+1. Build the R/C/F/L rows (`biprm.replication.mechanism`): train and validation from
+   GSM8K-train questions, test from GSM8K-test questions.
+2. Load the transfer sets: ProcessBench's GSM8K subset and the gsm8k_bon_small pool cut
+   to its one-style sub-pools (`SUBPOOLS`).
+3. Cache the frozen trunk of SmolLM2-135M-Instruct for every set once (`biprm.trunk`).
+4. For every run (mode, seed, and whether the top layers train or only the heads, a
+   "probe"): seed, build, train with the one replication trainer (`train_top`), score
+   every set, and write the per-item step logits to `OUT/scores/RUN.npz`. The final
+   trainable state stays in the work dir. A finished run is never redone; a killed one
+   resumes from its last checkpoint.
+5. The report (`biprm.replication.mechanism_report`) is computed from the saved logits
+   alone, so it can be redone, or changed, without training.
+
+The endpoints are written in docs/REPLICATION.md before the runs; the report computes
+exactly those.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
+from biprm.config import default_data_root
+from biprm.encoding import Encoder
+from biprm.evaluation.common import write_json
+from biprm.evaluation.data import Pool, load_pool, load_processbench
+from biprm.modeling import from_backbone
+from biprm.replication.mechanism import build_mechanism
+from biprm.replication.recipe import bf16_is_fast, save_scores, seeded_model, study, train_top
+from biprm.run_folder import changes
+from biprm.trajectory import Trajectory
+from biprm.trunk import TrunkCache, cached_scores, split
+
+log = logging.getLogger(__name__)
+
+# One-style sub-pools of gsm8k_bon_small (candidate positions 0..11 in its fixed policy order).
+SUBPOOLS = {"gpt3": (0, 1, 2, 3), "abel": (4, 5, 6), "metamath": (9, 10, 11)}
+
+
+@dataclass
+class MechanismConfig:
+    out: str = "results/mechanism"
+    work_dir: str = ""  # trunk caches, checkpoints and final states (never committed); default <biprm cache>/mechanism
+    data_root: str = field(default_factory=default_data_root)
+    backbone: str = "smollm2-135m"
+    top_layers: int = 4
+    train_questions: int = 600  # GSM8K-train questions tried (those with no eligible step are dropped)
+    valid_questions: int = 100
+    test_questions: int = 300  # GSM8K-test questions tried
+    data_seed: int = 1106
+    seeds: dict[str, int] = field(default_factory=lambda: {"l2r": 3, "r2l": 1, "bi-static": 1, "bi": 3})
+    probe_seeds: int = 3  # heads-only runs per mode on the frozen full-depth features
+    lr: float = 1e-4
+    epochs: float = 3.0
+    batch_size: int = 16
+    warmup_ratio: float = 0.05
+    gate_lr_scale: float = 1.0
+    save_every: int = 25
+    max_length: int = 1024
+    processbench_rows: int | None = None  # ProcessBench GSM8K rows; None = all 400
+    bon_questions: int = 100  # gsm8k_bon_small questions, evenly spaced
+    bf16: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.work_dir = self.work_dir or str(cache_root() / "mechanism")
+
+
+@dataclass
+class Run:
+    mode: str
+    seed: int
+    heads_only: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{'probe-' if self.heads_only else ''}{self.mode}-seed{self.seed}"
+
+
+def runs_of(cfg: MechanismConfig) -> list[Run]:
+    """The pilot pair (l2r, r2l) first, then the other modes, then the remaining seeds, then the probes."""
+    depth = max(cfg.seeds.values())
+    order = ("l2r", "r2l", "bi", "bi-static")
+    runs = [Run(m, 1106 + k) for k in range(depth) for m in order if k < cfg.seeds.get(m, 0)]
+    return runs + [Run(m, 1106 + k, heads_only=True) for k in range(cfg.probe_seeds) for m in order]
+
+
+def _subpools(pool: Pool) -> dict[str, Pool]:
+    """Each style's candidates of every question, as a pool of its own."""
+    cand = np.array([t.meta["cand"] for t in pool.trajs])
+    out = {}
+    for name, keep in SUBPOOLS.items():
+        idx = np.flatnonzero(np.isin(cand, keep))
+        out[name] = Pool(f"{pool.name}:{name}", [pool.trajs[i] for i in idx], pool.qid[idx], pool.correct[idx], pool.answer_key[idx])
+    return out
+
+
+def load_sets(cfg: MechanismConfig) -> tuple[dict[str, list[Trajectory]], dict[str, Pool], dict]:
+    """(trajectories per set, the BoN sub-pools, the data report); the set "bon" holds every sub-pool's candidates."""
+    rows, report = build_mechanism(cfg.data_root, cfg.train_questions, cfg.valid_questions, cfg.test_questions, cfg.data_seed)
+    pool = load_pool("gsm8k_bon_small", cfg.data_root, cfg.bon_questions)
+    keep = np.isin([t.meta["cand"] for t in pool.trajs], sum(SUBPOOLS.values(), ()))
+    pool = Pool(pool.name, [t for t, k in zip(pool.trajs, keep) if k], pool.qid[keep], pool.correct[keep], pool.answer_key[keep])
+    sets = {**rows, "processbench": load_processbench(cfg.data_root, ("gsm8k",), cfg.processbench_rows), "bon": pool.trajs}
+    report["processbench_gsm8k_rows"] = len(sets["processbench"])
+    report["bon"] = {"questions": len(np.unique(pool.qid)), "candidates": len(pool.trajs)}
+    return sets, {"all": pool, **_subpools(pool)}, report
+
+
+def check_out(cfg: MechanismConfig) -> None:
+    path = Path(cfg.out) / "meta.json"
+    if path.is_file():
+        diff = changes(study(json.loads(path.read_text())["config"]), study(asdict(cfg)))
+        if diff:
+            raise ValueError(f"{cfg.out} holds the runs of another study ({'; '.join(diff)}); pass another --out, or remove it to start over")
+
+
+def run_study(cfg: MechanismConfig) -> None:
+    from biprm.replication.mechanism_report import write_report
+
+    check_out(cfg)
+    torch.set_num_threads(os.cpu_count() or 1)
+    out, work = Path(cfg.out), Path(cfg.work_dir)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    fast = {"auto": bf16_is_fast(), "yes": True, "no": False}[cfg.bf16]
+    dtype = torch.bfloat16 if fast else None
+
+    sets, _, report = load_sets(cfg)
+    write_json(out / "data_report.json", report)
+    backbone_dir = resolve_backbone(cfg.backbone)
+    tokenizer = load_tokenizer(backbone_dir)
+    base = from_backbone(backbone_dir, tokenizer, mode="bi")
+    encoder = Encoder(tokenizer, base.config.step_tag_id, cfg.max_length)
+    encs = {name: [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)] for name, trajs in sets.items()}
+    caches = {name: TrunkCache(work / "trunk", base, cfg.top_layers, e, dtype=dtype) for name, e in encs.items()}
+    for name, cache in caches.items():
+        log.info("trunk cache %s: %d trajectories, %d feature rows", name, len(encs[name]), cache.layout.n_rows)
+        cache.build(progress=True)
+    del base
+    key = hashlib.sha256(json.dumps(study(asdict(cfg)), sort_keys=True).encode()).hexdigest()[:12]
+    write_json(out / "meta.json", {"config": asdict(cfg), "bf16": fast, "sizes": {n: len(t) for n, t in sets.items()}})
+
+    labels = [t.labels for t in sets["train"]]
+    for run in runs_of(cfg):
+        path = out / "runs" / f"{run.name}.json"
+        if path.exists():
+            continue
+        started = time.perf_counter()
+        model = seeded_model(backbone_dir, tokenizer, run.mode, run.seed)
+        budget = _Budget(**{k: getattr(cfg, k) for k in _Budget.__dataclass_fields__ if k != "heads_only"}, heads_only=run.heads_only)
+        train_log = train_top(budget, model, caches["train"], labels, run.seed, work / "runs" / key / run.name, fast)
+        model.eval()
+        top = split(model, cfg.top_layers)[1]
+        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
+            scores = {name: cached_scores(model, top, caches[name]) for name in sets if name != "train"}
+        save_scores(out / "scores" / f"{run.name}.npz", scores)
+        result = {"run": run.name, **asdict(run), "train": train_log, "seconds": round(time.perf_counter() - started, 1)}
+        write_json(path, result)
+        log.info("%s done in %.0f s", run.name, result["seconds"])
+        write_report(cfg)
+
+
+@dataclass
+class _Budget:
+    top_layers: int
+    lr: float
+    epochs: float
+    batch_size: int
+    warmup_ratio: float
+    gate_lr_scale: float
+    save_every: int
+    heads_only: bool = False
