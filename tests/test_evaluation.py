@@ -140,17 +140,24 @@ def test_pqm_pool_is_graded_against_its_questions(tmp_path):
 
 def test_eval_bon_command(ckpt, data_dir, cache_dir, tmp_path, capsys):
     main(["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "2", "--ns", "2,4,8,12,16",
-          "--random-subsets", "4", "--out", str(tmp_path), "--cache-dir", cache_dir, *FAST])
+          "--draws", "4", "--aggs", "min,last", "--out", str(tmp_path), "--cache-dir", cache_dir, *FAST])
     result = json.loads((tmp_path / "bon.json").read_text())
     assert (result["pool"], result["questions"], result["candidates"]) == ("gsm8k_bon_small", 2, 24)
+    assert result["ns"] == [2, 4, 8, 12] and result["skipped"] == [16]
     fused = result["modes"]["bi (fused)"]
-    assert fused["ns"] == [2, 4, 8, 12] and fused["skipped"] == [16]
-    assert set(fused["random"]) == {"2", "4", "8", "12"}
     assert fused["mean"]["bon"] == pytest.approx(np.mean([fused["bon"][n] for n in ("2", "4", "8", "12")]))
     assert fused["pass"]["12"] >= fused["bon"]["12"]
+    for protocol in ("first", "random"):
+        p = result["protocols"][protocol]
+        for name in ("bi (fused)", "random pick", "majority vote (fair ties)", "fewest steps", "most steps", "noise + min", "pass@n (oracle)"):
+            cell = p["rows"][name]["mean"]
+            assert cell["low"] <= cell["mean"] <= cell["high"]
+        assert "bi (fused) − bi: L2R stream" in p["differences"] and set(p["aggregations"]) == {"last"}
+    # under the first-n protocol at n = 12 (the whole pool) both protocols see the same candidates
+    assert result["protocols"]["first"]["rows"]["random pick"]["12"]["mean"] == result["protocols"]["random"]["rows"]["random pick"]["12"]["mean"]
     md = (tmp_path / "bon.md").read_text()
-    assert "| method | @2 | @4 | @8 | @12 | mean |" in md and "pass@n (oracle)" in md and "bi: R2L stream: weighted vote" in md
-    assert "| method |" in capsys.readouterr().out
+    assert "| scorer | @2 | @4 | @8 | @12 | mean over n |" in md and "Protocol: random n-subsets" in md and "Paired differences" in md
+    assert "Protocol: first n candidates" in capsys.readouterr().out
 
 
 def test_eval_processbench_command(ckpt, data_dir, cache_dir, tmp_path):
@@ -163,7 +170,11 @@ def test_eval_processbench_command(ckpt, data_dir, cache_dir, tmp_path):
     assert set(fused["fixed"]["subsets"]) == set(result["subsets"])
     assert {s["n_error"] for s in fused["fixed"]["subsets"].values()} == {1}  # the slice keeps clean and wrong rows
     assert 0.0 <= fused["tuned"]["threshold"] <= 1.0
-    assert "tuned on GSM8K" in (tmp_path / "processbench.md").read_text()
+    # one clean and one wrong GSM8K row cannot be cross-fitted: GSM8K is not reported rather than reported in sample
+    assert fused["tuned"]["folds"] == [] and fused["tuned"]["subsets"]["gsm8k"]["f1"] is None
+    assert fused["tuned"]["subsets"]["math"]["f1"] is not None and "in_sample" in fused
+    md = (tmp_path / "processbench.md").read_text()
+    assert "tuned on GSM8K, cross-fitted" in md and "in sample: an upper bound" in md and "flag step k" in md
     assert result["baselines"]["always -1 (no error)"]["subsets"]["gsm8k"]["acc_correct"] == 100.0
     assert "baseline: always step 0" in (tmp_path / "processbench.md").read_text()
 
@@ -175,6 +186,14 @@ def test_eval_processbench_on_the_users_own_file(ckpt, data_dir, cache_dir, tmp_
     main(["eval", "processbench", "--model", ckpt, "--data", str(mine), "--out", str(tmp_path / "o"), "--cache-dir", cache_dir, *FAST])
     result = json.loads((tmp_path / "o" / "processbench.json").read_text())
     assert result["subsets"] == ["my_bench"] and result["rows"] == {"my_bench": 4}
+    # the same file as a dev set: the threshold comes from it, and the report says so
+    dev = tmp_path / "dev.json"
+    every = json.loads((data_dir / "processbench" / "gsm8k.json").read_text())
+    dev.write_text(json.dumps([r for r in every if r["label"] == -1][:3] + [r for r in every if 0 <= r["label"] <= 1][:3]))
+    main(["eval", "processbench", "--model", ckpt, "--data", str(mine), "--tune-data", str(dev), "--out", str(tmp_path / "d"),
+          "--cache-dir", cache_dir, *FAST])
+    result = json.loads((tmp_path / "d" / "processbench.json").read_text())
+    assert result["modes"]["bi (fused)"]["tuned"]["tuned_on"] == "dev" and "tuned on a dev set" in (tmp_path / "d" / "processbench.md").read_text()
 
 
 def test_eval_all_writes_report_and_reruns_from_cache(ckpt, data_dir, cache_dir, tmp_path, score_calls):

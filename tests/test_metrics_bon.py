@@ -1,126 +1,148 @@
 import numpy as np
 import pytest
 
-from biprm.aggregate import logit
+from biprm.aggregate import logit, sigmoid
 from biprm.metrics.bon import (
+    best_of,
     bon_at_n,
-    bon_random_subsets,
     bon_table,
-    majority_vote_at_n,
-    pass_at_n,
-    random_pick_at_n,
-    tie_rate_at_n,
-    weighted_vote_at_n,
+    content_free,
+    majority,
+    noise_best_of,
+    pass_any,
+    random_pick,
+    subsets,
+    tie_share,
+    vote,
 )
+from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
 
 # Three questions x four candidates, in pool order; scores are given as probabilities.
-# q0: scores .2 .9 .5 .9 | correct F T F F | answers 1 2 1 3
-# q1: scores .8 .1 .4 .95| correct F F T T | answers 5 5 7 7
-# q2: scores .3 .7 .7 .1 | correct T T F T | answers 4 4 9 4
+# q0: scores .2 .9 .5 .9 | correct F T F F | answers 1 2 1 3 | steps 1 2 3 4
+# q1: scores .8 .1 .4 .95| correct F F T T | answers 5 5 7 7 | steps 2 2 5 5
+# q2: scores .3 .7 .7 .1 | correct T T F T | answers 4 4 9 4 | steps 3 1 1 3
 QID = np.repeat([0, 1, 2], 4)
 SCORE = logit(np.array([0.2, 0.9, 0.5, 0.9, 0.8, 0.1, 0.4, 0.95, 0.3, 0.7, 0.7, 0.1]))  # solution logits
 CORRECT = np.array([0, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1], dtype=bool)
 ANSWER = np.array(["1", "2", "1", "3", "5", "5", "7", "7", "4", "4", "9", "4"])
+STEPS = np.array([1, 2, 3, 4, 2, 2, 5, 5, 3, 1, 1, 3])
 
 
-def test_bon():
-    # @2: q0 picks .9 (T), q1 picks .8 (F), q2 picks .7 (T) -> 2/3
-    assert bon_at_n(QID, SCORE, CORRECT, 2) == pytest.approx(200 / 3)
-    # @4: q0 ties .9/.9 -> earliest (cand 1, T); q1 picks .95 (T); q2 ties .7/.7 -> cand 1 (T) -> 3/3
-    assert bon_at_n(QID, SCORE, CORRECT, 4) == 100.0
+def first(n):
+    return subsets(QID, n, "first")
 
 
-def test_bon_tie_goes_to_earliest():
-    # both score .5; the first is wrong, so a tie-break toward the earliest gives 0 %
-    assert bon_at_n([0, 0], [0.5, 0.5], [False, True], 2) == 0.0
-    assert bon_at_n([0, 0], [0.5, 0.5], [True, False], 2) == 100.0
+def test_best_of_breaks_ties_uniformly():
+    # @2: q0 picks .9 (T), q1 .8 (F), q2 .7 (T)
+    assert best_of(first(2), SCORE, CORRECT).tolist() == [1.0, 0.0, 1.0]
+    # @4: q0 ties .9/.9 between T and F -> 1/2; q1 .95 (T); q2 ties .7/.7 between T and F -> 1/2
+    assert best_of(first(4), SCORE, CORRECT).tolist() == [0.5, 1.0, 0.5]
+    assert bon_at_n(QID, SCORE, CORRECT, 4) == pytest.approx(200 / 3)
+    # a tie never goes to the first candidate: either order gives the same expected value
+    assert bon_at_n([0, 0], [0.5, 0.5], [False, True], 2) == bon_at_n([0, 0], [0.5, 0.5], [True, False], 2) == 50.0
 
 
-def test_pass():
-    # @2: q0 T, q1 F (F F), q2 T -> 2/3; @4: all have a correct candidate
-    assert pass_at_n(QID, CORRECT, 2) == pytest.approx(200 / 3)
-    assert pass_at_n(QID, CORRECT, 4) == 100.0
+def test_random_pick_and_pass():
+    assert random_pick(first(4), CORRECT).tolist() == [0.25, 0.5, 0.75]
+    assert random_pick(first(1), CORRECT).tolist() == [0.0, 0.0, 1.0]
+    assert pass_any(first(2), CORRECT).tolist() == [1.0, 0.0, 1.0]
 
 
-def test_random_pick_is_the_mean_correctness_of_the_first_n():
-    # @2: q0 (F T) 1/2, q1 (F F) 0, q2 (T T) 1 -> mean 1/2; @4: q0 1/4, q1 2/4, q2 3/4 -> 1/2
-    assert random_pick_at_n(QID, CORRECT, 2) == pytest.approx(50.0)
-    assert random_pick_at_n(QID, CORRECT, 4) == pytest.approx(50.0)
-    # @1: q0 F, q1 F, q2 T -> 1/3
-    assert random_pick_at_n(QID, CORRECT, 1) == pytest.approx(100 / 3)
-    assert bon_table(QID, SCORE, CORRECT, ANSWER, (1, 2))["chance"] == {1: pytest.approx(100 / 3), 2: pytest.approx(50.0)}
+def test_majority_with_fair_ties():
+    # @2: q0 "1" vs "2" tie -> (F + T) / 2; q1 "5" twice (F); q2 "4" twice (T)
+    assert majority(first(2), ANSWER, CORRECT).tolist() == [0.5, 0.0, 1.0]
+    # @4: q0 "1" x2 wins (F); q1 "5" x2 vs "7" x2 tie -> 1/2; q2 "4" x3 (T)
+    assert majority(first(4), ANSWER, CORRECT).tolist() == [0.0, 0.5, 1.0]
 
 
-def test_majority():
-    # @2: q0 "1" vs "2" tie -> "1" seen first (F); q1 "5" (F); q2 "4" (T) -> 1/3
-    assert majority_vote_at_n(QID, ANSWER, CORRECT, 2) == pytest.approx(100 / 3)
-    # @4: q0 "1" x2 (F); q1 "5" x2 vs "7" x2 -> "5" first (F); q2 "4" x3 (T) -> 1/3
-    assert majority_vote_at_n(QID, ANSWER, CORRECT, 4) == pytest.approx(100 / 3)
+def test_weighted_vote():
+    # @4: q0 "1" .7, "2" .9, "3" .9 -> "2" and "3" tie -> (T + F) / 2; q1 "5" .9 vs "7" 1.35 (T); q2 "4" 1.1 vs "9" .7 (T)
+    weights = sigmoid(SCORE)
+    assert vote(first(4), ANSWER, weights, CORRECT) == pytest.approx([0.5, 1.0, 1.0])
 
 
-def test_weighted():
-    # @2: q0 "1" .2 vs "2" .9 -> "2" (T); q1 "5" .9 (F); q2 "4" 1.0 (T) -> 2/3
-    assert weighted_vote_at_n(QID, ANSWER, SCORE, CORRECT, 2) == pytest.approx(200 / 3)
-    # @4: q0 "1" .7, "2" .9, "3" .9 -> tie, "2" first (T); q1 "5" .9 vs "7" 1.35 (T);
-    #     q2 "4" 1.1 vs "9" .7 (T) -> 3/3
-    assert weighted_vote_at_n(QID, ANSWER, SCORE, CORRECT, 4) == 100.0
+def test_content_free_scorers():
+    idx = first(4)
+    base = content_free(idx, STEPS, CORRECT, ANSWER, "min", np.arange(13), draws=5)
+    # fewest steps: q0 cand 0 (F); q1 cands 0, 1 tie (F, F); q2 cands 1, 2 tie (T, F) -> 1/2
+    assert base["fewest steps"].tolist() == [0.0, 0.0, 0.5]
+    # most steps: q0 cand 3 (F); q1 cands 2, 3 (T, T); q2 cands 0, 3 (T, T)
+    assert base["most steps"].tolist() == [0.0, 1.0, 1.0]
+    assert base["random pick"].tolist() == [0.25, 0.5, 0.75]
+    # one step per candidate: i.i.d. noise is a uniform pick, whatever the aggregation
+    noise = noise_best_of(idx, np.arange(13), CORRECT, "min", draws=4000, seed=1)
+    assert noise == pytest.approx([0.25, 0.5, 0.75], abs=0.03)
 
 
-def test_unequal_pools_and_too_large_n():
-    # q0 has 4 candidates, q1 only 2: @2 q0 picks .9 (T), q1 picks .8 (F)
-    qid, score, correct = QID[:6], SCORE[:6], CORRECT[:6]
-    assert bon_at_n(qid, score, correct, 2) == 50.0
-    with pytest.raises(ValueError, match="n=3"):
-        bon_at_n(qid, score, correct, 3)
+def test_noise_under_min_prefers_short_solutions():
+    # two candidates: 1 step (wrong) and 10 steps (right); the min of 10 normals is below one normal
+    # with probability 10/11, so noise + min picks the short one about 10 times in 11
+    offsets = np.array([0, 1, 11])
+    value = noise_best_of(subsets(np.array([0, 0]), 2), offsets, np.array([False, True]), "min", draws=4000, seed=0)
+    assert value[0] == pytest.approx(1 / 11, abs=0.02)
+
+
+def test_random_protocol():
+    # n = pool size: every subset is the whole pool
+    assert best_of(subsets(QID, 4, "random", draws=7), SCORE, CORRECT).tolist() == [0.5, 1.0, 0.5]
+    # n = 1: a uniform candidate; the expectation is the pool's share of correct ones
+    assert random_pick(subsets(QID, 1, "random", draws=4000, seed=3), CORRECT) == pytest.approx([0.25, 0.5, 0.75], abs=0.03)
+    # unequal pools never draw past a question's pool: q1's two candidates are both wrong
+    idx = subsets(QID[:6], 2, "random", draws=200)
+    assert np.all(idx[:, 1] >= 4) and best_of(idx, SCORE[:6], CORRECT[:6])[1] == 0.0
+    with pytest.raises(ValueError, match="protocol"):
+        subsets(QID, 2, "last")
+
+
+def test_table():
+    t = bon_table(QID, SCORE, CORRECT, ANSWER, ns=(2, 4, 8))
+    assert t["ns"] == [2, 4] and t["skipped"] == [8] and t["protocol"] == "first"
+    assert t["bon"] == {2: pytest.approx(200 / 3), 4: pytest.approx(200 / 3)}
+    assert t["mean"]["majority"] == pytest.approx((50 + 50) / 2)  # (1.5 / 3 + 1.5 / 3) / 2
+    assert t["tie"] == {2: 0.0, 4: pytest.approx(200 / 3)}
+    assert tie_share(first(4), SCORE).tolist() == [1.0, 0.0, 1.0]
     with pytest.raises(ValueError):
-        pass_at_n(QID, CORRECT, 5)
+        bon_table(QID, SCORE, CORRECT, ANSWER, ns=(8, 16))
 
 
-def test_non_contiguous_qid_and_nan_rejected():
+def test_bad_input():
+    with pytest.raises(ValueError, match="exceeds"):
+        bon_at_n(QID[:6], SCORE[:6], CORRECT[:6], 3)
     with pytest.raises(ValueError, match="contiguous"):
         bon_at_n([0, 0, 1, 0], [0.1, 0.2, 0.3, 0.4], [1, 0, 0, 1], 1)
     with pytest.raises(ValueError, match="NaN"):
         bon_at_n([0, 0], [np.nan, 0.1], [1, 0], 2)
 
 
-def test_table():
-    t = bon_table(QID, SCORE, CORRECT, ANSWER, ns=(2, 4, 8))
-    assert t["ns"] == [2, 4] and t["skipped"] == [8]
-    assert t["bon"] == {2: pytest.approx(200 / 3), 4: 100.0}
-    assert t["mean"]["bon"] == pytest.approx(250 / 3)  # (66.67 + 100) / 2
-    assert t["mean"]["pass"] == pytest.approx(250 / 3)
-    assert t["mean"]["majority"] == pytest.approx(100 / 3)
-    assert t["mean"]["weighted"] == pytest.approx(250 / 3)
-    with pytest.raises(ValueError):
-        bon_table(QID, SCORE, CORRECT, ANSWER, ns=(8, 16))
-
-
-def test_random_subsets():
-    # n = pool size: every draw is the whole pool, so no spread
-    assert bon_random_subsets(QID, SCORE, CORRECT, 4, repeats=5, seed=0) == (100.0, 100.0, 100.0)
-    # n = 1: a random candidate; expected accuracy is the mean of 1/4, 2/4, 3/4 = 50 %
-    mean, low, high = bon_random_subsets(QID, SCORE, CORRECT, 1, repeats=2000, seed=3)
-    assert mean == pytest.approx(50.0, abs=2.0)
-    assert low <= mean <= high and low < high
-    assert bon_random_subsets(QID, SCORE, CORRECT, 2, 50, seed=1) == bon_random_subsets(QID, SCORE, CORRECT, 2, 50, seed=1)
-
-
-def test_random_subsets_unequal_pools_never_draw_padding():
-    # q1 has 2 candidates, both wrong: any draw must score 0 on it, so at most 50 %
-    qid, score, correct = QID[:6], SCORE[:6], CORRECT[:6]
-    mean, low, high = bon_random_subsets(qid, score, correct, 2, repeats=200, seed=0)
-    assert high <= 50.0 and mean > 0.0
-
-
-def test_tie_rate():
-    # @2: no question ties (q2's .3/.7 differ); @4: q0 (.9/.9) and q2 (.7/.7) tie at the top -> 2/3
-    assert tie_rate_at_n(QID, SCORE, 2) == 0.0
-    assert tie_rate_at_n(QID, SCORE, 4) == pytest.approx(200 / 3)
-    assert bon_table(QID, SCORE, CORRECT, ANSWER, ns=(2, 4))["tie"] == {2: 0.0, 4: pytest.approx(200 / 3)}
-
-
 def test_ranking_on_logits_keeps_what_probabilities_round_away():
-    # sigmoid(40) and sigmoid(41) are both 1.0 in float64: ranked by probability, q0 would tie and pick
-    # the wrong first candidate; ranked by logit, the second one wins
-    assert tie_rate_at_n([0, 0], [40.0, 41.0], 2) == 0.0
+    # sigmoid(40) and sigmoid(41) are both 1.0 in float64: ranked by logit, the second one wins
+    assert tie_share(subsets(np.array([0, 0]), 2), np.array([40.0, 41.0])).tolist() == [0.0]
     assert bon_at_n([0, 0], [40.0, 41.0], [False, True], 2) == 100.0
+
+
+def test_bootstrap_mean():
+    # every question has the same value: no interval
+    assert bootstrap_mean(np.full(20, 3.0)) == {"mean": 3.0, "low": 3.0, "high": 3.0}
+    # 0/1 values: the interval of a proportion of 0.5 over 400 questions is about ±4.9 points
+    v = np.r_[np.zeros(200), np.ones(200)]
+    r = bootstrap_mean(v, resamples=4000, seed=0)
+    assert r["mean"] == 0.5 and r["low"] == pytest.approx(0.451, abs=0.01) and r["high"] == pytest.approx(0.549, abs=0.01)
+    # seeds are resampled too: two seeds that disagree widen the interval
+    seeds = np.stack([np.zeros(50), np.ones(50)])
+    r = bootstrap_mean(seeds, resamples=4000, seed=0)
+    assert r["mean"] == 0.5 and r["low"] == 0.0 and r["high"] == 1.0
+
+
+def test_paired_difference():
+    a = np.r_[np.ones(30), np.zeros(10)]
+    # the same values: a difference of exactly 0, within noise
+    assert paired_difference(a, a) == {"mean": 0.0, "low": 0.0, "high": 0.0, "within_noise": True}
+    # b wins nowhere and loses on 30 questions: a clear difference whose interval excludes 0
+    d = paired_difference(a, np.zeros(40))
+    assert d["mean"] == 0.75 and d["low"] > 0.5 and not d["within_noise"]
+    # a single swapped question out of 40 is within noise
+    b = a.copy()
+    b[[0, 35]] = b[[35, 0]]
+    assert paired_difference(a, b)["within_noise"]
+    with pytest.raises(ValueError, match="same questions"):
+        paired_difference(a, a[:5])

@@ -101,3 +101,16 @@ def test_by_subset():
     assert out["subsets"]["math"]["f1"] == 100.0
     assert out["subsets"]["gsm8k"]["f1"] == 0.0
     assert out["average_f1"] == 50.0
+
+
+def test_flag_step_rule():
+    from biprm.metrics.processbench import flag_step, tune_flag_step
+
+    n_steps = np.array([2, 5, 5, 4, 1])
+    assert flag_step(n_steps, 1).tolist() == [1, 1, 1, 1, -1]
+    # labels: errors at step 1 on the three long rows, one clean 4-step row, one clean 1-step row
+    label = np.array([-1, 1, 1, 1, -1])
+    # k = 1: 3/3 errors found, 1/2 clean rows kept (only the 1-step one) -> F1 = 2 * 100 * 50 / 150 = 66.7
+    # k = 0: 0 errors, 0 clean; k >= 5: 0 errors, 2/2 clean -> F1 0; k = 4 flags nothing of 2..4-step rows
+    k, f1 = tune_flag_step(n_steps, label)
+    assert (k, f1) == (1, pytest.approx(200 / 3))

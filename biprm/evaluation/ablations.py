@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from biprm.analysis.common import TITLES, markdown_table
 from biprm.evaluation.bon import evaluate_bon, format_bon
+from biprm.metrics.bon import PROTOCOLS
 from biprm.evaluation.common import EvalOptions, fmt, write_outputs
 from biprm.config import PROCESSBENCH_SUBSETS
 from biprm.evaluation.data import load_pool, load_processbench
@@ -61,7 +62,7 @@ def run_ablations(cfg: AblationConfig) -> dict:
     bon = []
     for spec in cfg.pools:
         pool = load_pool(spec, cfg.data_root, cfg.limit, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
-        bon.append(evaluate_bon(pool, score_modes(modes, cache, pool.trajs), cfg.agg, cfg.ns))
+        bon.append(evaluate_bon(pool, score_modes(modes, cache, pool.trajs), cfg.agg, cfg.ns, PROTOCOLS))
     trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
     pb = evaluate_processbench(trajs, score_modes(modes, cache, trajs), cfg.threshold, cfg.tune)
     table = ablation_table(bon, pb)

@@ -1,25 +1,32 @@
-"""Best-of-N: per question, the highest-scored of its first n candidates, graded against the gold.
+"""Best-of-N: per question, the highest-scored of n candidates, graded against the gold.
 
-Solution score = one aggregation of the step probabilities (min by default, as in the
-paper). n runs over the paper's {8, 16, 32, 64, 128} where the pools are large enough;
-the headline number is the mean over those n. Baselines beside it: pass@n (an oracle
-ceiling), majority vote over extracted answers, and the PRM-weighted vote. With
-`random_subsets` R, BoN@n is also averaged over R random n-subsets per pool, with the
-2.5–97.5 percentile range of the draws.
+Solution score = one aggregation of the step scores (min by default, as in the paper). n
+runs over the paper's {8, 16, 32, 64, 128} where the pools are large enough. Which n
+candidates a question offers is the protocol (biprm.metrics.bon): the paper's first n,
+or random n-subsets; every table names its protocol. Beside every PRM row stand the
+scorers that read no text (random pick, majority vote with fair ties, fewest and most
+steps, i.i.d. noise under the same aggregation) and the pass@n ceiling, each with a 95 %
+bootstrap interval over questions; every pair of PRMs gets a paired difference, marked
+"within noise" where its interval holds 0.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import combinations
 
 import numpy as np
 
+from biprm.aggregate import sigmoid
 from biprm.analysis.common import markdown_table
+from biprm.evaluation.cli import AGGS
 from biprm.evaluation.common import EvalOptions, fmt, write_outputs
 from biprm.evaluation.data import Pool, load_pool
 from biprm.evaluation.models import modes_of, score_modes
-from biprm.metrics.bon import DEFAULT_NS, bon_random_subsets, bon_table
-from biprm.scores import StepScores
+from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS, best_of, bon_table, content_free, pool_bounds, subsets, vote
+from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
+from biprm.scores import StepScores, offsets_of
+
 
 
 @dataclass(kw_only=True)
@@ -30,52 +37,110 @@ class BonConfig(EvalOptions):
     questions_split: str = "test"
     split_rule: str = "auto"
     agg: str = "min"
+    aggs: tuple[str, ...] = AGGS
     ns: tuple[int, ...] = DEFAULT_NS
-    random_subsets: int = 0
+    protocols: tuple[str, ...] = PROTOCOLS
+    draws: int = 100
     seed: int = 0
 
 
+def _interval(values: np.ndarray, seed: int) -> dict:
+    return bootstrap_mean(100.0 * values, seed=seed)
+
+
+def bon_rows(pool: Pool, scores: dict[str, StepScores], how: str, ns: Sequence[int], protocol: str, draws: int = 100,
+             seed: int = 0, votes: bool = False) -> dict[str, dict[int, np.ndarray]]:
+    """{row name: {n: [Q] per-question values}} for every PRM and every content-free scorer."""
+    n_steps = np.array([len(t.steps) for t in pool.trajs])
+    rows: dict[str, dict[int, np.ndarray]] = {}
+    for n in ns:
+        idx = subsets(pool.qid, n, protocol, draws, seed)
+        for key, s in scores.items():
+            logit = s.solution_logits(how)
+            rows.setdefault(key, {})[n] = best_of(idx, logit, pool.correct)
+            if votes:
+                rows.setdefault(f"{key}: weighted vote", {})[n] = vote(idx, pool.answer_key, sigmoid(logit), pool.correct)
+        noise_draws = 200 if protocol == "first" else 10
+        for name, v in content_free(idx, n_steps, pool.correct, pool.answer_key, how, offsets_of(n_steps), noise_draws, seed).items():
+            rows.setdefault(name, {})[n] = v
+    return rows
+
+
+def summarise(rows: dict[str, dict[int, np.ndarray]], models: Sequence[str], seed: int = 0) -> dict:
+    """Means with intervals per row and n (and over n), and the paired difference of every two PRMs."""
+    over_n = {name: np.mean(list(by_n.values()), axis=0) for name, by_n in rows.items()}
+    table = {name: {**{n: _interval(v, seed) for n, v in by_n.items()}, "mean": _interval(over_n[name], seed)} for name, by_n in rows.items()}
+    diffs = {f"{a} − {b}": {**{n: paired_difference(100 * rows[a][n], 100 * rows[b][n], seed=seed) for n in rows[a]},
+                            "mean": paired_difference(100 * over_n[a], 100 * over_n[b], seed=seed)}
+             for a, b in combinations(models, 2)}
+    return {"rows": table, "differences": diffs}
+
+
 def evaluate_bon(
-    pool: Pool, scores: dict[str, StepScores], agg: str = "min", ns: Sequence[int] = DEFAULT_NS, random_subsets: int = 0, seed: int = 0
+    pool: Pool, scores: dict[str, StepScores], agg: str = "min", ns: Sequence[int] = DEFAULT_NS, protocols: Sequence[str] = ("first",),
+    aggs: Sequence[str] = (), draws: int = 100, seed: int = 0,
 ) -> dict:
-    """bon_table per mode (see biprm.metrics.bon), plus "random": {n: {mean, low, high}} when asked."""
-    modes = {}
-    for key, s in scores.items():
-        score = s.solution_logits(agg)
-        table = bon_table(pool.qid, score, pool.correct, pool.answer_key, ns)
-        if random_subsets:
-            draws = {n: bon_random_subsets(pool.qid, score, pool.correct, n, random_subsets, seed) for n in table["ns"]}
-            table["random"] = {n: dict(zip(("mean", "low", "high"), d)) for n, d in draws.items()}
-        modes[key] = table
-    return {"pool": pool.name, "questions": len(np.unique(pool.qid)), "candidates": len(pool.trajs), "agg": agg, "modes": modes}
+    """Per protocol: the `agg` table with baselines, intervals and differences, and a mean-over-n row per
+    PRM for every other aggregation in `aggs`; "modes" keeps `bon_table` of the first protocol per PRM."""
+    _, sizes = pool_bounds(pool.qid)
+    used = [n for n in ns if n <= sizes.min()]
+    if not used:
+        raise ValueError(f"no n in {tuple(ns)} fits the smallest pool ({sizes.min()} candidates)")
+    models = list(scores)
+    result = {"pool": pool.name, "questions": len(sizes), "candidates": len(pool.trajs), "agg": agg, "ns": used,
+              "skipped": [n for n in ns if n not in used], "draws": draws, "protocols": {}}
+    for protocol in protocols:
+        main = summarise(bon_rows(pool, scores, agg, used, protocol, draws, seed, votes=True), models, seed)
+        others = {}
+        for how in dict.fromkeys(aggs):
+            if how != agg:
+                rows = bon_rows(pool, scores, how, used, protocol, draws, seed)
+                names = [*models, f"noise + {how}"]
+                others[how] = {k: v["mean"] for k, v in summarise({k: rows[k] for k in names}, [], seed)["rows"].items()}
+        result["protocols"][protocol] = {**main, "aggregations": others}
+    first = protocols[0]
+    result["modes"] = {k: bon_table(pool.qid, s.solution_logits(agg), pool.correct, pool.answer_key, used, first, draws, seed)
+                       for k, s in scores.items()}
+    return result
+
+
+def _cell(s: dict) -> str:
+    return f"{fmt(s['mean'])} [{fmt(s['low'])}, {fmt(s['high'])}]"
+
+
+PROTOCOL_TITLES = {"first": "first n candidates of each question, in pool order (the paper's protocol)",
+                   "random": "random n-subsets of each question's pool"}
 
 
 def format_bon(result: dict) -> str:
-    """One row per mode (BoN, then its weighted vote), then the score-free baselines, in %."""
-    modes = result["modes"]
-    first = next(iter(modes.values()))
-    ns = first["ns"]
-    line = lambda name, row, mean: [name, *(fmt(row[n]) for n in ns), fmt(mean)]  # noqa: E731
-    rows = [line(f"{key}: BoN", t["bon"], t["mean"]["bon"]) for key, t in modes.items()]
-    rows += [line(f"{key}: weighted vote", t["weighted"], t["mean"]["weighted"]) for key, t in modes.items()]
-    rows += [line(f"{key}: top score tied (% questions)", t["tie"], t["mean"]["tie"]) for key, t in modes.items()]
-    rows += [line("majority vote", first["majority"], first["mean"]["majority"]), line("pass@n (oracle)", first["pass"], first["mean"]["pass"]),
-             line("random pick (chance)", first["chance"], first["mean"]["chance"])]
-    for key, t in modes.items():
-        if "random" in t:
-            r = t["random"]
-            rows.append([f"{key}: BoN, random subsets", *(f"{fmt(r[n]['mean'])} [{fmt(r[n]['low'])}, {fmt(r[n]['high'])}]" for n in ns),
-                         fmt(np.mean([r[n]["mean"] for n in ns]))])
-    skipped = f"; n = {', '.join(map(str, first['skipped']))} skipped (pools too small)" if first["skipped"] else ""
-    head = f"**{result['pool']}**: {result['questions']} questions, {result['candidates']} candidates, aggregation `{result['agg']}`{skipped}\n\n"
-    return head + markdown_table(["method", *(f"@{n}" for n in ns), "mean"], rows)
+    """Per protocol: the PRM rows, the content-free rows, the paired differences, the other aggregations."""
+    ns = result["ns"]
+    skipped = f"; n = {', '.join(map(str, result['skipped']))} skipped (pools too small)" if result["skipped"] else ""
+    parts = [f"**{result['pool']}**: {result['questions']} questions, {result['candidates']} candidates, "
+             f"aggregation `{result['agg']}`{skipped}. Accuracy (%) with 95 % bootstrap intervals over questions; ties broken uniformly."]
+    for protocol, p in result["protocols"].items():
+        title = PROTOCOL_TITLES[protocol] + (f", {result['draws']} draws" if protocol == "random" else "")
+        rows = [[name, *(_cell(r[n]) for n in ns), _cell(r["mean"])] for name, r in p["rows"].items()]
+        parts += [f"Protocol: {title}.", markdown_table(["scorer", *(f"@{n}" for n in ns), "mean over n"], rows)]
+        if p["differences"]:
+            noise = lambda d: " (within noise)" if d["within_noise"] else ""  # noqa: E731
+            diff = [[name, *(_cell(d[n]) for n in ns), _cell(d["mean"]) + noise(d["mean"])] for name, d in p["differences"].items()]
+            parts += ["Paired differences (points):", markdown_table(["difference", *(f"@{n}" for n in ns), "mean over n"], diff)]
+        if p["aggregations"]:
+            names = list(dict.fromkeys(k for t in p["aggregations"].values() for k in t if not k.startswith("noise")))
+            hows = list(p["aggregations"])
+            agg_rows = [[name, *(_cell(p["aggregations"][h][name]) for h in hows)] for name in names]
+            agg_rows.append(["noise + that aggregation", *(_cell(p["aggregations"][h][f"noise + {h}"]) for h in hows)])
+            parts += [f"Other aggregations, mean over n ({protocol}):", markdown_table(["scorer", *hows], agg_rows)]
+    return "\n\n".join(parts)
 
 
 def run_bon(cfg: BonConfig) -> dict:
     cache = cfg.open_cache()
     pool = load_pool(cfg.pool, cfg.data_root, cfg.limit, questions=cfg.questions, questions_split=cfg.questions_split,
                      split_rule=cfg.split_rule, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
-    result = evaluate_bon(pool, score_modes(modes_of(cfg.models), cache, pool.trajs), cfg.agg, cfg.ns, cfg.random_subsets, cfg.seed)
+    scores = score_modes(modes_of(cfg.models), cache, pool.trajs)
+    result = evaluate_bon(pool, scores, cfg.agg, cfg.ns, cfg.protocols, cfg.aggs, cfg.draws, cfg.seed)
     markdown = "# Best-of-N\n\n" + format_bon(result) + "\n"
     print(markdown)
     print(f"wrote {write_outputs(cfg.out, 'bon', result, markdown)} and bon.json")

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 from biprm.aggregate import AGGREGATIONS
 from biprm.config import CHECKPOINT_ROLES as ROLES
 from biprm.config import PROCESSBENCH_SUBSETS, default_data_root
-from biprm.metrics.bon import DEFAULT_NS
+from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS
+
+AGGS = ("min", "mean", "last", "prod")
 
 if TYPE_CHECKING:
     from biprm.evaluation.common import EvalOptions
@@ -25,6 +27,20 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _protocols(text: str) -> tuple[str, ...]:
+    names = _names(text)
+    if not names or any(n not in PROTOCOLS for n in names):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {PROTOCOLS}, got {text!r}")
+    return names
+
+
+def _aggs(text: str) -> tuple[str, ...]:
+    names = _names(text)
+    if any(n not in AGGREGATIONS for n in names):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {AGGREGATIONS}, got {text!r}")
+    return names
 
 
 def _role(text: str) -> tuple[str, str]:
@@ -75,15 +91,15 @@ def cmd_bon(args: argparse.Namespace) -> None:
     from biprm.evaluation.bon import BonConfig, run_bon
 
     _on_every_process(run_bon, BonConfig(models=args.model, pool=args.pool, questions=args.questions, questions_split=args.questions_split,
-                                         split_rule=args.split_rule, agg=args.agg, ns=args.ns, random_subsets=args.random_subsets,
-                                         seed=args.seed, **_options(args)))
+                                         split_rule=args.split_rule, agg=args.agg, aggs=args.aggs, ns=args.ns, protocols=args.protocol,
+                                         draws=args.draws, seed=args.seed, **_options(args)))
 
 
 def cmd_processbench(args: argparse.Namespace) -> None:
     from biprm.evaluation.processbench import ProcessBenchConfig, run_processbench
 
     _on_every_process(run_processbench, ProcessBenchConfig(models=args.model, subsets=tuple(args.data or args.subsets), threshold=args.threshold,
-                                                           tune=args.tune_threshold, **_options(args)))
+                                                           tune=args.tune_threshold, tune_data=args.tune_data, **_options(args)))
 
 
 def cmd_ablations(args: argparse.Namespace) -> None:
@@ -113,15 +129,21 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--questions", default=None, help="gold answers, matched by position: gsm_plus, math500, gsm8k, a file or a Hub dataset")
     p.add_argument("--questions-split", default="test", help="split when --questions is a Hub dataset (GSM-Plus: testmini)")
     p.add_argument("--split-rule", default="auto", help="how a candidate's text is cut into steps: auto, newline, double-newline, ки")
-    p.add_argument("--random-subsets", type=int, default=0, help="also average BoN@n over R random n-subsets (95%% range)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random n-subsets")
+    p.add_argument("--protocol", type=_protocols, default=PROTOCOLS,
+                   help="which n candidates a question offers: first (its first n, the paper's), random (random n-subsets), or both: first,random")
+    p.add_argument("--draws", type=int, default=100, help="random n-subsets per question under --protocol random")
+    p.add_argument("--aggs", type=_aggs, default=AGGS, help="aggregations reported side by side (mean over n), comma-separated")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random n-subsets, the noise baseline and the bootstrap")
     _scoring(p, pb=False)
     _common(p)
     p.set_defaults(func=cmd_bon)
 
     p = protocols.add_parser("processbench", help="first-error F1 per ProcessBench subset")
     p.add_argument("--model", action="append", required=True, help="checkpoint folder (repeat to compare)")
-    p.add_argument("--tune-threshold", action="store_true", help="also report the threshold tuned on GSM8K, applied to all subsets")
+    p.add_argument("--tune-threshold", action="store_true",
+                   help="also report F1 at a threshold chosen out of sample: tuned on GSM8K (cross-fitted on its own rows), applied to all subsets")
+    p.add_argument("--tune-data", default=None, metavar="FILE",
+                   help="a ProcessBench-layout dev file on which the threshold is tuned instead (its rows are never reported)")
     p.add_argument("--data", action="append", default=None, metavar="FILE",
                    help="a file in ProcessBench's layout (problem, steps, label) to evaluate instead of the subsets; repeatable")
     _scoring(p)

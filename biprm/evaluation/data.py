@@ -1,6 +1,7 @@
 """Benchmark files -> what the protocols consume: Best-of-N pools and ProcessBench subsets.
 
-A pool spec is `gsm8k_bon_small` (the local 12-candidate GSM8K pool), a candidates file
+A pool spec is `gsm8k_bon_small` (the local 12-candidate GSM8K pool), one of its one-style
+sub-pools `gsm8k_bon_small:gpt3|abel|metamath` (`SUBPOOLS`), a candidates file
 in our layout or PQM's, or `hf://OWNER/REPO/PATH` (a file in a Hugging Face model repo,
 where PQM keeps its 128-candidate sets). `SPEC@QUESTIONS` names where gold answers come
 from when the candidates carry none: `gsm_plus`, `math500`, `gsm8k` (files under the
@@ -21,6 +22,9 @@ from biprm.grading import extract_answer, grade_many
 from biprm.readers import gsm8k_bon_small, load_trajectories, read_rows
 from biprm.trajectory import DataError, Trajectory
 
+# One-style sub-pools of gsm8k_bon_small (candidate positions in its fixed policy order): the full pool
+# stacks 12 policies, so its first n candidates are a choice of policies, not a sample of one.
+SUBPOOLS = {"gpt3": (0, 1, 2, 3), "abel": (4, 5, 6), "metamath": (9, 10, 11)}
 QUESTION_SETS = {"gsm_plus": "gsm_plus/gsmplus_testmini.jsonl", "math500": "math500/test.jsonl", "gsm8k": "gsm8k/test.jsonl"}
 
 logger = logging.getLogger(__name__)
@@ -119,8 +123,13 @@ def load_pool(
     on the next run (the cache keeps -1 for it, never a verdict)."""
     spec, _, at = spec.partition("@")
     questions = questions or at or None
-    if spec == "gsm8k_bon_small":
+    if spec.split(":")[0] == "gsm8k_bon_small":
         trajs, name = gsm8k_bon_small(data_root), spec
+        style = spec.partition(":")[2]
+        if style:
+            if style not in SUBPOOLS:
+                raise ValueError(f"unknown sub-pool {spec!r}; choose gsm8k_bon_small or gsm8k_bon_small:STYLE, STYLE in {sorted(SUBPOOLS)}")
+            trajs = [t for t in trajs if t.meta["cand"] in SUBPOOLS[style]]
     else:
         trajs, name = load_trajectories(_hub_file(spec), fmt="bon", split_rule=split_rule), Path(spec).name.split(".")[0]
     if questions:

@@ -2,9 +2,16 @@
 
 Prediction = the first step whose fused probability is below the threshold, else −1.
 Scores per subset: accuracy on erroneous rows (exact index), on clean rows (−1), and
-their harmonic mean F1; the headline is the mean F1 over subsets. The threshold is 0.5
-(the reference code's) or, with `tune`, chosen per mode on the GSM8K subset and applied
-to every subset, as ProcessBench's authors do for scalar PRMs; both are reported.
+their harmonic mean F1; the headline is the mean F1 over subsets.
+
+Thresholds: 0.5 (the reference code's), and with `tune` one chosen where it is not
+reported. ProcessBench's authors tune on the GSM8K subset and report GSM8K too; here the
+GSM8K rows are split in two alternating halves and each half is predicted with the
+threshold tuned on the other (cross-fitting), while the other subsets use the threshold
+tuned on all GSM8K rows. With a dev set (`dev`, e.g. `--tune-data FILE`), its threshold
+is used everywhere instead. The in-sample threshold appears only as an upper bound.
+Content-free rows stand beside: flag nothing, flag step 0, and "flag step k when there
+are more than k steps" with k chosen on the same tuning rows as the threshold.
 """
 from __future__ import annotations
 
@@ -13,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from biprm.analysis.common import TITLES, first_error_report, first_errors, judged_rows, markdown_table, subsets
-from biprm.evaluation.common import EvalOptions, fmt, write_outputs
 from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.evaluation.common import EvalOptions, fmt, write_outputs
 from biprm.evaluation.data import load_processbench
 from biprm.evaluation.models import modes_of, score_modes
-from biprm.metrics.processbench import first_error_f1_by_subset, tune_threshold
+from biprm.metrics.processbench import first_error_f1_by_subset, flag_step, predict_first_error, tune_flag_step, tune_threshold
 from biprm.scores import StepScores
 from biprm.trajectory import Trajectory
 
@@ -30,31 +37,86 @@ class ProcessBenchConfig(EvalOptions):
     subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS
     threshold: float = 0.5
     tune: bool = False
+    tune_data: str | None = None  # a ProcessBench-layout file whose rows choose the threshold instead of GSM8K
 
 
 def tuned_threshold(trajs: list[Trajectory], scores: StepScores) -> tuple[float, float]:
-    """(threshold, its F1) on the GSM8K rows; a row whose first error lies in steps cut at max_length is left out."""
-    rows = np.flatnonzero(subsets(trajs) == TUNE_ON)
-    if not len(rows):
-        raise ValueError(f"threshold tuning uses the {TUNE_ON} subset; include it in the subsets")
-    part, first = judged_rows([trajs[i] for i in rows], scores.select(rows))
+    """(threshold, its F1) on these rows; a row whose first error lies in steps cut at max_length is left out."""
+    part, first = judged_rows(trajs, scores)
     return tune_threshold(part.prob(), part.offsets, first)
 
 
-def evaluate_processbench(trajs: list[Trajectory], scores: dict[str, StepScores], threshold: float = 0.5, tune: bool = False) -> dict:
-    """Per mode: "fixed" (at `threshold`) and, with `tune`, "tuned" ({threshold, tuning_f1, ...}) reports."""
+def _n_steps(trajs: list[Trajectory]) -> np.ndarray:
+    return np.array([len(t.steps) for t in trajs])
+
+
+def _tuning_rows(trajs: list[Trajectory]) -> np.ndarray:
+    rows = np.flatnonzero(subsets(trajs) == TUNE_ON)
+    if not len(rows):
+        raise ValueError(f"threshold tuning uses the {TUNE_ON} subset; include it in the subsets or name a dev file (--tune-data)")
+    return rows
+
+
+def out_of_sample(trajs: list[Trajectory], scores: StepScores, dev: tuple[list[Trajectory], StepScores] | None = None) -> dict:
+    """{"threshold", "k", ...report}: F1 per subset where no row is predicted with a choice made on it (see module doc)."""
+    first, where, n_steps = first_errors(trajs), subsets(trajs), _n_steps(trajs)
+    probs = scores.prob()
+    predict = lambda t: predict_first_error(probs, scores.offsets, t)  # noqa: E731
+    if dev is not None:
+        dev_trajs, dev_scores = dev
+        t, _ = tuned_threshold(dev_trajs, dev_scores)
+        k, _ = tune_flag_step(_n_steps(dev_trajs), first_errors(dev_trajs))
+        return {"threshold": t, "k": k, "tuned_on": "dev", **first_error_f1_by_subset(predict(t), first, where),
+                "flag_step_k": first_error_f1_by_subset(flag_step(n_steps, k), first, where)}
+    rows = _tuning_rows(trajs)
+    t, _ = tuned_threshold([trajs[i] for i in rows], scores.select(rows))
+    k, _ = tune_flag_step(n_steps[rows], first[rows])
+    pred, rule = predict(t), flag_step(n_steps, k)
+    clean, wrong = rows[first[rows] == -1], rows[first[rows] != -1]
+    halves = [np.sort(np.r_[clean[0::2], wrong[0::2]]), np.sort(np.r_[clean[1::2], wrong[1::2]])]
+    if min(len(clean), len(wrong)) < 2:  # too few rows to tune on one half and predict the other: not reported
+        pred[rows] = rule[rows] = -2
+    folds = []
+    for tune, apply in (halves, halves[::-1]):
+        if min(len(clean), len(wrong)) < 2:
+            break
+        t_half, _ = tuned_threshold([trajs[i] for i in tune], scores.select(tune))
+        k_half, _ = tune_flag_step(n_steps[tune], first[tune])
+        pred[apply] = predict(t_half)[apply]
+        rule[apply] = flag_step(n_steps[apply], k_half)
+        folds.append({"threshold": t_half, "k": k_half})
+    return {"threshold": t, "k": k, "tuned_on": TUNE_ON, "folds": folds, **_report(pred, first, where), "flag_step_k": _report(rule, first, where)}
+
+
+def _report(pred: np.ndarray, first: np.ndarray, where: np.ndarray) -> dict:
+    """`first_error_f1_by_subset`, with rows predicted -2 (no out-of-sample choice possible) counted as not measured."""
+    report = first_error_f1_by_subset(pred, first, where)
+    for name in np.unique(where[pred == -2]):
+        report["subsets"][str(name)] |= {"acc_error": float("nan"), "acc_correct": float("nan"), "f1": float("nan")}
+    report["average_f1"] = float(np.mean([s["f1"] for s in report["subsets"].values()]))
+    return report
+
+
+def evaluate_processbench(trajs: list[Trajectory], scores: dict[str, StepScores], threshold: float = 0.5, tune: bool = False,
+                          dev: tuple[list[Trajectory], dict[str, StepScores]] | None = None) -> dict:
+    """Per mode: "fixed" (at `threshold`) and, with `tune` or `dev`, "tuned" (out of sample) and "in_sample" (an upper bound)."""
     modes = {}
     for key, s in scores.items():
         modes[key] = {"fixed": first_error_report(trajs, s, threshold)}
-        if tune:
-            t, f1 = tuned_threshold(trajs, s)
-            modes[key]["tuned"] = {"threshold": t, "tuning_f1": f1, **first_error_report(trajs, s, t)}
+        if tune or dev is not None:
+            modes[key]["tuned"] = out_of_sample(trajs, s, None if dev is None else (dev[0], dev[1][key]))
+            if len(np.unique(judged_rows(trajs, s)[1] == -1)) == 2:  # tuning needs clean and erroneous rows
+                t, f1 = tuned_threshold(trajs, s)
+                modes[key]["in_sample"] = {"threshold": t, "tuning_f1": f1, **first_error_report(trajs, s, t)}
     names = list(dict.fromkeys(subsets(trajs)))
     first, where = first_errors(trajs), subsets(trajs)
     baselines = {  # what a verifier must beat: flag nothing, or flag every solution at its first step
         "always -1 (no error)": first_error_f1_by_subset(np.full(len(trajs), -1), first, where),
         "always step 0": first_error_f1_by_subset(np.zeros(len(trajs), dtype=np.int64), first, where),
     }
+    tuned = next((m["tuned"] for m in modes.values() if "tuned" in m), None)
+    if tuned is not None:  # the same rule for every mode: it reads only step counts
+        baselines["flag step k when there are more than k steps (k tuned out of sample)"] = tuned["flag_step_k"]
     return {"threshold": threshold, "subsets": names, "rows": {n: int((where == n).sum()) for n in names}, "modes": modes, "baselines": baselines}
 
 
@@ -64,7 +126,10 @@ def format_processbench(result: dict) -> str:
     heads = [TITLES.get(n, n) for n in names]
     f1_row = lambda r: [fmt(r["subsets"][n]["f1"]) for n in names] + [fmt(r["average_f1"])]  # noqa: E731
     rows = [[f"{key} @ {result['threshold']:g}", *f1_row(m["fixed"])] for key, m in modes.items()]
-    rows += [[f"{key} @ {m['tuned']['threshold']:.3f} (tuned on GSM8K)", *f1_row(m["tuned"])] for key, m in modes.items() if "tuned" in m]
+    source = lambda m: "a dev set" if m["tuned"]["tuned_on"] == "dev" else "GSM8K, cross-fitted"  # noqa: E731
+    rows += [[f"{key} @ {m['tuned']['threshold']:.3f} (tuned on {source(m)})", *f1_row(m["tuned"])] for key, m in modes.items() if "tuned" in m]
+    rows += [[f"{key} @ {m['in_sample']['threshold']:.3f} (in sample: an upper bound, not a result)", *f1_row(m["in_sample"])]
+             for key, m in modes.items() if "in_sample" in m]
     rows += [[f"baseline: {key}", *f1_row(b)] for key, b in result.get("baselines", {}).items()]
     both = lambda s: f"{fmt(s['acc_error'])} / {fmt(s['acc_correct'])}"  # noqa: E731
     acc = [[f"{key} @ {result['threshold']:g}", *(both(m["fixed"]["subsets"][n]) for n in names)] for key, m in modes.items()]
@@ -77,7 +142,12 @@ def format_processbench(result: dict) -> str:
 def run_processbench(cfg: ProcessBenchConfig) -> dict:
     cache = cfg.open_cache()
     trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
-    result = evaluate_processbench(trajs, score_modes(modes_of(cfg.models), cache, trajs), cfg.threshold, cfg.tune)
+    modes = modes_of(cfg.models)
+    dev = None
+    if cfg.tune_data:
+        dev_trajs = load_processbench(cfg.data_root, (cfg.tune_data,))
+        dev = (dev_trajs, score_modes(modes, cache, dev_trajs))
+    result = evaluate_processbench(trajs, score_modes(modes, cache, trajs), cfg.threshold, cfg.tune, dev)
     markdown = "# ProcessBench\n\n" + format_processbench(result) + "\n"
     print(markdown)
     print(f"wrote {write_outputs(cfg.out, 'processbench', result, markdown)} and processbench.json")

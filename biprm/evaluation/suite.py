@@ -38,6 +38,7 @@ from biprm.analysis import (
 from biprm.analysis.common import markdown_table
 from biprm.evaluation.ablations import ablation_table, format_ablation_table
 from biprm.evaluation.bon import evaluate_bon, format_bon
+from biprm.metrics.bon import PROTOCOLS
 from biprm.evaluation.common import EvalOptions, fmt, write_json
 from biprm.config import PROCESSBENCH_SUBSETS
 from biprm.evaluation.data import load_pool, load_processbench
@@ -98,7 +99,7 @@ def run_suite(cfg: SuiteConfig) -> dict:
             pool = load_pool(spec, cfg.data_root, cfg.limit, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
             scores = score_modes(modes, cache, pool.trajs)
             lengths = token_lengths(cfg.model, pool.trajs, cache)
-            bon = evaluate_bon(pool, scores, cfg.agg, cfg.ns)
+            bon = evaluate_bon(pool, scores, cfg.agg, cfg.ns, PROTOCOLS)
             bon["aggregation"] = aggregation_table(pool.qid, pool.correct, scores, cfg.ns)
             bon["long_chain"] = long_chain_bon(pool.qid, pool.correct, scores, lengths, cfg.long_chain_tokens, cfg.ns, cfg.agg)
             results["bon"][pool.name] = bon

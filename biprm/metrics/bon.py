@@ -1,12 +1,20 @@
-"""Solution-level metrics over candidate pools: Best-of-N, pass@n and answer votes.
+"""Solution-level metrics over candidate pools: Best-of-N, the content-free baselines, pass@n and votes.
 
 Candidates arrive flat, one entry per candidate; the candidates of one question are
-contiguous and in pool order. Every @n metric reads the FIRST n candidates of each
-question (the reference protocol), so a [Q, n] index matrix turns each metric into one
-row-wise numpy reduction, whatever the pool sizes are. Answer keys must be mutually
-comparable (e.g. all str, as np.unique sorts them): give unparsed answers one shared key.
+contiguous and in pool order. Which n candidates a question offers is the protocol:
+
+- "first": its first n, in pool order (the paper's protocol: in a pool stacked by policy,
+  n then also decides which policies are present);
+- "random": `draws` uniform n-subsets of its pool, the value averaged over them.
+
+Every metric is computed per question, as an expectation: over the subsets, and over
+ties, which are broken uniformly (a tie never goes to the pool's first candidate, which
+would let pool order pose as skill). Per-question values are what the bootstrap over
+questions (biprm.metrics.bootstrap) resamples; a table's number is their mean, in %.
+
 A candidate's `score` is its solution logit (`StepScores.solution_logits`): the ranking
 needs no other property, and the weighted vote weighs each answer by sigmoid(score).
+Answer keys must be mutually comparable (e.g. all str): give unparsed answers distinct keys.
 """
 from __future__ import annotations
 
@@ -14,9 +22,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from biprm.aggregate import sigmoid
+from biprm.aggregate import aggregate, sigmoid
 
 DEFAULT_NS = (8, 16, 32, 64, 128)
+PROTOCOLS = ("first", "random")
 
 
 def pool_bounds(qid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -30,123 +39,130 @@ def pool_bounds(qid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.diff(np.append(starts, len(qid)))
 
 
-def _check_n(sizes: np.ndarray, n: int) -> None:
-    """The caller limits n to the pool size; a silent smaller n would skew the comparison."""
+def subsets(qid: np.ndarray, n: int, protocol: str = "first", draws: int = 100, seed: int = 0) -> np.ndarray:
+    """[D, Q, n] flat candidate indices: D = 1 for "first", `draws` for "random"."""
+    starts, sizes = pool_bounds(qid)
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    if sizes.min() < n:
+    if sizes.min() < n:  # a silent smaller n would skew the comparison
         raise ValueError(f"n={n} exceeds the pool of {int((sizes < n).sum())} question(s) (smallest pool: {sizes.min()})")
-
-
-def first_n(qid: np.ndarray, n: int) -> np.ndarray:
-    """[Q, n] flat indices of each question's first n candidates."""
-    starts, sizes = pool_bounds(qid)
-    _check_n(sizes, n)
-    return starts[:, None] + np.arange(n)
+    if protocol == "first":
+        return (starts[:, None] + np.arange(n))[None]
+    if protocol != "random":
+        raise ValueError(f"unknown protocol {protocol!r}; choose one of {PROTOCOLS}")
+    keys = np.random.default_rng(seed).random((draws, len(starts), sizes.max()))
+    keys[:, np.arange(sizes.max()) >= sizes[:, None]] = np.inf  # past a question's pool
+    return starts[None, :, None] + np.sort(np.argpartition(keys, n - 1, axis=2)[:, :, :n], axis=2)
 
 
 def _scores(score: np.ndarray) -> np.ndarray:
     score = np.asarray(score, dtype=np.float64)
     if np.isnan(score).any():
-        raise ValueError("score contains NaN, which argmax would silently pick")
+        raise ValueError("score contains NaN, which no ranking can order")
     return score
 
 
-def _best_correct(idx: np.ndarray, score: np.ndarray, correct: np.ndarray) -> float:
-    """% of rows whose highest-scored candidate is correct; argmax breaks ties toward the earliest."""
-    pick = idx[np.arange(len(idx)), np.argmax(score[idx], axis=1)]
-    return 100.0 * float(np.mean(correct[pick]))
+def _top(values: np.ndarray) -> np.ndarray:
+    """Mask of the entries equal to their row's maximum (the last axis)."""
+    return values == values.max(axis=-1, keepdims=True)
 
 
-def bon_at_n(qid: np.ndarray, score: np.ndarray, correct: np.ndarray, n: int) -> float:
-    """Best-of-n accuracy (%): the top-scored of the first n candidates, ties to the earliest."""
-    return _best_correct(first_n(qid, n), _scores(score), np.asarray(correct, dtype=bool))
+def best_of(idx: np.ndarray, score: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """[Q] chance that the top-scored candidate is correct, ties broken uniformly."""
+    top = _top(_scores(score)[idx])
+    hit = (top & np.asarray(correct, dtype=bool)[idx]).sum(-1) / top.sum(-1)
+    return hit.mean(0)
 
 
-def tie_rate_at_n(qid: np.ndarray, score: np.ndarray, n: int) -> float:
-    """% of questions whose top score among the first n is shared: there BoN picks by pool order, not by the PRM."""
-    top = _scores(score)[first_n(qid, n)]
-    return 100.0 * float(np.mean((top == top.max(axis=1, keepdims=True)).sum(axis=1) > 1))
+def random_pick(idx: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """[Q] chance that a uniformly picked candidate is correct: what a scorer that reads nothing gets."""
+    return np.asarray(correct, dtype=float)[idx].mean(-1).mean(0)
 
 
-def random_pick_at_n(qid: np.ndarray, correct: np.ndarray, n: int) -> float:
-    """Expected accuracy (%) of picking one of the first n candidates uniformly: the chance baseline."""
-    return 100.0 * float(np.mean(np.asarray(correct, dtype=float)[first_n(qid, n)]))
+def pass_any(idx: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """[Q] oracle ceiling: some candidate is correct."""
+    return np.asarray(correct, dtype=bool)[idx].any(-1).mean(0)
 
 
-def pass_at_n(qid: np.ndarray, correct: np.ndarray, n: int) -> float:
-    """Oracle ceiling (%): some candidate among the first n is correct."""
-    return 100.0 * float(np.mean(np.asarray(correct, dtype=bool)[first_n(qid, n)].any(axis=1)))
+def tie_share(idx: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """[Q] whether the top score is shared: there the pick is a coin, not the scorer."""
+    return (_top(_scores(score)[idx]).sum(-1) > 1).mean(0)
 
 
-def _vote(qid: np.ndarray, answer_key: np.ndarray, weight: np.ndarray, correct: np.ndarray, n: int) -> float:
-    """% of rows whose heaviest answer (summed weight; ties to the answer seen first) is correct."""
-    idx = first_n(qid, n)
-    _, code = np.unique(np.asarray(answer_key)[idx].ravel(), return_inverse=True)
-    code = code.reshape(idx.shape)
-    rows = np.arange(len(idx))
-    _, group = np.unique(rows[:, None] * (code.max() + 1) + code, return_inverse=True)
-    total = np.bincount(group.ravel(), weights=weight[idx].ravel())[group.reshape(idx.shape)]
-    winner = code[rows, np.argmax(total, axis=1)]
-    hit = (code == winner[:, None]) & np.asarray(correct, dtype=bool)[idx]
-    return 100.0 * float(np.mean(hit.any(axis=1)))
+def vote(idx: np.ndarray, answer_key: np.ndarray, weight: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """[Q] chance that the heaviest answer (summed weight) is a correct one, ties between answers uniform.
 
-
-def majority_vote_at_n(qid: np.ndarray, answer_key: np.ndarray, correct: np.ndarray, n: int) -> float:
-    """Self-consistency (%): the most frequent answer among the first n; correct if one of its candidates is."""
-    return _vote(qid, answer_key, np.ones(len(np.asarray(qid))), correct, n)
-
-
-def weighted_vote_at_n(qid: np.ndarray, answer_key: np.ndarray, score: np.ndarray, correct: np.ndarray, n: int) -> float:
-    """PRM-weighted vote (%): the answer with the largest sum of solution probabilities among the first n."""
-    return _vote(qid, answer_key, sigmoid(_scores(score)), correct, n)
-
-
-def bon_random_subsets(
-    qid: np.ndarray, score: np.ndarray, correct: np.ndarray, n: int, repeats: int = 100, seed: int = 0
-) -> tuple[float, float, float]:
-    """BoN@n over `repeats` random n-subsets of every pool: (mean, 2.5th, 97.5th percentile) in %.
-
-    The interval is the percentile spread of the per-draw accuracies, so it measures how
-    much the result depends on which candidates were drawn, not sampling error over
-    questions. Inside a subset, ties still go to the earliest candidate in pool order.
+    An answer counts as correct when one of its candidates is.
     """
-    starts, sizes = pool_bounds(qid)
-    _check_n(sizes, n)
-    score, correct = _scores(score), np.asarray(correct, dtype=bool)
+    D, Q, n = idx.shape
+    _, code = np.unique(np.asarray(answer_key)[idx].ravel(), return_inverse=True)
+    width = int(code.max()) + 1
+    keys, group = np.unique(np.repeat(np.arange(D * Q), n) * width + code, return_inverse=True)
+    total = np.bincount(group, weights=np.asarray(weight, dtype=float)[idx].ravel())
+    good = np.bincount(group, weights=np.asarray(correct, dtype=float)[idx].ravel()) > 0
+    row = keys // width  # the (draw, question) of every answer group, ascending
+    starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
+    heaviest = total == np.repeat(np.maximum.reduceat(total, starts), np.diff(np.r_[starts, len(total)]))
+    hits = np.bincount(row, weights=heaviest & good, minlength=D * Q)
+    return (hits / np.bincount(row, weights=heaviest, minlength=D * Q)).reshape(D, Q).mean(0)
+
+
+def majority(idx: np.ndarray, answer_key: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """[Q] self-consistency with fair ties: the most frequent answer, a tie between answers a coin."""
+    return vote(idx, answer_key, np.ones(np.asarray(correct).shape), correct)
+
+
+def noise_best_of(idx: np.ndarray, offsets: np.ndarray, correct: np.ndarray, how: str, draws: int = 200, seed: int = 0) -> np.ndarray:
+    """[Q] BoN of i.i.d. standard-normal step logits under aggregation `how`, averaged over `draws`.
+
+    It reads no text, only the step count: under `min` it prefers short solutions, under
+    `max` long ones. A PRM that does not beat it has learned nothing its aggregation did not give it.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
     rng = np.random.default_rng(seed)
-    padding = np.arange(sizes.max()) >= sizes[:, None]
-    acc = np.empty(repeats)
-    for r in range(repeats):
-        keys = rng.random(padding.shape)
-        keys[padding] = np.inf
-        pos = np.sort(np.argpartition(keys, n - 1, axis=1)[:, :n], axis=1)
-        acc[r] = _best_correct(starts[:, None] + pos, score, correct)
-    low, high = np.percentile(acc, [2.5, 97.5])
-    return float(acc.mean()), float(low), float(high)
+    return np.mean([best_of(idx, aggregate(rng.standard_normal(offsets[-1]), offsets, how), correct) for _ in range(draws)], axis=0)
+
+
+def content_free(idx: np.ndarray, n_steps: np.ndarray, correct: np.ndarray, answer_key: np.ndarray, how: str,
+                 offsets: np.ndarray, draws: int = 200, seed: int = 0) -> dict[str, np.ndarray]:
+    """[Q] values of every scorer that reads no step text, for one protocol's subsets `idx`."""
+    n_steps = np.asarray(n_steps, dtype=np.float64)
+    return {
+        "random pick": random_pick(idx, correct),
+        "majority vote (fair ties)": majority(idx, answer_key, correct),
+        "fewest steps": best_of(idx, -n_steps, correct),
+        "most steps": best_of(idx, n_steps, correct),
+        f"noise + {how}": noise_best_of(idx, offsets, correct, how, draws, seed),
+        "pass@n (oracle)": pass_any(idx, correct),
+    }
+
+
+def bon_at_n(qid: np.ndarray, score: np.ndarray, correct: np.ndarray, n: int, protocol: str = "first", draws: int = 100, seed: int = 0) -> float:
+    """Best-of-n accuracy (%), ties broken uniformly."""
+    return 100.0 * float(best_of(subsets(qid, n, protocol, draws, seed), score, correct).mean())
 
 
 def bon_table(
-    qid: np.ndarray, score: np.ndarray, correct: np.ndarray, answer_key: np.ndarray, ns: Sequence[int] = DEFAULT_NS
+    qid: np.ndarray, score: np.ndarray, correct: np.ndarray, answer_key: np.ndarray, ns: Sequence[int] = DEFAULT_NS,
+    protocol: str = "first", draws: int = 100, seed: int = 0,
 ) -> dict:
-    """BoN, pass, random pick, majority and weighted vote for every n that fits the smallest pool, plus their means.
+    """BoN, pass, random pick, fair majority, weighted vote and tie share for every n that fits the smallest pool.
 
-    Returns {"ns": used, "skipped": ns larger than the smallest pool, "bon"/"pass"/"chance" (random pick)/
-    "majority"/"weighted"/"tie" (questions whose top score is shared): {n: %}, "mean": {metric: mean
-    over used n}}; "mean"["bon"] is the paper's main-table number.
+    Returns {"ns": used, "skipped": ns larger than the smallest pool, "protocol", and per metric
+    ("bon", "pass", "chance", "majority", "weighted", "tie") {n: %}, "mean": {metric: mean over used n}}.
     """
     _, sizes = pool_bounds(qid)
     used = [n for n in ns if n <= sizes.min()]
     if not used:
         raise ValueError(f"no n in {tuple(ns)} fits the smallest pool ({sizes.min()} candidates)")
-    metrics = {
-        "bon": lambda n: bon_at_n(qid, score, correct, n),
-        "pass": lambda n: pass_at_n(qid, correct, n),
-        "chance": lambda n: random_pick_at_n(qid, correct, n),
-        "majority": lambda n: majority_vote_at_n(qid, answer_key, correct, n),
-        "weighted": lambda n: weighted_vote_at_n(qid, answer_key, score, correct, n),
-        "tie": lambda n: tie_rate_at_n(qid, score, n),
-    }
-    table = {name: {n: fn(n) for n in used} for name, fn in metrics.items()}
+    score = _scores(score)
+    table: dict[str, dict[int, float]] = {k: {} for k in ("bon", "pass", "chance", "majority", "weighted", "tie")}
+    for n in used:
+        idx = subsets(qid, n, protocol, draws, seed)
+        values = {"bon": best_of(idx, score, correct), "pass": pass_any(idx, correct), "chance": random_pick(idx, correct),
+                  "majority": majority(idx, answer_key, correct), "weighted": vote(idx, answer_key, sigmoid(score), correct),
+                  "tie": tie_share(idx, score)}
+        for k, v in values.items():
+            table[k][n] = 100.0 * float(v.mean())
     mean = {name: float(np.mean(list(row.values()))) for name, row in table.items()}
-    return {"ns": used, "skipped": [n for n in ns if n not in used], **table, "mean": mean}
+    return {"ns": used, "skipped": [n for n in ns if n not in used], "protocol": protocol, **table, "mean": mean}

@@ -104,3 +104,15 @@ def first_error_f1_by_subset(pred: np.ndarray, label: np.ndarray, subset: np.nda
     names, first = np.unique(subset, return_index=True)
     per = {str(name): processbench_scores(pred[subset == name], label[subset == name]) for name in names[np.argsort(first)]}
     return {"subsets": per, "average_f1": float(np.mean([s["f1"] for s in per.values()]))}
+
+
+def flag_step(n_steps: np.ndarray, k: int) -> np.ndarray:
+    """The content-free rule "the first error is step k when there are more than k steps, else none"."""
+    return np.where(np.asarray(n_steps) > k, k, -1)
+
+
+def tune_flag_step(n_steps: np.ndarray, label: np.ndarray, max_k: int = 20) -> tuple[int, float]:
+    """(k, F1) of the best `flag_step` rule on labelled rows; ties go to the smaller k."""
+    f1 = [processbench_scores(flag_step(n_steps, k), label)["f1"] for k in range(max_k + 1)]
+    k = int(np.nanargmax(f1))
+    return k, float(f1[k])

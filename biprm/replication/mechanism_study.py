@@ -34,7 +34,7 @@ from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
 from biprm.config import default_data_root
 from biprm.encoding import Encoder
 from biprm.evaluation.common import write_json
-from biprm.evaluation.data import Pool, load_pool, load_processbench
+from biprm.evaluation.data import SUBPOOLS, Pool, load_pool, load_processbench
 from biprm.modeling import from_backbone
 from biprm.replication.mechanism import build_mechanism
 from biprm.replication.recipe import bf16_is_fast, save_scores, seeded_model, study, train_top
@@ -44,8 +44,6 @@ from biprm.trunk import TrunkCache, cached_scores, split
 
 log = logging.getLogger(__name__)
 
-# One-style sub-pools of gsm8k_bon_small (candidate positions 0..11 in its fixed policy order).
-SUBPOOLS = {"gpt3": (0, 1, 2, 3), "abel": (4, 5, 6), "metamath": (9, 10, 11)}
 
 
 @dataclass

@@ -1,0 +1,46 @@
+"""Intervals over questions (and seeds): how far a mean or a difference of two scorers could move.
+
+Values come per question, one row per seed ([Q] or [S, Q]). A resample draws questions
+with replacement, and seeds with replacement too, so an interval covers both sources of
+noise. A difference of two scorers resamples the same questions for both (a paired
+bootstrap): question difficulty cancels, and only the scorers' disagreement remains.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _resampled_means(values: np.ndarray, questions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """[B] means of `values` ([S, Q]) over resampled questions (the [B, Q] index) and resampled seeds."""
+    per_seed = values[:, questions].mean(-1)  # [S, B]
+    seeds = rng.integers(len(values), size=(questions.shape[0], len(values)))  # [B, S]
+    return per_seed[seeds, np.arange(questions.shape[0])[:, None]].mean(-1)
+
+
+def _as_rows(values: np.ndarray) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float64)
+    v = v[None] if v.ndim == 1 else v
+    if v.ndim != 2 or v.shape[1] == 0:
+        raise ValueError("values must be [questions] or [seeds, questions], with at least one question")
+    return v
+
+
+def bootstrap_mean(values: np.ndarray, resamples: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """{"mean", "low", "high"}: the mean over seeds and questions, and its percentile interval."""
+    v = _as_rows(values)
+    rng = np.random.default_rng(seed)
+    means = _resampled_means(v, rng.integers(v.shape[1], size=(resamples, v.shape[1])), rng)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return {"mean": float(v.mean()), "low": float(low), "high": float(high)}
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """{"mean", "low", "high", "within_noise"}: mean(a) - mean(b) on the same questions; within noise when the interval holds 0."""
+    a, b = _as_rows(a), _as_rows(b)
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"a paired difference needs the same questions: {a.shape[1]} against {b.shape[1]}")
+    rng = np.random.default_rng(seed)
+    questions = rng.integers(a.shape[1], size=(resamples, a.shape[1]))
+    diffs = _resampled_means(a, questions, rng) - _resampled_means(b, questions, rng)
+    low, high = np.quantile(diffs, [(1 - level) / 2, (1 + level) / 2])
+    return {"mean": float(a.mean() - b.mean()), "low": float(low), "high": float(high), "within_noise": bool(low <= 0 <= high)}
