@@ -146,3 +146,20 @@ def test_paired_difference():
     assert paired_difference(a, b)["within_noise"]
     with pytest.raises(ValueError, match="same questions"):
         paired_difference(a, a[:5])
+
+
+def test_auc_and_paired_win():
+    from biprm.metrics.ranking import auc, paired_win
+
+    # positives 3, 2 against negatives 1, 2: pairs (3>1) (3>2) (2>1) (2=2) -> 3.5 / 4
+    assert auc([3, 2], [1, 2]) == 87.5
+    assert auc([1], [1]) == 50.0 and np.isnan(auc([], [1]))
+    assert paired_win([2, 1, 1], [1, 1, 2]).tolist() == [1.0, 0.5, 0.0]
+
+
+def test_bootstrap_statistic():
+    from biprm.metrics.bootstrap import bootstrap_statistic
+
+    values = np.arange(10.0)
+    r = bootstrap_statistic(lambda i: float(values[i].max()), 10, resamples=500)
+    assert r["mean"] == 9.0 and r["high"] == 9.0 and r["low"] < 9.0

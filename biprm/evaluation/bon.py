@@ -139,7 +139,7 @@ def run_bon(cfg: BonConfig) -> dict:
     cache = cfg.open_cache()
     pool = load_pool(cfg.pool, cfg.data_root, cfg.limit, questions=cfg.questions, questions_split=cfg.questions_split,
                      split_rule=cfg.split_rule, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
-    scores = score_modes(modes_of(cfg.models), cache, pool.trajs)
+    scores = score_modes(modes_of(cfg.models), cache, pool.trajs) if cfg.models else {}
     result = evaluate_bon(pool, scores, cfg.agg, cfg.ns, cfg.protocols, cfg.aggs, cfg.draws, cfg.seed)
     markdown = "# Best-of-N\n\n" + format_bon(result) + "\n"
     print(markdown)

@@ -123,8 +123,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     protocols = ev.add_subparsers(dest="protocol", required=True)
     pool_help = "gsm8k_bon_small, a candidates file (ours or PQM's layout) or hf://OWNER/REPO/FILE; append @QUESTIONS for gold answers"
 
-    p = protocols.add_parser("bon", help="Best-of-N@n with pass@n, majority and reward-weighted vote beside it")
-    p.add_argument("--model", action="append", required=True, help="checkpoint folder (repeat to compare)")
+    p = protocols.add_parser("bon", help="Best-of-N@n beside the scorers that read no text, with intervals over questions")
+    p.add_argument("--model", action="append", default=[], help="checkpoint folder (repeat to compare); none: the content-free rows alone")
     p.add_argument("--pool", default="gsm8k_bon_small", help=pool_help)
     p.add_argument("--questions", default=None, help="gold answers, matched by position: gsm_plus, math500, gsm8k, a file or a Hub dataset")
     p.add_argument("--questions-split", default="test", help="split when --questions is a Hub dataset (GSM-Plus: testmini)")

@@ -7,6 +7,8 @@ bootstrap): question difficulty cancels, and only the scorers' disagreement rema
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -44,3 +46,12 @@ def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed:
     diffs = _resampled_means(a, questions, rng) - _resampled_means(b, questions, rng)
     low, high = np.quantile(diffs, [(1 - level) / 2, (1 + level) / 2])
     return {"mean": float(a.mean() - b.mean()), "low": float(low), "high": float(high), "within_noise": bool(low <= 0 <= high)}
+
+
+def bootstrap_statistic(stat: Callable[[np.ndarray], float], n: int, resamples: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
+    """{"mean", "low", "high"} of a statistic that is not a mean of per-item values (F1, AUC):
+    `stat(index)` is evaluated on the full index and on `resamples` resampled ones."""
+    rng = np.random.default_rng(seed)
+    values = np.array([stat(rng.integers(n, size=n)) for _ in range(resamples)])
+    low, high = np.nanquantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return {"mean": float(stat(np.arange(n))), "low": float(low), "high": float(high)}

@@ -1,6 +1,290 @@
-"""The mechanism study's report, computed from the per-item logits that each run saved."""
+"""The mechanism study's report, computed from the per-item logits each run saved (OUT/scores/RUN.npz).
+
+Nothing here trains or scores, so the report can be redone, or extended, at any time
+(`biprm replicate --preset mechanism --report-only`). It computes the endpoints written
+in docs/MECHANISM.md before the runs, each beside the content-free baselines that apply,
+with 95 % bootstrap intervals over test questions (seeds resampled too), and applies the
+pre-registered verdict rule to them.
+"""
 from __future__ import annotations
 
+import json
+from collections import Counter
+from pathlib import Path
 
-def write_report(cfg) -> dict:
-    return {}
+import numpy as np
+
+from biprm.aggregate import mean_of_probabilities
+from biprm.analysis.common import first_errors, markdown_table
+from biprm.evaluation.bon import bon_rows
+from biprm.evaluation.common import fmt, write_json
+from biprm.evaluation.data import SUBPOOLS, Pool
+from biprm.evaluation.processbench import out_of_sample, tuned_threshold
+from biprm.metrics.bootstrap import bootstrap_mean, bootstrap_statistic, paired_difference
+from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step
+from biprm.metrics.ranking import auc, paired_win
+from biprm.plots import plot_curves, position_curve
+from biprm.replication.mechanism import KINDS
+from biprm.replication.mechanism_study import MechanismConfig, load_sets
+from biprm.replication.recipe import load_scores
+from biprm.scores import StepScores
+from biprm.trajectory import Trajectory
+
+GROUPS = ("l2r", "r2l", "bi-static", "bi", "2×L2R", "probe-l2r", "probe-r2l", "probe-bi-static", "probe-bi")
+BON_NS = (2, 3)
+BON_AGGS = ("min", "mean", "last")
+DIFFERENCES = (("bi", "l2r"), ("r2l", "l2r"), ("bi", "2×L2R"), ("bi-static", "l2r"), ("bi", "r2l"), ("probe-r2l", "probe-l2r"))
+
+
+def _rows(test: list[Trajectory]) -> dict[str, np.ndarray]:
+    """Row indices of each kind, aligned by question (the builder writes R, C, F, L per question)."""
+    kinds = np.array([t.meta["kind"] for t in test])
+    rows = {k: np.flatnonzero(kinds == k) for k in KINDS}
+    steps = np.array([t.meta["step"] for t in test])
+    if len({len(r) for r in rows.values()}) != 1 or not all(np.array_equal(steps[rows["R"]], steps[rows[k]]) for k in KINDS):
+        raise ValueError("the test rows are not in R, C, F, L quadruples")
+    return rows
+
+
+def _at(s: StepScores, stream: str, rows: np.ndarray, step: np.ndarray) -> np.ndarray:
+    values = s.sigma if stream == "sigma" else s.prob(stream)
+    scored = np.diff(s.offsets)[rows]
+    return np.where(step < scored, values[s.offsets[rows] + np.minimum(step, scored - 1)], np.nan)
+
+
+def _streams(s: StepScores) -> list[str]:
+    return ["fused"] + [k for k in ("l2r", "r2l") if getattr(s, k) is not None]
+
+
+def run_metrics(sets: dict[str, list[Trajectory]], s: dict[str, StepScores]) -> dict:
+    """Per-question arrays ("questions") and per-run values ("values") of one model."""
+    test, valid = sets["test"], sets["valid"]
+    rows, t = _rows(test), np.array([x.meta["step"] for x in test if x.meta["kind"] == "F"])
+    threshold, _ = tuned_threshold(valid, s["valid"])
+    pred = predict_first_error(s["test"].prob(), s["test"].offsets, threshold)
+    q = {"P1: F rows, first error exact": pred[rows["F"]] == t, "F rows flagged one step late": pred[rows["F"]] == t + 1,
+         "P2: L rows, first error exact": pred[rows["L"]] == t, "R rows: no error": pred[rows["R"]] == -1,
+         "C rows: no error": pred[rows["C"]] == -1}
+    for stream in _streams(s["test"]):
+        at = {k: _at(s["test"], stream, rows[k], t) for k in KINDS}
+        q[f"S1 C > F at t ({stream})"] = paired_win(at["C"], at["F"])
+        q[f"S1 R > L at t ({stream})"] = paired_win(at["R"], at["L"])
+    if s["test"].sigma is not None:
+        for k in KINDS:
+            q[f"σ at t, {k} rows"] = _at(s["test"], "sigma", rows[k], t)
+    pb_trajs = sets["processbench"]
+    pb = out_of_sample(pb_trajs, s["processbench"], dev=(valid, s["valid"]))
+    values = {"threshold": threshold, "processbench": pb, "solution_min": s["test"].solution_logits("min"),
+              "valid_solution_min": s["valid"].solution_logits("min"),
+              "pb_pred": predict_first_error(s["processbench"].prob(), s["processbench"].offsets, pb["threshold"])}
+    if s["test"].sigma is not None:
+        values["sigma_curve"] = position_curve(s["test"].sigma, s["test"].offsets, 5)
+    return {"questions": {k: np.asarray(v, dtype=np.float64) for k, v in q.items()}, "values": values}
+
+
+def _clean_mask(trajs: list[Trajectory]) -> np.ndarray:
+    return np.array([t.meta["kind"] in "RC" for t in trajs])
+
+
+def separation(solutions: list[np.ndarray], trajs: list[Trajectory], resamples: int = 300) -> dict:
+    """S2: AUC (%) of the solution score, clean rows (R, C) against corrupted ones (F, L), averaged over
+    the models in `solutions`, with an interval from resampling whole questions (4 rows each)."""
+    clean = _clean_mask(trajs)
+
+    def stat(idx: np.ndarray) -> float:
+        pick = (idx[:, None] * 4 + np.arange(4)).ravel()
+        return float(np.mean([auc(v[pick][clean[pick]], v[pick][~clean[pick]]) for v in solutions]))
+
+    return bootstrap_statistic(stat, len(trajs) // 4, resamples)
+
+
+def _ensemble(scores: list[dict[str, StepScores]]) -> dict[str, StepScores]:
+    """The paper's 2×L2R: the mean probability of two l2r models, step by step."""
+    out = {}
+    for name, first in scores[0].items():
+        fused = mean_of_probabilities([s[name].fused for s in scores])
+        out[name] = StepScores(first.offsets, fused, l2r=fused)
+    return out
+
+
+def baselines(sets: dict[str, list[Trajectory]]) -> dict[str, dict[str, np.ndarray]]:
+    """Per-question values of the rules that read no text, on the test F and L rows."""
+    test, rows = sets["test"], _rows(sets["test"])
+    t = np.array([x.meta["step"] for x in test if x.meta["kind"] == "F"])
+    n_steps = np.array([len(x.steps) for x in test])[rows["F"]]
+    valid = sets["valid"]
+    k, _ = tune_flag_step(np.array([len(x.steps) for x in valid]), first_errors(valid))
+    by_length: dict[int, Counter] = {}
+    for x in sets["train"]:
+        if x.meta["kind"] == "F":
+            by_length.setdefault(len(x.steps), Counter())[x.meta["step"]] += 1
+    overall = Counter(x.meta["step"] for x in sets["train"] if x.meta["kind"] == "F").most_common(1)[0][0]
+    prior = np.array([by_length[n].most_common(1)[0][0] if n in by_length else overall for n in n_steps])
+    rule = flag_step(n_steps, k)
+    out = {f"flag step k when there are more than k steps (k = {k}, tuned on validation)": rule == t,
+           "most frequent error step for the step count (fitted on training rows)": prior == t,
+           "always 'no error'": np.zeros(len(t), dtype=bool)}
+    return {name: {"P1: F rows, first error exact": v, "P2: L rows, first error exact": v,
+                   "R rows: no error": np.full(len(t), name.startswith("always")), "C rows: no error": np.full(len(t), name.startswith("always"))}
+            for name, v in out.items()}
+
+
+def _collect(out: Path) -> dict[str, list[tuple[str, dict[str, StepScores]]]]:
+    """Finished runs by group ("l2r", "probe-bi", ...), each a (name, scores) list in seed order."""
+    groups: dict[str, list] = {}
+    for path in sorted((out / "runs").glob("*.json")):
+        run = json.loads(path.read_text())
+        npz = out / "scores" / f"{run['run']}.npz"
+        if npz.is_file():
+            key = ("probe-" if run["heads_only"] else "") + run["mode"]
+            groups.setdefault(key, []).append((run["run"], load_scores(npz)))
+    if len(groups.get("l2r", [])) >= 2:
+        groups["2×L2R"] = [("l2r seeds 1106+1107", _ensemble([s for _, s in groups["l2r"][:2]]))]
+    return {g: groups[g] for g in GROUPS if g in groups}
+
+
+def _stack(metrics: list[dict], key: str) -> np.ndarray:
+    return np.stack([m["questions"][key] for m in metrics])
+
+
+def _interval(values: np.ndarray, scale: float = 100.0) -> dict:
+    keep = ~np.isnan(values).any(0)  # questions whose step t was scored by every seed
+    return bootstrap_mean(scale * values[:, keep])
+
+
+def _cell(s: dict | None, digits: int = 1) -> str:
+    return "–" if s is None else f"{fmt(s['mean'], digits)} [{fmt(s['low'], digits)}, {fmt(s['high'], digits)}]"
+
+
+def summarise(cfg: MechanismConfig) -> dict:
+    out = Path(cfg.out)
+    sets, pools, data = load_sets(cfg)
+    groups = _collect(out)
+    metrics = {g: [run_metrics(sets, s) for _, s in runs] for g, runs in groups.items()}
+    keys = ["P1: F rows, first error exact", "F rows flagged one step late", "P2: L rows, first error exact", "R rows: no error", "C rows: no error"]
+    table = {g: {k: _interval(_stack(ms, k)) for k in keys} for g, ms in metrics.items()}
+    for g, ms in metrics.items():
+        table[g]["seeds"] = len(ms)
+        table[g]["threshold"] = float(np.mean([m["values"]["threshold"] for m in ms]))
+    base = {name: {k: _interval(v[k][None].astype(float)) for k in v} for name, v in baselines(sets).items()}
+    diffs = {}
+    for a, b in DIFFERENCES:
+        if a in metrics and b in metrics:
+            diffs[f"{a} − {b}"] = {k: paired_difference(100 * _stack(metrics[a], k), 100 * _stack(metrics[b], k))
+                                   for k in ("P1: F rows, first error exact", "P2: L rows, first error exact")}
+    s1 = {g: {k: _interval(_stack(ms, k)) for k in ms[0]["questions"] if k.startswith("S1")} for g, ms in metrics.items()}
+    sigma = {g: {k: _interval(_stack(ms, k), 1.0) for k in ms[0]["questions"] if k.startswith("σ")} for g, ms in metrics.items()
+             if any(k.startswith("σ") for k in ms[0]["questions"]) and not g.endswith("bi-static")}  # bi-static's σ is 0.5 by design
+    curves = {g: ms[0]["values"]["sigma_curve"] for g, ms in metrics.items() if "sigma_curve" in ms[0]["values"]}
+
+    # S2: clean-vs-corrupt AUC, resampling whole questions (4 rows each) with the seeds averaged.
+    test, valid = sets["test"], sets["valid"]
+    auc_table = {g: {"test": separation([m["values"]["solution_min"] for m in ms], test),
+                     "valid": separation([m["values"]["valid_solution_min"] for m in ms], valid)} for g, ms in metrics.items()}
+    lengths = np.array([len("\n".join(t.steps)) for t in test], dtype=float)
+    auc_base = {"shorter text is cleaner": separation([-lengths], test)}
+
+    # T1: ProcessBench GSM8K at the validation threshold.
+    pb_trajs = sets["processbench"]
+    label = first_errors(pb_trajs)
+    def f1_of(preds: list[np.ndarray]) -> dict:
+        return bootstrap_statistic(lambda idx: float(np.nanmean([processbench_scores(p[idx], label[idx])["f1"] for p in preds])),
+                                   len(label), resamples=300)
+    pb_table = {g: f1_of([m["values"]["pb_pred"] for m in ms]) for g, ms in metrics.items()}
+    n_steps = np.array([len(t.steps) for t in pb_trajs])
+    k = metrics[next(iter(metrics))][0]["values"]["processbench"]["k"] if metrics else 0
+    pb_base = {"always 'no error'": f1_of([np.full(len(label), -1)]), "always step 0": f1_of([np.zeros(len(label), dtype=np.int64)]),
+               f"flag step k when there are more than k steps (k = {k}, tuned on validation)": f1_of([flag_step(n_steps, k)])}
+
+    # T2: Best-of-N on the one-style sub-pools, random n-subsets.
+    bon = {}
+    all_pool = pools["all"]
+    cand = np.array([t.meta["cand"] for t in all_pool.trajs])
+    for style in SUBPOOLS:
+        pool: Pool = pools[style]
+        idx = np.flatnonzero(np.isin(cand, SUBPOOLS[style]))
+        per_style = {}
+        for how in BON_AGGS:
+            rows_by_group = {}
+            for g, runs in groups.items():
+                per_seed = [bon_rows(pool, {g: s["bon"].select(idx)}, how, BON_NS, "random", draws=50) for _, s in runs]
+                rows_by_group[g] = np.stack([np.mean([r[g][n] for n in BON_NS], axis=0) for r in per_seed])
+            free = bon_rows(pool, {}, how, BON_NS, "random", draws=50)
+            rows_by_group |= {name.replace(f"noise + {how}", "noise under the same aggregation"): np.mean([v[n] for n in BON_NS], axis=0)[None]
+                              for name, v in free.items()}
+            per_style[how] = {name: bootstrap_mean(100 * v) for name, v in rows_by_group.items()}
+            if "bi" in rows_by_group and "l2r" in rows_by_group:
+                per_style[how]["bi − l2r"] = paired_difference(100 * rows_by_group["bi"], 100 * rows_by_group["l2r"])
+        bon[style] = {"questions": int(len(np.unique(pool.qid))), "candidates": len(pool.trajs), "by_aggregation": per_style}
+
+    return {"data": data, "groups": {g: [name for name, _ in runs] for g, runs in groups.items()}, "first_error": table,
+            "first_error_baselines": base, "differences": diffs, "s1": s1, "sigma": sigma, "sigma_curves": curves,
+            "auc": auc_table, "auc_baselines": auc_base, "processbench": pb_table, "processbench_baselines": pb_base, "bon": bon,
+            "verdict": verdict(diffs)}
+
+
+def verdict(diffs: dict) -> str:
+    """The pre-registered rule (docs/MECHANISM.md) applied to the P1 and P2 differences."""
+    need = ("bi − l2r", "r2l − l2r")
+    if not all(d in diffs for d in need):
+        return "not yet decidable: the runs for bi, r2l and l2r have not all finished"
+    p1 = [diffs[d]["P1: F rows, first error exact"] for d in need]
+    p2 = diffs["bi − l2r"]["P2: L rows, first error exact"]
+    supported = all(d["low"] > 0 for d in p1) and p2["high"] >= 0
+    return "supported" if supported else "not supported"
+
+
+def format_report(r: dict) -> str:
+    groups = r["groups"]
+    cols = ["P1: F rows, first error exact", "F rows flagged one step late", "P2: L rows, first error exact", "R rows: no error", "C rows: no error"]
+    fe = [[f"{g} ({r['first_error'][g]['seeds']})", *(_cell(r["first_error"][g][c]) for c in cols), f"{r['first_error'][g]['threshold']:.3f}"]
+          for g in groups]
+    fe += [[f"baseline: {name}", _cell(v[cols[0]]), "–", _cell(v[cols[2]]), _cell(v[cols[3]]), _cell(v[cols[4]]), "–"]
+           for name, v in r["first_error_baselines"].items()]
+    diff_rows = [[name, *(_cell(d[c]) + (" (within noise)" if d[c]["within_noise"] else "") for c in (cols[0], cols[2]))]
+                 for name, d in r["differences"].items()]
+    s1_cols = sorted({c for v in r["s1"].values() for c in v})
+    s1_rows = [[g, *(_cell(r["s1"][g].get(c)) for c in s1_cols)] for g in groups]
+    s1_rows.append(["any scorer that reads no text", *("50.0" for _ in s1_cols)])
+    sig_cols = [f"σ at t, {k} rows" for k in KINDS]
+    sig_rows = [[g, *(_cell(r["sigma"][g][c], 3) for c in sig_cols)] for g in r["sigma"]]
+    auc_rows = [[g, _cell(v["valid"]), _cell(v["test"])] for g, v in r["auc"].items()]
+    auc_rows += [[f"baseline: {name}", "–", _cell(v)] for name, v in r["auc_baselines"].items()]
+    pb_rows = [[g, _cell(v)] for g, v in r["processbench"].items()] + [[f"baseline: {n}", _cell(v)] for n, v in r["processbench_baselines"].items()]
+    md = [
+        "# Mechanism study: future-only errors (F) and local errors (L)",
+        f"Endpoints and design: docs/MECHANISM.md (written before the runs). Verdict by the pre-registered rule: **{r['verdict']}**.",
+        "Runs: " + "; ".join(f"{g}: {', '.join(names)}" for g, names in groups.items()) + ".",
+        f"Test: {r['data']['test']['questions']} GSM8K-test questions × 4 rows; validation: {r['data']['valid']['questions']} questions; "
+        f"training: {r['data']['train']['questions']} questions. Every cell: mean over seeds and questions [95 % bootstrap interval over "
+        "questions, seeds resampled]; (n) = seeds.",
+        "## P1, P2: first-error exact match at the validation threshold (%)",
+        markdown_table(["model (seeds)", *cols, "threshold"], fe),
+        "### Paired differences (points)", markdown_table(["difference", cols[0], cols[2]], diff_rows),
+        "## S1: paired discrimination at step t (% of questions; ties half)", markdown_table(["model", *s1_cols], s1_rows),
+        "## S2: clean (R, C) vs corrupted (F, L) AUC of the min solution score (%)", markdown_table(["model", "validation", "test"], auc_rows),
+    ]
+    if sig_rows:
+        md += ["## S3: the gate at step t (σ = weight on L2R)", markdown_table(["model", *sig_cols], sig_rows),
+               "![σ by position](sigma_by_position.png)"]
+    md += ["## T1: ProcessBench GSM8K, F1 at the validation threshold (%)", markdown_table(["model", "F1"], pb_rows),
+           "## T2: Best-of-N on one-style sub-pools, random n-subsets, mean over n ∈ {2, 3} (%)"]
+    for style, b in r["bon"].items():
+        aggs = list(b["by_aggregation"])
+        names = list(b["by_aggregation"][aggs[0]])
+        md += [f"**{style}**: {b['questions']} questions, {b['candidates']} candidates.",
+               markdown_table(["scorer", *aggs], [[n, *(_cell(b["by_aggregation"][a].get(n)) for a in aggs)] for n in names])]
+    return "\n\n".join(md) + "\n"
+
+
+def write_report(cfg: MechanismConfig) -> dict:
+    out = Path(cfg.out)
+    if not (out / "meta.json").is_file():
+        raise FileNotFoundError(f"{out}/meta.json not found: run `biprm replicate --preset mechanism` first")
+    result = summarise(cfg)
+    if result["sigma_curves"]:
+        plot_curves(str(out / "sigma_by_position.png"), result["sigma_curves"], "σ (weight on L2R)",
+                    "Gate by normalised step position (test rows, first seed)", hline=0.5, ylim=(0, 1))
+    write_json(out / "results.json", result)
+    (out / "report.md").write_text(format_report(result))
+    return result

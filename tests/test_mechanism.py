@@ -1,0 +1,115 @@
+"""The controlled mechanism study: its R/C/F/L rows, seeded runs, and the study end to end at toy size."""
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.encoding import Encoder
+from biprm.replication.data import gsm8k_reference
+from biprm.replication.mechanism import KINDS, eligible_steps, quadruple
+from biprm.replication.recipe import seeded_model, train_top
+from biprm.trunk import TrunkCache
+
+ANSWER = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
+QUESTION = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did she sell altogether?"
+
+
+def natalia():
+    return gsm8k_reference(QUESTION, ANSWER, "test row")
+
+
+def test_four_rows_differ_only_where_they_should():
+    ref = natalia()
+    assert list(eligible_steps(ref)) == [0]  # step 1 feeds only the final answer, which is not arithmetic
+    rows = {r.meta["kind"]: r for r in quadruple(ref, random.Random(0))}
+    assert list(rows) == list(KINDS)
+    wrong = rows["F"].meta["to"]
+    assert rows["F"].meta["from"] == "24" and len(wrong) == 2 and wrong != "24"
+    assert rows["R"].steps == ref.steps
+    assert rows["C"].steps[0] == "Natalia sold 24 clips in May."
+    assert rows["F"].steps[0] == f"Natalia sold {wrong} clips in May."
+    assert rows["F"].steps[1:] == ref.steps[1:]  # the future still uses the right value
+    assert rows["L"].steps[0] == f"Natalia sold 48/2 = {wrong} clips in May."
+    total = 48 + int(wrong)
+    assert rows["L"].steps[1:] == [f"Natalia sold 48+{wrong} = {total} clips altogether in April and May.", f"The answer is {total}."]
+    assert rows["R"].labels == rows["C"].labels == [1.0, 1.0, 1.0]
+    assert rows["F"].labels == rows["L"].labels == [0.0, 0.0, 0.0]
+    assert {r.meta["first_error"] for r in rows.values()} == {-1, 0}
+
+
+def test_a_reference_with_no_reused_arithmetic_gives_no_rows():
+    ref = gsm8k_reference("How many legs do 3 cats have?", "3 cats have 3*4 = <<3*4=12>>12 legs.\n#### 12", "row")
+    assert eligible_steps(ref) == {} and quadruple(ref, random.Random(0)) is None
+
+
+def test_the_data_split_is_by_question_and_deterministic(data_dir):
+    from biprm.replication.mechanism import build_mechanism
+
+    sets, report = build_mechanism(str(data_dir), 40, 10, 12)
+    again, _ = build_mechanism(str(data_dir), 40, 10, 12)
+    assert [r.steps for r in sets["train"]] == [r.steps for r in again["train"]]
+    questions = {name: {r.question for r in rows} for name, rows in sets.items()}
+    assert not questions["train"] & questions["valid"] and not questions["train"] & questions["test"]
+    for name, rows in sets.items():
+        assert [r.meta["kind"] for r in rows] == list(KINDS) * (len(rows) // 4)
+        assert report[name]["questions"] + report[name]["questions_without_eligible_step"] == report[name]["questions_tried"]
+
+
+def _trained_weights(seed: int, tmp_path) -> dict[str, torch.Tensor]:
+    from biprm.replication.mechanism_study import _Budget
+    from biprm.trajectory import Trajectory
+
+    backbone = resolve_backbone("tiny")
+    tokenizer = load_tokenizer(backbone)
+    model = seeded_model(backbone, tokenizer, "bi", seed)
+    encoder = Encoder(tokenizer, model.config.step_tag_id)
+    trajs = [Trajectory("What is 2+3?", ["2+3 = 5", "The answer is 5."], [1.0, 1.0]),
+             Trajectory("What is 2+3?", ["2+3 = 6", "The answer is 6."], [0.0, 0.0])] * 4
+    cache = TrunkCache(tmp_path / "trunk", model, 1, [encoder.encode(t) for t in trajs]).build(progress=False)
+    budget = _Budget(top_layers=1, lr=1e-3, epochs=1.0, batch_size=2, warmup_ratio=0.0, gate_lr_scale=1.0, save_every=100)
+    train_top(budget, model, cache, [t.labels for t in trajs], seed, tmp_path / f"run{seed}-{len(list(tmp_path.iterdir()))}", False)
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_the_seed_fixes_every_initialisation_and_the_final_state_is_kept(tmp_path):
+    a, b, c = _trained_weights(7, tmp_path), _trained_weights(7, tmp_path), _trained_weights(8, tmp_path)
+    assert a.keys() == b.keys() and any(n.startswith("gate.") for n in a)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert not all(torch.equal(a[n], c[n]) for n in a if n.startswith(("gate.", "value_head")))
+    assert len(list(tmp_path.glob("run*/final.pt"))) == 3
+
+
+@pytest.mark.slow
+def test_toy_mechanism_study_runs_resumes_and_reports(data_dir, tmp_path):
+    from biprm.replication.mechanism_report import write_report
+    from biprm.replication.mechanism_study import MechanismConfig, run_study
+
+    cfg = MechanismConfig(out=str(tmp_path / "out"), work_dir=str(tmp_path / "work"), data_root=str(data_dir), backbone="tiny",
+                          top_layers=1, train_questions=12, valid_questions=8, test_questions=8, seeds={"l2r": 2, "r2l": 1, "bi": 2},
+                          probe_seeds=1, processbench_rows=8, bon_questions=4, epochs=1, batch_size=8, bf16="no")
+    run_study(cfg)
+    out = tmp_path / "out"
+    names = sorted(p.stem for p in (out / "runs").glob("*.json"))
+    assert names == sorted(["l2r-seed1106", "l2r-seed1107", "r2l-seed1106", "bi-seed1106", "bi-seed1107",
+                            *(f"probe-{m}-seed1106" for m in ("l2r", "r2l", "bi", "bi-static"))])
+    assert sorted(p.stem for p in (out / "scores").glob("*.npz")) == names
+    assert len(list((tmp_path / "work" / "runs").glob("*/*/final.pt"))) == len(names)
+    result = json.loads((out / "results.json").read_text())
+    assert set(result["groups"]) >= {"l2r", "bi", "r2l", "2×L2R", "probe-bi"}
+    assert result["verdict"] in ("supported", "not supported")
+    p1 = result["first_error"]["bi"]["P1: F rows, first error exact"]
+    assert 0 <= p1["low"] <= p1["mean"] <= p1["high"] <= 100
+    assert "bi − l2r" in result["differences"] and "σ at t, F rows" in result["sigma"]["bi"]
+    report = (out / "report.md").read_text()
+    assert "baseline: always 'no error'" in report and "any scorer that reads no text" in report and "noise under the same aggregation" in report
+
+    # a rerun trains nothing; the report is recomputed from the saved logits alone
+    stamp = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
+    run_study(cfg)
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == stamp
+    (out / "report.md").unlink()
+    assert write_report(cfg)["verdict"] == result["verdict"] and (out / "report.md").is_file()
+    assert np.isfinite(write_report(cfg)["first_error"]["l2r"]["threshold"])
