@@ -15,6 +15,7 @@ are more than k steps" with k chosen on the same tuning rows as the threshold.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,35 +58,50 @@ def _tuning_rows(trajs: list[Trajectory]) -> np.ndarray:
     return rows
 
 
-def out_of_sample(trajs: list[Trajectory], scores: StepScores, dev: tuple[list[Trajectory], StepScores] | None = None) -> dict:
-    """{"threshold", "k", ...report}: F1 per subset where no row is predicted with a choice made on it (see module doc)."""
+Choice = Callable[[np.ndarray], object]  # tuning rows -> a choice (a threshold, a k)
+Apply = Callable[[object], np.ndarray]  # a choice -> a prediction for every row
+
+
+def cross_fitted(trajs: list[Trajectory], choose: Choice, apply: Apply) -> tuple[np.ndarray, object, list]:
+    """(predictions, the choice made on all GSM8K rows, the choice of each half) where no GSM8K row is predicted
+    with a choice made on it: each half of the GSM8K rows (alternating within clean and within erroneous rows)
+    is predicted with the choice made on the other; every other row with the choice made on all GSM8K rows.
+    GSM8K rows get -2 (not measured) when there are too few to split."""
+    rows, first = _tuning_rows(trajs), first_errors(trajs)
+    choice = choose(rows)
+    pred = apply(choice).copy()
+    clean, wrong = rows[first[rows] == -1], rows[first[rows] != -1]
+    if min(len(clean), len(wrong)) < 2:
+        pred[rows] = -2
+        return pred, choice, []
+    halves = [np.sort(np.r_[clean[0::2], wrong[0::2]]), np.sort(np.r_[clean[1::2], wrong[1::2]])]
+    folds = []
+    for tune, other in (halves, halves[::-1]):
+        folds.append(choose(tune))
+        pred[other] = apply(folds[-1])[other]
+    return pred, choice, folds
+
+
+def flag_step_rule(trajs: list[Trajectory], dev: list[Trajectory] | None = None) -> dict:
+    """"Flag step k when there are more than k steps", k tuned on `dev`, else cross-fitted on GSM8K: a content-free row."""
     first, where, n_steps = first_errors(trajs), subsets(trajs), _n_steps(trajs)
-    probs = scores.prob()
+    if dev is not None:
+        k, _ = tune_flag_step(_n_steps(dev), first_errors(dev))
+        return {"k": k, **first_error_f1_by_subset(flag_step(n_steps, k), first, where)}
+    pred, k, folds = cross_fitted(trajs, lambda rows: tune_flag_step(n_steps[rows], first[rows])[0], lambda k: flag_step(n_steps, k))
+    return {"k": k, "folds": folds, **_report(pred, first, where)}
+
+
+def out_of_sample(trajs: list[Trajectory], scores: StepScores, dev: tuple[list[Trajectory], StepScores] | None = None) -> dict:
+    """{"threshold", "tuned_on", ...report}: F1 per subset where no row is predicted with a threshold tuned on it (see module doc)."""
+    first, where, probs = first_errors(trajs), subsets(trajs), scores.prob()
     predict = lambda t: predict_first_error(probs, scores.offsets, t)  # noqa: E731
     if dev is not None:
-        dev_trajs, dev_scores = dev
-        t, _ = tuned_threshold(dev_trajs, dev_scores)
-        k, _ = tune_flag_step(_n_steps(dev_trajs), first_errors(dev_trajs))
-        return {"threshold": t, "k": k, "tuned_on": "dev", **first_error_f1_by_subset(predict(t), first, where),
-                "flag_step_k": first_error_f1_by_subset(flag_step(n_steps, k), first, where)}
-    rows = _tuning_rows(trajs)
-    t, _ = tuned_threshold([trajs[i] for i in rows], scores.select(rows))
-    k, _ = tune_flag_step(n_steps[rows], first[rows])
-    pred, rule = predict(t), flag_step(n_steps, k)
-    clean, wrong = rows[first[rows] == -1], rows[first[rows] != -1]
-    halves = [np.sort(np.r_[clean[0::2], wrong[0::2]]), np.sort(np.r_[clean[1::2], wrong[1::2]])]
-    if min(len(clean), len(wrong)) < 2:  # too few rows to tune on one half and predict the other: not reported
-        pred[rows] = rule[rows] = -2
-    folds = []
-    for tune, apply in (halves, halves[::-1]):
-        if min(len(clean), len(wrong)) < 2:
-            break
-        t_half, _ = tuned_threshold([trajs[i] for i in tune], scores.select(tune))
-        k_half, _ = tune_flag_step(n_steps[tune], first[tune])
-        pred[apply] = predict(t_half)[apply]
-        rule[apply] = flag_step(n_steps[apply], k_half)
-        folds.append({"threshold": t_half, "k": k_half})
-    return {"threshold": t, "k": k, "tuned_on": TUNE_ON, "folds": folds, **_report(pred, first, where), "flag_step_k": _report(rule, first, where)}
+        t, _ = tuned_threshold(*dev)
+        return {"threshold": t, "tuned_on": "dev", **first_error_f1_by_subset(predict(t), first, where)}
+    choose = lambda rows: tuned_threshold([trajs[i] for i in rows], scores.select(rows))[0]  # noqa: E731
+    pred, t, folds = cross_fitted(trajs, choose, predict)
+    return {"threshold": t, "tuned_on": TUNE_ON, "folds": [{"threshold": f} for f in folds], **_report(pred, first, where)}
 
 
 def _report(pred: np.ndarray, first: np.ndarray, where: np.ndarray) -> dict:
@@ -114,9 +130,9 @@ def evaluate_processbench(trajs: list[Trajectory], scores: dict[str, StepScores]
         "always -1 (no error)": first_error_f1_by_subset(np.full(len(trajs), -1), first, where),
         "always step 0": first_error_f1_by_subset(np.zeros(len(trajs), dtype=np.int64), first, where),
     }
-    tuned = next((m["tuned"] for m in modes.values() if "tuned" in m), None)
-    if tuned is not None:  # the same rule for every mode: it reads only step counts
-        baselines["flag step k when there are more than k steps (k tuned out of sample)"] = tuned["flag_step_k"]
+    if dev is not None or TUNE_ON in where:
+        rule = flag_step_rule(trajs, None if dev is None else dev[0])
+        baselines[f"flag step k when there are more than k steps (k = {rule['k']}, tuned out of sample)"] = rule
     return {"threshold": threshold, "subsets": names, "rows": {n: int((where == n).sum()) for n in names}, "modes": modes, "baselines": baselines}
 
 

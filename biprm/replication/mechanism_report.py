@@ -19,7 +19,7 @@ from biprm.analysis.common import first_errors, markdown_table
 from biprm.evaluation.bon import bon_rows
 from biprm.evaluation.common import fmt, write_json
 from biprm.evaluation.data import SUBPOOLS, Pool
-from biprm.evaluation.processbench import out_of_sample, tuned_threshold
+from biprm.evaluation.processbench import flag_step_rule, out_of_sample, tuned_threshold
 from biprm.metrics.bootstrap import bootstrap_mean, bootstrap_statistic, paired_difference
 from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step
 from biprm.metrics.ranking import auc, paired_win
@@ -192,7 +192,7 @@ def summarise(cfg: MechanismConfig) -> dict:
                                    len(label), resamples=300)
     pb_table = {g: f1_of([m["values"]["pb_pred"] for m in ms]) for g, ms in metrics.items()}
     n_steps = np.array([len(t.steps) for t in pb_trajs])
-    k = metrics[next(iter(metrics))][0]["values"]["processbench"]["k"] if metrics else 0
+    k = flag_step_rule(pb_trajs, valid)["k"]
     pb_base = {"always 'no error'": f1_of([np.full(len(label), -1)]), "always step 0": f1_of([np.zeros(len(label), dtype=np.int64)]),
                f"flag step k when there are more than k steps (k = {k}, tuned on validation)": f1_of([flag_step(n_steps, k)])}
 

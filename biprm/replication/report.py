@@ -58,8 +58,7 @@ def summarise(runs: list[dict]) -> dict:
     for m in modes:
         mine = [r for r in runs if r["mode"] == m]
         table[m] |= {p: _stat([_get(r, p) for r in mine]) for p in paths}
-    baselines = {k: {"mean": first["bon"]["mean"][k], **first["bon"][k]} for k in ("chance", "majority", "pass")}
-    return {"modes": table, "subsets": subsets, "bon_ns": first["bon"]["ns"], "bon_baselines": baselines}
+    return {"modes": table, "subsets": subsets, "bon_ns": first["bon"]["ns"]}
 
 
 def _tables(s: dict) -> list[str]:
@@ -72,14 +71,36 @@ def _tables(s: dict) -> list[str]:
     prm_rows = [[m, seeds(m), _cell(modes[m]["prmbench/classes/overall/prm_score"]), *(_cell(modes[m][f"prmbench/categories/{c}"]) for c in cats)] for m in modes]
     prm = markdown_table(["mode", "seeds", "PRMScore overall", *cats], prm_rows, left=2)
     bon_rows = [[m, seeds(m), *(_cell(modes[m][f"bon/bon/{n}"]) for n in ns), _cell(modes[m]["bon/mean/bon"])] for m in modes]
-    names = {"chance": "random pick (chance)", "majority": "majority vote", "pass": "pass@n (oracle)"}
-    for key, row in s["bon_baselines"].items():
-        bon_rows.append([names[key], "–", *(f"{row[str(n)] if str(n) in row else row[n]:.1f}" for n in ns), f"{row['mean']:.1f}"])
     bon = markdown_table(["mode", "seeds", *(f"BoN@{n}" for n in ns), "mean"], bon_rows, left=2)
     val_rows = [[m, seeds(m), _cell(modes[m]["valid/bce"], 4), _cell(modes[m]["valid/f1"])] for m in modes]
     val = markdown_table(["mode", "seeds", "validation BCE", "validation first-error F1@0.5"], val_rows, left=2)
     return ["### ProcessBench (F1, %)", pb, "### PRMBench (PRMScore, %)", prm, "### Best-of-N on gsm8k_bon_small (accuracy, %, aggregation min)", bon,
             "### Validation split", val]
+
+
+def content_free(cfg: dict) -> tuple[dict, list[str]]:
+    """What scorers that read no text get on the study's own ProcessBench rows and BoN questions, with
+    95 % intervals over questions: the rows every model number must be read against."""
+    from biprm.evaluation.bon import bon_rows, summarise as summarise_bon
+    from biprm.evaluation.data import load_pool, load_processbench
+    from biprm.evaluation.processbench import evaluate_processbench
+    from biprm.replication.evaluate import BON_NS
+
+    if not Path(cfg["data_root"]).is_dir():
+        return {}, [f"(content-free rows not computed: data folder {cfg['data_root']} not found)"]
+    pb = evaluate_processbench(load_processbench(cfg["data_root"], tuple(cfg["processbench_subsets"]), cfg["processbench_rows"]), {})
+    pool = load_pool("gsm8k_bon_small", cfg["data_root"], cfg["bon_questions"])
+    bon = summarise_bon(bon_rows(pool, {}, "min", BON_NS, "first"), [])["rows"]
+    cell = lambda c: f"{c['mean']:.1f} [{c['low']:.1f}, {c['high']:.1f}]"  # noqa: E731
+    subsets = pb["subsets"]
+    pb_rows = [[name, *(f"{b['subsets'][x]['f1']:.1f}" for x in subsets), f"{b['average_f1']:.1f}"] for name, b in pb["baselines"].items()]
+    bon_md = [[name, *(cell(r[n]) for n in BON_NS), cell(r["mean"])] for name, r in bon.items()]
+    md = ["### Content-free rows on the same items",
+          "Scorers that read no step text, on the same ProcessBench rows and the same BoN questions (first n, `min`), "
+          "with 95 % bootstrap intervals over questions. A model inside these intervals has shown nothing.",
+          markdown_table(["rule", *(f"{x} F1" for x in subsets), "avg F1"], pb_rows),
+          markdown_table(["scorer", *(f"BoN@{n}" for n in BON_NS), "mean"], bon_md)]
+    return {"processbench": pb["baselines"], "bon": bon}, md
 
 
 def _figures(out: Path, runs: list[dict]) -> list[str]:
@@ -128,13 +149,14 @@ def write_report(out: Path, meta: dict) -> dict:
     if not runs:
         raise RuntimeError(f"no finished runs under {out / 'runs'}")
     summary = summarise(runs)
-    results = {**meta, "summary": summary, "runs": [r["run"] for r in runs]}
+    free, free_md = content_free(meta["config"])
+    results = {**meta, "summary": summary, "content_free": free, "runs": [r["run"] for r in runs]}
     write_json(out / "results.json", results)
     cfg = meta["config"]
     head = [f"# Replication, preset `{cfg['preset']}`",
             f"Backbone `{cfg['backbone']}`, top {cfg['top_layers']} layers trained on a frozen trunk; "
             f"{'bf16 autocast' if meta['bf16'] else 'fp32'}; sizes {meta['sizes']}; {len(runs)} finished runs."]
-    text = "\n\n".join(head + _tables(summary) + _figures(out, runs)) + "\n"
+    text = "\n\n".join(head + _tables(summary) + free_md + _figures(out, runs)) + "\n"
     (out / "report.md").write_text(text)
     print(f"wrote {out / 'report.md'} and {out / 'results.json'}")
     return results
