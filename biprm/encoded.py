@@ -17,6 +17,7 @@ import os
 from collections import Counter
 from functools import partial
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import datasets
 
@@ -24,7 +25,7 @@ from biprm.encoding import Encoded, Encoder
 from biprm.readers import detect_format, looks_like_path, read_rows, row_converter, skip_reason
 from biprm.sources import synthetic_spec
 from biprm.synthetic import make_dataset
-from biprm.trajectory import DataError
+from biprm.trajectory import DataError, Trajectory
 
 log = logging.getLogger(__name__)
 ENCODER_VERSION = "1"  # bump when the template or the encoder changes the tokens a row gives
@@ -58,6 +59,31 @@ def raw_rows(source: str, split: str = "train", streaming: bool = False) -> tupl
             return datasets.Dataset.from_list(rows), name
         except Exception:
             raise DataError(f"{path}: rows do not fit one table ({error})") from None
+
+
+class Rows(NamedTuple):
+    """A source's raw rows with what encoding them needs: a display name, the format, its columns and a converter."""
+
+    raw: datasets.Dataset | datasets.IterableDataset
+    name: str
+    fmt: str
+    columns: list[str]
+    convert: Callable[[dict, str, int], Trajectory | list[Trajectory]]
+
+
+def _rows(source: str, fmt: str, split: str, streaming: bool) -> Rows:
+    """The raw rows of `source`; `synthetic[:N[:SEED]]` is generated here, so it streams like a file instead of going to the Hub."""
+    synthetic = synthetic_spec(source)
+    if synthetic is not None:
+        trajs = make_dataset(*synthetic)
+        raw = datasets.Dataset.from_dict({"i": list(range(len(trajs)))})
+        return Rows(raw.to_iterable_dataset() if streaming else raw, source, "synthetic", ["i"], lambda row, where, i: trajs[row["i"]])
+    raw, name = raw_rows(source, split, streaming=streaming)
+    first = next(iter(raw), None) if streaming else (raw[0] if len(raw) else None)
+    if first is None:
+        raise DataError(f"{name}: has no rows")
+    fmt = detect_format(first, f"{name} row 1") if fmt == "auto" else fmt
+    return Rows(raw, name, fmt, raw.column_names or list(first), row_converter(fmt, "auto"))
 
 
 def _encode_rows(batch: dict[str, list], indices: list[int], *, convert, name: str, encoder: Encoder, skip_invalid: bool) -> dict[str, list]:
@@ -100,23 +126,13 @@ def encoded_dataset(
     source: str, encoder: Encoder, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, num_proc: int | None = None,
 ) -> datasets.Dataset:
     """Labelled rows of `source`, encoded (columns of FEATURES but `error`); bad rows raise, or are skipped and reported."""
-    synthetic = synthetic_spec(source)
-    if synthetic is not None:
-        raw, name, fmt = datasets.Dataset.from_dict({"i": list(range(synthetic[0]))}), source, "synthetic"
-        trajs = make_dataset(*synthetic)
-        convert = lambda row, where, i: trajs[i]  # noqa: E731  generated in this process, no cache needed
-    else:
-        raw, name = raw_rows(source, split)
-        if not len(raw):
-            raise DataError(f"{name}: has no rows")
-        fmt = detect_format(raw[0], f"{name} row 1") if fmt == "auto" else fmt
-        convert = row_converter(fmt, "auto")
+    raw, name, fmt, columns, convert = _rows(source, fmt, split, streaming=False)
     if num_proc is None:
         num_proc = min(os.cpu_count() or 1, 8) if len(raw) >= 20_000 else None
     key = _fingerprint(raw._fingerprint, fmt, str(skip_invalid), str(encoder.max_length), str(encoder.step_tag_id), str(encoder.prefix), _tokenizer_id(encoder), ENCODER_VERSION)
     encode = partial(_encode_rows, convert=convert, name=name, encoder=encoder, skip_invalid=skip_invalid)
-    out = raw.map(encode, batched=True, batch_size=256, with_indices=True, remove_columns=raw.column_names, features=FEATURES,
-                  num_proc=num_proc if synthetic is None else None, new_fingerprint=key, desc=f"encoding {Path(name).name}")
+    out = raw.map(encode, batched=True, batch_size=256, with_indices=True, remove_columns=columns, features=FEATURES,
+                  num_proc=num_proc if fmt != "synthetic" else None, new_fingerprint=key, desc=f"encoding {Path(name).name}")
     _report(out, name, len(raw), encoder.max_length)
     if skip_invalid:
         out = out.filter(lambda e: not e, input_columns="error", new_fingerprint=_fingerprint(key, "kept"))
@@ -126,13 +142,9 @@ def encoded_dataset(
 def streamed_dataset(source: str, encoder: Encoder, fmt: str = "auto", split: str = "train", skip_invalid: bool = False) -> datasets.IterableDataset:
     """`encoded_dataset` for data read as it is consumed (no full download, no cache, no length): rows are encoded
     on the fly; a skipped row is logged as it passes, since there is no end to count at."""
-    raw, name = raw_rows(source, split, streaming=True)
-    first = next(iter(raw), None)
-    if first is None:
-        raise DataError(f"{name}: has no rows")
-    fmt = detect_format(first, f"{name} row 1") if fmt == "auto" else fmt
-    encode = partial(_encode_rows, convert=row_converter(fmt, "auto"), name=name, encoder=encoder, skip_invalid=skip_invalid)
-    out = raw.map(encode, batched=True, batch_size=256, with_indices=True, remove_columns=list(first), features=FEATURES)
+    raw, name, _, columns, convert = _rows(source, fmt, split, streaming=True)
+    encode = partial(_encode_rows, convert=convert, name=name, encoder=encoder, skip_invalid=skip_invalid)
+    out = raw.map(encode, batched=True, batch_size=256, with_indices=True, remove_columns=columns, features=FEATURES)
 
     def kept(error: str) -> bool:
         if error:

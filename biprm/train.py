@@ -122,6 +122,8 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         disable_tqdm=not cfg.show_progress,
         train_sampling_strategy="group_by_length" if cfg.group_by_length and not cfg.streaming else "random",
         length_column_name="n_tokens",
+        # each process reads its own rows: dispatching a streamed batch would cut every tensor to the first one's length
+        accelerator_config={"dispatch_batches": False},
     )
 
 

@@ -2,6 +2,7 @@
 bad rows named (file, row, field) or skipped and counted, truncated rows named."""
 import json
 import logging
+from pathlib import Path
 
 import datasets
 import pytest
@@ -94,3 +95,54 @@ def test_streaming_encodes_as_it_goes_and_trains(tmp_path, encoder, caplog):
     out = train(TrainConfig(backbone="tiny", data=str(path), streaming=True, skip_invalid=True, max_steps=2, batch_size=2, grad_accum=1,
                             output_dir=str(tmp_path / "run"), save_steps=10, show_progress=False))
     assert max(e.get("step", 0) for e in json.loads((tmp_path / "run" / "train_log.json").read_text())) == 2 and out
+
+
+LAYOUTS = {  # one small file per layout the non-streaming path reads, with rows of mixed lengths
+    "trl": [{"prompt": f"What is {k} + 1?", "completions": [f"Step {j}." for j in range(k % 4 + 1)], "labels": [True] * (k % 4) + [k % 2 == 0]}
+            for k in range(9)],
+    "math-shepherd": [{"input": f"What is {k}? Step 1: {k} + 0 = {k}. ки\nStep 2: So {k}. ки\nStep 3: Done. ки", "label":
+                       f"What is {k}? Step 1: {k} + 0 = {k}. +\nStep 2: So {k}. {'+' if k % 2 else '-'}\nStep 3: Done. -"} for k in range(5)],
+    "processbench": [{"id": str(k), "problem": f"What is {k}?", "steps": ["a", "b", "c"][: k % 3 + 1], "label": -1 if k % 2 else 0}
+                     for k in range(5)],
+    "prmbench": [{"original_question": "What is 2?", "modified_question": "What is 2?", "original_process": ["1 + 1 = 2.", "So 2."],
+                  "modified_process": ["1 + 1 = 3.", "So 3.", "Done."], "error_steps": [k + 1]} for k in range(3)],
+}
+
+
+def _loss(rows: list[dict], mode: str) -> float:
+    """The loss of one batch holding every row, on a seeded tiny model: a mean over trajectories, so row order does not matter."""
+    import torch
+
+    from biprm.modeling import from_backbone
+    from biprm.train import collate
+
+    tok = load_tokenizer(resolve_backbone("tiny"))
+    torch.manual_seed(0)
+    model = from_backbone(resolve_backbone("tiny"), tok, mode=mode).eval()
+    with torch.no_grad():
+        return model(**collate(rows, mode=mode, share_prefix=True, max_tokens=None, pad_id=tok.pad_token_id)).loss.item()
+
+
+@pytest.mark.parametrize("layout", [*LAYOUTS, "synthetic:6"])
+def test_streaming_reads_every_layout_to_the_same_rows_and_loss(tmp_path, encoder, layout):
+    from biprm.encoded import streamed_dataset
+
+    source = layout
+    if layout in LAYOUTS:
+        source = str(tmp_path / f"{layout}.jsonl")
+        Path(source).write_text("\n".join(json.dumps(r) for r in LAYOUTS[layout]) + "\n")
+    streamed, stored = list(streamed_dataset(source, encoder)), list(encoded_dataset(source, encoder))
+    key = lambda r: (r["row"], r["steps"], r["labels"])  # noqa: E731
+    assert sorted(streamed, key=key) == sorted(stored, key=key) and len(stored) > 1
+    assert _loss(streamed[::-1], "bi") == pytest.approx(_loss(stored, "bi"), rel=1e-5)
+
+
+@pytest.mark.parametrize("flags", [[], ["--mode", "l2r", "--batch-size", "1"], ["--no-share-prefix", "--data", "synthetic:20"]])
+def test_streaming_trains_from_the_command_line(tmp_path, data_dir, flags):
+    from biprm.cli import main
+
+    sample = data_dir / "math_shepherd_sample" / "samples_math-shepherd.jsonl"
+    out = tmp_path / "stream"
+    main(["train", "--backbone", "tiny", "--data", str(sample), "--streaming", "--max-steps", "3", "--output-dir", str(out),
+          "--no-show-progress", *flags])
+    assert max(e.get("step", 0) for e in json.loads((out / "train_log.json").read_text())) == 3
