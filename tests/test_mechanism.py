@@ -113,3 +113,29 @@ def test_toy_mechanism_study_runs_resumes_and_reports(data_dir, tmp_path):
     (out / "report.md").unlink()
     assert write_report(cfg)["verdict"] == result["verdict"] and (out / "report.md").is_file()
     assert np.isfinite(write_report(cfg)["first_error"]["l2r"]["threshold"])
+
+
+def test_micro_batches_give_the_whole_batch_gradient(tmp_path):
+    from biprm.replication.recipe import accumulate, micro_batches
+    from biprm.trajectory import Trajectory
+    from biprm.trunk import freeze_bottom, split
+
+    assert [p.tolist() for p in micro_batches(np.array([5, 5, 9, 2]), np.array([0, 1, 2, 3]), budget=10)] == [[0, 1], [2], [3]]
+    backbone = resolve_backbone("tiny")
+    tokenizer = load_tokenizer(backbone)
+    model = seeded_model(backbone, tokenizer, "bi", 3)
+    encoder = Encoder(tokenizer, model.config.step_tag_id)
+    trajs = [Trajectory("What is 2+3?", ["2+3 = 5", "The answer is 5."], [1.0, 1.0]),
+             Trajectory("What is 2+3 times 4?", ["3*4 = 12", "2+12 = 15", "The answer is 15."], [1.0, 0.0, 0.0]),
+             Trajectory("What is 7-1?", ["7-1 = 6"], [1.0])]
+    cache = TrunkCache(tmp_path / "trunk", model, 1, [encoder.encode(t) for t in trajs]).build(progress=False)
+    freeze_bottom(model, 1)
+    top = split(model, 1)[1]
+    grads = []
+    for budget in (10**9, 1):  # one pass, then one trajectory per pass
+        model.zero_grad()
+        loss = accumulate(model, top, cache, np.array([0, 1, 2]), [t.labels for t in trajs], False, budget)
+        grads.append((loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (whole, g1), (parts, g2) = grads
+    assert torch.allclose(whole, parts, atol=1e-6) and g1.keys() == g2.keys()
+    assert all(torch.allclose(g1[n], g2[n], atol=1e-6) for n in g1)

@@ -285,11 +285,8 @@ def train_top(
         torch.set_rng_state(state["rng"])
         log.info("resuming %s at step %d of %d", run_dir.name, start, len(batches))
     began = time.perf_counter()
-    streams = model.streams
     for step in tqdm(range(start, len(batches)), initial=start, total=len(batches), desc=f"train {run_dir.name}", unit="step"):
-        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = cached_forward(model, top, **cache.batch(batches[step], streams, labels)).loss
-        loss.backward()
+        loss = accumulate(model, top, cache, batches[step], labels, bf16)
         torch.nn.utils.clip_grad_norm_(list(trainable.values()), 1.0)
         optimizer.step()
         scheduler.step()
@@ -308,6 +305,32 @@ def train_top(
     torch.save({"trainable": {n: p.detach() for n, p in trainable.items()}, "log": log_}, run_dir / "final.tmp")
     os.replace(run_dir / "final.tmp", final_path)
     return log_
+
+
+MICRO_TOKENS = 16384  # feature rows (both streams, padded) per backward pass: bounds activation memory
+
+
+def micro_batches(sizes: np.ndarray, batch: np.ndarray, budget: int = MICRO_TOKENS) -> list[np.ndarray]:
+    """`batch` cut into consecutive parts of at most `budget` padded feature rows (at least one trajectory each)."""
+    parts, start = [], 0
+    for end in range(1, len(batch) + 1):
+        if end - start > 1 and (end - start) * sizes[batch[start:end]].max() > budget:
+            parts.append(batch[start : end - 1])
+            start = end - 1
+    return parts + [batch[start:]]
+
+
+def accumulate(model: BiPRMModel, top, cache: TrunkCache, batch: np.ndarray, labels: list[list[float]], bf16: bool,
+               budget: int = MICRO_TOKENS) -> torch.Tensor:
+    """The batch's loss, its gradient accumulated over micro-batches. Every objective is a mean over
+    trajectories, so weighting each part by its share of them gives the whole batch's gradient."""
+    total = torch.zeros(())
+    for part in micro_batches(cache.layout.sizes, batch, budget):
+        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = cached_forward(model, top, **cache.batch(part, model.streams, labels)).loss * (len(part) / len(batch))
+        loss.backward()
+        total += loss.detach().float().cpu()
+    return total
 
 
 def save_scores(path: Path, scores: dict[str, StepScores]) -> None:
