@@ -78,12 +78,33 @@ def _tables(s: dict) -> list[str]:
             "### Validation split", val]
 
 
+def position_prior_bce(train: list, valid: list) -> float:
+    """Validation BCE (mean over steps) of a table of P(label | source, step index, step count) fitted on the
+    training labels, backing off to P(label | source, step index): a step-label model that reads no text."""
+    fine: dict[tuple, list[float]] = {}
+    coarse: dict[tuple, list[float]] = {}
+    for t in train:
+        for i, y in enumerate(t.labels):
+            for table, key in ((fine, (t.meta["source"], i, len(t.steps))), (coarse, (t.meta["source"], i))):
+                table.setdefault(key, []).append(y)
+    losses = []
+    for t in valid:
+        for i, y in enumerate(t.labels):
+            back = coarse.get((t.meta["source"], i), [])
+            prior = (sum(back) + 1) / (len(back) + 2)
+            seen = fine.get((t.meta["source"], i, len(t.steps)), [])
+            p = (sum(seen) + 2 * prior) / (len(seen) + 2)
+            losses.append(-(y * np.log(p) + (1 - y) * np.log(1 - p)))
+    return float(np.mean(losses))
+
+
 def content_free(cfg: dict) -> tuple[dict, list[str]]:
     """What scorers that read no text get on the study's own ProcessBench rows and BoN questions, with
     95 % intervals over questions: the rows every model number must be read against."""
     from biprm.evaluation.bon import bon_rows, summarise as summarise_bon
     from biprm.evaluation.data import load_pool, load_processbench
     from biprm.evaluation.processbench import evaluate_processbench
+    from biprm.replication.data import DataRecipe, build
     from biprm.replication.evaluate import BON_NS
 
     if not Path(cfg["data_root"]).is_dir():
@@ -91,6 +112,8 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
     pb = evaluate_processbench(load_processbench(cfg["data_root"], tuple(cfg["processbench_subsets"]), cfg["processbench_rows"]), {})
     pool = load_pool("gsm8k_bon_small", cfg["data_root"], cfg["bon_questions"])
     bon = summarise_bon(bon_rows(pool, {}, "min", BON_NS, "first"), [])["rows"]
+    train, valid, _ = build(cfg["data_root"], DataRecipe(**cfg["data"]))
+    prior = position_prior_bce(train, valid)
     cell = lambda c: f"{c['mean']:.1f} [{c['low']:.1f}, {c['high']:.1f}]"  # noqa: E731
     subsets = pb["subsets"]
     pb_rows = [[name, *(f"{b['subsets'][x]['f1']:.1f}" for x in subsets), f"{b['average_f1']:.1f}"] for name, b in pb["baselines"].items()]
@@ -99,8 +122,9 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
           "Scorers that read no step text, on the same ProcessBench rows and the same BoN questions (first n, `min`), "
           "with 95 % bootstrap intervals over questions. A model inside these intervals has shown nothing.",
           markdown_table(["rule", *(f"{x} F1" for x in subsets), "avg F1"], pb_rows),
-          markdown_table(["scorer", *(f"BoN@{n}" for n in BON_NS), "mean"], bon_md)]
-    return {"processbench": pb["baselines"], "bon": bon}, md
+          markdown_table(["scorer", *(f"BoN@{n}" for n in BON_NS), "mean"], bon_md),
+          f"Validation BCE of a table of P(label | source, step index, step count) fitted on the training labels: {prior:.4f}."]
+    return {"processbench": pb["baselines"], "bon": bon, "valid_bce_position_prior": prior}, md
 
 
 def _figures(out: Path, runs: list[dict]) -> list[str]:
