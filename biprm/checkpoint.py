@@ -15,6 +15,13 @@ from pathlib import Path
 from biprm.template import STEP_TAG, render_prompt, render_step
 
 log = logging.getLogger(__name__)
+TRAINED = "pass a folder written by `biprm train` (its --output-dir)"
+
+
+class NotACheckpoint(OSError):
+    """A path that is not a biprm checkpoint; the message says what it is and what to pass instead.
+
+    An OSError, as transformers raises for a model it cannot find, so callers that catch that catch this."""
 LAYOUT = {"prompt": render_prompt("{question}"), "step": render_step("{step}") + STEP_TAG}
 
 
@@ -32,6 +39,59 @@ def check_layout(config, path: str) -> None:
     if trained is not None and trained != LAYOUT:
         log.warning("%s was trained with the text layout %s (biprm %s), but this biprm encodes %s: its scores may be off",
                     path, trained, getattr(config, "biprm_version", "?"), LAYOUT)
+
+
+def looks_local(path: str) -> bool:
+    """A path the user meant on this machine: absolute, relative (./, ../, ~), or inside an existing folder.
+
+    Only what is left ("owner/name" with no local parent) may be a Hugging Face Hub model id."""
+    parent = Path(path).expanduser().parent
+    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or (parent != Path(".") and parent.is_dir())
+
+
+def check_checkpoint(path: str) -> None:
+    """Raise NotACheckpoint, in one line, unless `path` is a biprm checkpoint folder or may be a Hub model id.
+
+    Run before anything loads, so a wrong folder is named at once instead of by a long transformers error,
+    and a missing local path is never retried on the Hub."""
+    problem = _what_is(Path(path).expanduser()) if Path(path).expanduser().exists() or looks_local(path) else None
+    if problem:
+        raise NotACheckpoint(f"{path}: {problem}")
+
+
+def _what_is(folder: Path) -> str | None:
+    """None for a biprm checkpoint, else what `folder` holds and what to pass instead."""
+    if not folder.exists():
+        return f"no such folder; {TRAINED}"
+    if not folder.is_dir():
+        return f"is a file, not a checkpoint folder; {TRAINED}"
+    config = folder / "config.json"
+    if config.is_file():
+        return _what_config(config)
+    from biprm.run_folder import RECORD, latest_complete
+
+    found = latest_complete(folder)
+    if (folder / RECORD).is_file() or found:
+        instead = f"pass its checkpoint {found}, or " if found else ""
+        return f"holds a training run with no final model yet; {instead}finish it with `biprm train ... --resume`"
+    if (folder / "trainer_state.json").is_file():
+        return "is a Trainer checkpoint without the model (no config.json); pass the run's folder or a checkpoint-N holding config.json and weights"
+    return f"holds no model (no config.json); {TRAINED}"
+
+
+def _what_config(config: Path) -> str | None:
+    """None for a biprm config beside its weights, else what the folder is."""
+    try:
+        values = json.loads(config.read_text())
+    except ValueError as error:
+        return f"config.json is not valid JSON ({error}); the save was cut short: train again or pass another checkpoint"
+    kind = values.get("model_type") if isinstance(values, dict) else None
+    if kind != "biprm":
+        return (f"is a plain {kind or 'unknown'} model (a backbone), not a biprm checkpoint; train a PRM on it with "
+                f"`biprm train --backbone {config.parent}`, then {TRAINED}")
+    if not any(config.parent.glob("*.safetensors")) and not any(config.parent.glob("*.bin")):
+        return "has a biprm config.json but no weights (*.safetensors); the save was cut short: train again or pass another checkpoint"
+    return None
 
 
 def share(folder: str | Path) -> None:

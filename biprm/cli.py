@@ -62,6 +62,9 @@ def cmd_replicate(cfg: ReplicateArgs) -> None:
 
 
 def cmd_serve(cfg: ServeConfig) -> None:
+    from biprm.checkpoint import check_checkpoint
+
+    check_checkpoint(cfg.model)  # before the server stack loads
     try:
         from biprm.serve.app import serve
     except ModuleNotFoundError as error:

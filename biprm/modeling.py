@@ -18,6 +18,7 @@ import torch.nn as nn
 from transformers import AutoConfig, AutoModel, DynamicCache, PreTrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from biprm.checkpoint import check_checkpoint
 from biprm.config import MODES
 from biprm.encoding import add_step_tag
 from biprm.losses import objective_loss
@@ -82,6 +83,12 @@ class BiPRMModel(PreTrainedModel):
         self.value_head = nn.Linear(H, 1)
         self.gate = nn.Sequential(nn.Linear(2 * H, H), nn.ReLU(), nn.Linear(H, 1)) if config.mode == "bi" else None
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs) -> "BiPRMModel":
+        """transformers' loader, after `check_checkpoint`: a wrong local folder is named in one line, a missing one never goes to the Hub."""
+        check_checkpoint(str(pretrained_model_name_or_path))
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
         """Only the heads are ours to initialise; the backbone keeps its own scheme."""

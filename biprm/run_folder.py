@@ -55,6 +55,11 @@ def complete(checkpoint: Path) -> str | None:
     return None
 
 
+def latest_complete(folder: Path) -> Path | None:
+    """The newest checkpoint of `folder` that loads, or None: what a scorer can be pointed at in an unfinished run."""
+    return next((c for c in _checkpoints(folder) if complete(c) is None), None)
+
+
 def plan(folder: str | Path, record: dict, resume: bool, overwrite: bool) -> str | None:
     """Check the folder against this run before anything is written; the checkpoint to resume from, or None."""
     folder = Path(folder)

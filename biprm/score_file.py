@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from biprm.backbones import load_tokenizer
+from biprm.checkpoint import check_checkpoint
 from biprm.encoding import Encoder
 from biprm.modeling import BiPRMConfig
 from biprm.processes import process_state
@@ -78,8 +79,7 @@ def score_file(
     model: str, source: str, output: str, fmt: str = "auto", skip_invalid: bool = False, device: str | None = None,
     tokens_per_batch: int | None = None, chunk: int = 1024, resume: bool = False,
 ) -> int:
-    if not (Path(model) / "config.json").is_file():
-        raise FileNotFoundError(f"--model {model}: no checkpoint there (config.json is missing)")
+    check_checkpoint(model)
     trajs = load_source(source, fmt=fmt, skip_invalid=skip_invalid)  # bad input fails before the model loads
     trajs = encodable(trajs, Encoder(load_tokenizer(model), BiPRMConfig.from_pretrained(model).step_tag_id, MAX_LENGTH), source, skip_invalid)
     state = process_state()

@@ -1,6 +1,7 @@
 """The command line as a user runs it: score writes JSONL, the demo writes its table, JSON and plot."""
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,7 @@ def test_bad_input_is_one_line_before_the_model_loads(checkpoint, tmp_path, caps
     assert err.startswith("biprm score: error: ") and "bad.jsonl" in err and "row 2" in err and "'completions'" in err
     with pytest.raises(SystemExit):
         main(["score", "--model", str(tmp_path / "nowhere"), "--input", str(rows)])
-    assert "no checkpoint there" in capsys.readouterr().err
+    assert "nowhere: no such folder" in capsys.readouterr().err
 
 
 def _rows(path, n):
@@ -226,3 +227,52 @@ def test_config_file_fills_settings_and_flags_win(tmp_path, monkeypatch, capsys)
         with pytest.raises(SystemExit) as stop:
             main(["train", "--config", str(tmp_path / "bad.yaml")])
         assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def _not_a_checkpoint(kind: str, tmp_path: Path, checkpoint: str) -> Path:
+    """A local folder of each kind users mistake for a checkpoint."""
+    import shutil
+
+    from biprm.backbones import resolve_backbone
+
+    folder = tmp_path / kind
+    if kind == "backbone":
+        return Path(resolve_backbone("tiny"))
+    folder.mkdir()
+    if kind == "trainer-state":
+        (folder / "trainer_state.json").write_text("{}")
+    if kind == "unfinished-run":
+        (folder / "biprm_run.json").write_text("{}")
+        shutil.copytree(checkpoint, folder / "checkpoint-2")
+        for name in ("trainer_state.json", "optimizer.pt", "scheduler.pt"):
+            (folder / "checkpoint-2" / name).write_text("{}")
+    return folder if kind != "missing" else tmp_path / "runs" / "does-not-exist"
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("backbone", "is a plain llama model (a backbone), not a biprm checkpoint; train a PRM on it with `biprm train --backbone"),
+    ("trainer-state", "is a Trainer checkpoint without the model"),
+    ("unfinished-run", "holds a training run with no final model yet; pass its checkpoint"),
+    ("empty", "holds no model (no config.json)"),
+    ("missing", "no such folder"),
+])
+def test_a_folder_that_is_not_a_checkpoint_is_named_in_one_line_by_every_loader(checkpoint, tmp_path, capsys, kind, says):
+    import time
+
+    from biprm.checkpoint import NotACheckpoint
+    from biprm.modeling import BiPRMModel
+    from biprm.scoring import Scorer
+
+    folder = _not_a_checkpoint(kind, tmp_path, checkpoint)
+    rows = _rows(tmp_path / "in.jsonl", 2)
+    for command in (["score", "--model", str(folder), "--input", str(rows), "--output", str(tmp_path / "o.jsonl")], ["serve", "--model", str(folder)]):
+        with pytest.raises(SystemExit):
+            main(command)
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and says in err and len(err) < 400, err
+    start = time.monotonic()
+    for load in (Scorer.from_pretrained, BiPRMModel.from_pretrained):
+        with pytest.raises(NotACheckpoint, match=re.escape(says.split(";")[0])):
+            load(str(folder))
+    assert time.monotonic() - start < 2  # never sent to the Hub
+    assert not (tmp_path / "o.jsonl.parts").exists()
