@@ -59,7 +59,7 @@ def test_the_data_split_is_by_question_and_deterministic(data_dir):
 
 
 def _trained_weights(seed: int, tmp_path) -> dict[str, torch.Tensor]:
-    from biprm.replication.mechanism_study import _Budget
+    from biprm.replication.recipe import TrainBudget
     from biprm.trajectory import Trajectory
 
     backbone = resolve_backbone("tiny")
@@ -69,7 +69,7 @@ def _trained_weights(seed: int, tmp_path) -> dict[str, torch.Tensor]:
     trajs = [Trajectory("What is 2+3?", ["2+3 = 5", "The answer is 5."], [1.0, 1.0]),
              Trajectory("What is 2+3?", ["2+3 = 6", "The answer is 6."], [0.0, 0.0])] * 4
     cache = TrunkCache(tmp_path / "trunk", model, 1, [encoder.encode(t) for t in trajs]).build(progress=False)
-    budget = _Budget(top_layers=1, lr=1e-3, epochs=1.0, batch_size=2, warmup_ratio=0.0, gate_lr_scale=1.0, save_every=100)
+    budget = TrainBudget(top_layers=1, lr=1e-3, epochs=1.0, batch_size=2, warmup_ratio=0.0, gate_lr_scale=1.0, save_every=100)
     train_top(budget, model, cache, [t.labels for t in trajs], seed, tmp_path / f"run{seed}-{len(list(tmp_path.iterdir()))}", False)
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 

@@ -22,10 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,8 +35,7 @@ from biprm.evaluation.common import write_json
 from biprm.evaluation.data import SUBPOOLS, Pool, load_pool, load_processbench
 from biprm.modeling import from_backbone
 from biprm.replication.mechanism import build_mechanism
-from biprm.replication.recipe import bf16_is_fast, save_scores, seeded_model, study, train_top
-from biprm.run_folder import changes
+from biprm.replication.recipe import TrainBudget, save_scores, seeded_model, start, study, train_top
 from biprm.trajectory import Trajectory
 from biprm.trunk import TrunkCache, cached_scores, split
 
@@ -115,22 +112,10 @@ def load_sets(cfg: MechanismConfig) -> tuple[dict[str, list[Trajectory]], dict[s
     return sets, {"all": pool, **_subpools(pool)}, report
 
 
-def check_out(cfg: MechanismConfig) -> None:
-    path = Path(cfg.out) / "meta.json"
-    if path.is_file():
-        diff = changes(study(json.loads(path.read_text())["config"]), study(asdict(cfg)))
-        if diff:
-            raise ValueError(f"{cfg.out} holds the runs of another study ({'; '.join(diff)}); pass another --out, or remove it to start over")
-
-
 def run_study(cfg: MechanismConfig) -> None:
     from biprm.replication.mechanism_report import write_report
 
-    check_out(cfg)
-    torch.set_num_threads(os.cpu_count() or 1)
-    out, work = Path(cfg.out), Path(cfg.work_dir)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    fast = {"auto": bf16_is_fast(), "yes": True, "no": False}[cfg.bf16]
+    out, work, fast = start(cfg)
     dtype = torch.bfloat16 if fast else None
 
     sets, _, report = load_sets(cfg)
@@ -155,8 +140,7 @@ def run_study(cfg: MechanismConfig) -> None:
             continue
         started = time.perf_counter()
         model = seeded_model(backbone_dir, tokenizer, run.mode, run.seed)
-        budget = _Budget(**{k: getattr(cfg, k) for k in _Budget.__dataclass_fields__ if k != "heads_only"}, heads_only=run.heads_only)
-        train_log = train_top(budget, model, caches["train"], labels, run.seed, work / "runs" / key / run.name, fast)
+        train_log = train_top(TrainBudget.of(cfg, heads_only=run.heads_only), model, caches["train"], labels, run.seed, work / "runs" / key / run.name, fast)
         model.eval()
         top = split(model, cfg.top_layers)[1]
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
@@ -167,14 +151,3 @@ def run_study(cfg: MechanismConfig) -> None:
         log.info("%s done in %.0f s", run.name, result["seconds"])
         write_report(cfg)
 
-
-@dataclass
-class _Budget:
-    top_layers: int
-    lr: float
-    epochs: float
-    batch_size: int
-    warmup_ratio: float
-    gate_lr_scale: float
-    save_every: int
-    heads_only: bool = False

@@ -25,7 +25,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,8 +47,9 @@ from biprm.trunk import TrunkCache, cached_forward, cached_scores, freeze_bottom
 log = logging.getLogger(__name__)
 
 
-class TrainBudget(Protocol):
-    """What `train_top` reads from a study's config (`heads_only`, when present, also freezes the top layers)."""
+@dataclass
+class TrainBudget:
+    """What `train_top` reads from a study's config; `heads_only` also freezes the top layers (a probe)."""
 
     top_layers: int
     lr: float
@@ -57,6 +58,11 @@ class TrainBudget(Protocol):
     warmup_ratio: float
     gate_lr_scale: float
     save_every: int
+    heads_only: bool = False
+
+    @classmethod
+    def of(cls, cfg: Any, **overrides) -> "TrainBudget":
+        return cls(**{f: getattr(cfg, f) for f in cls.__dataclass_fields__ if hasattr(cfg, f)} | overrides)
 
 
 @dataclass
@@ -139,7 +145,7 @@ def study(config: dict) -> dict:
     return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in PATHS}
 
 
-def check_study(cfg: ReplicateConfig) -> None:
+def check_study(cfg: ReplicateConfig | Any) -> None:
     """Finished runs are kept across reruns, so a results folder holding another study's runs is refused."""
     path = Path(cfg.out) / "meta.json"
     if not path.is_file():
@@ -149,14 +155,21 @@ def check_study(cfg: ReplicateConfig) -> None:
         raise ValueError(f"{cfg.out} holds the runs of another study ({'; '.join(diff)}); pass another --out, or remove it to start over")
 
 
-def replicate(cfg: ReplicateConfig) -> dict:
+def start(cfg: ReplicateConfig | Any) -> tuple[Path, Path, bool]:
+    """(results folder, work dir, bf16?) of a study about to run: another study's folder is refused,
+    every core is used, and bf16 is picked where the machine multiplies it natively."""
     check_study(cfg)
     torch.set_num_threads(os.cpu_count() or 1)
     out, work = Path(cfg.out), Path(cfg.work_dir)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     fast = {"auto": bf16_is_fast(), "yes": True, "no": False}[cfg.bf16]
-    dtype = torch.bfloat16 if fast else None
     log.info("precision: %s", "bf16 autocast, fp32 master weights" if fast else "fp32")
+    return out, work, fast
+
+
+def replicate(cfg: ReplicateConfig) -> dict:
+    out, work, fast = start(cfg)
+    dtype = torch.bfloat16 if fast else None
 
     # 1. data
     train_trajs, valid_trajs, report = build(cfg.data_root, cfg.data)
@@ -199,7 +212,7 @@ def replicate(cfg: ReplicateConfig) -> dict:
             raise RuntimeError("the backbone's frozen layers changed since the trunk cache was built")
         options["gate_lr_scale"] = run_cfg.gate_lr_scale
         checkpoints = work / "runs" / cfg.preset / study_key / name  # another study never resumes these
-        train_log = train_top(run_cfg, model, caches["train"], [e.labels for e in encs["train"]], seed, checkpoints, fast)
+        train_log = train_top(TrainBudget.of(run_cfg), model, caches["train"], [e.labels for e in encs["train"]], seed, checkpoints, fast)
         model.eval()
         top = split(model, cfg.top_layers)[1]
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
@@ -256,7 +269,7 @@ def train_top(
     set_seed(seed)
     freeze_bottom(model, cfg.top_layers)
     top = split(model, cfg.top_layers)[1]
-    if getattr(cfg, "heads_only", False):
+    if cfg.heads_only:
         top.requires_grad_(False)
     model.train()
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
