@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (settings, run, text) in COMMANDS.items():
         p = sub.add_parser(name, dataclass_types=[settings], help=text, description=text)
         p.add_argument("--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it")
+        _negations_say_so(p)
         p.set_defaults(func=run, settings=settings)
 
     from biprm.evaluation.cli import add_eval_parser
@@ -118,6 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS if p is not parser else False,
                        help="log progress, and show tracebacks on errors")
     return parser
+
+
+def _negations_say_so(parser: argparse.ArgumentParser) -> None:
+    """Give each --no_X flag its own help: HfArgumentParser copies the help of --X, which reads as its opposite."""
+    for action in parser._actions:
+        if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
+            action.help = f"turn off --{action.dest.replace('_', '-')}"
+            action.default = argparse.SUPPRESS  # --X's default is the one that counts; this one only printed a false "default: False"
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -130,38 +139,84 @@ def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser
 
 
 def load_config_file(path: str, parser: argparse.ArgumentParser) -> None:
-    """Make the file's values the parser's defaults, so that flags still override them."""
+    """Make the file's values the parser's defaults, so that flags still override them and required flags are filled.
+
+    A bad file, key or value is one line naming the file, the line and the key."""
     text = Path(path).read_text()
+    values, lines = _read_settings(path, text)
+    known = {a.dest for a in parser._actions} - {"help", "config", "verbose"}
+    for key, value in values.items():
+        dest, where = str(key).replace("-", "_"), f"{path} line {lines.get(str(key), '?')}: {key}"
+        if dest not in known:
+            raise ValueError(f"{where}: unknown setting; known: {', '.join(sorted(known))}")
+        actions = [a for a in parser._actions if a.dest == dest]  # a bool has two: --x and --no_x
+        value = _typed(next((a for a in actions if a.type), actions[0]), value, where)
+        for action in actions:
+            if action.choices and value not in action.choices:
+                raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+            action.required = False
+        parser.set_defaults(**{dest: value})
+
+
+def _read_settings(path: str, text: str) -> tuple[dict, dict[str, int]]:
+    """The file's mapping of settings and the line of each key; a syntax error names the file and its line."""
     if path.endswith((".yaml", ".yml")):
         import yaml
 
-        values = yaml.safe_load(text) or {}
+        try:
+            values, node = yaml.safe_load(text) or {}, yaml.compose(text)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            raise ValueError(f"{path} line {mark.line + 1 if mark else '?'}: not valid YAML ({getattr(error, 'problem', None) or error})") from None
+        lines = {str(k.value): k.start_mark.line + 1 for k, _ in node.value} if isinstance(node, yaml.MappingNode) else {}
     else:
-        values = json.loads(text)
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} line {error.lineno}: not valid JSON ({error.msg} at column {error.colno})") from None
+        lines = {str(k): text[: text.find(json.dumps(k))].count("\n") + 1 for k in values} if isinstance(values, dict) else {}
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a mapping of setting names to values, got {type(values).__name__}")
-    known = {a.dest for a in parser._actions} - {"help", "config", "verbose"}
-    for key, value in values.items():
-        dest = str(key).replace("-", "_")
-        if dest not in known:
-            raise ValueError(f"{path}: unknown setting {key!r}; known: {', '.join(sorted(known))}")
-        for action in (a for a in parser._actions if a.dest == dest):  # a bool has two: --x and --no_x
-            if action.choices and value not in action.choices:
-                raise ValueError(f"{path}: {key}: {value!r} is not one of {', '.join(map(str, action.choices))}")
-            action.required = False
-        parser.set_defaults(**{dest: value})
+    return values, lines
+
+
+def _typed(action: argparse.Action, value: object, where: str) -> object:
+    """`value` converted as its flag would convert it; argparse never checks a default that is not a string."""
+    if value is None or action.type is None:
+        return value
+    many = action.nargs in ("+", "*")
+    if isinstance(value, (list, dict)) != many or isinstance(value, dict):
+        raise ValueError(f"{where}: expected {'a list' if many else 'one value'}, got {type(value).__name__} {value!r}")
+    try:
+        return [action.type(str(v)) for v in value] if many else action.type(str(value))
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        kind = getattr(action.type, "__name__", "value")
+        raise ValueError(f"{where}: {value!r} is not a valid {'bool' if kind == 'string_to_bool' else kind}") from None
+
+
+def _config_file(argv: list[str]) -> str | None:
+    """The FILE of `--config FILE` (or `--config=FILE`) in argv, read before parsing so the file can fill required flags."""
+    for i, token in enumerate(argv):
+        if token == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if token.startswith("--config="):
+            return token.partition("=")[2]
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
+    command = next((a for a in argv if not a.startswith("-")), None)
+    config = _config_file(argv)
+    if config and command in COMMANDS:
+        try:
+            load_config_file(config, next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command])
+        except (ValueError, OSError) as error:
+            parser.exit(2, f"biprm {command}: error: {error}\n")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        if getattr(args, "config", None):
-            commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-            load_config_file(args.config, commands.choices[args.command])
-            args = parser.parse_args(argv)
         if "settings" in args:
             args.func(args.settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)}))
         else:

@@ -222,11 +222,35 @@ def test_config_file_fills_settings_and_flags_win(tmp_path, monkeypatch, capsys)
     (tmp_path / "run.json").write_text(json.dumps({"mode": "r2l", "lr": "2e-5"}))
     main(["train", "--config", str(tmp_path / "run.json")])
     assert (seen[-1].mode, seen[-1].lr) == ("r2l", 2e-5)
-    for text, message in (("mdoe: l2r\n", "unknown setting 'mdoe'"), ("mode: bidirectional\n", "mode: 'bidirectional' is not one of")):
-        (tmp_path / "bad.yaml").write_text(text)
-        with pytest.raises(SystemExit) as stop:
-            main(["train", "--config", str(tmp_path / "bad.yaml")])
-        assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("bad.yaml", "lr: 1.0e-4\nmdoe: l2r\n", "bad.yaml line 2: mdoe: unknown setting"),
+    ("bad.yaml", "mode: bidirectional\n", "bad.yaml line 1: mode: 'bidirectional' is not one of"),
+    ("bad.yaml", "backbone: tiny\nmax_steps: two\n", "bad.yaml line 2: max_steps: 'two' is not a valid int"),
+    ("bad.yaml", "share_prefix: maybe\n", "bad.yaml line 1: share_prefix: 'maybe' is not a valid bool"),
+    ("bad.yaml", "backbone: tiny\n  mode: [bi\n", "bad.yaml line 2: not valid YAML"),
+    ("bad.yaml", "- mode\n", "bad.yaml: expected a mapping of setting names to values, got list"),
+    ("bad.json", '{"backbone": "tiny",\n "lr": "fast"}', "bad.json line 2: lr: 'fast' is not a valid float"),
+    ("bad.json", '{"backbone": "tiny",\n "lr": }', "bad.json line 2: not valid JSON"),
+])
+def test_a_bad_config_file_is_one_line_naming_file_line_and_key(tmp_path, capsys, name, text, message):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--config", str(tmp_path / name)])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and message in err and "\n" not in err, err
+
+
+def test_config_file_fills_the_required_flags_of_score_and_serve(checkpoint, tmp_path, capsys):
+    out = tmp_path / "scores.jsonl"
+    (tmp_path / "score.yaml").write_text(f"model: {checkpoint}\ninput: {_rows(tmp_path / 'in.jsonl', 3)}\noutput: {out}\n")
+    main(["score", "--config", str(tmp_path / "score.yaml")])
+    assert len(out.read_text().splitlines()) == 3
+    (tmp_path / "serve.yaml").write_text(f"model: {tmp_path / 'nowhere'}\n")
+    with pytest.raises(SystemExit):
+        main(["serve", "--config", str(tmp_path / "serve.yaml")])
+    assert "nowhere: no such folder" in capsys.readouterr().err  # past the parser: the file gave --model
 
 
 def _not_a_checkpoint(kind: str, tmp_path: Path, checkpoint: str) -> Path:
@@ -276,3 +300,10 @@ def test_a_folder_that_is_not_a_checkpoint_is_named_in_one_line_by_every_loader(
             load(str(folder))
     assert time.monotonic() - start < 2  # never sent to the Hub
     assert not (tmp_path / "o.jsonl.parts").exists()
+
+
+def test_each_no_flag_has_its_own_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--no_share_prefix, --no-share-prefix turn off --share-prefix --bf16" in text
