@@ -155,6 +155,7 @@ def test_auc_and_paired_win():
     assert auc([3, 2], [1, 2]) == 87.5
     assert auc([1], [1]) == 50.0 and np.isnan(auc([], [1]))
     assert paired_win([2, 1, 1], [1, 1, 2]).tolist() == [1.0, 0.5, 0.0]
+    assert np.isnan(paired_win([np.nan], [1.0])[0])  # a step that was not scored is not a loss
 
 
 def test_bootstrap_statistic():

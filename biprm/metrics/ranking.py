@@ -16,6 +16,6 @@ def auc(positive: np.ndarray, negative: np.ndarray) -> float:
 
 
 def paired_win(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per pair, 1 where a > b, 0.5 where equal, 0 where below: a paired AUC's per-item terms."""
+    """Per pair, 1 where a > b, 0.5 where equal, 0 where below, NaN where either is missing: a paired AUC's terms."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return (a > b) + 0.5 * (a == b)
+    return np.where(np.isnan(a) | np.isnan(b), np.nan, (a > b) + 0.5 * (a == b))
