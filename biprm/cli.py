@@ -63,12 +63,12 @@ def cmd_replicate(cfg: ReplicateArgs) -> None:
 
 def cmd_serve(cfg: ServeConfig) -> None:
     from biprm.checkpoint import check_checkpoint
+    from biprm.config import check_extras
 
+    check_extras({"serve": "biprm serve"})
     check_checkpoint(cfg.model)  # before the server stack loads
-    try:
-        from biprm.serve.app import serve
-    except ModuleNotFoundError as error:
-        raise ValueError(f"{error.name} is not installed; install the server extra: pip install -e '.[serve]'") from error
+    from biprm.serve.app import serve
+
     serve(cfg)
 
 

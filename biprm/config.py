@@ -6,6 +6,7 @@ torch or transformers, so `biprm --help` answers at once.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
@@ -34,6 +35,20 @@ def check_choices(settings: Any) -> None:
     for name, kind in get_type_hints(type(settings)).items():
         if get_origin(kind) is Literal and (value := getattr(settings, name)) not in get_args(kind):
             raise ValueError(f"--{name.replace('_', '-')} {value!r}: choose one of {', '.join(map(str, get_args(kind)))}")
+
+
+EXTRAS = {  # pyproject extra: the modules it installs
+    "tensorboard": ("tensorboard",), "wandb": ("wandb",), "deepspeed": ("deepspeed",), "peft": ("peft",), "serve": ("fastapi", "uvicorn"),
+}
+
+
+def check_extras(needed: dict[str, str]) -> None:
+    """Refuse at once, naming its install command, a flag whose optional extra is missing (extra -> the flag that needs it):
+    otherwise it fails minutes later, after the backbone and data have loaded, in a long traceback."""
+    for extra, flag in needed.items():
+        missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ValueError(f"{flag} needs {', '.join(missing)}, which is not installed: pip install -e \".[{extra}]\"")
 
 
 def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING) -> Any:
@@ -92,6 +107,9 @@ class TrainConfig:
         check_choices(self)
         if self.streaming and (self.max_steps <= 0 or self.eval_fraction):
             raise ValueError("--streaming data has no length: give --max-steps, and hold out no --eval-fraction")
+        trackers = {t.strip() for t in self.report_to.split(",")} - {"", "none"}
+        check_extras({t: f"--report-to {t}" for t in sorted(trackers & EXTRAS.keys())}
+                     | ({"deepspeed": f"--deepspeed {self.deepspeed}"} if self.deepspeed else {}) | ({"peft": "--lora-r"} if self.lora_r else {}))
 
 
 @dataclass

@@ -12,7 +12,9 @@ import json
 import logging
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 log = logging.getLogger(__name__)
 RECORD = "biprm_run.json"
@@ -100,6 +102,18 @@ def start(folder: str | Path, record: dict, overwrite: bool) -> None:
             p.unlink(missing_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / RECORD).write_text(json.dumps(record, indent=2))
+
+
+@contextmanager
+def undone_if_nothing_trained(folder: str | Path, created: bool, steps: Callable[[], int]) -> Iterator[None]:
+    """Remove the record this run wrote if it fails before its first optimizer step and checkpoint, so that
+    the same command can run again without --resume or --overwrite (there is nothing to resume)."""
+    try:
+        yield
+    except BaseException:
+        if created and steps() == 0 and not _checkpoints(Path(folder)):
+            (Path(folder) / RECORD).unlink(missing_ok=True)
+        raise
 
 
 def publish(scratch: str | Path, folder: str | Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -136,6 +137,8 @@ def _stamp(path: Path) -> list:
 def _check_run(scratch: Path, run: dict, resume: bool) -> None:
     """Record what this run scores; a resume must be the same run (model, input, rows, processes)."""
     record = scratch / "run.json"
+    if scratch.exists() and not any(p.stat().st_size for p in scratch.glob("part-*")):
+        shutil.rmtree(scratch)  # a run that failed before its first chunk: nothing to keep, nothing to block a retry
     if scratch.exists() and not resume:
         raise FileExistsError(f"{scratch} holds the parts of an unfinished run: add --resume to continue it, or delete it")
     if resume and scratch.exists() and not record.exists() and any(scratch.iterdir()):

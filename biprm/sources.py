@@ -5,7 +5,9 @@ Hugging Face dataset name handled by `biprm.readers`.
 """
 from __future__ import annotations
 
-from biprm.readers import load_trajectories
+from pathlib import Path
+
+from biprm.readers import load_trajectories, looks_like_path, read_rows
 from biprm.synthetic import make_dataset
 from biprm.trajectory import DataError, Trajectory
 
@@ -16,6 +18,13 @@ def synthetic_spec(spec: str) -> tuple[int, int] | None:
         return None
     parts = spec.split(":")
     return (int(parts[1]) if len(parts) > 1 else 2000, int(parts[2]) if len(parts) > 2 else 0)
+
+
+def check_source(spec: str) -> None:
+    """Name a data path that is not there at once, before a model loads (a Hub name is checked when it is read)."""
+    path = Path(spec).expanduser()
+    if synthetic_spec(spec) is None and not path.is_file() and (path.exists() or looks_like_path(spec)):
+        read_rows(spec)  # raises the reader's one-line error, naming the path
 
 
 def load_source(spec: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, labelled: bool = False) -> list[Trajectory]:

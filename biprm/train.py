@@ -25,10 +25,11 @@ from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.config import TrainConfig
 from biprm.checkpoint import share, stamp, write_model_card
 from biprm.encoded import encoded_dataset, streamed_dataset, to_encoded
-from biprm.run_folder import plan, publish, run_record, start
+from biprm.run_folder import RECORD, plan, publish, run_record, start, undone_if_nothing_trained
 from biprm.encoding import Encoder
 from biprm.lora import save_merged, with_lora
 from biprm.modeling import from_backbone
+from biprm.sources import check_source
 from biprm.packing import pack
 from biprm.trunk import freeze_bottom
 
@@ -152,6 +153,7 @@ def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0) -> 
 
 def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> str:
     set_seed(cfg.seed)
+    check_source(cfg.data)
     if cfg.deepspeed:
         check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r)
     # The arguments come first: with a ZeRO-3 config they switch on partitioned init, so the
@@ -186,8 +188,14 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
             data = encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)
         train_set, eval_set = holdout(data, cfg.eval_fraction, cfg.seed)
         fingerprint = data._fingerprint
+    options = dict(mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row, pad_id=tokenizer.pad_token_id)
+    trainer = BiPRMTrainer(  # built before the folder is touched: a tracker or launcher that fails here leaves nothing behind
+        model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, data_collator=partial(collate, **options),
+        processing_class=tokenizer, callbacks=callbacks, gate_lr_scale=cfg.gate_lr_scale,
+    )
     record = run_record(asdict(cfg), fingerprint)
     resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite)
+    created = args.process_index == 0 and (cfg.overwrite or not Path(cfg.output_dir, RECORD).is_file())
     args.distributed_state.wait_for_everyone()  # every rank has looked at the folder before the first one writes to it
     if args.process_index == 0:
         start(cfg.output_dir, record, cfg.overwrite)
@@ -195,13 +203,8 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
     if not cfg.streaming:
         log.info("training %s/%s on %d trajectories from %s (%d held out)", cfg.mode, cfg.objective, len(train_set), cfg.data,
                  len(eval_set) if eval_set is not None else 0)
-
-    options = dict(mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row, pad_id=tokenizer.pad_token_id)
-    trainer = BiPRMTrainer(
-        model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, data_collator=partial(collate, **options),
-        processing_class=tokenizer, callbacks=callbacks, gate_lr_scale=cfg.gate_lr_scale,
-    )
-    trainer.train(resume_from_checkpoint=resume_from)
+    with undone_if_nothing_trained(cfg.output_dir, created, lambda: trainer.state.global_step):
+        trainer.train(resume_from_checkpoint=resume_from)
     stamp(model.config)
     scratch = Path(cfg.output_dir, ".final")  # the final save lands here first, then moves in (run_folder.publish)
     if cfg.lora_r:

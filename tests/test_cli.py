@@ -124,6 +124,7 @@ def test_resume_refuses_another_runs_parts(checkpoint, tmp_path, capsys):
     parts = tmp_path / "out.jsonl.parts"
     parts.mkdir()
     (parts / "run.json").write_text(json.dumps({"model": "elsewhere", "input": "x", "rows": 3, "processes": 1}))
+    (parts / "part-00000-of-00001.jsonl").write_text('{"scored": "by that run"}\n')
     with pytest.raises(SystemExit):
         main(["score", "--model", checkpoint, "--input", str(_rows(tmp_path / "in.jsonl", 2)), "--output", str(tmp_path / "out.jsonl"), "--resume"])
     err = capsys.readouterr().err
@@ -307,3 +308,16 @@ def test_each_no_flag_has_its_own_help(capsys):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--no_share_prefix, --no-share-prefix turn off --share-prefix --bf16" in text
+
+
+def test_a_score_run_that_fails_before_its_first_chunk_does_not_block_its_retry(checkpoint, tmp_path, monkeypatch):
+    from biprm.scoring import Scorer
+
+    rows, out = _rows(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl"
+    real = Scorer.from_pretrained
+    monkeypatch.setattr(Scorer, "from_pretrained", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room for the model")))
+    with pytest.raises(MemoryError):
+        main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out)])
+    monkeypatch.setattr(Scorer, "from_pretrained", real)
+    main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out)])  # no --resume needed: nothing was scored
+    assert len(out.read_text().splitlines()) == 3 and not (tmp_path / "out.jsonl.parts").exists()

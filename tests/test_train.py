@@ -229,6 +229,7 @@ def test_arguments_are_built_before_the_model(tmp_path, monkeypatch):
 def test_deepspeed_configs_that_lose_options_or_weights_are_refused_up_front(tmp_path, config, flags, message, monkeypatch):
     recipe = sys.modules["biprm.train"]
 
+    monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)  # deepspeed itself need not be installed for these checks
     monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the config was checked"))
     path = tmp_path / "ds.json"
     path.write_text(config if isinstance(config, str) else json.dumps(config))
@@ -339,8 +340,10 @@ def test_resume_with_nothing_to_resume_says_so(tmp_path, caplog):
     assert "holds no run yet; training from the start" in caplog.text
 
 
-def test_several_trackers_and_one_spelling_of_the_data_format(tmp_path):
+def test_several_trackers_and_one_spelling_of_the_data_format(tmp_path, monkeypatch):
     from biprm.train import training_arguments
+
+    monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)
 
     args = training_arguments(tiny_config(tmp_path / "t", report_to="tensorboard, wandb"))
     assert args.report_to == ["tensorboard", "wandb"] and training_arguments(tiny_config(tmp_path / "t")).report_to == []
@@ -378,3 +381,40 @@ def test_length_grouped_sampler_gets_its_lengths_as_one_list(tmp_path):
     ours = list(sampler)
     torch.manual_seed(0)
     assert ours == list(LengthGroupedSampler(2, lengths=list(data["n_tokens"])))  # the order Trainer's own sampler gives
+
+
+@pytest.mark.parametrize("flags, extra", [
+    (["--report-to", "tensorboard"], "tensorboard"), (["--report-to", "none,wandb"], "wandb"),
+    (["--deepspeed", str(ROOT / "configs" / "ds_zero3.json")], "deepspeed"), (["--lora-r", "4"], "peft"),
+])
+def test_a_missing_extra_is_named_with_its_install_command_before_anything_loads(tmp_path, capsys, monkeypatch, flags, extra):
+    from biprm.cli import main
+    from biprm.config import EXTRAS
+
+    monkeypatch.setitem(EXTRAS, extra, ("biprm_no_such_module",))  # missing here, whatever this machine has installed
+    monkeypatch.setattr("biprm.backbones.resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the extras were checked"))
+    with pytest.raises(SystemExit):
+        main(["train", "--backbone", "tiny", "--output-dir", str(tmp_path / "run"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f'not installed: pip install -e ".[{extra}]"') and "\n" not in err and not (tmp_path / "run").exists(), err
+
+
+def test_a_run_that_fails_before_its_first_step_does_not_block_its_retry(tmp_path):
+    class FailsAtStart(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            raise RuntimeError("a tracker that cannot start")
+
+    cfg = tiny_config(tmp_path / "run", max_steps=1)
+    with pytest.raises(RuntimeError, match="cannot start"):
+        train(cfg, callbacks=[FailsAtStart()])
+    assert not (tmp_path / "run" / "biprm_run.json").exists()
+    train(cfg)  # the same command again, with no --resume or --overwrite
+    assert (tmp_path / "run" / "config.json").is_file()
+
+
+def test_missing_data_is_named_before_the_backbone_loads(tmp_path, monkeypatch):
+    recipe = sys.modules["biprm.train"]
+
+    monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before --data was checked"))
+    with pytest.raises(FileNotFoundError, match="nothere.jsonl: no such data file"):
+        train(tiny_config(tmp_path / "run", data=str(tmp_path / "nothere.jsonl")))
