@@ -274,6 +274,20 @@ def skip_reason(error: str, where: str) -> str:
     return re.sub(r"\d+", "N", reason)
 
 
+def skip_summary(name: str, errors: list[tuple[int, str]]) -> str:
+    """Skipped rows counted by kind of error, each kind shown by its first row's own message:
+    "2 rows like row 5 (field 'labels' has 1 labels for 2 steps); row 9 (field 'prompt' is missing)"."""
+    kinds: dict[str, list[tuple[int, str]]] = {}
+    for row, error in errors:
+        kinds.setdefault(skip_reason(error, f"{name} row {row}"), []).append((row, error))
+    parts = []
+    for group in sorted(kinds.values(), key=len, reverse=True):
+        row, error = group[0]
+        shown = f"row {row} ({error.removeprefix(f'{name} row {row}').lstrip(' :')})"
+        parts.append(shown if len(group) == 1 else f"{len(group)} rows like {shown}")
+    return "; ".join(parts)
+
+
 def load_with_report(
     source: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, split_rule: str = "auto"
 ) -> tuple[list[Trajectory], dict[str, int]]:
@@ -286,8 +300,7 @@ def load_with_report(
         raise DataError(f"{name}: has no rows")
     convert = row_converter(detect_format(rows[0], f"{name} row 1") if fmt == "auto" else fmt, split_rule)
     trajs: list[Trajectory] = []
-    skipped: Counter[str] = Counter()
-    examples: list[str] = []
+    errors: list[tuple[int, str]] = []
     for i, row in enumerate(rows):
         where = f"{name} row {i + 1}"
         try:
@@ -297,15 +310,12 @@ def load_with_report(
         except DataError as e:
             if not skip_invalid:
                 raise
-            skipped[skip_reason(str(e), where)] += 1
-            if len(examples) < 3:
-                examples.append(str(e))
+            errors.append((i + 1, str(e)))
             continue
         trajs.extend(got if isinstance(got, list) else [got])
-    if skipped:
-        counts = "; ".join(f"{n} x {reason}" for reason, n in skipped.most_common())
-        log.warning("%s: skipped %d of %d rows: %s. First: %s", name, skipped.total(), len(rows), counts, " | ".join(examples))
-    return trajs, dict(skipped)
+    if errors:
+        log.warning("%s: skipped %d of %d rows: %s", name, len(errors), len(rows), skip_summary(name, errors))
+    return trajs, dict(Counter(skip_reason(e, f"{name} row {row}") for row, e in errors))
 
 
 def load_trajectories(

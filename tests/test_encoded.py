@@ -66,7 +66,7 @@ def test_a_bad_row_is_named_or_skipped_and_counted(tmp_path, encoder, caplog):
     with caplog.at_level(logging.WARNING):
         data = encoded_dataset(str(path), encoder, skip_invalid=True)
     assert len(data) == 11 and 5 not in list(data["row"]) and "error" not in data.column_names
-    assert "skipped 1 of 12 rows: 1 x field 'labels' is missing" in caplog.text
+    assert "skipped 1 of 12 rows: row 5 (field 'labels' is missing; training needs step labels)" in caplog.text
 
 
 def test_truncated_rows_are_named_and_broken_json_names_its_line(tmp_path, encoder, caplog):

@@ -133,7 +133,8 @@ def test_skip_invalid_skips_and_reports(tmp_path, caplog):
         "field 'steps' has an empty step at index N": 1,
         "field 'labels': N is not a bool, N/N or a float in [...]": 1,
     }
-    assert "skipped 3 of 5 rows" in caplog.text and "mixed.jsonl row 2" in caplog.text
+    assert "skipped 3 of 5 rows: row 2 (field 'labels' has 1 labels for 2 steps); row 4 (field 'steps' has an empty step at index 1)" in caplog.text
+    assert " N " not in caplog.text  # the kinds are counted, but each is shown by its own row's message
     assert len(load_trajectories(path, skip_invalid=True)) == 2
 
 
