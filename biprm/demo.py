@@ -18,7 +18,7 @@ import numpy as np
 from biprm.analysis.common import first_errors
 from biprm.analysis.position import sigma_by_position
 from biprm.metrics.bon import bon_table
-from biprm.metrics.processbench import predict_first_error, processbench_scores, tune_threshold
+from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step, tune_threshold
 from biprm.plots import plot_sigma_by_position
 from biprm.scoring import Scorer
 from biprm.synthetic import make_bon_pools, make_dataset
@@ -35,6 +35,7 @@ def evaluate(scorer: Scorer, dev, test, pools) -> dict:
     result = {"threshold": threshold}
     for name, t in (("processbench", 0.5), ("processbench_tuned", threshold)):
         result[name] = processbench_scores(predict_first_error(scores.prob(), scores.offsets, t), first_errors(test))
+    result["exact"] = exact_by_kind(predict_first_error(scores.prob(), scores.offsets, threshold), test)
     pool_scores = scorer.score(pools, progress=False).solution_logits("min")
     qid = np.array([t.meta["qid"] for t in pools])
     correct = np.array([bool(t.correct) for t in pools])
@@ -45,6 +46,13 @@ def evaluate(scorer: Scorer, dev, test, pools) -> dict:
     return result
 
 
+def exact_by_kind(pred: np.ndarray, trajs: list) -> dict[str, float]:
+    """% of rows whose first error is found at its exact step, per error kind: "claim" errors show only in
+    later steps (what the R2L stream is for), "calc" errors where they happen."""
+    kind, first = np.array([t.meta["kind"] for t in trajs]), first_errors(trajs)
+    return {k: 100.0 * float(np.mean(pred[kind == k] == first[kind == k])) for k in ("claim", "calc") if (kind == k).any()}
+
+
 def run_demo(cfg: DemoConfig) -> dict:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -53,6 +61,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     test = make_dataset(cfg.n_test, seed=cfg.seed + 1, **task)
     dev = make_dataset(cfg.n_test, seed=cfg.seed + 3, **task)
     pools = make_bon_pools(cfg.bon_questions, cfg.bon_candidates, seed=cfg.seed + 2, errors=cfg.mix[1:], events=cfg.events)
+    k, _ = tune_flag_step(np.array([len(t.steps) for t in dev]), first_errors(dev))
     results = {}
     for mode in cfg.modes.split(","):
         start = time.perf_counter()
@@ -64,7 +73,8 @@ def run_demo(cfg: DemoConfig) -> dict:
         ))
         results[mode] = evaluate(Scorer.from_pretrained(ckpt, device="cpu"), dev, test, pools)
         results[mode]["seconds"] = round(time.perf_counter() - start, 1)
-    print("\n" + table(results))
+    rule = exact_by_kind(flag_step(np.array([len(t.steps) for t in test]), k), test)
+    print("\n" + table(results, {f"flag step {k} (reads no text)": rule}))
     print(
         "\nA tiny random backbone on a synthetic task: this shows every mode training and being evaluated end to end;"
         "\nits ordering moves with the seed, CPU and thread count and is not evidence for or against BiPRM."
@@ -77,18 +87,20 @@ def run_demo(cfg: DemoConfig) -> dict:
     return results
 
 
-def table(results: dict) -> str:
+def table(results: dict, rules: dict[str, dict[str, float]]) -> str:
     ns = next(iter(results.values()))["bon"]["ns"]
-    head = ["mode", "F1@0.5", "F1@tau", "tau", "acc_err", "acc_corr"] + [f"BoN@{n}" for n in ns] + ["BoN mean", "time s"]
+    head = ["mode", "F1@0.5", "F1@tau", "tau", "acc_err", "acc_corr", "claim exact", "calc exact"] + [f"BoN@{n}" for n in ns] + ["BoN mean", "time s"]
     rows = [head]
+    exact = lambda e: [f"{e.get(k, float('nan')):.1f}" for k in ("claim", "calc")]  # noqa: E731
     for mode, r in results.items():
         fixed, tuned, bon = r["processbench"], r["processbench_tuned"], r["bon"]
         rows.append([mode, f"{fixed['f1']:.1f}", f"{tuned['f1']:.1f}", f"{r['threshold']:.2f}", f"{tuned['acc_error']:.1f}",
-                     f"{tuned['acc_correct']:.1f}"] + [f"{bon['bon'][n]:.1f}" for n in ns] + [f"{bon['mean']['bon']:.1f}", f"{r['seconds']:.0f}"])
+                     f"{tuned['acc_correct']:.1f}", *exact(r["exact"])] + [f"{bon['bon'][n]:.1f}" for n in ns] + [f"{bon['mean']['bon']:.1f}", f"{r['seconds']:.0f}"])
+    rows += [[name, "", "", "", "", "", *exact(e)] + [""] * (len(ns) + 2) for name, e in rules.items()]
     some = next(iter(results.values()))["bon"]
-    blank = [""] * 5
+    blank = [""] * 7
     rows.append(["pass@n (oracle)"] + blank + [f"{some['pass'][n]:.1f}" for n in ns] + [f"{some['mean']['pass']:.1f}", ""])
-    rows.append(["majority vote"] + blank + [f"{some['majority'][n]:.1f}" for n in ns] + [f"{some['mean']['majority']:.1f}", ""])
+    rows.append(["majority vote (fair ties)"] + blank + [f"{some['majority'][n]:.1f}" for n in ns] + [f"{some['mean']['majority']:.1f}", ""])
     rows.append(["random pick (chance)"] + blank + [f"{some['chance'][n]:.1f}" for n in ns] + [f"{some['mean']['chance']:.1f}", ""])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
