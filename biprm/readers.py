@@ -138,6 +138,16 @@ def from_trl(row: dict, where: str) -> Trajectory:
     return validate(traj, where)
 
 
+def from_steps(row: dict, where: str) -> Trajectory:
+    """The layout of `Trajectory`, the server and the Python examples: {"question", "steps", "labels"?, "answer"?};
+    any other field (an id, ...) rides along in `meta`."""
+    labels = _field(row, "labels", where, list) if row.get("labels") is not None else None
+    answer = None if row.get("answer") is None else str(row["answer"])
+    extra = {k: v for k, v in row.items() if k not in ("question", "steps", "labels", "answer")}
+    traj = Trajectory(_field(row, "question", where, str), _field(row, "steps", where, list), labels, answer=answer, meta=extra)
+    return validate(traj, where)
+
+
 def from_math_shepherd(row: dict, where: str) -> Trajectory:
     """Raw Math-Shepherd: `label` is `input` with each step tag replaced by "+" or "-".
 
@@ -246,8 +256,9 @@ _SIGNATURES = (
     ("trl", {"prompt", "completions"}),
     ("bon", {"question", "candidates"}),
     ("bon", {"question", "responses"}),
+    ("steps", {"question", "steps"}),
 )
-FORMATS = ("trl", "math-shepherd", "processbench", "prmbench", "bon")
+FORMATS = ("trl", "steps", "math-shepherd", "processbench", "prmbench", "bon")
 
 
 def detect_format(row: dict, where: str) -> str:
@@ -262,7 +273,7 @@ def detect_format(row: dict, where: str) -> str:
 def row_converter(fmt: str, split_rule: str) -> Callable[[dict, str, int], Trajectory | list[Trajectory]]:
     if fmt == "bon":
         return lambda row, where, i: from_bon_pool(row, where, split_rule, qid=i)
-    simple = {"trl": from_trl, "math-shepherd": from_math_shepherd, "processbench": from_processbench, "prmbench": from_prmbench}
+    simple = {"trl": from_trl, "steps": from_steps, "math-shepherd": from_math_shepherd, "processbench": from_processbench, "prmbench": from_prmbench}
     if fmt not in simple:
         raise ValueError(f"unknown format {fmt!r}; choose from {('auto', *FORMATS)}")
     return lambda row, where, i: simple[fmt](row, where)

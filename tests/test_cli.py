@@ -321,3 +321,22 @@ def test_a_score_run_that_fails_before_its_first_chunk_does_not_block_its_retry(
     monkeypatch.setattr(Scorer, "from_pretrained", real)
     main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out)])  # no --resume needed: nothing was scored
     assert len(out.read_text().splitlines()) == 3 and not (tmp_path / "out.jsonl.parts").exists()
+
+
+def test_score_reads_question_and_steps_rows(checkpoint, tmp_path):
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("\n".join(json.dumps({"id": f"q{k}", "question": f"What is {k} + {k}?", "steps": [f"{k} + {k} = {2 * k}.", f"The answer is {2 * k}."],
+                                          **({"labels": [True, True], "answer": str(2 * k)} if k else {})}) for k in range(3)))
+    out = tmp_path / "scores.jsonl"
+    main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out)])
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [line["meta"]["id"] for line in lines] == ["q0", "q1", "q2"] and [line["steps_scored"] for line in lines] == [2, 2, 2]
+    assert lines[1]["labels"] == [1.0, 1.0] and lines[1]["answer"] == "2" and lines[0]["labels"] is None
+
+
+def test_the_readme_score_section_lists_every_input_layout():
+    from biprm.readers import FORMATS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Score"):readme.index("### Serve")]
+    assert all(f"- `{fmt}`: " in section for fmt in FORMATS), FORMATS
