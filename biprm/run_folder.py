@@ -57,6 +57,14 @@ def complete(checkpoint: Path) -> str | None:
     return None
 
 
+def finished(folder: str | Path, checkpoint: str | None) -> bool:
+    """True if `checkpoint` is the run's last step and the final model is in (publish moves config.json in last)."""
+    if checkpoint is None or not (Path(folder) / "config.json").is_file():
+        return False
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    return state.get("global_step", 0) >= state.get("max_steps", 0) > 0
+
+
 def latest_complete(folder: Path) -> Path | None:
     """The newest checkpoint of `folder` that loads, or None: what a scorer can be pointed at in an unfinished run."""
     return next((c for c in _checkpoints(folder) if complete(c) is None), None)

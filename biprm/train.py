@@ -25,7 +25,7 @@ from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.config import TrainConfig
 from biprm.checkpoint import share, stamp, write_model_card
 from biprm.encoded import encoded_dataset, streamed_dataset, to_encoded
-from biprm.run_folder import RECORD, plan, publish, run_record, start, undone_if_nothing_trained
+from biprm.run_folder import RECORD, finished, plan, publish, run_record, start, undone_if_nothing_trained
 from biprm.encoding import Encoder
 from biprm.lora import save_merged, with_lora
 from biprm.modeling import from_backbone
@@ -195,6 +195,9 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
     )
     record = run_record(asdict(cfg), fingerprint)
     resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite)
+    if finished(cfg.output_dir, resume_from):  # the Trainer would run one more step at lr 0 and log it over the real run
+        log.warning("%s: this run has finished; its model and train_log.json stay as they are", cfg.output_dir)
+        return cfg.output_dir
     created = args.process_index == 0 and (cfg.overwrite or not Path(cfg.output_dir, RECORD).is_file())
     args.distributed_state.wait_for_everyone()  # every rank has looked at the folder before the first one writes to it
     if args.process_index == 0:

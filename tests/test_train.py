@@ -418,3 +418,14 @@ def test_missing_data_is_named_before_the_backbone_loads(tmp_path, monkeypatch):
     monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before --data was checked"))
     with pytest.raises(FileNotFoundError, match="nothere.jsonl: no such data file"):
         train(tiny_config(tmp_path / "run", data=str(tmp_path / "nothere.jsonl")))
+
+
+def test_resuming_a_finished_run_keeps_its_log_and_model(tmp_path, caplog):
+    cfg = tiny_config(tmp_path / "run", max_steps=2, save_steps=1)
+    train(cfg)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    cfg.resume = True
+    with caplog.at_level("WARNING"):
+        train(cfg)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
+    assert "this run has finished" in caplog.text
