@@ -147,8 +147,8 @@ class ReplicateArgs:
     """The flags of `biprm replicate`; every other number of the study is fixed by its preset."""
 
     preset: Literal["quick", "full", "mechanism"] = arg(
-        "quick", "quick: about 15 min, 1 seed per mode; full: about 3 h, 3 seeds for l2r and bi; "
-        "mechanism: the controlled future-only-error test (docs/REPLICATION.md), about 2 h")
+        "quick", "quick: 1 seed per mode, a smoke test of the recipe (docs/REPLICATION.md gives its wall clock); "
+        "full: 3 seeds for l2r and bi, hours on a CPU; mechanism: the controlled future-only-error test (docs/MECHANISM.md)")
     out: str | None = arg(None, "results folder (default results/replication/<preset>)")
     work_dir: str | None = arg(None, "trunk caches and run checkpoints (default <biprm cache>/replicate)")
     data_root: str | None = arg(None, "folder holding processbench/, prmbench/, gsm8k/ ... (default $BIPRM_DATA or ../shared/data)")

@@ -340,3 +340,21 @@ def test_the_readme_score_section_lists_every_input_layout():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme[readme.index("### Score"):readme.index("### Serve")]
     assert all(f"- `{fmt}`: " in section for fmt in FORMATS), FORMATS
+
+
+def test_preset_help_describes_every_preset_and_leaves_timings_to_one_doc():
+    import dataclasses
+    import typing
+
+    from biprm.bench.config import BenchConfig
+    from biprm.config import ReplicateArgs
+
+    timing = re.compile(r"\d+(\.\d+)?\s*(s|min|minutes|h|hours)\b")
+    for settings in (BenchConfig, ReplicateArgs):
+        preset = next(f for f in dataclasses.fields(settings) if f.name == "preset")
+        text, choices = preset.metadata["help"], typing.get_args(typing.get_type_hints(settings)["preset"])
+        assert all(f"{name}: " in text for name in choices) and not timing.search(text), text
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\n", " ")
+    for command in ("biprm replicate --preset quick", "biprm bench --preset quick"):
+        after = readme[readme.index(command):][:200]
+        assert not timing.search(after), after  # the one source is docs/REPLICATION.md or docs/PERFORMANCE.md

@@ -15,8 +15,9 @@ PRESETS = {  # smoke: every code path in seconds on the tiny shape (tests)
 
 @dataclass
 class BenchConfig:
-    preset: Literal["full", "quick", "smoke"] = arg("full", "quick: the target ratios on small sizes, about 3 minutes on 2 cores; "
-                                                      "full adds the reference L2R, more layouts and the scaling curve")
+    preset: Literal["full", "quick", "smoke"] = arg("full", "quick: the target ratios on small sizes (docs/PERFORMANCE.md gives its "
+                                                      "wall clock); full: adds the reference L2R, more layouts and the scaling curve; "
+                                                      "smoke: every code path once, in seconds, on tiny sizes (what the tests run)")
     shape: str = arg("smollm2-135m", "backbone whose config and tokenizer to use (random weights): smollm2-135m or tiny")
     data_root: str = arg(help="folder holding gsm8k/ and gsm8k_bon_small/", factory=default_data_root)
     out: str = arg("benchmarks", "where bench-<shape>[-quick].{json,md} and the scaling PNG go")
