@@ -274,3 +274,27 @@ def test_eval_on_two_processes_equals_one_and_names_a_failing_process(ckpt, data
     done = _launch("eval", "processbench", "--model", ckpt, "--data", str(tmp_path / "bad.json"), "--out", str(tmp_path / "bad"), *FAST)
     assert "failed on process 2 of 2, which scored rows 3-4" in done.stderr and "the step tag" in done.stderr
     assert done.returncode != 0 and not (tmp_path / "bad" / "processbench.json").exists()
+
+
+def test_eval_names_a_folder_that_is_not_a_checkpoint_in_one_line(tmp_path, capsys):
+    from biprm.backbones import resolve_backbone
+
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "bon", "--model", resolve_backbone("tiny"), "--limit", "2", "--out", str(tmp_path)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "plain" in err and "KeyError" not in err
+
+
+def test_ablations_warn_when_objectives_differ(tmp_path):
+    from biprm.evaluation.ablations import unlike_objectives
+
+    folders = {}
+    for role, objective in (("l2r", "bce"), ("bi", "qrank")):
+        folder = tmp_path / role
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": "biprm", "mode": role, "objective": objective}))
+        (folder / "model.safetensors").write_bytes(b"")
+        folders[role] = str(folder)
+    assert "l2r: bce, bi: qrank" in unlike_objectives(folders)
+    assert unlike_objectives({"l2r": folders["l2r"]}) is None

@@ -7,17 +7,19 @@ BiPRM. Columns: mean BoN@n per pool, then ProcessBench F1 per subset and on aver
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from biprm.analysis.common import TITLES, markdown_table
 from biprm.evaluation.bon import evaluate_bon, format_bon
-from biprm.metrics.bon import PROTOCOLS
 from biprm.evaluation.common import EvalOptions, fmt, write_outputs
 from biprm.config import PROCESSBENCH_SUBSETS
 from biprm.evaluation.data import load_pool, load_processbench
-from biprm.evaluation.models import ROLES, ablation_modes, score_modes
+from biprm.evaluation.models import ROLES, ablation_modes, checkpoint_config, score_modes
 from biprm.evaluation.processbench import evaluate_processbench, format_processbench
-from biprm.metrics.bon import DEFAULT_NS
+from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -56,8 +58,19 @@ def format_ablation_table(table: dict) -> str:
     return markdown_table(["method", *cols], [[label, *(fmt(row.get(c)) for c in cols)] for label, row in table["rows"].items()])
 
 
+def unlike_objectives(checkpoints: dict[str, str]) -> str | None:
+    """A warning when the checkpoints were trained with different objectives: their rows then compare objectives too."""
+    used = {role: checkpoint_config(path).get("objective", "bce") for role, path in checkpoints.items()}
+    if len(set(used.values())) > 1:
+        return "these checkpoints were trained with different objectives (" + ", ".join(f"{r}: {o}" for r, o in used.items()) + \
+            "); the ablation then compares objectives as well as modes"
+    return None
+
+
 def run_ablations(cfg: AblationConfig) -> dict:
     cache = cfg.open_cache()
+    if (warning := unlike_objectives(cfg.checkpoints)):
+        logger.warning(warning)
     modes = ablation_modes(cfg.checkpoints)
     bon = []
     for spec in cfg.pools:

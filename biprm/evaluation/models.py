@@ -15,6 +15,7 @@ import numpy as np
 
 from biprm.aggregate import mean_of_probabilities
 from biprm.backbones import load_tokenizer
+from biprm.checkpoint import check_checkpoint
 from biprm.config import CHECKPOINT_ROLES
 from biprm.encoding import Encoder
 from biprm.evaluation.cache import ScoreCache
@@ -56,11 +57,14 @@ class Mode:
         return StepScores(parts[0].offsets, logits[0] if len(logits) == 1 else mean_of_probabilities(logits))
 
 
+def checkpoint_config(ckpt: str) -> dict:
+    """A biprm checkpoint's config.json; any other folder is refused in one line (see checkpoint.check_checkpoint)."""
+    check_checkpoint(ckpt)
+    return json.loads((Path(ckpt) / "config.json").read_text())
+
+
 def checkpoint_mode(ckpt: str) -> str:
-    config = Path(ckpt) / "config.json"
-    if not config.is_file():
-        raise FileNotFoundError(f"{ckpt}: no config.json; pass a folder written by `biprm train`")
-    return json.loads(config.read_text())["mode"]
+    return checkpoint_config(ckpt)["mode"]
 
 
 def checkpoint_modes(ckpt: str, prefix: str = "") -> list[Mode]:
