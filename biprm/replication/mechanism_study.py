@@ -49,7 +49,7 @@ class MechanismConfig:
     work_dir: str = ""  # trunk caches, checkpoints and final states (never committed); default <biprm cache>/mechanism
     data_root: str = field(default_factory=default_data_root)
     backbone: str = "smollm2-135m"
-    top_layers: int = 4
+    top_layers: int = 8  # the go/no-go pilot with 4 found no separation on validation (docs/MECHANISM.md)
     train_questions: int = 600  # GSM8K-train questions tried (those with no eligible step are dropped)
     valid_questions: int = 100
     test_questions: int = 300  # GSM8K-test questions tried
