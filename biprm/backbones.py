@@ -7,6 +7,7 @@ Any other name is passed through to transformers untouched.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -49,7 +50,11 @@ def resolve_backbone(name_or_path: str) -> str:
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """Batching needs a pad token; decoder-only tokenizers often ship without one."""
-    tokenizer = AutoTokenizer.from_pretrained(resolve_backbone(name_or_path))
+    folder = resolve_backbone(name_or_path)
+    config = Path(folder) / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("model_type") == "biprm":
+        import biprm.modeling  # noqa: F401  registers the biprm config; unregistered, transformers warns of a type mismatch
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

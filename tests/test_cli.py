@@ -399,3 +399,12 @@ def test_every_documented_command_parses():
             parser.parse_args([a.strip("[]") for a in argv])  # a synopsis writes optional flags in brackets
         except SystemExit as stop:
             raise AssertionError(f"{where}: does not parse ({argv})") from stop
+
+
+def test_loading_a_checkpoints_tokenizer_gives_no_type_warning(checkpoint):
+    import subprocess
+    import sys
+
+    code = f"from biprm.backbones import load_tokenizer; load_tokenizer({checkpoint!r})"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "model of type" not in run.stderr
