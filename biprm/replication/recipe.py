@@ -321,7 +321,7 @@ def train_top(
     return log_
 
 
-MICRO_TOKENS = 4096  # feature rows (both streams, padded) per backward pass: bounds activation memory (quick preset: 3.9 GB peak)
+MICRO_TOKENS = 4096  # feature rows (both streams, padded) per backward pass: bounds activation memory on long rows
 
 
 def micro_batches(sizes: np.ndarray, batch: np.ndarray, budget: int = MICRO_TOKENS) -> list[np.ndarray]:
