@@ -25,7 +25,7 @@ from biprm.metrics.processbench import flag_step, predict_first_error, processbe
 from biprm.metrics.ranking import auc, paired_win
 from biprm.plots import plot_curves, position_curve
 from biprm.replication.mechanism import KINDS
-from biprm.replication.mechanism_study import MechanismConfig, load_sets
+from biprm.replication.mechanism_study import MechanismConfig, load_sets, run_dir
 from biprm.replication.recipe import load_scores
 from biprm.scores import StepScores
 from biprm.trajectory import Trajectory
@@ -129,12 +129,12 @@ def baselines(sets: dict[str, list[Trajectory]]) -> dict[str, dict[str, np.ndarr
             for name, v in out.items()}
 
 
-def _collect(out: Path) -> dict[str, list[tuple[str, dict[str, StepScores]]]]:
+def _collect(cfg: MechanismConfig) -> dict[str, list[tuple[str, dict[str, StepScores]]]]:
     """Finished runs by group ("l2r", "probe-bi", ...), each a (name, scores) list in seed order."""
     groups: dict[str, list] = {}
-    for path in sorted((out / "runs").glob("*.json")):
+    for path in sorted((Path(cfg.out) / "runs").glob("*.json")):
         run = json.loads(path.read_text())
-        npz = out / "scores" / f"{run['run']}.npz"
+        npz = run_dir(cfg, run["run"]) / "scores.npz"
         if npz.is_file():
             key = ("probe-" if run["heads_only"] else "") + run["mode"]
             groups.setdefault(key, []).append((run["run"], load_scores(npz)))
@@ -157,9 +157,8 @@ def _cell(s: dict | None, digits: int = 1) -> str:
 
 
 def summarise(cfg: MechanismConfig) -> dict:
-    out = Path(cfg.out)
     sets, pools, data = load_sets(cfg)
-    groups = _collect(out)
+    groups = _collect(cfg)
     metrics = {g: [run_metrics(sets, s) for _, s in runs] for g, runs in groups.items()}
     keys = ["P1: F rows, first error exact", "F rows flagged one step late", "P2: L rows, first error exact", "R rows: no error", "C rows: no error"]
     table = {g: {k: _interval(_stack(ms, k)) for k in keys} for g, ms in metrics.items()}

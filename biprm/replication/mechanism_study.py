@@ -19,11 +19,10 @@ exactly those.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,7 +34,7 @@ from biprm.evaluation.common import write_json
 from biprm.evaluation.data import SUBPOOLS, Pool, load_pool, load_processbench
 from biprm.modeling import from_backbone
 from biprm.replication.mechanism import build_mechanism
-from biprm.replication.recipe import TrainBudget, save_scores, seeded_model, start, study, train_top
+from biprm.replication.recipe import TrainBudget, save_scores, seeded_model, start, study_key, train_top
 from biprm.trajectory import Trajectory
 from biprm.trunk import TrunkCache, cached_scores, split
 
@@ -100,6 +99,11 @@ def _subpools(pool: Pool) -> dict[str, Pool]:
     return out
 
 
+def run_dir(cfg: MechanismConfig, name: str) -> Path:
+    """Where a run keeps its checkpoints, final state and per-item logits (never committed)."""
+    return Path(cfg.work_dir) / "runs" / study_key(cfg) / name
+
+
 def load_sets(cfg: MechanismConfig) -> tuple[dict[str, list[Trajectory]], dict[str, Pool], dict]:
     """(trajectories per set, the BoN sub-pools, the data report); the set "bon" holds every sub-pool's candidates."""
     rows, report = build_mechanism(cfg.data_root, cfg.train_questions, cfg.valid_questions, cfg.test_questions, cfg.data_seed)
@@ -130,7 +134,6 @@ def run_study(cfg: MechanismConfig) -> None:
         log.info("trunk cache %s: %d trajectories, %d feature rows", name, len(encs[name]), cache.layout.n_rows)
         cache.build(progress=True)
     del base
-    key = hashlib.sha256(json.dumps(study(asdict(cfg)), sort_keys=True).encode()).hexdigest()[:12]
     write_json(out / "meta.json", {"config": asdict(cfg), "bf16": fast, "sizes": {n: len(t) for n, t in sets.items()}})
 
     labels = [t.labels for t in sets["train"]]
@@ -140,12 +143,12 @@ def run_study(cfg: MechanismConfig) -> None:
             continue
         started = time.perf_counter()
         model = seeded_model(backbone_dir, tokenizer, run.mode, run.seed)
-        train_log = train_top(TrainBudget.of(cfg, heads_only=run.heads_only), model, caches["train"], labels, run.seed, work / "runs" / key / run.name, fast)
+        train_log = train_top(TrainBudget.of(cfg, heads_only=run.heads_only), model, caches["train"], labels, run.seed, run_dir(cfg, run.name), fast)
         model.eval()
         top = split(model, cfg.top_layers)[1]
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
             scores = {name: cached_scores(model, top, caches[name]) for name in sets if name != "train"}
-        save_scores(out / "scores" / f"{run.name}.npz", scores)
+        save_scores(run_dir(cfg, run.name) / "scores.npz", scores)
         result = {"run": run.name, **asdict(run), "train": train_log, "seconds": round(time.perf_counter() - started, 1)}
         write_json(path, result)
         log.info("%s done in %.0f s", run.name, result["seconds"])

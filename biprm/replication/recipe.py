@@ -145,6 +145,11 @@ def study(config: dict) -> dict:
     return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in PATHS}
 
 
+def study_key(cfg: ReplicateConfig | Any) -> str:
+    """Names a study's run folders in the work dir, so another study never resumes their checkpoints."""
+    return hashlib.sha256(json.dumps(study(asdict(cfg)), sort_keys=True).encode()).hexdigest()[:12]
+
+
 def check_study(cfg: ReplicateConfig | Any) -> None:
     """Finished runs are kept across reruns, so a results folder holding another study's runs is refused."""
     path = Path(cfg.out) / "meta.json"
@@ -189,7 +194,6 @@ def replicate(cfg: ReplicateConfig) -> dict:
         log.info("trunk cache %s: %d trajectories, %d feature rows", name, len(encs[name]), cache.layout.n_rows)
         cache.build(progress=True)
     digest = trunk_digest(base, cfg.top_layers)
-    study_key = hashlib.sha256(json.dumps(study(asdict(cfg)), sort_keys=True).encode()).hexdigest()[:12]
     del base
     meta = {
         "config": asdict(cfg), "bf16": fast, "trunk_cache_seconds_this_session": round(time.perf_counter() - started, 1),
@@ -211,7 +215,7 @@ def replicate(cfg: ReplicateConfig) -> dict:
         if trunk_digest(model, cfg.top_layers) != digest:
             raise RuntimeError("the backbone's frozen layers changed since the trunk cache was built")
         options["gate_lr_scale"] = run_cfg.gate_lr_scale
-        checkpoints = work / "runs" / cfg.preset / study_key / name  # another study never resumes these
+        checkpoints = work / "runs" / cfg.preset / study_key(cfg) / name  # another study never resumes these
         train_log = train_top(TrainBudget.of(run_cfg), model, caches["train"], [e.labels for e in encs["train"]], seed, checkpoints, fast)
         model.eval()
         top = split(model, cfg.top_layers)[1]
