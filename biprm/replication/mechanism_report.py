@@ -1,4 +1,4 @@
-"""The mechanism study's report, computed from the per-item logits each run saved (OUT/scores/RUN.npz).
+"""The mechanism study's report, computed from the per-item logits each run saved (OUT/runs/RUN.npz).
 
 Nothing here trains or scores, so the report can be redone, or extended, at any time
 (`biprm replicate --preset mechanism --report-only`). It computes the endpoints written
@@ -25,7 +25,7 @@ from biprm.metrics.processbench import flag_step, predict_first_error, processbe
 from biprm.metrics.ranking import auc, paired_win
 from biprm.plots import plot_curves, position_curve
 from biprm.replication.mechanism import KINDS
-from biprm.replication.mechanism_study import MechanismConfig, load_sets, run_dir
+from biprm.replication.mechanism_study import MechanismConfig, load_sets, scores_path
 from biprm.replication.recipe import load_scores
 from biprm.scores import StepScores
 from biprm.trajectory import Trajectory
@@ -134,7 +134,7 @@ def _collect(cfg: MechanismConfig) -> dict[str, list[tuple[str, dict[str, StepSc
     groups: dict[str, list] = {}
     for path in sorted((Path(cfg.out) / "runs").glob("*.json")):
         run = json.loads(path.read_text())
-        npz = run_dir(cfg, run["run"]) / "scores.npz"
+        npz = scores_path(cfg, run["run"])
         if npz.is_file():
             key = ("probe-" if run["heads_only"] else "") + run["mode"]
             groups.setdefault(key, []).append((run["run"], load_scores(npz)))

@@ -8,9 +8,10 @@ Read top to bottom:
 3. Cache the frozen trunk of SmolLM2-135M-Instruct for every set once (`biprm.trunk`).
 4. For every run (mode, seed, and whether the top layers train or only the heads, a
    "probe"): seed, build, train with the one replication trainer (`train_top`), score
-   every set, and write the per-item step logits to `OUT/scores/RUN.npz`. The final
-   trainable state stays in the work dir. A finished run is never redone; a killed one
-   resumes from its last checkpoint.
+   every set, and write the per-item step logits to `OUT/runs/RUN.npz` beside the run's
+   JSON (both committed, so the report survives the machine). The final trainable state
+   stays in the work dir. A finished run is never redone; a killed one resumes from its
+   last checkpoint.
 5. The report (`biprm.replication.mechanism_report`) is computed from the saved logits
    alone, so it can be redone, or changed, without training.
 
@@ -82,10 +83,12 @@ class Run:
 
 
 def runs_of(cfg: MechanismConfig) -> list[Run]:
-    """The pilot pair (l2r, r2l) first, then the other modes, then the remaining seeds, then the probes."""
+    """The pilot pair (l2r, r2l) first, then `bi`, then the remaining seeds: the runs the verdict needs
+    come before `bi-static` and the probes, so an interrupted study decides as early as it can."""
     depth = max(cfg.seeds.values())
     order = ("l2r", "r2l", "bi", "bi-static")
     runs = [Run(m, 1106 + k) for k in range(depth) for m in order if k < cfg.seeds.get(m, 0)]
+    runs.sort(key=lambda run: run.mode == "bi-static")
     return runs + [Run(m, 1106 + k, heads_only=True) for k in range(cfg.probe_seeds) for m in order]
 
 
@@ -100,8 +103,13 @@ def _subpools(pool: Pool) -> dict[str, Pool]:
 
 
 def run_dir(cfg: MechanismConfig, name: str) -> Path:
-    """Where a run keeps its checkpoints, final state and per-item logits (never committed)."""
+    """Where a run keeps its checkpoints and final state (never committed)."""
     return Path(cfg.work_dir) / "runs" / study_key(cfg) / name
+
+
+def scores_path(cfg: MechanismConfig, name: str) -> Path:
+    """A run's per-item step logits, beside its JSON: a few hundred kB, committed with the results."""
+    return Path(cfg.out) / "runs" / f"{name}.npz"
 
 
 def load_sets(cfg: MechanismConfig) -> tuple[dict[str, list[Trajectory]], dict[str, Pool], dict]:
@@ -139,7 +147,7 @@ def run_study(cfg: MechanismConfig) -> None:
     labels = [t.labels for t in sets["train"]]
     for run in runs_of(cfg):
         path = out / "runs" / f"{run.name}.json"
-        if path.exists():
+        if path.exists() and scores_path(cfg, run.name).exists():
             continue
         started = time.perf_counter()
         model = seeded_model(backbone_dir, tokenizer, run.mode, run.seed)
@@ -148,7 +156,7 @@ def run_study(cfg: MechanismConfig) -> None:
         top = split(model, cfg.top_layers)[1]
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
             scores = {name: cached_scores(model, top, caches[name]) for name in sets if name != "train"}
-        save_scores(run_dir(cfg, run.name) / "scores.npz", scores)
+        save_scores(scores_path(cfg, run.name), scores)
         result = {"run": run.name, **asdict(run), "train": train_log, "seconds": round(time.perf_counter() - started, 1)}
         write_json(path, result)
         log.info("%s done in %.0f s", run.name, result["seconds"])
