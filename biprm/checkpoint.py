@@ -12,7 +12,7 @@ import logging
 import os
 from pathlib import Path
 
-from biprm.template import STEP_TAG, render_prompt, render_step
+from biprm.data.template import STEP_TAG, render_prompt, render_step
 
 log = logging.getLogger(__name__)
 TRAINED = "pass a folder written by `biprm train` (its --output-dir)"

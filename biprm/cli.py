@@ -24,7 +24,7 @@ from biprm.serve.config import LoadTestConfig, ServeConfig
 
 
 def cmd_train(cfg: TrainConfig) -> None:
-    from biprm.train import train
+    from biprm.training import train
 
     print(f"saved to {train(cfg)}")
 

@@ -12,13 +12,12 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from biprm.readers import FORMATS
-
 Mode = Literal["l2r", "r2l", "bi-static", "bi"]
 MODES: tuple[str, ...] = get_args(Mode)
 Objective = Literal["bce", "mse", "qrank"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
-Format = Literal[("auto", *FORMATS)]  # a Literal built from the readers' list
+FORMATS = ("trl", "steps", "math-shepherd", "processbench", "prmbench", "bon")  # the layouts biprm.data.readers converts
+Format = Literal[("auto", *FORMATS)]
 # the projections of Llama/Mistral/Qwen2-style decoder layers (adapters go only under `backbone.`)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PROCESSBENCH_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")

@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from biprm.analysis.common import first_errors
+from biprm.analysis.plots import plot_sigma_by_position
 from biprm.analysis.position import sigma_by_position
+from biprm.config import DemoConfig, TrainConfig
+from biprm.data.synthetic import make_bon_pools, make_dataset
+from biprm.data.writer import write_trajectories
 from biprm.metrics.bon import bon_table
 from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step, tune_threshold
-from biprm.plots import plot_sigma_by_position
 from biprm.scoring import Scorer
-from biprm.synthetic import make_bon_pools, make_dataset
-from biprm.config import DemoConfig, TrainConfig
-from biprm.train import train
-from biprm.writers import write_trajectories
+from biprm.training import train
 
 
 def evaluate(scorer: Scorer, dev, test, pools) -> dict:

@@ -20,7 +20,7 @@ from transformers.utils import ModelOutput
 
 from biprm.checkpoint import check_checkpoint
 from biprm.config import MODES
-from biprm.encoding import add_step_tag
+from biprm.data.encoding import add_step_tag
 from biprm.losses import objective_loss
 from biprm.packing import STREAMS, attention_mask, cached_attention_mask
 

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from biprm.encoding import Encoded
+from biprm.data.encoding import Encoded
 from biprm.scores import offsets_of
 
 STREAMS = {"l2r": ("l2r",), "r2l": ("r2l",), "bi": ("l2r", "r2l"), "bi-static": ("l2r", "r2l")}

@@ -21,14 +21,14 @@ from tqdm.auto import tqdm
 
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_checkpoint
-from biprm.encoding import Encoder
+from biprm.data.encoding import Encoder
+from biprm.data.readers import load_trajectories
+from biprm.data.trajectory import DataError, Trajectory
 from biprm.modeling import BiPRMConfig
 from biprm.processes import process_state
 from biprm.run_folder import changes
+from biprm.scores import score_rows
 from biprm.scoring import MAX_LENGTH, Scorer
-from biprm.sources import load_source
-from biprm.trajectory import DataError, Trajectory
-from biprm.writers import score_rows
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def score_file(
     tokens_per_batch: int | None = None, chunk: int = 1024, resume: bool = False,
 ) -> int:
     check_checkpoint(model)
-    trajs = load_source(source, fmt=fmt, skip_invalid=skip_invalid)  # bad input fails before the model loads
+    trajs = load_trajectories(source, fmt=fmt, skip_invalid=skip_invalid)  # bad input fails before the model loads
     trajs = encodable(trajs, Encoder(load_tokenizer(model), BiPRMConfig.from_pretrained(model).step_tag_id, MAX_LENGTH), source, skip_invalid)
     state = process_state()
     rank, world = state.process_index, state.num_processes

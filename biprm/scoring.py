@@ -25,11 +25,11 @@ from tqdm.auto import tqdm
 
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_layout
-from biprm.encoding import Encoded, Encoder
+from biprm.data.encoding import Encoded, Encoder
+from biprm.data.trajectory import Trajectory
 from biprm.modeling import BiPRMModel, BiPRMOutput
 from biprm.packing import STREAMS, check_tags, pack, pack_cached
 from biprm.scores import StepScores, offsets_of, step_positions
-from biprm.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 TOKENS_PER_ROW = 512  # longer tree rows pay more in masked attention than the shared prompt saves (benchmarks/)

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from biprm.encoding import Encoded
+from biprm.data.encoding import Encoded
 from biprm.modeling import BiPRMModel, BiPRMOutput
 from biprm.scores import StepScores, offsets_of
 from biprm.scoring import Collector

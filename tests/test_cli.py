@@ -8,7 +8,7 @@ import pytest
 
 from biprm.aggregate import AGGREGATIONS
 from biprm.cli import main
-from biprm.train import TrainConfig, train
+from biprm.training import TrainConfig, train
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +58,9 @@ def test_score_to_stdout_carries_every_input_field(checkpoint, tmp_path, capsys)
 
 
 def test_score_schema_is_the_same_for_every_mode(tmp_path):
+    from biprm.data.trajectory import Trajectory
     from biprm.scores import StepScores
-    from biprm.trajectory import Trajectory
-    from biprm.writers import score_rows
+    from biprm.scores import score_rows
 
     trajs = [Trajectory("q", ["a", "b"])]
     l2r = StepScores(offsets=[0, 2], fused=[0.5, 0.25], l2r=[0.5, 0.25])
@@ -206,9 +206,9 @@ def test_every_lazy_export_resolves():
     import subprocess
     import sys
 
-    code = "import biprm\nprint(all(getattr(biprm, n).__name__ == n for n in biprm.__all__), biprm.train.__module__)"
+    code = "import biprm.training, biprm\nprint(all(getattr(biprm, n).__name__ == n for n in biprm.__all__), biprm.train.__module__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)  # a fresh interpreter
-    assert done.stdout.split() == ["True", "biprm.train"], done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "biprm.training"], done.stderr[-2000:]
 
 
 def test_config_file_fills_settings_and_flags_win(tmp_path, monkeypatch, capsys):
@@ -335,7 +335,7 @@ def test_score_reads_question_and_steps_rows(checkpoint, tmp_path):
 
 
 def test_the_readme_score_section_lists_every_input_layout():
-    from biprm.readers import FORMATS
+    from biprm.config import FORMATS
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme[readme.index("### Score"):readme.index("### Serve")]

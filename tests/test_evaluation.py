@@ -1,24 +1,28 @@
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from biprm.cli import main
+from biprm.data.readers import EMPTY_RESPONSE
 from biprm.evaluation.ablations import ablation_table, format_ablation_table
 from biprm.evaluation.cache import ScoreCache
-from biprm.evaluation.data import balanced_slice, load_pool, spread
+import biprm.evaluation.data as evaluation_data
+from biprm.data.synthetic import make_dataset
+from biprm.data.template import STEP_TAG
+from biprm.data.trajectory import DataError
+from biprm.evaluation.data import balanced_slice, gsm8k_bon_small, load_pool, spread
 from biprm.evaluation.models import Mode, ablation_modes, checkpoint_modes, score_modes
 from biprm.scores import StepScores
 from biprm.scoring import Scorer
-from biprm.synthetic import make_dataset
-from biprm.template import STEP_TAG
-from biprm.train import TrainConfig, train
-from biprm.trajectory import DataError
+from biprm.training import TrainConfig, train
 
 FAST = ["--tokens-per-row", "0", "--tokens-per-batch", "4096"]  # one row per question: quickest on a CPU
 
@@ -228,8 +232,8 @@ def test_a_damaged_cache_file_is_named_removed_and_rebuilt_and_timeouts_are_retr
 
     import numpy as np
 
+    from biprm.data.trajectory import Trajectory
     from biprm.evaluation.cache import ScoreCache
-    from biprm.trajectory import Trajectory
 
     cache, trajs, calls = ScoreCache(tmp_path), [Trajectory("q", ["a"])], []
 
@@ -298,3 +302,32 @@ def test_ablations_warn_when_objectives_differ(tmp_path):
         folders[role] = str(folder)
     assert "l2r: bce, bi: qrank" in unlike_objectives(folders)
     assert unlike_objectives({"l2r": folders["l2r"]}) is None
+
+
+@pytest.fixture(scope="module")
+def bon_small(data_dir):
+    return gsm8k_bon_small(str(data_dir))
+
+
+def test_real_gsm8k_bon_small(bon_small):
+    assert len(bon_small) == 1319 * 12
+    assert [t.meta["cand"] for t in bon_small[:12]] == list(range(12)) and {t.meta["qid"] for t in bon_small[-12:]} == {1318}
+    correct = Counter(t.meta["policy"] for t in bon_small if t.correct)
+    assert correct["abel_7b"] == 784 and correct["gpt4"] == 1230 and correct["175b_verification"] == 742
+    first = bon_small[:12]
+    assert {t.answer for t in first} == {"18"} and len({t.question for t in first}) == 1
+    assert not any(re.search(r"<<[^<>]*>>", s) for t in bon_small for s in t.steps)
+    assert first[3].steps[-1] == "The answer is 18." and first[4].steps[-1] == "The answer is 18."
+    assert sum(t.steps == [EMPTY_RESPONSE] for t in bon_small) == 1
+
+
+def test_gsm8k_bon_small_checks_alignment(data_dir, monkeypatch):
+    real = evaluation_data.read_rows
+
+    def shuffled(source, split="train"):
+        rows, name = real(source, split)
+        return (rows[::-1], name) if "abel_13b" in source else (rows, name)
+
+    monkeypatch.setattr(evaluation_data, "read_rows", shuffled)
+    with pytest.raises(DataError, match=r"abel_13b\.json\.gz row 1: field 'question' does not match question 1"):
+        gsm8k_bon_small(str(data_dir))

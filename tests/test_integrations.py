@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.data.trajectory import Trajectory
 from biprm.integrations.dense import step_end_chars, step_end_tokens, token_rewards
 from biprm.integrations.grpo import BiPRMReward, message_text
-from biprm.trajectory import Trajectory
 
 PROMPTS = ["Tom has 3 apples and buys 4 more. How many?", "What is 2 + 2?"]
 COMPLETIONS = ["3 + 4 = 7.\n\nThe answer is 7.", ""]

@@ -57,7 +57,7 @@ def test_training_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path, c
 
 def test_scoring_killed_mid_file_resumes_to_the_same_output(tmp_path):
     from biprm.config import TrainConfig
-    from biprm.train import train
+    from biprm.training import train
 
     ckpt = train(TrainConfig(backbone="tiny", data="synthetic:16", max_steps=1, batch_size=4, grad_accum=1,
                              output_dir=str(tmp_path / "ckpt"), save_steps=10**9, show_progress=False))

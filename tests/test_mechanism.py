@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
-from biprm.encoding import Encoder
+from biprm.data.encoding import Encoder
 from biprm.replication.data import gsm8k_reference
 from biprm.replication.mechanism import KINDS, eligible_steps, quadruple
 from biprm.replication.recipe import seeded_model, train_top
@@ -59,8 +59,8 @@ def test_the_data_split_is_by_question_and_deterministic(data_dir):
 
 
 def _trained_weights(seed: int, tmp_path) -> dict[str, torch.Tensor]:
+    from biprm.data.trajectory import Trajectory
     from biprm.replication.recipe import TrainBudget
-    from biprm.trajectory import Trajectory
 
     backbone = resolve_backbone("tiny")
     tokenizer = load_tokenizer(backbone)
@@ -116,8 +116,8 @@ def test_toy_mechanism_study_runs_resumes_and_reports(data_dir, tmp_path):
 
 
 def test_micro_batches_give_the_whole_batch_gradient(tmp_path):
+    from biprm.data.trajectory import Trajectory
     from biprm.replication.recipe import accumulate, micro_batches
-    from biprm.trajectory import Trajectory
     from biprm.trunk import freeze_bottom, split
 
     assert [p.tolist() for p in micro_batches(np.array([5, 5, 9, 2]), np.array([0, 1, 2, 3]), budget=10)] == [[0, 1], [2], [3]]

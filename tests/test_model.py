@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
-from biprm.encoding import Encoder
+from biprm.data.encoding import Encoder
+from biprm.data.template import STEP_TAG
+from biprm.data.trajectory import DataError, Trajectory
 from biprm.modeling import from_backbone
 from biprm.packing import attention_mask, check_tags, pack, pack_cached
 from biprm.scoring import Scorer
-from biprm.template import STEP_TAG
-from biprm.trajectory import DataError, Trajectory
 
 TRAJS = [
     Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."], [1, 1, 1]),

@@ -18,12 +18,12 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from biprm.readers import split_steps  # noqa: E402
+from biprm.data.readers import split_steps  # noqa: E402
+from biprm.data.trajectory import Trajectory  # noqa: E402
 from biprm.scores import StepScores  # noqa: E402
 from biprm.serve.app import build_app  # noqa: E402
 from biprm.serve.batcher import Batcher, Overloaded  # noqa: E402
 from biprm.serve.config import ServeConfig  # noqa: E402
-from biprm.trajectory import Trajectory  # noqa: E402
 
 Q = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 STEPS = ["Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 7.", "The answer is 7."]

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback, TrainingArguments
 
-from biprm.train import TrainConfig, train
-from biprm.trajectory import DataError
+from biprm.data.trajectory import DataError
+from biprm.training import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,10 +99,10 @@ def test_real_backbone_loss_goes_down(tmp_path, data_dir):
     from transformers import set_seed
 
     from biprm.backbones import BackboneUnavailable, load_tokenizer, resolve_backbone
-    from biprm.encoding import Encoder
+    from biprm.data.encoding import Encoder
+    from biprm.data.readers import load_trajectories
     from biprm.modeling import BiPRMModel, from_backbone
     from biprm.packing import pack
-    from biprm.readers import load_trajectories
 
     try:
         backbone = resolve_backbone("smollm2-135m")
@@ -157,7 +157,7 @@ def test_held_out_rows_give_a_validation_loss(tmp_path):
 def test_holdout_is_seeded_and_loses_no_row():
     import datasets
 
-    from biprm.train import holdout
+    from biprm.training import holdout
 
     rows = datasets.Dataset.from_dict({"i": list(range(40))})
     kept, held = holdout(rows, 0.05, seed=1)
@@ -210,7 +210,7 @@ def test_bf16_on_cpu_is_autocast_over_fp32_weights(tmp_path):
 
 
 def test_arguments_are_built_before_the_model(tmp_path, monkeypatch):
-    recipe = sys.modules["biprm.train"]
+    recipe = sys.modules["biprm.training"]
 
     order = []
     build_args, build_model = recipe.training_arguments, recipe.from_backbone
@@ -227,7 +227,7 @@ def test_arguments_are_built_before_the_model(tmp_path, monkeypatch):
     ({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}, {"lora_r": 8}, "--lora-r with ZeRO-3"),
 ])
 def test_deepspeed_configs_that_lose_options_or_weights_are_refused_up_front(tmp_path, config, flags, message, monkeypatch):
-    recipe = sys.modules["biprm.train"]
+    recipe = sys.modules["biprm.training"]
 
     monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)  # deepspeed itself need not be installed for these checks
     monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the config was checked"))
@@ -238,7 +238,7 @@ def test_deepspeed_configs_that_lose_options_or_weights_are_refused_up_front(tmp
 
 
 def test_shipped_deepspeed_configs_pass_the_checks():
-    from biprm.train import check_deepspeed_config
+    from biprm.training import check_deepspeed_config
 
     for name in ("ds_zero2.json", "ds_zero3.json"):
         check_deepspeed_config(str(ROOT / "configs" / name), gate_lr_scale=0.1)
@@ -246,8 +246,8 @@ def test_shipped_deepspeed_configs_pass_the_checks():
 
 def test_lora_trains_adapters_heads_and_the_step_tag_row_and_saves_a_scoreable_merged_model(tmp_path):
     pytest.importorskip("peft")
+    from biprm.data.trajectory import Trajectory
     from biprm.scoring import Scorer
-    from biprm.trajectory import Trajectory
 
     seen = {}
     traj = [Trajectory("What is 2 + 2?", ["2 + 2 = 4.", "The answer is 4."])]
@@ -304,8 +304,8 @@ def test_a_folder_holding_a_run_is_refused_resumed_only_by_the_same_run_or_overw
         train(tiny_config(tmp_path / "r", max_steps=2, lr=5e-4))
     with pytest.raises(ValueError, match=r"holds another run \(lr: 0.001 then, 0.0005 now\)"):
         train(tiny_config(tmp_path / "r", max_steps=2, lr=5e-4, resume=True))
-    from biprm.synthetic import make_dataset
-    from biprm.writers import write_trajectories
+    from biprm.data.synthetic import make_dataset
+    from biprm.data.writer import write_trajectories
 
     data = write_trajectories(tmp_path / "d.jsonl", make_dataset(16, 1))
     train(tiny_config(tmp_path / "f", max_steps=1, data=str(data)))
@@ -341,7 +341,7 @@ def test_resume_with_nothing_to_resume_says_so(tmp_path, caplog):
 
 
 def test_several_trackers_and_one_spelling_of_the_data_format(tmp_path, monkeypatch):
-    from biprm.train import training_arguments
+    from biprm.training import training_arguments
 
     monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)
 
@@ -368,7 +368,7 @@ def test_length_grouped_sampler_gets_its_lengths_as_one_list(tmp_path):
     import datasets
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
-    from biprm.train import BiPRMTrainer
+    from biprm.training import BiPRMTrainer
 
     data = datasets.Dataset.from_dict({"n_tokens": [5, 1, 9, 3] * 10}).select(range(0, 40, 2))  # with an indices mapping
     trainer = BiPRMTrainer.__new__(BiPRMTrainer)  # the sampler needs only the arguments and the data
@@ -413,7 +413,7 @@ def test_a_run_that_fails_before_its_first_step_does_not_block_its_retry(tmp_pat
 
 
 def test_missing_data_is_named_before_the_backbone_loads(tmp_path, monkeypatch):
-    recipe = sys.modules["biprm.train"]
+    recipe = sys.modules["biprm.training"]
 
     monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before --data was checked"))
     with pytest.raises(FileNotFoundError, match="nothere.jsonl: no such data file"):

@@ -8,10 +8,10 @@ import torch
 from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 from biprm.backbones import load_tokenizer, resolve_backbone
-from biprm.encoding import Encoder, add_step_tag
+from biprm.data.encoding import Encoder, add_step_tag
+from biprm.data.trajectory import Trajectory
 from biprm.modeling import BiPRMConfig, BiPRMModel
 from biprm.packing import STREAMS, pack
-from biprm.trajectory import Trajectory
 from biprm.trunk import TrunkCache, cached_forward, cached_scores, freeze_bottom, split
 
 TRAJS = [

@@ -14,11 +14,11 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
-from biprm.encoding import Encoded, Encoder
+from biprm.data.encoding import Encoded, Encoder
+from biprm.data.trajectory import Trajectory
 from biprm.losses import objective_loss
 from biprm.modeling import BiPRMOutput
 from biprm.packing import STREAMS, pack
-from biprm.trajectory import Trajectory
 
 
 def reference_inputs(encs: list[Encoded], mode: str, pad_id: int) -> dict[str, dict[str, torch.Tensor]]:

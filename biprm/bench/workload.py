@@ -15,10 +15,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreT
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.bench.reference import ReferencePRM, reference_inputs
-from biprm.encoding import Encoded, Encoder, add_step_tag
+from biprm.data.encoding import Encoded, Encoder, add_step_tag
+from biprm.data.trajectory import Trajectory
 from biprm.modeling import BiPRMConfig, BiPRMModel, BiPRMOutput
 from biprm.packing import pack
-from biprm.trajectory import Trajectory
 
 MODES = ("l2r", "bi")
 CANDIDATES = 12  # per question in gsm8k_bon_small

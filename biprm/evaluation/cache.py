@@ -21,16 +21,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from biprm.data.trajectory import Trajectory
 from biprm.evaluation.sharing import score_shared
 from biprm.processes import process_state
-from biprm.scores import StepScores
+from biprm.scores import OPTIONAL_OUTPUTS, StepScores
 from biprm.scoring import TOKENS_PER_ROW, Scorer, default_device
-from biprm.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 24
-STREAMS = ("l2r", "r2l", "sigma")
 
 
 @dataclass
@@ -137,10 +136,10 @@ class ScoreCache:
         device = torch.device(self.settings.device) if self.settings.device else default_device()
         path = self._path("scores", ckpt, trajs, f"logits-{device.type}-len{self.settings.max_length}")
         if (z := _read(path)) is not None:
-            return StepScores(z["offsets"], z["fused"], *(z.get(k) for k in STREAMS))
+            return StepScores(z["offsets"], z["fused"], *(z.get(k) for k in OPTIONAL_OUTPUTS))
         scores = score_shared(self.scorer, ckpt, trajs)  # on every process of the launch, if there are several
         arrays = {"offsets": scores.offsets, "fused": scores.fused}
-        arrays |= {k: getattr(scores, k) for k in STREAMS if getattr(scores, k) is not None}
+        arrays |= {k: getattr(scores, k) for k in OPTIONAL_OUTPUTS if getattr(scores, k) is not None}
         _atomic_write(path, lambda f: np.savez(f, **arrays))
         return scores
 

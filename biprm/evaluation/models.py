@@ -17,10 +17,10 @@ from biprm.aggregate import mean_of_probabilities
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_checkpoint
 from biprm.config import CHECKPOINT_ROLES
-from biprm.encoding import Encoder
+from biprm.data.encoding import Encoder
+from biprm.data.trajectory import Trajectory
 from biprm.evaluation.cache import ScoreCache
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
 # Ablation rows in the paper's order: (role, expected checkpoint mode, row label).
 ROLES = (

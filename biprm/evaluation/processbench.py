@@ -22,12 +22,12 @@ import numpy as np
 
 from biprm.analysis.common import TITLES, first_error_report, first_errors, judged_rows, markdown_table, subsets
 from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.data.trajectory import Trajectory
 from biprm.evaluation.common import EvalOptions, fmt, write_outputs
 from biprm.evaluation.data import load_processbench
 from biprm.evaluation.models import modes_of, score_modes
 from biprm.metrics.processbench import first_error_f1_by_subset, flag_step, predict_first_error, tune_flag_step, tune_threshold
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
 TUNE_ON = "gsm8k"
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from biprm.data.trajectory import Trajectory
 from biprm.processes import WAIT, process_state
 from biprm.scores import StepScores, concat
 from biprm.scoring import Scorer
-from biprm.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 Job = tuple[str, list[Trajectory]] | None  # (checkpoint, block of trajectories); None: stop

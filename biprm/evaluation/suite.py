@@ -36,17 +36,17 @@ from biprm.analysis import (
     sigma_by_position,
 )
 from biprm.analysis.common import markdown_table
+from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.data.perturb import perturb_dataset
 from biprm.evaluation.ablations import ablation_table, format_ablation_table
 from biprm.evaluation.bon import evaluate_bon, format_bon
-from biprm.metrics.bon import PROTOCOLS
 from biprm.evaluation.common import EvalOptions, fmt, write_json
-from biprm.config import PROCESSBENCH_SUBSETS
 from biprm.evaluation.data import load_pool, load_processbench
 from biprm.evaluation.models import Mode, ablation_modes, checkpoint_mode, checkpoint_modes, score_modes, token_lengths
 from biprm.evaluation.processbench import TUNE_ON, evaluate_processbench, format_processbench
 from biprm.evaluation.report import format_curves, format_long_chain
 from biprm.metrics.bon import DEFAULT_NS
-from biprm.perturb import perturb_dataset
+from biprm.metrics.bon import PROTOCOLS
 
 
 @dataclass(kw_only=True)

@@ -19,9 +19,9 @@ import urllib.request
 from typing import Any
 
 from biprm.aggregate import AGGREGATIONS
-from biprm.readers import split_steps
+from biprm.data.readers import split_steps
+from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.scoring import Scorer
-from biprm.trajectory import DataError, Trajectory, validate
 
 log = logging.getLogger(__name__)
 

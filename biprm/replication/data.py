@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Callable
 
 from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.data.perturb import mix_seed
+from biprm.data.readers import load_trajectories, read_rows, solution_steps
+from biprm.data.trajectory import DataError, Trajectory, labels_from_first_error, validate
+from biprm.data.writer import write_trajectories
 from biprm.evaluation.data import QUESTION_SETS, data_file, spread
-from biprm.perturb import mix_seed
-from biprm.readers import load_trajectories, read_rows, solution_steps
-from biprm.trajectory import DataError, Trajectory, labels_from_first_error, validate
-from biprm.writers import write_trajectories
 
 # A number as written in a solution: 24, 3.5, .25, 1,250. Never a piece of a longer number
 # (24 in 124 or 2.24), nor an ordinal (3rd); "12x2" still yields 12 and 2.

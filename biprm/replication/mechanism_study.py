@@ -30,13 +30,13 @@ import torch
 
 from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
 from biprm.config import default_data_root
-from biprm.encoding import Encoder
+from biprm.data.encoding import Encoder
+from biprm.data.trajectory import Trajectory
 from biprm.evaluation.common import write_json
 from biprm.evaluation.data import SUBPOOLS, Pool, load_pool, load_processbench
 from biprm.modeling import from_backbone
 from biprm.replication.mechanism import build_mechanism
 from biprm.replication.recipe import TrainBudget, save_scores, seeded_model, start, study_key, train_top
-from biprm.trajectory import Trajectory
 from biprm.trunk import TrunkCache, cached_scores, split
 
 log = logging.getLogger(__name__)

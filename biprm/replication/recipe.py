@@ -33,9 +33,9 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup, set_seed
 
 from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
-from biprm.encoding import Encoder
-from biprm.evaluation.common import write_json
 from biprm.config import default_data_root
+from biprm.data.encoding import Encoder
+from biprm.evaluation.common import write_json
 from biprm.modeling import BiPRMModel, from_backbone
 from biprm.replication.data import DataRecipe, build
 from biprm.replication.evaluate import evaluate_run, load_eval_sets

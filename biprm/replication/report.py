@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from biprm.analysis.common import markdown_table
+from biprm.analysis.plots import plot_curves
 from biprm.evaluation.common import write_json
-from biprm.plots import plot_curves
 
 MODES = ("l2r", "r2l", "bi-static", "bi")  # table order; gate-study variants follow, by name
 

@@ -22,13 +22,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from biprm.readers import SPLIT_RULES, split_steps
+from biprm.data.readers import SPLIT_RULES, split_steps
+from biprm.data.trajectory import DataError, Trajectory, validate
+from biprm.scores import STEP_OUTPUTS, score_rows
 from biprm.scores import StepScores
 from biprm.scoring import Scorer
 from biprm.serve.batcher import Batcher, Overloaded
 from biprm.serve.config import ServeConfig
-from biprm.trajectory import DataError, Trajectory, validate
-from biprm.writers import STREAMS, score_rows
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class Service:
             for i, it in enumerate(items)
         ]
         scores, dropped = await self.run(trajs, [f"item {i}" for i in range(len(items))])
-        keys = ("steps", *STREAMS, "solution", "solution_logit", "steps_scored")  # what `biprm score` writes, less the input's own fields
+        keys = ("steps", *STEP_OUTPUTS, "solution", "solution_logit", "steps_scored")  # what `biprm score` writes, less the input's own fields
         return [{**{k: row[k] for k in keys}, "truncated": bool(d)} for row, d in zip(score_rows(trajs, scores, digits=None), dropped)]
 
     async def reward(self, req: RewardRequest) -> list[float]:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from biprm.data.trajectory import Trajectory
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
 
 class Overloaded(RuntimeError):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from biprm.aggregate import AGGREGATIONS
 from biprm.config import arg, check_choices, default_data_root
-from biprm.readers import SPLIT_RULES
+from biprm.data.readers import SPLIT_RULES
 
 Aggregation = Literal[AGGREGATIONS]
 SplitRule = Literal[SPLIT_RULES]

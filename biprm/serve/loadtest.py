@@ -28,10 +28,10 @@ import numpy as np
 
 from biprm.bench.measure import machine
 from biprm.bench.workload import build
-from biprm.readers import gsm8k_bon_small
+from biprm.data.trajectory import Trajectory
+from biprm.evaluation.data import gsm8k_bon_small
 from biprm.scoring import Scorer
 from biprm.serve.config import LoadTestConfig
-from biprm.trajectory import Trajectory
 
 
 async def _one(client, url: str, traj: Trajectory) -> tuple[int, float, dict | None]:
