@@ -10,9 +10,22 @@ import importlib.util
 import os
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Literal, NamedTuple, get_args, get_origin, get_type_hints
 
-Mode = Literal["l2r", "r2l", "bi-static", "bi"]
+
+class ModeSpec(NamedTuple):
+    streams: tuple[str, ...]  # the streams the backbone runs, in the order a batch holds them
+    fusion: Literal["gate", "static"] | None  # two streams -> one: a learned sigma, sigma = 0.5, or none (one stream)
+
+
+# Every training mode, and the one place that says what it runs: the per-mode stream maps derive from it.
+MODE_TABLE = {
+    "l2r": ModeSpec(("l2r",), None),
+    "r2l": ModeSpec(("r2l",), None),
+    "bi-static": ModeSpec(("l2r", "r2l"), "static"),
+    "bi": ModeSpec(("l2r", "r2l"), "gate"),
+}
+Mode = Literal[tuple(MODE_TABLE)]
 MODES: tuple[str, ...] = get_args(Mode)
 Objective = Literal["bce", "mse", "qrank"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)

@@ -19,10 +19,10 @@ from transformers import AutoConfig, AutoModel, DynamicCache, PreTrainedConfig, 
 from transformers.utils import ModelOutput
 
 from biprm.checkpoint import check_checkpoint
-from biprm.config import MODES
+from biprm.config import MODE_TABLE, MODES
 from biprm.data.encoding import add_step_tag
 from biprm.losses import objective_loss
-from biprm.packing import STREAMS, attention_mask, cached_attention_mask
+from biprm.packing import attention_mask, cached_attention_mask
 
 
 
@@ -81,7 +81,7 @@ class BiPRMModel(PreTrainedModel):
         self.backbone = backbone if backbone is not None else AutoModel.from_config(config.backbone_config)
         H = config.backbone_config.hidden_size
         self.value_head = nn.Linear(H, 1)
-        self.gate = nn.Sequential(nn.Linear(2 * H, H), nn.ReLU(), nn.Linear(H, 1)) if config.mode == "bi" else None
+        self.gate = nn.Sequential(nn.Linear(2 * H, H), nn.ReLU(), nn.Linear(H, 1)) if MODE_TABLE[config.mode].fusion == "gate" else None
         self.post_init()
 
     @classmethod
@@ -98,7 +98,7 @@ class BiPRMModel(PreTrainedModel):
 
     @property
     def streams(self) -> tuple[str, ...]:
-        return STREAMS[self.config.mode]
+        return MODE_TABLE[self.config.mode].streams
 
     def forward(
         self,
@@ -203,7 +203,7 @@ class BiPRMModel(PreTrainedModel):
 
     def _sigma(self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None) -> torch.Tensor | None:
         """Gate weight on the L2R stream: learned for `bi`, 0.5 for `bi-static`, none for one stream."""
-        if self.config.mode == "bi-static":
+        if MODE_TABLE[self.config.mode].fusion == "static":
             return torch.full(h_l2r.shape[:1], 0.5, dtype=h_l2r.dtype, device=h_l2r.device)
         if self.gate is None:
             return None

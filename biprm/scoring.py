@@ -25,10 +25,11 @@ from tqdm.auto import tqdm
 
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_layout
+from biprm.config import MODE_TABLE
 from biprm.data.encoding import Encoded, Encoder
 from biprm.data.trajectory import Trajectory
 from biprm.modeling import BiPRMModel, BiPRMOutput
-from biprm.packing import STREAMS, check_tags, pack, pack_cached
+from biprm.packing import check_tags, pack, pack_cached
 from biprm.scores import StepScores, offsets_of, step_positions
 
 log = logging.getLogger(__name__)
@@ -155,11 +156,11 @@ class Collector:
                 buf[dest] = value.double().cpu().numpy()
 
     def scores(self) -> StepScores:
-        streams, out = STREAMS[self.mode], self.out
+        spec, out = MODE_TABLE[self.mode], self.out
         return StepScores(
             offsets=self.offsets,
             fused=out["fused"],
-            l2r=out["l2r"] if "l2r" in streams else None,
-            r2l=out["r2l"] if "r2l" in streams else None,
-            sigma=out["sigma"] if self.mode in ("bi", "bi-static") else None,
+            l2r=out["l2r"] if "l2r" in spec.streams else None,
+            r2l=out["r2l"] if "r2l" in spec.streams else None,
+            sigma=out["sigma"] if spec.fusion is not None else None,
         )

@@ -19,7 +19,7 @@ from biprm.data.synthetic import make_dataset
 from biprm.data.template import STEP_TAG
 from biprm.data.trajectory import DataError
 from biprm.evaluation.data import balanced_slice, gsm8k_bon_small, load_pool, spread
-from biprm.evaluation.models import Mode, ablation_modes, checkpoint_modes, score_modes
+from biprm.evaluation.models import ScoreSource, ablation_sources, checkpoint_sources, score_sources
 from biprm.scores import StepScores
 from biprm.scoring import Scorer
 from biprm.training import TrainConfig, train
@@ -59,7 +59,7 @@ def test_cache_scores_each_dataset_once(ckpt, tmp_path, score_calls):
     shutil.copytree(ckpt, copy)  # keys are content, not paths
     cache = ScoreCache(tmp_path)
     assert cache.model_key(str(copy)) == cache.model_key(ckpt)
-    three = score_modes(checkpoint_modes(str(copy)), cache, trajs)
+    three = score_sources(checkpoint_sources(str(copy)), cache, trajs)
     assert score_calls == [6]
     assert list(three) == ["bi (fused)", "bi: L2R stream", "bi: R2L stream"]
     np.testing.assert_array_equal(three["bi: R2L stream"].fused, first.r2l)
@@ -76,10 +76,10 @@ def test_ensemble_mode_averages_probabilities():
             p = {"a": [0.2, 0.4, 0.9], "b": [0.6, 0.8, 0.1]}[ckpt]
             return StepScores.from_probs(np.array([0, 2, 3]), np.array(p), l2r=np.array(p))
 
-    mean = Mode("2xl2r", ["a", "b"]).scores(Stub(), [])
+    mean = ScoreSource("2xl2r", ["a", "b"]).scores(Stub(), [])
     np.testing.assert_allclose(mean.prob(), [0.4, 0.6, 0.5])
     assert mean.sigma is None
-    np.testing.assert_allclose(Mode("x", ["a"], "l2r").scores(Stub(), []).prob(), [0.2, 0.4, 0.9])
+    np.testing.assert_allclose(ScoreSource("x", ["a"], "l2r").scores(Stub(), []).prob(), [0.2, 0.4, 0.9])
 
 
 def test_ablation_roles_are_checked(ckpt, tmp_path, capsys):
@@ -87,8 +87,8 @@ def test_ablation_roles_are_checked(ckpt, tmp_path, capsys):
         main(["eval", "ablations", "--l2r", ckpt, "--r2l", ckpt, "--bi-static", ckpt, "--bi", ckpt, "--out", str(tmp_path)])
     assert "'l2r' row needs 'l2r'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="needs --l2r"):
-        ablation_modes({"bi": ckpt, "l2r-2": ckpt})
-    assert [m.key for m in ablation_modes({"bi": ckpt})] == ["bi"]
+        ablation_sources({"bi": ckpt, "l2r-2": ckpt})
+    assert [m.key for m in ablation_sources({"bi": ckpt})] == ["bi"]
 
 
 def test_ablation_table_layout():

@@ -8,10 +8,12 @@ import torch
 from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.config import MODE_TABLE
 from biprm.data.encoding import Encoder, add_step_tag
+from biprm.data.template import STEP_TAG
 from biprm.data.trajectory import Trajectory
 from biprm.modeling import BiPRMConfig, BiPRMModel
-from biprm.packing import STREAMS, pack
+from biprm.packing import pack
 from biprm.trunk import TrunkCache, cached_forward, cached_scores, freeze_bottom, split
 
 TRAJS = [
@@ -36,7 +38,7 @@ def tokenizer():
 
 
 def build(tokenizer, kind: str, mode: str) -> BiPRMModel:
-    step_tag_id = tokenizer.convert_tokens_to_ids("<|step|>")
+    step_tag_id = tokenizer.convert_tokens_to_ids(STEP_TAG)
     torch.manual_seed(0)
     config = BiPRMConfig(backbone_config=BODIES[kind](len(tokenizer)), mode=mode, step_tag_id=step_tag_id, detach_gate_inputs=False)
     config._attn_implementation = "sdpa"
@@ -48,7 +50,7 @@ def build(tokenizer, kind: str, mode: str) -> BiPRMModel:
 
 
 def encodings(tokenizer):
-    encoder = Encoder(tokenizer, tokenizer.convert_tokens_to_ids("<|step|>"))
+    encoder = Encoder(tokenizer, tokenizer.convert_tokens_to_ids(STEP_TAG))
     return [encoder.encode(t) for t in TRAJS]
 
 
@@ -73,7 +75,7 @@ def test_cached_training_and_scoring_equal_the_full_model_with_the_same_layers_f
     cache = TrunkCache(tmp_path, cached, top_layers, encs).build(tokens_per_batch=64, progress=False)
     _, top = split(cached, top_layers)
     idx = np.arange(len(encs))
-    out_cached = cached_forward(cached, top, **cache.batch(idx, STREAMS[mode], [e.labels for e in encs]))
+    out_cached = cached_forward(cached, top, **cache.batch(idx, MODE_TABLE[mode].streams, [e.labels for e in encs]))
     out_cached.loss.backward()
 
     torch.testing.assert_close(out_cached.loss, out_full.loss, rtol=1e-5, atol=1e-6)

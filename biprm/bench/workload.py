@@ -20,7 +20,7 @@ from biprm.data.trajectory import Trajectory
 from biprm.modeling import BiPRMConfig, BiPRMModel, BiPRMOutput
 from biprm.packing import pack
 
-MODES = ("l2r", "bi")
+MEASURED_MODES = ("l2r", "bi")  # one stream and two: r2l costs what l2r does, bi-static what bi does
 CANDIDATES = 12  # per question in gsm8k_bon_small
 
 
@@ -47,7 +47,7 @@ def build(shape: str, seed: int = 0) -> Bench:
     lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), attn_implementation="sdpa")
     lm.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     ours = {}
-    for mode in MODES:
+    for mode in MEASURED_MODES:
         ours[mode] = BiPRMModel(BiPRMConfig(backbone_config=lm.config, mode=mode, step_tag_id=tag), backbone=lm.model)
         ours[mode].set_attn_implementation("sdpa")
     ref = {mode: ReferencePRM(lm, model.value_head, model.gate) for mode, model in ours.items()}

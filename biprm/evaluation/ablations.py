@@ -15,7 +15,7 @@ from biprm.evaluation.bon import evaluate_bon, format_bon
 from biprm.evaluation.common import EvalOptions, fmt, write_outputs
 from biprm.config import PROCESSBENCH_SUBSETS
 from biprm.evaluation.data import load_pool, load_processbench
-from biprm.evaluation.models import ROLES, ablation_modes, checkpoint_config, score_modes
+from biprm.evaluation.models import ROLES, ablation_sources, checkpoint_config, score_sources
 from biprm.evaluation.processbench import evaluate_processbench, format_processbench
 from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS
 
@@ -71,13 +71,13 @@ def run_ablations(cfg: AblationConfig) -> dict:
     cache = cfg.open_cache()
     if (warning := unlike_objectives(cfg.checkpoints)):
         logger.warning(warning)
-    modes = ablation_modes(cfg.checkpoints)
+    sources = ablation_sources(cfg.checkpoints)
     bon = []
     for spec in cfg.pools:
         pool = load_pool(spec, cfg.data_root, cfg.limit, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
-        bon.append(evaluate_bon(pool, score_modes(modes, cache, pool.trajs), cfg.agg, cfg.ns, PROTOCOLS))
+        bon.append(evaluate_bon(pool, score_sources(sources, cache, pool.trajs), cfg.agg, cfg.ns, PROTOCOLS))
     trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
-    pb = evaluate_processbench(trajs, score_modes(modes, cache, trajs), cfg.threshold, cfg.tune)
+    pb = evaluate_processbench(trajs, score_sources(sources, cache, trajs), cfg.threshold, cfg.tune)
     table = ablation_table(bon, pb)
     markdown = "\n\n".join([
         "# Ablations", f"Mean BoN@n (%, aggregation `{cfg.agg}`) and ProcessBench F1 (%, threshold {cfg.threshold:g}).",

@@ -22,7 +22,7 @@ from biprm.analysis.common import markdown_table
 from biprm.evaluation.cli import AGGS
 from biprm.evaluation.common import EvalOptions, fmt, write_outputs
 from biprm.evaluation.data import Pool, load_pool
-from biprm.evaluation.models import modes_of, score_modes
+from biprm.evaluation.models import score_sources, sources_of
 from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS, best_of, bon_table, content_free, pool_bounds, subsets, vote
 from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
 from biprm.scores import StepScores, offsets_of
@@ -139,7 +139,7 @@ def run_bon(cfg: BonConfig) -> dict:
     cache = cfg.open_cache()
     pool = load_pool(cfg.pool, cfg.data_root, cfg.limit, questions=cfg.questions, questions_split=cfg.questions_split,
                      split_rule=cfg.split_rule, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
-    scores = score_modes(modes_of(cfg.models), cache, pool.trajs) if cfg.models else {}
+    scores = score_sources(sources_of(cfg.models), cache, pool.trajs) if cfg.models else {}
     result = evaluate_bon(pool, scores, cfg.agg, cfg.ns, cfg.protocols, cfg.aggs, cfg.draws, cfg.seed)
     markdown = "# Best-of-N\n\n" + format_bon(result) + "\n"
     print(markdown)

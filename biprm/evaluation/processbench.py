@@ -25,7 +25,7 @@ from biprm.config import PROCESSBENCH_SUBSETS
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.common import EvalOptions, fmt, write_outputs
 from biprm.evaluation.data import load_processbench
-from biprm.evaluation.models import modes_of, score_modes
+from biprm.evaluation.models import score_sources, sources_of
 from biprm.metrics.processbench import first_error_f1_by_subset, flag_step, predict_first_error, tune_flag_step, tune_threshold
 from biprm.scores import StepScores
 
@@ -158,12 +158,12 @@ def format_processbench(result: dict) -> str:
 def run_processbench(cfg: ProcessBenchConfig) -> dict:
     cache = cfg.open_cache()
     trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
-    modes = modes_of(cfg.models)
+    sources = sources_of(cfg.models)
     dev = None
     if cfg.tune_data:
         dev_trajs = load_processbench(cfg.data_root, (cfg.tune_data,))
-        dev = (dev_trajs, score_modes(modes, cache, dev_trajs))
-    result = evaluate_processbench(trajs, score_modes(modes, cache, trajs), cfg.threshold, cfg.tune, dev)
+        dev = (dev_trajs, score_sources(sources, cache, dev_trajs))
+    result = evaluate_processbench(trajs, score_sources(sources, cache, trajs), cfg.threshold, cfg.tune, dev)
     markdown = "# ProcessBench\n\n" + format_processbench(result) + "\n"
     print(markdown)
     print(f"wrote {write_outputs(cfg.out, 'processbench', result, markdown)} and processbench.json")
