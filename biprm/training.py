@@ -22,15 +22,15 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from biprm.backbones import load_tokenizer, resolve_backbone
-from biprm.checkpoint import share, stamp, write_model_card
 from biprm.config import TrainConfig
+from biprm.checkpoint import share, stamp, write_model_card
 from biprm.data.arrow import encoded_dataset, streamed_dataset, to_encoded
+from biprm.run_folder import RECORD, finished, plan, publish, run_record, start, undone_if_nothing_trained
 from biprm.data.encoding import Encoder
-from biprm.data.readers import check_source
 from biprm.lora import save_merged, with_lora
 from biprm.modeling import from_backbone
+from biprm.data.readers import check_source
 from biprm.packing import pack
-from biprm.run_folder import RECORD, finished, plan, publish, run_record, start, undone_if_nothing_trained
 from biprm.trunk import freeze_bottom
 
 log = logging.getLogger(__name__)

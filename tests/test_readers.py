@@ -14,6 +14,7 @@ from biprm.data.readers import (
     from_processbench,
     load_trajectories,
     load_with_report,
+    open_source,
     read_rows,
     solution_steps,
     split_steps,
@@ -61,6 +62,19 @@ def test_read_rows_formats(tmp_path, kind):
     assert trajs[0].question == TRL[0]["prompt"] and trajs[1].first_error == 1
 
 
+@pytest.mark.parametrize("source", ["file", "synthetic:6:2"])
+def test_lists_and_arrow_open_a_source_through_one_door(tmp_path, source):
+    """`load_trajectories` and the Arrow training set see the same name, format, columns and trajectories."""
+    from biprm.data.synthetic import make_dataset
+
+    source = write(tmp_path / "d.jsonl", TRL, "jsonl") if source == "file" else source
+    lists, table = open_source(source), open_source(source, arrow=True)
+    assert (lists.name, lists.fmt, lists.columns) == (table.name, table.fmt, table.columns)
+    convert = lambda rows: [rows.convert(row, "here", i) for i, row in enumerate(rows.raw)]  # noqa: E731
+    assert convert(lists) == convert(table) == load_trajectories(source)
+    assert load_trajectories("synthetic:6:2") == make_dataset(6, seed=2)
+
+
 def test_read_rows_json_object_and_missing_paths(tmp_path):
     path = tmp_path / "d.json"
     path.write_text(json.dumps({"data": TRL}))
@@ -83,7 +97,7 @@ def test_hub_name_goes_to_load_dataset(monkeypatch):
 
     calls = []
 
-    def fake(name, config=None, split=None):
+    def fake(name, config=None, split=None, streaming=False):
         calls.append((name, config, split))
         return datasets.Dataset.from_list(TRL)
 

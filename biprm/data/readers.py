@@ -88,33 +88,15 @@ def read_rows(source: str, split: str = "train") -> tuple[list[dict], str]:
         raise FileNotFoundError(f"{source}: is not a data file")
     if looks_like_path(source):
         raise FileNotFoundError(f"{source}: no such data file (and it does not look like a Hugging Face dataset name)")
+    table, name = _hub_dataset(source, split)
+    return table.to_list(), name
+
+
+def _hub_dataset(source: str, split: str, streaming: bool = False) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
     import datasets
 
     name, _, config = source.partition(":")
-    return datasets.load_dataset(name, config or None, split=split).to_list(), f"{source}[{split}]"
-
-
-def read_table(source: str, split: str = "train", streaming: bool = False) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
-    """`read_rows` as an Arrow table (a Hub dataset already is one), memory-mapped instead of held as Python rows."""
-    import datasets
-
-    path = Path(source).expanduser()
-    if not path.is_file():
-        if path.exists() or looks_like_path(source):
-            read_rows(source, split)  # not a data file: raises the reader's error, naming it
-        name, _, config = source.partition(":")
-        return datasets.load_dataset(name, config or None, split=split, streaming=streaming), f"{source}[{split}]"
-    kind = "parquet" if ".parquet" in path.suffixes else "json"
-    if streaming:
-        return datasets.load_dataset(kind, data_files=str(path), split="train", streaming=True), str(path)
-    try:
-        return datasets.load_dataset(kind, data_files=str(path), split="train"), str(path)
-    except Exception as error:  # the Arrow reader is strict; the line reader names the bad line and field
-        rows, name = read_rows(source, split)
-        try:
-            return datasets.Dataset.from_list(rows), name
-        except Exception:
-            raise DataError(f"{path}: rows do not fit one table ({error})") from None
+    return datasets.load_dataset(name, config or None, split=split, streaming=streaming), f"{source}[{split}]"
 
 
 def synthetic_spec(spec: str) -> tuple[int, int] | None:
@@ -130,6 +112,27 @@ def check_source(spec: str) -> None:
     path = Path(spec).expanduser()
     if synthetic_spec(spec) is None and not path.is_file() and (path.exists() or looks_like_path(spec)):
         read_rows(spec)  # raises the reader's one-line error, naming the path
+
+
+def read_table(source: str, split: str = "train", streaming: bool = False) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
+    """`read_rows` as an Arrow table (a Hub dataset already is one), memory-mapped instead of held as Python rows."""
+    import datasets
+
+    check_source(source)
+    path = Path(source).expanduser()
+    if not path.is_file():
+        return _hub_dataset(source, split, streaming)
+    kind = "parquet" if ".parquet" in path.suffixes else "json"
+    if streaming:
+        return datasets.load_dataset(kind, data_files=str(path), split="train", streaming=True), str(path)
+    try:
+        return datasets.load_dataset(kind, data_files=str(path), split="train"), str(path)
+    except Exception as error:  # the Arrow reader is strict; the line reader names the bad line and field
+        rows, name = read_rows(source, split)
+        try:
+            return datasets.Dataset.from_list(rows), name
+        except Exception:
+            raise DataError(f"{path}: rows do not fit one table ({error})") from None
 
 
 # ---- steps -----------------------------------------------------------------------------
