@@ -23,6 +23,7 @@ Format = Literal[("auto", *FORMATS)]  # a Literal built from the readers' list
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PROCESSBENCH_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
 CHECKPOINT_ROLES = ("l2r", "r2l", "bi-static", "bi", "l2r-2", "r2l-2")  # what `eval ablations` takes
+MAX_LENGTH = 4096  # tokens per stream when scoring (score, eval, serve) unless set; trailing steps past it are not scored
 
 
 def default_data_root() -> str:

@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple
 import datasets
 
 from biprm.encoding import Encoded, Encoder
-from biprm.readers import detect_format, looks_like_path, read_rows, row_converter, skip_summary
+from biprm.readers import detect_format, looks_like_path, read_rows, row_converter, skip_report
 from biprm.sources import synthetic_spec
 from biprm.synthetic import make_dataset
 from biprm.trajectory import DataError, Trajectory
@@ -157,7 +157,7 @@ def _report(out: datasets.Dataset, name: str, n_rows: int, max_length: int) -> N
     """Warn (never hide) how many rows were skipped, and why, and which rows lost trailing steps to max_length."""
     errors = [(row, e) for row, e in zip(out["row"], out["error"]) if e]
     if errors:
-        log.warning("%s: skipped %d of %d rows: %s", name, len(errors), n_rows, skip_summary(name, errors))
+        log.warning(skip_report(name, errors, n_rows))
     cut = [row for row, n in zip(out["row"], out["n_dropped"]) if n]
     if cut:
         log.warning("%s: %d rows exceed max_length=%d and lose trailing steps in both streams: rows %s%s", name, len(cut), max_length,

@@ -120,6 +120,16 @@ def test_score_crash_loses_at_most_a_chunk_and_resume_finishes_the_same_file(che
     assert out.read_text() == clean.read_text() and not (tmp_path / "out.jsonl.parts").exists()
 
 
+def test_score_encodes_each_trajectory_once(checkpoint, tmp_path, monkeypatch):
+    from biprm.encoding import Encoder
+
+    calls = []
+    real = Encoder.encode
+    monkeypatch.setattr(Encoder, "encode", lambda self, traj, where="trajectory": calls.append(where) or real(self, traj, where))
+    main(["score", "--model", checkpoint, "--input", str(_rows(tmp_path / "in.jsonl", 5)), "--output", str(tmp_path / "o.jsonl"), "--chunk", "2"])
+    assert calls == [f"{tmp_path / 'in.jsonl'} trajectory {k}" for k in range(1, 6)]
+
+
 def test_resume_refuses_another_runs_parts(checkpoint, tmp_path, capsys):
     parts = tmp_path / "out.jsonl.parts"
     parts.mkdir()

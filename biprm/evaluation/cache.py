@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from biprm.config import MAX_LENGTH
 from biprm.evaluation.sharing import score_shared
 from biprm.processes import process_state
 from biprm.scores import StepScores
@@ -40,7 +41,7 @@ class ScorerSettings:
     device: str | None = None
     tokens_per_batch: int | None = None
     tokens_per_row: int | None = TOKENS_PER_ROW
-    max_length: int = 4096
+    max_length: int = MAX_LENGTH
 
     def load(self, ckpt: str) -> Scorer:
         """A scorer on this process's device: under `accelerate launch` one GPU per process, also for `device="cuda"`."""
