@@ -20,6 +20,7 @@ from transformers import HfArgumentParser
 from biprm import __version__
 from biprm.bench.config import BenchConfig, DataBenchConfig
 from biprm.config import DemoConfig, ReplicateArgs, ScoreConfig, TrainConfig
+from biprm.evaluation import cli as evaluation
 from biprm.serve.config import LoadTestConfig, ServeConfig
 
 
@@ -105,20 +106,35 @@ COMMANDS = {  # name: (settings, recipe, one-line help)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="biprm", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"biprm {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=HfArgumentParser)
-    for name, (settings, run, text) in COMMANDS.items():
+    _add_commands(parser, "command", COMMANDS)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    _add_commands(sub.add_parser("eval", help=evaluation.HELP, description=evaluation.HELP), "eval_command", evaluation.COMMANDS)
+    for p in [parser, *_subparsers(parser)]:  # -v before or after the sub-command
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS if p is not parser else False,
+                       help="log progress, and show tracebacks on errors")
+    return parser
+
+
+def _add_commands(parser: argparse.ArgumentParser, dest: str, commands: dict) -> None:
+    """One sub-command per entry of `commands`, its flags and `--config FILE` made from its settings dataclass."""
+    sub = parser.add_subparsers(dest=dest, required=True, parser_class=HfArgumentParser)
+    for name, (settings, run, text) in commands.items():
         p = sub.add_parser(name, dataclass_types=[settings], help=text, description=text)
         p.add_argument("--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it")
         _negations_say_so(p)
         p.set_defaults(func=run, settings=settings)
 
-    from biprm.evaluation.cli import add_eval_parser
 
-    add_eval_parser(sub)
-    for p in [parser, *_subparsers(parser)]:  # -v before or after the sub-command
-        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS if p is not parser else False,
-                       help="log progress, and show tracebacks on errors")
-    return parser
+def _chosen(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[str, argparse.ArgumentParser]:
+    """The sub-command argv names ("eval bon" is two levels down) and its parser."""
+    names = []
+    for word in (a for a in argv if not a.startswith("-")):
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or word not in sub.choices:
+            break
+        names.append(word)
+        parser = sub.choices[word]
+    return " ".join(names), parser
 
 
 def _negations_say_so(parser: argparse.ArgumentParser) -> None:
@@ -152,8 +168,9 @@ def load_config_file(path: str, parser: argparse.ArgumentParser) -> None:
         actions = [a for a in parser._actions if a.dest == dest]  # a bool has two: --x and --no_x
         value = _typed(next((a for a in actions if a.type), actions[0]), value, where)
         for action in actions:
-            if action.choices and value not in action.choices:
-                raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+            wrong = [v for v in (value if isinstance(value, list) else [value]) if action.choices and v not in action.choices]
+            if wrong:
+                raise ValueError(f"{where}: {wrong[0]!r} is not one of {', '.join(map(str, action.choices))}")
             action.required = False
         parser.set_defaults(**{dest: value})
 
@@ -207,24 +224,21 @@ def _config_file(argv: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    command = next((a for a in argv if not a.startswith("-")), None)
+    command, chosen = _chosen(parser, argv)
     config = _config_file(argv)
-    if config and command in COMMANDS:
+    if config and "settings" in chosen._defaults:
         try:
-            load_config_file(config, next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command])
+            load_config_file(config, chosen)
         except (ValueError, OSError) as error:
             parser.exit(2, f"biprm {command}: error: {error}\n")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        if "settings" in args:
-            args.func(args.settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)}))
-        else:
-            args.func(args)
+        args.func(args.settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)}))
     except (ValueError, OSError) as error:  # bad input, a missing file: one line; -v shows the traceback
         if args.verbose:
             raise
-        print(f"biprm {args.command}: error: {error}", file=sys.stderr)
+        print(f"biprm {command}: error: {error}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -23,6 +23,7 @@ Format = Literal[("auto", *FORMATS)]  # a Literal built from the readers' list
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PROCESSBENCH_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
 CHECKPOINT_ROLES = ("l2r", "r2l", "bi-static", "bi", "l2r-2", "r2l-2")  # what `eval ablations` takes
+TOKENS_PER_ROW = 512  # longer tree rows pay more in masked attention than the shared prompt saves (benchmarks/)
 MAX_LENGTH = 4096  # tokens per stream when scoring (score, eval, serve) unless set; trailing steps past it are not scored
 
 
@@ -52,9 +53,9 @@ def check_extras(needed: dict[str, str]) -> None:
             raise ValueError(f"{flag} needs {', '.join(missing)}, which is not installed: pip install -e \".[{extra}]\"")
 
 
-def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING) -> Any:
-    """A dataclass field with the help text its flag shows."""
-    return field(default=default, default_factory=factory, metadata={"help": help})
+def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING, **flag: Any) -> Any:
+    """A dataclass field with the help text its flag shows; `flag` holds other argparse settings (action, choices, metavar)."""
+    return field(default=default, default_factory=factory, metadata={"help": help, **flag})
 
 
 @dataclass

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_layout
-from biprm.config import MAX_LENGTH
+from biprm.config import MAX_LENGTH, TOKENS_PER_ROW
 from biprm.encoding import Encoded, Encoder
 from biprm.modeling import BiPRMModel, BiPRMOutput
 from biprm.packing import STREAMS, check_tags, pack, pack_cached
@@ -33,7 +33,6 @@ from biprm.scores import StepScores, offsets_of, step_positions
 from biprm.trajectory import DataError, Trajectory, validate
 
 log = logging.getLogger(__name__)
-TOKENS_PER_ROW = 512  # longer tree rows pay more in masked attention than the shared prompt saves (benchmarks/)
 CACHE_FROM = 4  # candidates per question from which the prompt cache wins (benchmarks/, scaling plot)
 
 

@@ -235,6 +235,28 @@ def test_config_file_fills_settings_and_flags_win(tmp_path, monkeypatch, capsys)
     assert (seen[-1].mode, seen[-1].lr) == ("r2l", 2e-5)
 
 
+def test_eval_commands_take_a_config_file_too(tmp_path, monkeypatch, capsys):
+    from biprm.evaluation import cli as evaluation
+    from biprm.evaluation.config import AblationConfig, BonConfig
+
+    seen = []
+    monkeypatch.setitem(evaluation.COMMANDS, "bon", (BonConfig, seen.append, "bon"))
+    monkeypatch.setitem(evaluation.COMMANDS, "ablations", (AblationConfig, seen.append, "ablations"))
+    (tmp_path / "bon.yaml").write_text("model: [runs/a, runs/b]\nns: [2, 4]\nprotocol: [random]\nmax_length: 1024\ntokens_per_row: 0\n")
+    main(["eval", "bon", "--config", str(tmp_path / "bon.yaml"), "--ns", "8"])
+    cfg = seen[-1]
+    assert (cfg.model, cfg.ns, cfg.protocol, cfg.max_length, cfg.tokens_per_row, cfg.agg) == (["runs/a", "runs/b"], [8], ["random"], 1024, 0, "min")
+    roles = {"l2r": "A", "r2l": "B", "bi_static": "C", "bi": "D", "r2l_2": "E"}
+    (tmp_path / "ablations.json").write_text(json.dumps(roles))  # the file fills the required checkpoints
+    main(["eval", "ablations", "--config", str(tmp_path / "ablations.json")])
+    assert seen[-1].checkpoints == {"l2r": "A", "r2l": "B", "bi-static": "C", "bi": "D", "r2l-2": "E"}
+    (tmp_path / "bad.yaml").write_text("ns: [2]\naggs: [min, median]\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "bon", "--config", str(tmp_path / "bad.yaml")])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and err.startswith("biprm eval bon: error: ") and "bad.yaml line 2: aggs: 'median' is not one of" in err
+
+
 @pytest.mark.parametrize("name, text, message", [
     ("bad.yaml", "lr: 1.0e-4\nmdoe: l2r\n", "bad.yaml line 2: mdoe: unknown setting"),
     ("bad.yaml", "mode: bidirectional\n", "bad.yaml line 1: mode: 'bidirectional' is not one of"),
