@@ -433,6 +433,27 @@ def test_every_documented_command_parses():
             raise AssertionError(f"{where}: does not parse ({argv})") from stop
 
 
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_yaml_opens_with_its_command_and_parses_through_it(path, monkeypatch):
+    import dataclasses
+    import shlex
+
+    from biprm.cli import _chosen, build_parser, load_config_file
+
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# ") and f"configs/{path.name}" in first, first
+    if f"--config configs/{path.name}" not in first:
+        return  # accelerate's own settings (--config_file), not biprm's
+    argv = shlex.split(first.split(" -m biprm.cli ")[-1] if " -m biprm.cli " in first else first.removeprefix("# biprm "))
+    parser = build_parser()
+    command, chosen = _chosen(parser, argv)
+    load_config_file(str(path), chosen)
+    args = parser.parse_args([a.replace(f"configs/{path.name}", str(path)) for a in argv])
+    monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)  # deepspeed need not be installed to read the file
+    settings = args.settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)})
+    assert command in ("train", "replicate") and settings is not None
+
+
 def test_loading_a_checkpoints_tokenizer_gives_no_type_warning(checkpoint):
     import subprocess
     import sys
