@@ -13,14 +13,17 @@ import dataclasses
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, get_origin
 
 from transformers import HfArgumentParser
 
 from biprm import __version__
 from biprm.bench.config import BenchConfig, DataBenchConfig
-from biprm.config import DemoConfig, ReplicateArgs, ScoreConfig, TrainConfig
+from biprm.config import DemoConfig, ScoreConfig, TrainConfig
 from biprm.evaluation import cli as evaluation
+from biprm.replication.config import ReplicateConfig
 from biprm.serve.config import LoadTestConfig, ServeConfig
 
 
@@ -44,22 +47,18 @@ def cmd_demo(cfg: DemoConfig) -> None:
     run_demo(cfg)
 
 
-def cmd_replicate(cfg: ReplicateArgs) -> None:
-    from biprm.replication.recipe import preset, replicate, report_only
-
+def cmd_replicate(cfg: ReplicateConfig) -> None:
     if cfg.preset == "mechanism":
         from biprm.replication.mechanism_report import write_report
         from biprm.replication.mechanism_study import MechanismConfig, run_study
 
-        given = dict(out=cfg.out, work_dir=cfg.work_dir, data_root=cfg.data_root, bf16=cfg.bf16, top_layers=cfg.train_top_layers)
-        mechanism = MechanismConfig(**{k: v for k, v in given.items() if v is not None})
+        given = dict(out=cfg.out, work_dir=cfg.work_dir, data_root=cfg.data_root, bf16=cfg.bf16, top_layers=cfg.top_layers)
+        mechanism = MechanismConfig(**{k: v for k, v in given.items() if v})
         write_report(mechanism) if cfg.report_only else run_study(mechanism)
         return
-    study = preset(cfg.preset, out=cfg.out, work_dir=cfg.work_dir, data_root=cfg.data_root, bf16=cfg.bf16, top_layers=cfg.train_top_layers)
-    if cfg.report_only:
-        report_only(study)
-    else:
-        replicate(study)
+    from biprm.replication.recipe import replicate, report_only
+
+    report_only(cfg) if cfg.report_only else replicate(cfg)
 
 
 def cmd_serve(cfg: ServeConfig) -> None:
@@ -95,7 +94,7 @@ COMMANDS = {  # name: (settings, recipe, one-line help)
     "demo": (DemoConfig, cmd_demo, "train l2r, r2l, bi-static and bi on the synthetic task and compare them (not evidence: see replicate)"),
     "train": (TrainConfig, cmd_train, "train a (Bi)PRM on step-labelled data"),
     "score": (ScoreConfig, cmd_score, "write per-step and solution scores of a data file as JSONL"),
-    "replicate": (ReplicateArgs, cmd_replicate, "the paper's l2r / r2l / bi-static / bi comparison on SmolLM2-135M and real data (resumable: rerun to continue)"),
+    "replicate": (ReplicateConfig, cmd_replicate, "the paper's l2r / r2l / bi-static / bi comparison on SmolLM2-135M and real data (resumable: rerun to continue)"),
     "serve": (ServeConfig, cmd_serve, "serve a checkpoint over HTTP: /v1/score, /get_reward (OpenRLHF), /health, /metrics (extra [serve])"),
     "loadtest": (LoadTestConfig, cmd_loadtest, "benchmark `biprm serve` on loopback: batched vs one-at-a-time, latency by concurrency, overload"),
     "bench": (BenchConfig, cmd_bench, "time and measure BiPRM against the reference pattern and L2R, side by side"),
@@ -122,7 +121,29 @@ def _add_commands(parser: argparse.ArgumentParser, dest: str, commands: dict) ->
         p = sub.add_parser(name, dataclass_types=[settings], help=text, description=text)
         p.add_argument("--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it")
         _negations_say_so(p)
+        for action in p._actions:
+            if dataclasses.is_dataclass(action.type) or get_origin(action.type) in (dict, tuple):
+                action.type = _structured(action.type)
         p.set_defaults(func=run, settings=settings)
+
+
+def _structured(kind: Any) -> Callable[[object], object]:
+    """The type of a dict, tuple or dataclass setting: YAML text on the command line (--seeds '{l2r: 3, bi: 3}'),
+    or the mapping or list a settings file holds."""
+    made = get_origin(kind) or kind
+
+    def convert(value: object) -> object:
+        import yaml
+
+        value = yaml.safe_load(value) if isinstance(value, str) else value
+        if dataclasses.is_dataclass(made) and isinstance(value, dict):
+            return made(**value)
+        if isinstance(value, dict if made is dict else list):
+            return made(value)
+        raise ValueError(f"expected {'a mapping' if made is not tuple else 'a list'}, got {value!r}")
+
+    convert.__name__, convert.structured = made.__name__, True
+    return convert
 
 
 def _chosen(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[str, argparse.ArgumentParser]:
@@ -201,6 +222,11 @@ def _typed(action: argparse.Action, value: object, where: str) -> object:
     """`value` converted as its flag would convert it; argparse never checks a default that is not a string."""
     if value is None or action.type is None:
         return value
+    if getattr(action.type, "structured", False):
+        try:
+            return action.type(value)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{where}: {value!r} is not a valid {action.type.__name__} ({error})") from None
     many = action.nargs in ("+", "*")
     if isinstance(value, (list, dict)) != many or isinstance(value, dict):
         raise ValueError(f"{where}: expected {'a list' if many else 'one value'}, got {type(value).__name__} {value!r}")

@@ -142,18 +142,3 @@ class ScoreConfig:
     skip_invalid: bool = arg(False, "skip bad rows (reported with file, row and field) instead of stopping")
     chunk: int = arg(1024, "rows scored and written to disk at a time; a kill loses at most one")
     resume: bool = arg(False, "continue a killed run from its OUTPUT.parts folder")
-
-
-@dataclass
-class ReplicateArgs:
-    """The flags of `biprm replicate`; every other number of the study is fixed by its preset."""
-
-    preset: Literal["quick", "full", "mechanism"] = arg(
-        "quick", "quick: 1 seed per mode, a smoke test of the recipe (docs/REPLICATION.md gives its wall clock); "
-        "full: 3 seeds for l2r and bi, hours on a CPU; mechanism: the controlled future-only-error test (docs/MECHANISM.md)")
-    out: str | None = arg(None, "results folder (default results/replication/<preset>)")
-    work_dir: str | None = arg(None, "trunk caches and run checkpoints (default <biprm cache>/replicate)")
-    data_root: str | None = arg(None, "folder holding processbench/, prmbench/, gsm8k/ ... (default $BIPRM_DATA or ../shared/data)")
-    bf16: Literal["auto", "yes", "no"] | None = arg(None, "bf16 autocast; auto: where the CPU has native bf16 or a GPU is present (preset's if unset)")
-    train_top_layers: int | None = arg(None, "layers trained on top of the frozen, cached trunk (preset's if unset)")
-    report_only: bool = arg(False, "write report.md, results.json and the figures from the runs finished so far; train nothing")

@@ -235,6 +235,25 @@ def test_config_file_fills_settings_and_flags_win(tmp_path, monkeypatch, capsys)
     assert (seen[-1].mode, seen[-1].lr) == ("r2l", 2e-5)
 
 
+def test_replicate_flags_and_files_override_the_preset_which_fills_the_rest(tmp_path, monkeypatch):
+    import biprm.cli as cli
+    from biprm.replication.config import PAPER_SEEDS, DataRecipe, ReplicateConfig
+
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "replicate", (ReplicateConfig, seen.append, "replicate"))
+    main(["replicate", "--preset", "full", "--train-top-layers", "4", "--bon-questions", "7"])
+    cfg = seen[-1]
+    assert (cfg.top_layers, cfg.bon_questions, cfg.seeds, cfg.prmbench_rows, cfg.out) == (4, 7, PAPER_SEEDS, 400, "results/replication/full")
+    (tmp_path / "study.yaml").write_text("preset: quick\nseeds: {l2r: 2, bi: 2}\ndata: {gsm8k_questions: 40, valid_fraction: 0.1}\n")
+    main(["replicate", "--config", str(tmp_path / "study.yaml"), "--processbench-subsets", "[gsm8k]"])
+    cfg = seen[-1]
+    assert (cfg.seeds, cfg.data, cfg.processbench_subsets) == ({"l2r": 2, "bi": 2}, DataRecipe(gsm8k_questions=40, valid_fraction=0.1), ("gsm8k",))
+    assert (cfg.processbench_rows, cfg.save_every) == (30, 20)  # the quick preset's
+    (tmp_path / "bad.yaml").write_text("data: {gsm8k_questions: 40, colour: red}\n")
+    with pytest.raises(SystemExit):
+        main(["replicate", "--config", str(tmp_path / "bad.yaml")])
+
+
 def test_eval_commands_take_a_config_file_too(tmp_path, monkeypatch, capsys):
     from biprm.evaluation import cli as evaluation
     from biprm.evaluation.config import AblationConfig, BonConfig
@@ -379,10 +398,10 @@ def test_preset_help_describes_every_preset_and_leaves_timings_to_one_doc():
     import typing
 
     from biprm.bench.config import BenchConfig
-    from biprm.config import ReplicateArgs
+    from biprm.replication.config import ReplicateConfig
 
     timing = re.compile(r"\d+(\.\d+)?\s*(s|min|minutes|h|hours)\b")
-    for settings in (BenchConfig, ReplicateArgs):
+    for settings in (BenchConfig, ReplicateConfig):
         preset = next(f for f in dataclasses.fields(settings) if f.name == "preset")
         text, choices = preset.metadata["help"], typing.get_args(typing.get_type_hints(settings)["preset"])
         assert all(f"{name}: " in text for name in choices) and not timing.search(text), text
