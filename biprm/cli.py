@@ -50,7 +50,8 @@ def cmd_demo(cfg: DemoConfig) -> None:
 def cmd_replicate(cfg: ReplicateConfig) -> None:
     if cfg.preset == "mechanism":
         from biprm.replication.mechanism_report import write_report
-        from biprm.replication.mechanism_study import MechanismConfig, run_study
+        from biprm.replication.config import MechanismConfig
+        from biprm.replication.mechanism_study import run_study
 
         given = dict(out=cfg.out, work_dir=cfg.work_dir, data_root=cfg.data_root, bf16=cfg.bf16, top_layers=cfg.top_layers)
         mechanism = MechanismConfig(**{k: v for k, v in given.items() if v})

@@ -62,12 +62,13 @@ class Scorer:
         self.tokens_per_call = tokens_per_call
 
     @classmethod
-    def from_pretrained(cls, path: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None, **kwargs) -> "Scorer":
+    def from_pretrained(cls, path: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                        max_length: int = MAX_LENGTH, **kwargs) -> "Scorer":
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         model = BiPRMModel.from_pretrained(path, dtype=dtype).to(device)
         check_layout(model.config, path)
-        return cls(model, load_tokenizer(path), **kwargs)
+        return cls(model, load_tokenizer(path), max_length, **kwargs)
 
     @property
     def mode(self) -> str:

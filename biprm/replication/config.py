@@ -7,7 +7,7 @@ budget, lengths) is the same in every preset. Nothing here imports torch, so `bi
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from biprm.config import arg, default_data_root
@@ -88,3 +88,35 @@ class ReplicateConfig:
 
         self.out = self.out or f"results/replication/{self.preset}"
         self.work_dir = self.work_dir or str(cache_root() / "replicate")
+
+
+@dataclass
+class MechanismConfig:
+    """The settings of `biprm replicate --preset mechanism` (docs/MECHANISM.md): a study of its own."""
+
+    out: str = "results/mechanism"
+    work_dir: str = ""  # trunk caches, checkpoints and final states (never committed); default <biprm cache>/mechanism
+    data_root: str = field(default_factory=default_data_root)
+    backbone: str = "smollm2-135m"
+    top_layers: int = 8  # the go/no-go pilot with 4 found no separation on validation (docs/MECHANISM.md)
+    train_questions: int = 600  # GSM8K-train questions tried (those with no eligible step are dropped)
+    valid_questions: int = 100
+    test_questions: int = 300  # GSM8K-test questions tried
+    data_seed: int = 1106
+    seeds: dict[str, int] = field(default_factory=lambda: {"l2r": 3, "r2l": 1, "bi-static": 1, "bi": 3})
+    probe_seeds: int = 3  # heads-only runs per mode on the frozen full-depth features
+    lr: float = 1e-4
+    epochs: float = 3.0
+    batch_size: int = 16
+    warmup_ratio: float = 0.05
+    gate_lr_scale: float = 1.0
+    save_every: int = 25
+    max_length: int = 1024
+    processbench_rows: int | None = None  # ProcessBench GSM8K rows; None = all 400
+    bon_questions: int = 100  # gsm8k_bon_small questions, evenly spaced
+    bf16: str = "auto"
+
+    def __post_init__(self) -> None:
+        from biprm.backbones import cache_root  # here, not at import: the CLI lists settings without torch
+
+        self.work_dir = self.work_dir or str(cache_root() / "mechanism")

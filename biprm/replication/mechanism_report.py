@@ -25,7 +25,8 @@ from biprm.metrics.processbench import flag_step, predict_first_error, processbe
 from biprm.metrics.ranking import auc, paired_win
 from biprm.plots import plot_curves, position_curve
 from biprm.replication.mechanism import KINDS
-from biprm.replication.mechanism_study import MechanismConfig, load_sets, scores_path
+from biprm.replication.config import MechanismConfig
+from biprm.replication.mechanism_study import load_sets, scores_path
 from biprm.replication.recipe import load_scores
 from biprm.scores import StepScores
 from biprm.trajectory import Trajectory
