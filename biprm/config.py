@@ -35,6 +35,8 @@ Format = Literal[("auto", *FORMATS)]
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PROCESSBENCH_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
 CHECKPOINT_ROLES = ("l2r", "r2l", "bi-static", "bi", "l2r-2", "r2l-2")  # what `eval ablations` takes
+TOKENS_PER_ROW = 512  # longer tree rows pay more in masked attention than the shared prompt saves (benchmarks/)
+MAX_LENGTH = 4096  # tokens per stream when scoring (score, eval, serve) unless set; trailing steps past it are not scored
 
 
 def default_data_root() -> str:
@@ -63,9 +65,9 @@ def check_extras(needed: dict[str, str]) -> None:
             raise ValueError(f"{flag} needs {', '.join(missing)}, which is not installed: pip install -e \".[{extra}]\"")
 
 
-def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING) -> Any:
-    """A dataclass field with the help text its flag shows."""
-    return field(default=default, default_factory=factory, metadata={"help": help})
+def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING, **flag: Any) -> Any:
+    """A dataclass field with the help text its flag shows; `flag` holds other argparse settings (action, choices, metavar)."""
+    return field(default=default, default_factory=factory, metadata={"help": help, **flag})
 
 
 @dataclass
@@ -152,18 +154,3 @@ class ScoreConfig:
     skip_invalid: bool = arg(False, "skip bad rows (reported with file, row and field) instead of stopping")
     chunk: int = arg(1024, "rows scored and written to disk at a time; a kill loses at most one")
     resume: bool = arg(False, "continue a killed run from its OUTPUT.parts folder")
-
-
-@dataclass
-class ReplicateArgs:
-    """The flags of `biprm replicate`; every other number of the study is fixed by its preset."""
-
-    preset: Literal["quick", "full", "mechanism"] = arg(
-        "quick", "quick: 1 seed per mode, a smoke test of the recipe (docs/REPLICATION.md gives its wall clock); "
-        "full: 3 seeds for l2r and bi, hours on a CPU; mechanism: the controlled future-only-error test (docs/MECHANISM.md)")
-    out: str | None = arg(None, "results folder (default results/replication/<preset>)")
-    work_dir: str | None = arg(None, "trunk caches and run checkpoints (default <biprm cache>/replicate)")
-    data_root: str | None = arg(None, "folder holding processbench/, prmbench/, gsm8k/ ... (default $BIPRM_DATA or ../shared/data)")
-    bf16: Literal["auto", "yes", "no"] | None = arg(None, "bf16 autocast; auto: where the CPU has native bf16 or a GPU is present (preset's if unset)")
-    train_top_layers: int | None = arg(None, "layers trained on top of the frozen, cached trunk (preset's if unset)")
-    report_only: bool = arg(False, "write report.md, results.json and the figures from the runs finished so far; train nothing")

@@ -120,6 +120,16 @@ def test_score_crash_loses_at_most_a_chunk_and_resume_finishes_the_same_file(che
     assert out.read_text() == clean.read_text() and not (tmp_path / "out.jsonl.parts").exists()
 
 
+def test_score_encodes_each_trajectory_once(checkpoint, tmp_path, monkeypatch):
+    from biprm.data.encoding import Encoder
+
+    calls = []
+    real = Encoder.encode
+    monkeypatch.setattr(Encoder, "encode", lambda self, traj, where="trajectory": calls.append(where) or real(self, traj, where))
+    main(["score", "--model", checkpoint, "--input", str(_rows(tmp_path / "in.jsonl", 5)), "--output", str(tmp_path / "o.jsonl"), "--chunk", "2"])
+    assert calls == [f"{tmp_path / 'in.jsonl'} trajectory {k}" for k in range(1, 6)]
+
+
 def test_resume_refuses_another_runs_parts(checkpoint, tmp_path, capsys):
     parts = tmp_path / "out.jsonl.parts"
     parts.mkdir()
@@ -223,6 +233,47 @@ def test_config_file_fills_settings_and_flags_win(tmp_path, monkeypatch, capsys)
     (tmp_path / "run.json").write_text(json.dumps({"mode": "r2l", "lr": "2e-5"}))
     main(["train", "--config", str(tmp_path / "run.json")])
     assert (seen[-1].mode, seen[-1].lr) == ("r2l", 2e-5)
+
+
+def test_replicate_flags_and_files_override_the_preset_which_fills_the_rest(tmp_path, monkeypatch):
+    import biprm.cli as cli
+    from biprm.replication.config import PAPER_SEEDS, DataRecipe, ReplicateConfig
+
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "replicate", (ReplicateConfig, seen.append, "replicate"))
+    main(["replicate", "--preset", "full", "--train-top-layers", "4", "--bon-questions", "7"])
+    cfg = seen[-1]
+    assert (cfg.top_layers, cfg.bon_questions, cfg.seeds, cfg.prmbench_rows, cfg.out) == (4, 7, PAPER_SEEDS, 400, "results/replication/full")
+    (tmp_path / "study.yaml").write_text("preset: quick\nseeds: {l2r: 2, bi: 2}\ndata: {gsm8k_questions: 40, valid_fraction: 0.1}\n")
+    main(["replicate", "--config", str(tmp_path / "study.yaml"), "--processbench-subsets", "[gsm8k]"])
+    cfg = seen[-1]
+    assert (cfg.seeds, cfg.data, cfg.processbench_subsets) == ({"l2r": 2, "bi": 2}, DataRecipe(gsm8k_questions=40, valid_fraction=0.1), ("gsm8k",))
+    assert (cfg.processbench_rows, cfg.save_every) == (30, 20)  # the quick preset's
+    (tmp_path / "bad.yaml").write_text("data: {gsm8k_questions: 40, colour: red}\n")
+    with pytest.raises(SystemExit):
+        main(["replicate", "--config", str(tmp_path / "bad.yaml")])
+
+
+def test_eval_commands_take_a_config_file_too(tmp_path, monkeypatch, capsys):
+    from biprm.evaluation import cli as evaluation
+    from biprm.evaluation.config import AblationConfig, BonConfig
+
+    seen = []
+    monkeypatch.setitem(evaluation.COMMANDS, "bon", (BonConfig, seen.append, "bon"))
+    monkeypatch.setitem(evaluation.COMMANDS, "ablations", (AblationConfig, seen.append, "ablations"))
+    (tmp_path / "bon.yaml").write_text("model: [runs/a, runs/b]\nns: [2, 4]\nprotocol: [random]\nmax_length: 1024\ntokens_per_row: 0\n")
+    main(["eval", "bon", "--config", str(tmp_path / "bon.yaml"), "--ns", "8"])
+    cfg = seen[-1]
+    assert (cfg.model, cfg.ns, cfg.protocol, cfg.max_length, cfg.tokens_per_row, cfg.agg) == (["runs/a", "runs/b"], [8], ["random"], 1024, 0, "min")
+    roles = {"l2r": "A", "r2l": "B", "bi_static": "C", "bi": "D", "r2l_2": "E"}
+    (tmp_path / "ablations.json").write_text(json.dumps(roles))  # the file fills the required checkpoints
+    main(["eval", "ablations", "--config", str(tmp_path / "ablations.json")])
+    assert seen[-1].checkpoints == {"l2r": "A", "r2l": "B", "bi-static": "C", "bi": "D", "r2l-2": "E"}
+    (tmp_path / "bad.yaml").write_text("ns: [2]\naggs: [min, median]\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "bon", "--config", str(tmp_path / "bad.yaml")])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and err.startswith("biprm eval bon: error: ") and "bad.yaml line 2: aggs: 'median' is not one of" in err
 
 
 @pytest.mark.parametrize("name, text, message", [
@@ -347,10 +398,10 @@ def test_preset_help_describes_every_preset_and_leaves_timings_to_one_doc():
     import typing
 
     from biprm.bench.config import BenchConfig
-    from biprm.config import ReplicateArgs
+    from biprm.replication.config import ReplicateConfig
 
     timing = re.compile(r"\d+(\.\d+)?\s*(s|min|minutes|h|hours)\b")
-    for settings in (BenchConfig, ReplicateArgs):
+    for settings in (BenchConfig, ReplicateConfig):
         preset = next(f for f in dataclasses.fields(settings) if f.name == "preset")
         text, choices = preset.metadata["help"], typing.get_args(typing.get_type_hints(settings)["preset"])
         assert all(f"{name}: " in text for name in choices) and not timing.search(text), text
@@ -399,6 +450,27 @@ def test_every_documented_command_parses():
             parser.parse_args([a.strip("[]") for a in argv])  # a synopsis writes optional flags in brackets
         except SystemExit as stop:
             raise AssertionError(f"{where}: does not parse ({argv})") from stop
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_yaml_opens_with_its_command_and_parses_through_it(path, monkeypatch):
+    import dataclasses
+    import shlex
+
+    from biprm.cli import _chosen, build_parser, load_config_file
+
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# ") and f"configs/{path.name}" in first, first
+    if f"--config configs/{path.name}" not in first:
+        return  # accelerate's own settings (--config_file), not biprm's
+    argv = shlex.split(first.split(" -m biprm.cli ")[-1] if " -m biprm.cli " in first else first.removeprefix("# biprm "))
+    parser = build_parser()
+    command, chosen = _chosen(parser, argv)
+    load_config_file(str(path), chosen)
+    args = parser.parse_args([a.replace(f"configs/{path.name}", str(path)) for a in argv])
+    monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)  # deepspeed need not be installed to read the file
+    settings = args.settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)})
+    assert command in ("train", "replicate") and settings is not None
 
 
 def test_loading_a_checkpoints_tokenizer_gives_no_type_warning(checkpoint):

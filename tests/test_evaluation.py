@@ -143,8 +143,8 @@ def test_pqm_pool_is_graded_against_its_questions(tmp_path):
 
 
 def test_eval_bon_command(ckpt, data_dir, cache_dir, tmp_path, capsys):
-    main(["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "2", "--ns", "2,4,8,12,16",
-          "--draws", "4", "--aggs", "min,last", "--out", str(tmp_path), "--cache-dir", cache_dir, *FAST])
+    main(["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "2", "--ns", "2", "4", "8", "12", "16",
+          "--draws", "4", "--aggs", "min", "last", "--out", str(tmp_path), "--cache-dir", cache_dir, *FAST])
     result = json.loads((tmp_path / "bon.json").read_text())
     assert (result["pool"], result["questions"], result["candidates"]) == ("gsm8k_bon_small", 2, 24)
     assert result["ns"] == [2, 4, 8, 12] and result["skipped"] == [16]
@@ -259,7 +259,7 @@ def _launch(*argv: str, processes: int = 2) -> subprocess.CompletedProcess:
 
 
 def test_eval_on_two_processes_equals_one_and_names_a_failing_process(ckpt, data_dir, tmp_path):
-    args = ["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "3", "--ns", "4,8", "--grade-workers", "0", *FAST]
+    args = ["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "3", "--ns", "4", "8", "--grade-workers", "0", *FAST]
     main([*args, "--out", str(tmp_path / "one")])
     done = _launch(*args, "--out", str(tmp_path / "two"))
     assert done.returncode == 0, done.stderr[-3000:]

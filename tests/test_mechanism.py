@@ -85,7 +85,8 @@ def test_the_seed_fixes_every_initialisation_and_the_final_state_is_kept(tmp_pat
 @pytest.mark.slow
 def test_toy_mechanism_study_runs_resumes_and_reports(data_dir, tmp_path):
     from biprm.replication.mechanism_report import write_report
-    from biprm.replication.mechanism_study import MechanismConfig, run_study
+    from biprm.replication.config import MechanismConfig
+    from biprm.replication.mechanism_study import run_study
 
     cfg = MechanismConfig(out=str(tmp_path / "out"), work_dir=str(tmp_path / "work"), data_root=str(data_dir), backbone="tiny",
                           top_layers=1, train_questions=12, valid_questions=8, test_questions=8, seeds={"l2r": 2, "r2l": 1, "bi": 2},

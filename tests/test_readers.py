@@ -5,7 +5,6 @@ from collections import Counter
 
 import pytest
 
-from biprm.data import readers
 from biprm.data.readers import (
     EMPTY_RESPONSE,
     from_bon_pool,

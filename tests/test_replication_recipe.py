@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from biprm.replication.data import DataRecipe
-from biprm.replication.recipe import ReplicateConfig, _batches, replicate, report_only, runs_of
+from biprm.replication.config import DataRecipe, ReplicateConfig
+from biprm.replication.recipe import _batches, replicate, report_only, runs_of
 
 
 def test_runs_cover_every_mode_before_repeating_seeds():

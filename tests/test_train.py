@@ -11,8 +11,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback, TrainingArguments
 
-from biprm.data.trajectory import DataError
 from biprm.training import TrainConfig, train
+from biprm.data.trajectory import DataError
+from conftest import scored
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -257,7 +258,7 @@ def test_lora_trains_adapters_heads_and_the_step_tag_row_and_saves_a_scoreable_m
             seen["names"] = [n for n, p in model.named_parameters() if p.requires_grad]
 
         def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
-            seen["live"] = Scorer(model.eval(), processing_class).score(traj, progress=False)  # adapters not yet merged
+            seen["live"] = scored(Scorer(model.eval(), processing_class), traj)  # adapters not yet merged
 
     out = Path(train(tiny_config(tmp_path / "l", mode="bi", lora_r=4, max_steps=3, save_steps=10), callbacks=[Trainable()]))
     names = seen["names"]
@@ -265,7 +266,7 @@ def test_lora_trains_adapters_heads_and_the_step_tag_row_and_saves_a_scoreable_m
     assert any("trainable_tokens" in n for n in names)  # the step-tag row
     assert not any(n.endswith("embed_tokens.weight") or ("lora_" not in n and ".layers." in n) for n in names)  # the rest is frozen
     assert (out / "adapter" / "adapter_config.json").is_file() and (out / "model.safetensors").is_file()
-    merged = Scorer.from_pretrained(str(out), device="cpu").score(traj, progress=False)
+    merged = scored(Scorer.from_pretrained(str(out), device="cpu"), traj)
     live = seen["live"]
     np.testing.assert_allclose(merged.fused, live.fused, atol=1e-5)
     np.testing.assert_allclose(merged.sigma, live.sigma, atol=1e-5)

@@ -15,6 +15,7 @@ from biprm.data.trajectory import Trajectory
 from biprm.modeling import BiPRMConfig, BiPRMModel
 from biprm.packing import pack
 from biprm.trunk import TrunkCache, cached_forward, cached_scores, freeze_bottom, split
+from conftest import scored
 
 TRAJS = [
     Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."], [1, 1, 1]),
@@ -172,7 +173,7 @@ def test_cached_scores_equal_the_scorer(tokenizer, tmp_path, mode):
     encs = encodings(tokenizer)
     cache = TrunkCache(tmp_path, model, 2, encs).build(progress=False)
     got = cached_scores(model, split(model, 2)[1], cache, tokens_per_batch=128)
-    want = Scorer(model, tokenizer).score(TRAJS, progress=False)
+    want = scored(Scorer(model, tokenizer), TRAJS)
     np.testing.assert_array_equal(got.offsets, want.offsets)
     for key in ("fused", "l2r", "r2l", "sigma"):
         a, b = getattr(got, key), getattr(want, key)

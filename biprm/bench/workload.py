@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreT
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.bench.reference import ReferencePRM, reference_inputs
+from biprm.config import MAX_LENGTH
 from biprm.data.encoding import Encoded, Encoder, add_step_tag
 from biprm.data.trajectory import Trajectory
 from biprm.modeling import BiPRMConfig, BiPRMModel, BiPRMOutput
@@ -35,7 +36,7 @@ class Bench:
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id
 
-    def encoder(self, max_length: int = 4096) -> Encoder:
+    def encoder(self, max_length: int = MAX_LENGTH) -> Encoder:
         return Encoder(self.tokenizer, self.ours["bi"].config.step_tag_id, max_length)
 
 

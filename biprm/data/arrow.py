@@ -21,7 +21,7 @@ from pathlib import Path
 import datasets
 
 from biprm.data.encoding import Encoded, Encoder
-from biprm.data.readers import open_source, skip_summary
+from biprm.data.readers import open_source, skip_report
 from biprm.data.trajectory import DataError
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def _report(out: datasets.Dataset, name: str, n_rows: int, max_length: int) -> N
     """Warn (never hide) how many rows were skipped, and why, and which rows lost trailing steps to max_length."""
     errors = [(row, e) for row, e in zip(out["row"], out["error"]) if e]
     if errors:
-        log.warning("%s: skipped %d of %d rows: %s", name, len(errors), n_rows, skip_summary(name, errors))
+        log.warning(skip_report(name, errors, n_rows))
     cut = [row for row, n in zip(out["row"], out["n_dropped"]) if n]
     if cut:
         log.warning("%s: %d rows exceed max_length=%d and lose trailing steps in both streams: rows %s%s", name, len(cut), max_length,

@@ -367,18 +367,22 @@ def skip_reason(error: str, where: str) -> str:
     return re.sub(r"\d+", "N", reason)
 
 
-def skip_summary(name: str, errors: list[tuple[int, str]]) -> str:
-    """Skipped rows counted by kind of error, each kind shown by its first row's own message:
-    "2 rows like row 5 (field 'labels' has 1 labels for 2 steps); row 9 (field 'prompt' is missing)"."""
+PLURALS = {"row": "rows", "trajectory": "trajectories"}
+
+
+def skip_report(name: str, errors: list[tuple[int, str]], total: int, unit: str = "row") -> str:
+    """The one wording of skipped input: skipped rows counted by kind of error, each kind shown by its first
+    row's own message (which starts with "NAME UNIT N"):
+    "NAME: skipped 3 of 9 rows: 2 rows like row 5 (field 'labels' has 1 labels for 2 steps); row 9 (field 'prompt' is missing)"."""
     kinds: dict[str, list[tuple[int, str]]] = {}
     for row, error in errors:
-        kinds.setdefault(skip_reason(error, f"{name} row {row}"), []).append((row, error))
+        kinds.setdefault(skip_reason(error, f"{name} {unit} {row}"), []).append((row, error))
     parts = []
     for group in sorted(kinds.values(), key=len, reverse=True):
         row, error = group[0]
-        shown = f"row {row} ({error.removeprefix(f'{name} row {row}').lstrip(' :')})"
-        parts.append(shown if len(group) == 1 else f"{len(group)} rows like {shown}")
-    return "; ".join(parts)
+        shown = f"{unit} {row} ({error.removeprefix(f'{name} {unit} {row}').lstrip(' :')})"
+        parts.append(shown if len(group) == 1 else f"{len(group)} {PLURALS[unit]} like {shown}")
+    return f"{name}: skipped {len(errors)} of {total} {PLURALS[unit]}: {'; '.join(parts)}"
 
 
 def load_with_report(
@@ -406,7 +410,7 @@ def load_with_report(
             continue
         trajs.extend(got if isinstance(got, list) else [got])
     if errors:
-        log.warning("%s: skipped %d of %d rows: %s", name, len(errors), len(rows.raw), skip_summary(name, errors))
+        log.warning(skip_report(name, errors, len(rows.raw)))
     if labelled:
         missing = next((i for i, t in enumerate(trajs) if t.labels is None), None)
         if missing is not None:

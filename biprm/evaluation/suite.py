@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -36,31 +36,16 @@ from biprm.analysis import (
     sigma_by_position,
 )
 from biprm.analysis.common import markdown_table
-from biprm.config import PROCESSBENCH_SUBSETS
 from biprm.data.perturb import perturb_dataset
 from biprm.evaluation.ablations import ablation_table, format_ablation_table
 from biprm.evaluation.bon import evaluate_bon, format_bon
-from biprm.evaluation.common import EvalOptions, fmt, write_json
+from biprm.evaluation.common import fmt, open_cache, write_json
+from biprm.evaluation.config import SuiteConfig
 from biprm.evaluation.data import load_pool, load_processbench
 from biprm.evaluation.models import ScoreSource, ablation_sources, checkpoint_mode, checkpoint_sources, score_sources, token_lengths
 from biprm.evaluation.processbench import TUNE_ON, evaluate_processbench, format_processbench
 from biprm.evaluation.report import format_curves, format_long_chain
-from biprm.metrics.bon import DEFAULT_NS
 from biprm.metrics.bon import PROTOCOLS
-
-
-@dataclass(kw_only=True)
-class SuiteConfig(EvalOptions):
-    model: str
-    ablation: dict[str, str] = field(default_factory=dict)  # role -> folder; `model` fills its own role if not given
-    pools: list[str] = field(default_factory=list)  # candidate files besides gsm8k_bon_small, as SPEC@QUESTIONS
-    agg: str = "min"
-    ns: tuple[int, ...] = DEFAULT_NS
-    subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS
-    threshold: float = 0.5
-    long_chain_tokens: int = 1024
-    perturb_seed: int = 1106
-    cases: int = 3
 
 
 class Stages:
@@ -82,10 +67,10 @@ class Stages:
 def run_suite(cfg: SuiteConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    cache = cfg.open_cache()
-    ablation = {checkpoint_mode(cfg.model): cfg.model} | cfg.ablation if cfg.ablation else {}
+    cache = open_cache(cfg)
+    ablation = {checkpoint_mode(cfg.model): cfg.model} | cfg.roles if cfg.ablation else {}
     sources = ablation_sources(ablation) if ablation else checkpoint_sources(cfg.model)
-    pools = ["gsm8k_bon_small", *cfg.pools]
+    pools = ["gsm8k_bon_small", *cfg.pool]
     stage = Stages(len(pools) + 5)
     results: dict = {"config": asdict(cfg), "modes": {m.key: {"checkpoints": m.checkpoints, "stream": m.stream} for m in sources}}
     md = [f"# BiPRM evaluation report\n\nModel `{cfg.model}`" + (f", ablation models {ablation}" if ablation else "")

@@ -8,7 +8,6 @@ size with evenly spaced rows, so the same rows are used by every mode and seed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,10 +29,9 @@ from biprm.metrics.prmbench import (
 from biprm.analysis.plots import normalised_position
 from biprm.data.readers import load_trajectories
 from biprm.data.trajectory import Trajectory
+from biprm.replication.config import ReplicateConfig
 from biprm.scores import StepScores
 
-if TYPE_CHECKING:
-    from biprm.replication.recipe import ReplicateConfig
 
 PRMBENCH_SUBSET = "prmbench/subset400_target_data.jsonl.gz"
 BON_NS = (2, 4, 8, 12)  # gsm8k_bon_small has 12 candidates per question

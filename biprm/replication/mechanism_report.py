@@ -26,7 +26,8 @@ from biprm.metrics.bootstrap import bootstrap_mean, bootstrap_statistic, paired_
 from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step
 from biprm.metrics.ranking import auc, paired_win
 from biprm.replication.mechanism import KINDS
-from biprm.replication.mechanism_study import MechanismConfig, load_sets, scores_path
+from biprm.replication.config import MechanismConfig
+from biprm.replication.mechanism_study import load_sets, scores_path
 from biprm.replication.recipe import load_scores
 from biprm.scores import StepScores
 

@@ -22,53 +22,24 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
-from biprm.config import default_data_root
+from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.data.encoding import Encoder
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.common import write_json
 from biprm.evaluation.data import SUBPOOLS, Pool, load_pool, load_processbench
 from biprm.modeling import from_backbone
+from biprm.replication.config import MechanismConfig
 from biprm.replication.mechanism import build_mechanism
 from biprm.replication.recipe import TrainBudget, save_scores, seeded_model, start, study_key, train_top
 from biprm.trunk import TrunkCache, cached_scores, split
 
 log = logging.getLogger(__name__)
-
-
-
-@dataclass
-class MechanismConfig:
-    out: str = "results/mechanism"
-    work_dir: str = ""  # trunk caches, checkpoints and final states (never committed); default <biprm cache>/mechanism
-    data_root: str = field(default_factory=default_data_root)
-    backbone: str = "smollm2-135m"
-    top_layers: int = 8  # the go/no-go pilot with 4 found no separation on validation (docs/MECHANISM.md)
-    train_questions: int = 600  # GSM8K-train questions tried (those with no eligible step are dropped)
-    valid_questions: int = 100
-    test_questions: int = 300  # GSM8K-test questions tried
-    data_seed: int = 1106
-    seeds: dict[str, int] = field(default_factory=lambda: {"l2r": 3, "r2l": 1, "bi-static": 1, "bi": 3})
-    probe_seeds: int = 3  # heads-only runs per mode on the frozen full-depth features
-    lr: float = 1e-4
-    epochs: float = 3.0
-    batch_size: int = 16
-    warmup_ratio: float = 0.05
-    gate_lr_scale: float = 1.0
-    save_every: int = 25
-    max_length: int = 1024
-    processbench_rows: int | None = None  # ProcessBench GSM8K rows; None = all 400
-    bon_questions: int = 100  # gsm8k_bon_small questions, evenly spaced
-    bf16: str = "auto"
-
-    def __post_init__(self) -> None:
-        self.work_dir = self.work_dir or str(cache_root() / "mechanism")
 
 
 @dataclass

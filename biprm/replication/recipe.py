@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,12 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup, set_seed
 
-from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
-from biprm.config import default_data_root
+from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.data.encoding import Encoder
 from biprm.evaluation.common import write_json
 from biprm.modeling import BiPRMModel, from_backbone
-from biprm.replication.data import DataRecipe, build
+from biprm.replication.config import NOT_STUDIED, VARIANTS, ReplicateConfig
+from biprm.replication.data import build
 from biprm.replication.evaluate import evaluate_run, load_eval_sets
 from biprm.replication.report import write_report
 from biprm.run_folder import changes
@@ -65,59 +65,6 @@ class TrainBudget:
         return cls(**{f: getattr(cfg, f) for f in cls.__dataclass_fields__ if hasattr(cfg, f)} | overrides)
 
 
-@dataclass
-class ReplicateConfig:
-    """Every number of the study; the presets below only change sizes, never the method."""
-
-    preset: str = "quick"
-    out: str = ""  # results folder (JSON, Markdown, PNGs; never weights); default results/replication/<preset>
-    work_dir: str = ""  # trunk caches and run checkpoints; default <biprm cache>/replicate
-    data_root: str = field(default_factory=default_data_root)
-    backbone: str = "smollm2-135m"
-    top_layers: int = 2
-    seeds: dict[str, int] = field(default_factory=lambda: {"l2r": 1, "r2l": 1, "bi-static": 1, "bi": 1})  # run -> seeds; a run is a mode or a VARIANTS key
-    data: DataRecipe = field(default_factory=DataRecipe)
-    lr: float = 1e-4
-    epochs: float = 1.0
-    batch_size: int = 16
-    warmup_ratio: float = 0.05
-    gate_lr_scale: float = 1.0
-    detach_gate_inputs: bool = False
-    aux_loss_weight: float = 0.0  # weight of the per-stream losses added to the fused one
-    max_length: int = 1024
-    processbench_subsets: tuple[str, ...] = ("gsm8k", "math")
-    processbench_rows: int = 50  # per subset, evenly spaced within clean and erroneous rows
-    prmbench_rows: int = 100  # PRMBench test processes, evenly spaced over the classes
-    bon_questions: int = 20  # gsm8k_bon_small questions (12 candidates each)
-    long_chain_tokens: int = 512
-    save_every: int = 20  # optimizer steps between checkpoints
-    bf16: str = "auto"  # auto | yes | no
-
-    def __post_init__(self) -> None:
-        self.out = self.out or f"results/replication/{self.preset}"
-        self.work_dir = self.work_dir or str(cache_root() / "replicate")
-
-
-# Runs besides the four modes: the gate study, read on the validation split only.
-# Each is `bi` with some of the config fields above changed.
-VARIANTS = {
-    "bi-detached": ("bi", {"detach_gate_inputs": True}),
-    "bi-gate-lr0.1": ("bi", {"gate_lr_scale": 0.1}),
-    "bi-aux0.5": ("bi", {"aux_loss_weight": 0.5}),
-}
-PAPER_SEEDS = {"l2r": 3, "bi": 3, "r2l": 1, "bi-static": 1} | {name: 1 for name in VARIANTS}
-PRESETS = {
-    # under 15 minutes here: one seed per mode, small sets; a smoke test of the whole recipe
-    "quick": ReplicateConfig(preset="quick", data=DataRecipe(prmbench_rows=100, gsm8k_questions=80),
-                             processbench_rows=30, prmbench_rows=60, bon_questions=12),
-    # about 3 hours here: the paper's comparison with 3 seeds for l2r and bi
-    "full": ReplicateConfig(
-        preset="full", seeds=PAPER_SEEDS, data=DataRecipe(prmbench_rows=1200, gsm8k_questions=600),
-        processbench_rows=200, prmbench_rows=400, bon_questions=80, save_every=25,
-    ),
-}
-
-
 def bf16_is_fast() -> bool:
     """A GPU, or a CPU with native bf16 dot products (avx512_bf16 / amx); elsewhere bf16 is emulated and slow."""
     if torch.cuda.is_available():
@@ -137,12 +84,11 @@ def runs_of(cfg: ReplicateConfig) -> list[tuple[str, int]]:
     return sorted(runs, key=lambda run: run[0] in VARIANTS)
 
 
-PATHS = ("out", "work_dir", "data_root")  # where the study reads and writes, not what it studies
 
 
 def study(config: dict) -> dict:
     """The settings that decide the results (a config as JSON would hold it)."""
-    return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in PATHS}
+    return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in NOT_STUDIED}
 
 
 def study_key(cfg: ReplicateConfig | Any) -> str:
@@ -366,10 +312,3 @@ def load_scores(path: Path) -> dict[str, StepScores]:
         names = {key.split("/")[0] for key in data.files}
         get = lambda name, field: data[f"{name}/{field}"] if f"{name}/{field}" in data.files else None  # noqa: E731
         return {n: StepScores(get(n, "offsets"), get(n, "fused"), get(n, "l2r"), get(n, "r2l"), get(n, "sigma")) for n in names}
-
-
-def preset(name: str, **overrides) -> ReplicateConfig:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
-    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
-

@@ -23,12 +23,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from biprm.data.readers import SPLIT_RULES, split_steps
-from biprm.data.trajectory import DataError, Trajectory, validate
-from biprm.scores import STEP_OUTPUTS, score_rows
+from biprm.data.encoding import Encoded
 from biprm.scores import StepScores
 from biprm.scoring import Scorer
 from biprm.serve.batcher import Batcher, Overloaded
 from biprm.serve.config import ServeConfig
+from biprm.data.trajectory import DataError, Trajectory
+from biprm.scores import STEP_OUTPUTS, score_rows
 
 log = logging.getLogger(__name__)
 
@@ -71,31 +72,30 @@ class Service:
     """The model side of the server: requests -> trajectories -> batched scores -> JSON."""
 
     def __init__(self, scorer: Scorer, cfg: ServeConfig):
+        if scorer.max_length != cfg.max_length:
+            raise ValueError(f"the scorer reads {scorer.max_length} tokens per stream, the settings say --max-length {cfg.max_length}")
         self.scorer, self.cfg = scorer, cfg
-        scorer.encoder.max_length = cfg.max_length
         self.batcher = Batcher(self._score, cfg.max_wait_ms, cfg.max_batch_tokens, cfg.max_queue)
         tok = scorer.tokenizer
         self.special = [t for t in {tok.eos_token, tok.pad_token} if t]
 
-    def _score(self, trajs: list[Trajectory]) -> StepScores:
-        return self.scorer.score(trajs, progress=False)
+    def _score(self, encs: list[Encoded]) -> StepScores:
+        return self.scorer.score(encs, progress=False)
 
     async def run(self, trajs: list[Trajectory], names: list[str]) -> tuple[StepScores, np.ndarray]:
         """(scores, steps dropped per trajectory); bad text is a 400 naming the item, over-long a flag or 413."""
         if len(trajs) > self.cfg.max_queue:
             raise ServiceError(413, f"{len(trajs)} solutions in one request; this server takes at most {self.cfg.max_queue} solutions per request (--max-queue)")
-        encs = []
-        for traj, where in zip(trajs, names):
-            try:
-                encs.append(self.scorer.encoder.encode(validate(traj, where), where))
-            except DataError as error:
-                raise ServiceError(413 if "max_length" in str(error) else 400, str(error)) from None
+        try:
+            encs, _ = self.scorer.encode(trajs, names)
+        except DataError as error:
+            raise ServiceError(413 if "max_length" in str(error) else 400, str(error)) from None
         dropped = np.array([e.n_dropped for e in encs])
         if self.cfg.on_overlength == "refuse" and dropped.any():
             i = int(np.flatnonzero(dropped)[0])
             raise ServiceError(413, f"{names[i]}: longer than max_length={self.cfg.max_length} tokens ({dropped[i]} trailing steps would not be scored)")
         try:
-            scores = await self.batcher.submit(trajs, sum(e.n_tokens for e in encs) * len(self.scorer.model.streams))
+            scores = await self.batcher.submit(encs, sum(e.n_tokens for e in encs) * len(self.scorer.model.streams))
         except Overloaded as error:
             raise ServiceError(503, str(error)) from None
         return scores, dropped
@@ -222,6 +222,6 @@ def serve(cfg: ServeConfig) -> None:
     """Load the model, then serve until SIGINT/SIGTERM; requests already accepted are finished first."""
     import uvicorn
 
-    scorer = Scorer.from_pretrained(cfg.model, device=cfg.device)
+    scorer = Scorer.from_pretrained(cfg.model, device=cfg.device, max_length=cfg.max_length)
     log.info("serving %s (%s) on http://%s:%d", cfg.model, scorer.mode, cfg.host, cfg.port)
     uvicorn.run(build_app(scorer, cfg), host=cfg.host, port=cfg.port, log_level="info")

@@ -108,7 +108,8 @@ def run(cfg: LoadTestConfig) -> dict:
         ckpt = Path(tmp) / "ckpt"
         bench.ours["bi"].save_pretrained(ckpt)
         bench.tokenizer.save_pretrained(ckpt)
-        want = Scorer.from_pretrained(str(ckpt), device="cpu").score(trajs, progress=False)
+        local = Scorer.from_pretrained(str(ckpt), device="cpu")
+        want = local.score(local.encode(trajs)[0], progress=False)
         runs = {}
         for name, flags in (("one-at-a-time", ("--max-batch-tokens", "1")), ("batched", ())):
             server = Server(ckpt, *flags)
