@@ -20,12 +20,12 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from biprm.checkpoint import check_checkpoint
+from biprm.data.readers import load_trajectories, skip_report
+from biprm.data.trajectory import DataError
 from biprm.processes import process_state
-from biprm.data.readers import skip_report
 from biprm.run_folder import changes
-from biprm.scoring import Scorer
-from biprm.data.readers import load_trajectories
 from biprm.scores import score_rows
+from biprm.scoring import Scorer
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,10 @@ def score_file(
     log.info("process %d of %d scores rows %d-%d", rank + 1, world, begin + 1, end)
     scorer = Scorer.from_pretrained(model, device=device or state.device, tokens_per_batch=tokens_per_batch)
     mine, names = trajs[begin:end], [f"{source} trajectory {k + 1}" for k in range(begin, end)]
-    encs, problems = scorer.encode(mine, names, skip_invalid)  # step-tag text, a first step past max_length
+    encs, problems = scorer.encode(mine, names, skip_invalid=True)  # step-tag text, a first step past max_length
+    first = _first_everywhere([error for _, error in problems[:1]], world)
+    if first and not skip_invalid:
+        raise DataError(first[0])  # in every process, so that none waits for a block that will never come
     if problems:  # each process reports its own block
         log.warning(skip_report(source, [(begin + i + 1, error) for i, error in problems], len(mine), "trajectory"))
         bad = {i for i, _ in problems}
@@ -101,6 +104,15 @@ def score_file(
         (scratch / "run.json").unlink()  # last: parts never outlive the record that says whose they are
         scratch.rmdir()
     return len(trajs) - len(problems)
+
+
+def _first_everywhere(errors: list[str], world: int) -> list[str]:
+    """Every process's first bad trajectory, on every process."""
+    if world == 1:
+        return errors
+    from accelerate.utils import gather_object
+
+    return gather_object(errors)
 
 
 def _stamp(path: Path) -> list:

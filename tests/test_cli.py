@@ -162,6 +162,28 @@ def test_two_processes_score_their_blocks_and_join_them_in_order(checkpoint, tmp
         assert y["fused"] == pytest.approx(x["fused"], abs=1e-5)
 
 
+@pytest.mark.slow
+def test_a_bad_row_in_one_process_block_stops_every_process(checkpoint, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from biprm.backbones import load_tokenizer
+
+    tag = load_tokenizer(checkpoint).convert_ids_to_tokens(json.loads((Path(checkpoint) / "config.json").read_text())["step_tag_id"])
+    rows = _rows(tmp_path / "in.jsonl", 6)
+    lines = rows.read_text().splitlines()
+    bad = json.loads(lines[5])
+    bad["completions"][0] += f" {tag}"  # in the second process's block only
+    rows.write_text("\n".join([*lines[:5], json.dumps(bad)]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "biprm.cli", "score",
+           "--model", checkpoint, "--input", str(rows), "--output", str(tmp_path / "out.jsonl")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and "trajectory 6" in done.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def test_verbose_goes_before_or_after_the_command_and_version_prints(capsys):
     from biprm import __version__
     from biprm.cli import build_parser
