@@ -89,6 +89,10 @@ class TrainConfig:
     aux_loss_weight: float = arg(0.0, "weight of the per-stream losses added to the fused one")
     gate_lr_scale: float = arg(1.0, "the gate learns at lr x this; < 1 keeps it from saturating at a high lr")
     train_top_layers: int | None = arg(None, "freeze the embeddings and all but the top K layers (Llama/Mistral/Qwen2 bodies)")
+    trunk_cache: bool = arg(True, "with --train-top-layers: compute the frozen layers once into an on-disk cache and train on it "
+                                  "(--no-trunk-cache recomputes them at every step)")
+    trunk_cache_dir: str = arg("", "where the trunk cache lives (default: <biprm cache>/trunk)")
+    heads_only: bool = arg(False, "with --train-top-layers: freeze the top layers too and train only the value head and gate (a probe)")
     lora_r: int = arg(0, "> 0: LoRA adapters of this rank; the value head, gate and step-tag row train in full")
     lora_alpha: float = arg(32.0, "LoRA scaling")
     lora_dropout: float = arg(0.0, "LoRA dropout")

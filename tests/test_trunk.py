@@ -9,10 +9,10 @@ from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.encoding import Encoder, add_step_tag
-from biprm.modeling import BiPRMConfig, BiPRMModel
+from biprm.modeling import BiPRMConfig, BiPRMModel, split
 from biprm.packing import STREAMS, pack
 from biprm.trajectory import Trajectory
-from biprm.trunk import TrunkCache, cached_forward, cached_scores, freeze_bottom, split
+from biprm.trunk import TrunkCache, cached_scores, freeze_bottom
 
 TRAJS = [
     Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."], [1, 1, 1]),
@@ -71,9 +71,8 @@ def test_cached_training_and_scoring_equal_the_full_model_with_the_same_layers_f
     out_full.loss.backward()
 
     cache = TrunkCache(tmp_path, cached, top_layers, encs).build(tokens_per_batch=64, progress=False)
-    _, top = split(cached, top_layers)
     idx = np.arange(len(encs))
-    out_cached = cached_forward(cached, top, **cache.batch(idx, STREAMS[mode], [e.labels for e in encs]))
+    out_cached = cached.forward_features(**cache.batch(idx, STREAMS[mode], [e.labels for e in encs]))
     out_cached.loss.backward()
 
     torch.testing.assert_close(out_cached.loss, out_full.loss, rtol=1e-5, atol=1e-6)
@@ -95,10 +94,9 @@ def test_batches_of_any_subset_and_order_match(tokenizer, tmp_path):
     model = build(tokenizer, "llama", "bi").eval()
     encs = encodings(tokenizer)
     cache = TrunkCache(tmp_path, model, 1, encs).build(progress=False)
-    _, top = split(model, 1)
     with torch.no_grad():
-        whole = cached_forward(model, top, **cache.batch(np.arange(4), ("l2r", "r2l"))).fused
-        some = cached_forward(model, top, **cache.batch(np.array([3, 1]), ("l2r", "r2l"))).fused
+        whole = model.forward_features(**cache.batch(np.arange(4), ("l2r", "r2l"))).fused
+        some = model.forward_features(**cache.batch(np.array([3, 1]), ("l2r", "r2l"))).fused
     steps = np.cumsum([0] + [len(e.steps) for e in encs])
     expected = torch.cat([whole[steps[3] : steps[4]], whole[steps[1] : steps[2]]])
     torch.testing.assert_close(some, expected, rtol=1e-5, atol=1e-6)
@@ -169,7 +167,7 @@ def test_cached_scores_equal_the_scorer(tokenizer, tmp_path, mode):
     model = build(tokenizer, "qwen2", mode).eval()
     encs = encodings(tokenizer)
     cache = TrunkCache(tmp_path, model, 2, encs).build(progress=False)
-    got = cached_scores(model, split(model, 2)[1], cache, tokens_per_batch=128)
+    got = cached_scores(model, cache, tokens_per_batch=128)
     want = Scorer(model, tokenizer).score(TRAJS, progress=False)
     np.testing.assert_array_equal(got.offsets, want.offsets)
     for key in ("fused", "l2r", "r2l", "sigma"):
