@@ -112,7 +112,7 @@ class BiPRMTrainer(Trainer):
         total = torch.zeros((), device=self.args.device)
         for part, share in zip(inputs["parts"], inputs["shares"]):
             with torch.autocast(self.args.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
-                loss = features(**part).loss * share / self.current_gradient_accumulation_steps
+                loss = features(**part).loss * share / self.args.gradient_accumulation_steps
             self.accelerator.backward(loss)
             total += loss.detach()
         return total

@@ -229,7 +229,7 @@ class TrunkData(Dataset):
     and `TrunkCollator` gathers the features of a batch of indices."""
 
     def __init__(self, cache: TrunkCache, labels: list[list[float]]):
-        self.cache, self.labels = cache.build(progress=False), labels
+        self.cache, self.labels = cache, labels
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -238,20 +238,23 @@ class TrunkData(Dataset):
         return i
 
     def batches(self, batch_size: int, epochs: float, seed: int) -> list[np.ndarray]:
-        """Seeded length-grouped batches over every epoch: shuffle, sort within windows of 8 batches
-        (less padding), then shuffle the batches of all epochs together."""
-        lengths = self.cache.layout.sizes
-        rng = np.random.default_rng(seed)
-        out: list[np.ndarray] = []
-        for _ in range(math.ceil(epochs)):
-            perm = rng.permutation(len(lengths))
-            window = 8 * batch_size
-            for a in range(0, len(perm), window):
-                chunk = perm[a : a + window]
-                chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
-                out += [chunk[b : b + batch_size] for b in range(0, len(chunk), batch_size)]
-        head = out[: round(math.ceil(len(lengths) / batch_size) * epochs)]
-        return [head[i] for i in rng.permutation(len(head))]
+        return grouped_batches(self.cache.layout.sizes, batch_size, epochs, seed)
+
+
+def grouped_batches(lengths: np.ndarray, batch_size: int, epochs: float, seed: int) -> list[np.ndarray]:
+    """Seeded length-grouped batches over every epoch: shuffle, sort within windows of 8 batches
+    (less padding), then shuffle the batches of all epochs together."""
+    rng = np.random.default_rng(seed)
+    out: list[np.ndarray] = []
+    for _ in range(math.ceil(epochs)):
+        perm = rng.permutation(len(lengths))
+        window = 8 * batch_size
+        for a in range(0, len(perm), window):
+            chunk = perm[a : a + window]
+            chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+            out += [chunk[b : b + batch_size] for b in range(0, len(chunk), batch_size)]
+    head = out[: round(math.ceil(len(lengths) / batch_size) * epochs)]
+    return [head[i] for i in rng.permutation(len(head))]
 
 
 MICRO_TOKENS = 4096  # feature rows (both streams, padded) per backward pass: bounds activation memory on long rows

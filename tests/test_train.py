@@ -178,12 +178,52 @@ class Snapshot(TrainerCallback):
         self.after = {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def test_train_top_layers_moves_only_the_top_of_the_body(tmp_path):
+@pytest.mark.parametrize("trunk_cache", [True, False])
+def test_train_top_layers_moves_only_the_top_of_the_body(tmp_path, trunk_cache):
     snap = Snapshot()
-    train(tiny_config(tmp_path / "t", mode="bi", train_top_layers=1, max_steps=2, save_steps=10), callbacks=[snap])
+    train(tiny_config(tmp_path / "t", mode="bi", train_top_layers=1, max_steps=2, save_steps=10, trunk_cache=trunk_cache,
+                      trunk_cache_dir=str(tmp_path / "trunk")), callbacks=[snap])
     moved = {n for n in snap.before if not torch.equal(snap.before[n], snap.after[n])}
     assert moved and all(n.startswith(("backbone.layers.2.", "backbone.norm", "value_head", "gate")) for n in moved), moved
     assert any(n.startswith("backbone.layers.2.") for n in moved) and any(n.startswith("gate") for n in moved)
+    assert (tmp_path / "trunk").is_dir() == trunk_cache
+
+
+def test_heads_only_moves_only_the_value_head_and_gate(tmp_path):
+    snap = Snapshot()
+    train(tiny_config(tmp_path / "t", train_top_layers=1, heads_only=True, max_steps=2, trunk_cache_dir=str(tmp_path / "trunk")), callbacks=[snap])
+    moved = {n for n in snap.before if not torch.equal(snap.before[n], snap.after[n])}
+    assert moved and all(n.startswith(("value_head", "gate")) for n in moved), moved
+
+
+def trunk_config(out: Path, **kw) -> TrainConfig:
+    return tiny_config(out, data="synthetic:12", mode="bi", batch_size=4, grad_accum=1, max_steps=-1, epochs=2.0, warmup_ratio=0.25,
+                       gate_lr_scale=0.5, seed=5, max_length=2048, train_top_layers=1, trunk_cache_dir=str(out.parent / "trunk"), **kw)
+
+
+def test_trunk_cache_run_resumes_to_the_same_weights(tmp_path):
+    straight = Path(train(trunk_config(tmp_path / "straight")))
+    interrupted = trunk_config(tmp_path / "resumed")
+    train(interrupted, callbacks=[StopAt(3)])
+    interrupted.resume = True
+    resumed = Path(train(interrupted))
+    a, b = weights(straight), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert len(list((tmp_path / "trunk").iterdir())) == 1  # both runs read one cache
+
+
+def test_replicate_and_train_top_layers_reach_the_same_weights(tmp_path):
+    """`biprm replicate` trains each run through `biprm train`'s trainer on the same trunk cache."""
+    from biprm.replication.recipe import ReplicateConfig, train_run
+    from biprm.sources import load_source
+
+    train(trunk_config(tmp_path / "train"))
+    study = ReplicateConfig(work_dir=str(tmp_path), backbone="tiny", top_layers=1, lr=1e-3, epochs=2.0, batch_size=4, warmup_ratio=0.25,
+                            gate_lr_scale=0.5, save_every=3, max_length=2048)
+    model, log = train_run(study, "bi", 5, tmp_path / "replicate", False, load_source("synthetic:12", labelled=True))
+    a, b = weights(tmp_path / "train"), weights(tmp_path / "replicate")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert log["steps"] == 6 and len(list((tmp_path / "trunk").iterdir())) == 1
 
 
 def test_train_top_layers_out_of_range_is_refused_before_training(tmp_path):

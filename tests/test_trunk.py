@@ -12,7 +12,7 @@ from biprm.encoding import Encoder, add_step_tag
 from biprm.modeling import BiPRMConfig, BiPRMModel, split
 from biprm.packing import STREAMS, pack
 from biprm.trajectory import Trajectory
-from biprm.trunk import TrunkCache, cached_scores, freeze_bottom
+from biprm.trunk import TrunkCache, cached_scores, freeze_bottom, grouped_batches
 
 TRAJS = [
     Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."], [1, 1, 1]),
@@ -175,3 +175,14 @@ def test_cached_scores_equal_the_scorer(tokenizer, tmp_path, mode):
         assert (a is None) == (b is None)
         if a is not None:
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_batches_are_seeded_cover_every_row_once_per_epoch_and_group_lengths():
+    lengths = np.arange(100)
+    a, b = grouped_batches(lengths, 8, 1.0, seed=3), grouped_batches(lengths, 8, 1.0, seed=3)
+    assert all((x == y).all() for x, y in zip(a, b))
+    assert sorted(np.concatenate(a).tolist()) == list(range(100))
+    assert len(a) == 13
+    assert len(grouped_batches(lengths, 8, 2.0, seed=3)) == 26
+    spread_within = np.mean([np.ptp(lengths[x]) for x in a if len(x) == 8])
+    assert spread_within < 40  # a random batch of 8 from 0..99 spans about 78
