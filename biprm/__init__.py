@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "BiPRMConfig": "biprm.modeling", "BiPRMModel": "biprm.modeling", "from_backbone": "biprm.modeling",
     "StepScores": "biprm.scores", "Scorer": "biprm.scoring", "TrainConfig": "biprm.config", "train": "biprm.train",
+    "BiPRMTrainer": "biprm.train",
     "DataError": "biprm.trajectory", "Trajectory": "biprm.trajectory",
 }
 __all__ = sorted(_EXPORTS)

@@ -51,9 +51,9 @@ def check_extras(needed: dict[str, str]) -> None:
             raise ValueError(f"{flag} needs {', '.join(missing)}, which is not installed: pip install -e \".[{extra}]\"")
 
 
-def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING) -> Any:
-    """A dataclass field with the help text its flag shows."""
-    return field(default=default, default_factory=factory, metadata={"help": help})
+def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING, aliases: tuple[str, ...] = ()) -> Any:
+    """A dataclass field with the help text its flag shows, and other flags that also set it."""
+    return field(default=default, default_factory=factory, metadata={"help": help} | ({"aliases": list(aliases)} if aliases else {}))
 
 
 @dataclass
@@ -67,11 +67,11 @@ class TrainConfig:
     mode: Mode = arg("bi", "l2r/r2l: one stream; bi: both, fused by the learned gate; bi-static: both, averaged")
     objective: Objective = arg("bce", "step loss: bce (the paper), mse, or qrank (ranking with margin zeta)")
     zeta: float = arg(4.0, "qrank margin")
-    lr: float = arg(3e-5, "peak learning rate (AdamW, linear decay)")
-    epochs: float = arg(1.0, "passes over the data")
-    max_steps: int = arg(-1, "optimizer steps; > 0 overrides --epochs")
-    batch_size: int = arg(2, "trajectories per device per micro-batch")
-    grad_accum: int = arg(4, "micro-batches per optimizer step")
+    learning_rate: float = arg(3e-5, "peak learning rate (AdamW, linear decay)", aliases=("--lr",))
+    num_train_epochs: float = arg(1.0, "passes over the data", aliases=("--epochs",))
+    max_steps: int = arg(-1, "optimizer steps; > 0 overrides --num-train-epochs")
+    per_device_train_batch_size: int = arg(2, "trajectories per device per micro-batch", aliases=("--batch-size", "--batch_size"))
+    gradient_accumulation_steps: int = arg(4, "micro-batches per optimizer step", aliases=("--grad-accum", "--grad_accum"))
     warmup_ratio: float = arg(0.0, "share of steps spent warming up the learning rate")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     seed: int = arg(1106, "seed of the data order and the new weights")
@@ -105,6 +105,8 @@ class TrainConfig:
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass (less memory, more time)")
     deepspeed: str | None = arg(None, "a DeepSpeed JSON config, e.g. configs/ds_zero3.json (launch with accelerate or deepspeed)")
     show_progress: bool = arg(True, "a progress bar")
+    training_args: dict[str, Any] = arg(help="any other transformers.TrainingArguments option, by its name; in a --config "
+                                             "file, such a key at the top level lands here (e.g. lr_scheduler_type: cosine)", factory=dict)
 
     def __post_init__(self) -> None:
         """Refuse a misspelt choice at once, before any backbone or data loads."""

@@ -143,13 +143,19 @@ def collate(rows: list[dict], **pack_options) -> dict[str, torch.Tensor]:
 
 
 def training_arguments(cfg: TrainConfig) -> TrainingArguments:
-    return TrainingArguments(
+    """`cfg` as TrainingArguments; `cfg.training_args` sets any other of their options, or replaces one of ours."""
+    for name in cfg.training_args:
+        if name not in TrainingArguments.__dataclass_fields__:
+            raise ValueError(f"training_args: {name!r} is not a transformers.TrainingArguments option")
+        if name in TrainConfig.__dataclass_fields__:
+            raise ValueError(f"training_args: {name!r} is a setting of its own; set it as --{name.replace('_', '-')}")
+    ours = dict(
         output_dir=cfg.output_dir,
-        learning_rate=cfg.lr,
-        num_train_epochs=cfg.epochs,
+        learning_rate=cfg.learning_rate,
+        num_train_epochs=cfg.num_train_epochs,
         max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.batch_size,
-        gradient_accumulation_steps=cfg.grad_accum,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         lr_scheduler_type="linear",
         warmup_steps=cfg.warmup_ratio,  # a float in [0, 1) is a ratio of total steps
         weight_decay=cfg.weight_decay,
@@ -164,7 +170,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         logging_steps=cfg.logging_steps,
         eval_strategy="steps" if cfg.eval_fraction else "no",
         eval_steps=cfg.save_steps,
-        per_device_eval_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.per_device_train_batch_size,
         prediction_loss_only=True,
         report_to=[t.strip() for t in cfg.report_to.split(",") if t.strip() and t.strip() != "none"],
         remove_unused_columns=False,
@@ -178,6 +184,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         # each process reads its own rows: dispatching a streamed batch would cut every tensor to the first one's length
         accelerator_config={"dispatch_batches": False},
     )
+    return TrainingArguments(**ours | cfg.training_args)
 
 
 def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0) -> None:

@@ -15,10 +15,14 @@ the same values for it. The cached forward rebuilds, for each stream, the plain 
 `prompt + continuation` that the full model would see and runs the top layers on it,
 so both give the same losses, gradients and scores (tests/test_trunk.py).
 
-The split is done on the body itself (`_view`): two shallow views that share its
-modules, one with the bottom layers and no final norm, one with the top layers and
-the norm. That only works for bodies whose forward is "embed, layers, norm" with a
-per-layer mask, which is true of the Llama family (Llama, Mistral, Qwen2).
+The split is done on the body itself (`biprm.modeling.split`): two shallow views that
+share its modules, one with the bottom layers and no final norm, one with the top
+layers and the norm. That only works for bodies whose forward is "embed, layers,
+norm" with a per-layer mask, which is true of the Llama family (Llama, Mistral, Qwen2).
+
+Training reads the cache as a dataset (`TrunkData`: seeded length-grouped batches)
+and a collator (`TrunkCollator`: micro-batches within a token budget), which
+`BiPRMTrainer` runs through `BiPRMModel.forward_features`.
 """
 from __future__ import annotations
 

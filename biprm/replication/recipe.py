@@ -229,7 +229,8 @@ def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, b
     if not (run_dir / "config.json").is_file():  # run_folder.publish moves config.json in last
         train(TrainConfig(
             backbone=cfg.backbone, data=f"{len(trajs)} training trajectories of the study", output_dir=str(run_dir), mode=mode,
-            lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, grad_accum=1, warmup_ratio=cfg.warmup_ratio, seed=seed,
+            learning_rate=cfg.lr, num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=1,
+            warmup_ratio=cfg.warmup_ratio, seed=seed,
             max_length=cfg.max_length, bf16=bf16, save_steps=cfg.save_every, save_total_limit=1, logging_steps=1,
             resume=run_dir.is_dir(), gate_lr_scale=cfg.gate_lr_scale, detach_gate_inputs=getattr(cfg, "detach_gate_inputs", False),
             aux_loss_weight=getattr(cfg, "aux_loss_weight", 0.0), train_top_layers=cfg.top_layers, heads_only=heads_only,
