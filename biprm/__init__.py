@@ -27,6 +27,7 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'biprm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # kept: importing biprm.train just bound the module to that name
-    return value
+    module = importlib.import_module(_EXPORTS[name])
+    # all of the module's exports at once: importing biprm.train just bound the module over the function `train`
+    globals().update({n: getattr(module, n) for n, home in _EXPORTS.items() if home == module.__name__})
+    return globals()[name]

@@ -113,6 +113,8 @@ class TrainConfig:
         check_choices(self)
         if self.streaming and (self.max_steps <= 0 or self.eval_fraction):
             raise ValueError("--streaming data has no length: give --max-steps, and hold out no --eval-fraction")
+        if self.heads_only and not self.train_top_layers:
+            raise ValueError("--heads-only needs --train-top-layers K (the cut whose features the heads read)")
         trackers = {t.strip() for t in self.report_to.split(",")} - {"", "none"}
         check_extras({t: f"--report-to {t}" for t in sorted(trackers & EXTRAS.keys())}
                      | ({"deepspeed": f"--deepspeed {self.deepspeed}"} if self.deepspeed else {}) | ({"peft": "--lora-r"} if self.lora_r else {}))

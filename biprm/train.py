@@ -3,8 +3,10 @@
 Built on `transformers.Trainer`, so one code path runs on a laptop CPU, on one GPU in
 bf16, and on many GPUs through `accelerate launch` (DDP, DeepSpeed ZeRO, FSDP):
 checkpointing, exact resume (optimizer, scheduler, RNG and data position), logging
-to TensorBoard/W&B and the progress bar come from the library. Our only custom piece
-is the collator, which packs both streams of every trajectory into one batch.
+to TensorBoard/W&B and the progress bar come from the library. Our custom pieces are
+the collator, which packs both streams of every trajectory into one batch, and, with
+--train-top-layers, the trunk cache's dataset and collator (`biprm.trunk`), on which
+`biprm replicate` trains too: one loop for every training run.
 """
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from pathlib import Path
 import datasets
 import numpy as np
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 from torch.utils.data import DataLoader
+from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from biprm.backbones import cache_root, load_tokenizer, resolve_backbone

@@ -194,6 +194,8 @@ def test_heads_only_moves_only_the_value_head_and_gate(tmp_path):
     train(tiny_config(tmp_path / "t", train_top_layers=1, heads_only=True, max_steps=2, trunk_cache_dir=str(tmp_path / "trunk")), callbacks=[snap])
     moved = {n for n in snap.before if not torch.equal(snap.before[n], snap.after[n])}
     assert moved and all(n.startswith(("value_head", "gate")) for n in moved), moved
+    with pytest.raises(ValueError, match="--heads-only needs --train-top-layers"):
+        tiny_config(tmp_path / "h", heads_only=True)
 
 
 def trunk_config(out: Path, **kw) -> TrainConfig:
