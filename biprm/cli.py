@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, dataclass_types=[settings], help=text, description=text)
         p.add_argument("--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it")
         _negations_say_so(p)
+        for action in p._actions:
+            if action.dest == "training_args":
+                action.type, action.metavar = json.loads, "JSON"  # a mapping on the command line; a plain one in --config
         p.set_defaults(func=run, settings=settings)
 
     from biprm.evaluation.cli import add_eval_parser

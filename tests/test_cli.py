@@ -242,6 +242,12 @@ def test_train_settings_carry_the_training_arguments_names_and_other_options_pas
     assert cfg.per_device_train_batch_size == 3 and cfg.training_args == {"lr_scheduler_type": "cosine", "max_grad_norm": 0.5}
     args = training_arguments(cfg)
     assert (args.lr_scheduler_type, args.max_grad_norm, args.per_device_train_batch_size) == ("cosine", 0.5, 3)
+    main(["train", "--training-args", '{"max_grad_norm": 2.0}', "--output-dir", str(tmp_path)])
+    assert seen[-1].training_args == {"max_grad_norm": 2.0}
+    with pytest.raises(ValueError, match="'seed' is a setting of its own; set it as --seed"):
+        training_arguments(TrainConfig(training_args={"seed": 3}))
+    with pytest.raises(ValueError, match="'sed' is not a transformers.TrainingArguments option"):
+        training_arguments(TrainConfig(training_args={"sed": 3}))
     (tmp_path / "bad.yaml").write_text("lr_schedule: cosine\n")
     with pytest.raises(SystemExit):
         main(["train", "--config", str(tmp_path / "bad.yaml")])
