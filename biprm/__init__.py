@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "BiPRMConfig": "biprm.modeling", "BiPRMModel": "biprm.modeling", "from_backbone": "biprm.modeling",
     "StepScores": "biprm.scores", "Scorer": "biprm.scoring", "TrainConfig": "biprm.config", "train": "biprm.training",
+    "BiPRMTrainer": "biprm.training",
     "DataError": "biprm.data.trajectory", "Trajectory": "biprm.data.trajectory",
 }
 __all__ = sorted(_EXPORTS)

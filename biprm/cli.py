@@ -183,10 +183,19 @@ def load_config_file(path: str, parser: argparse.ArgumentParser) -> None:
     text = Path(path).read_text()
     values, lines = _read_settings(path, text)
     known = {a.dest for a in parser._actions} - {"help", "config", "verbose"}
+    names = {o.lstrip("-").replace("-", "_"): a.dest for a in parser._actions  # a field's name and its aliases (--lr)
+             if not isinstance(a, argparse._StoreFalseAction) for o in a.option_strings}
+    passed = {}  # other TrainingArguments options, for a command that takes them
     for key, value in values.items():
-        dest, where = str(key).replace("-", "_"), f"{path} line {lines.get(str(key), '?')}: {key}"
+        dest, where = names.get(str(key).replace("-", "_"), str(key)), f"{path} line {lines.get(str(key), '?')}: {key}"
+        if dest not in known and "training_args" in known and _training_argument(str(key)):
+            passed[str(key)] = value
+            continue
         if dest not in known:
             raise ValueError(f"{where}: unknown setting; known: {', '.join(sorted(known))}")
+        if dest == "training_args":
+            passed |= value if isinstance(value, dict) else {}
+            continue
         actions = [a for a in parser._actions if a.dest == dest]  # a bool has two: --x and --no_x
         value = _typed(next((a for a in actions if a.type), actions[0]), value, where)
         for action in actions:
@@ -195,6 +204,14 @@ def load_config_file(path: str, parser: argparse.ArgumentParser) -> None:
                 raise ValueError(f"{where}: {wrong[0]!r} is not one of {', '.join(map(str, action.choices))}")
             action.required = False
         parser.set_defaults(**{dest: value})
+    if passed:
+        parser.set_defaults(training_args=passed)
+
+
+def _training_argument(name: str) -> bool:
+    from transformers import TrainingArguments
+
+    return name in TrainingArguments.__dataclass_fields__
 
 
 def _read_settings(path: str, text: str) -> tuple[dict, dict[str, int]]:

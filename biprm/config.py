@@ -65,9 +65,10 @@ def check_extras(needed: dict[str, str]) -> None:
             raise ValueError(f"{flag} needs {', '.join(missing)}, which is not installed: pip install -e \".[{extra}]\"")
 
 
-def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING, **flag: Any) -> Any:
-    """A dataclass field with the help text its flag shows; `flag` holds other argparse settings (action, choices, metavar)."""
-    return field(default=default, default_factory=factory, metadata={"help": help, **flag})
+def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING, aliases: tuple[str, ...] = (), **flag: Any) -> Any:
+    """A dataclass field with the help text its flag shows, other flags that also set it (`aliases`), and other
+    argparse settings in `flag` (action, choices, metavar)."""
+    return field(default=default, default_factory=factory, metadata={"help": help, **flag} | ({"aliases": list(aliases)} if aliases else {}))
 
 
 @dataclass
@@ -81,11 +82,11 @@ class TrainConfig:
     mode: Mode = arg("bi", "l2r/r2l: one stream; bi: both, fused by the learned gate; bi-static: both, averaged")
     objective: Objective = arg("bce", "step loss: bce (the paper), mse, or qrank (ranking with margin zeta)")
     zeta: float = arg(4.0, "qrank margin")
-    lr: float = arg(3e-5, "peak learning rate (AdamW, linear decay)")
-    epochs: float = arg(1.0, "passes over the data")
-    max_steps: int = arg(-1, "optimizer steps; > 0 overrides --epochs")
-    batch_size: int = arg(2, "trajectories per device per micro-batch")
-    grad_accum: int = arg(4, "micro-batches per optimizer step")
+    learning_rate: float = arg(3e-5, "peak learning rate (AdamW, linear decay)", aliases=("--lr",))
+    num_train_epochs: float = arg(1.0, "passes over the data", aliases=("--epochs",))
+    max_steps: int = arg(-1, "optimizer steps; > 0 overrides --num-train-epochs")
+    per_device_train_batch_size: int = arg(2, "trajectories per device per micro-batch", aliases=("--batch-size", "--batch_size"))
+    gradient_accumulation_steps: int = arg(4, "micro-batches per optimizer step", aliases=("--grad-accum", "--grad_accum"))
     warmup_ratio: float = arg(0.0, "share of steps spent warming up the learning rate")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     seed: int = arg(1106, "seed of the data order and the new weights")
@@ -103,6 +104,10 @@ class TrainConfig:
     aux_loss_weight: float = arg(0.0, "weight of the per-stream losses added to the fused one")
     gate_lr_scale: float = arg(1.0, "the gate learns at lr x this; < 1 keeps it from saturating at a high lr")
     train_top_layers: int | None = arg(None, "freeze the embeddings and all but the top K layers (Llama/Mistral/Qwen2 bodies)")
+    trunk_cache: bool = arg(True, "with --train-top-layers: compute the frozen layers once into an on-disk cache and train on it "
+                                  "(--no-trunk-cache recomputes them at every step)")
+    trunk_cache_dir: str = arg("", "where the trunk cache lives (default: <biprm cache>/trunk)")
+    heads_only: bool = arg(False, "with --train-top-layers: freeze the top layers too and train only the value head and gate (a probe)")
     lora_r: int = arg(0, "> 0: LoRA adapters of this rank; the value head, gate and step-tag row train in full")
     lora_alpha: float = arg(32.0, "LoRA scaling")
     lora_dropout: float = arg(0.0, "LoRA dropout")
@@ -115,12 +120,16 @@ class TrainConfig:
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass (less memory, more time)")
     deepspeed: str | None = arg(None, "a DeepSpeed JSON config, e.g. configs/ds_zero3.json (launch with accelerate or deepspeed)")
     show_progress: bool = arg(True, "a progress bar")
+    training_args: dict[str, Any] = arg(help="any other transformers.TrainingArguments option, by its name; in a --config "
+                                             "file, such a key at the top level lands here (e.g. lr_scheduler_type: cosine)", factory=dict)
 
     def __post_init__(self) -> None:
         """Refuse a misspelt choice at once, before any backbone or data loads."""
         check_choices(self)
         if self.streaming and (self.max_steps <= 0 or self.eval_fraction):
             raise ValueError("--streaming data has no length: give --max-steps, and hold out no --eval-fraction")
+        if self.heads_only and not self.train_top_layers:
+            raise ValueError("--heads-only needs --train-top-layers K (the cut whose features the heads read)")
         trackers = {t.strip() for t in self.report_to.split(",")} - {"", "none"}
         check_extras({t: f"--report-to {t}" for t in sorted(trackers & EXTRAS.keys())}
                      | ({"deepspeed": f"--deepspeed {self.deepspeed}"} if self.deepspeed else {}) | ({"peft": "--lora-r"} if self.lora_r else {}))

@@ -75,7 +75,8 @@ def run_demo(cfg: DemoConfig) -> dict:
         print(f"\n== training {mode} ==")
         ckpt = train(TrainConfig(
             backbone="tiny", data=str(data), output_dir=str(out / mode), mode=mode,
-            lr=cfg.lr, gate_lr_scale=cfg.gate_lr_scale, epochs=cfg.epochs, batch_size=cfg.batch_size, grad_accum=1, warmup_ratio=0.05,
+            learning_rate=cfg.lr, gate_lr_scale=cfg.gate_lr_scale, num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size,
+            gradient_accumulation_steps=1, warmup_ratio=0.05,
             seed=cfg.seed, save_steps=10**9, logging_steps=50, overwrite=True,  # a rerun of the demo retrains
         ))
         results[mode] = evaluate(Scorer.from_pretrained(ckpt, device="cpu"), dev, test, pools)

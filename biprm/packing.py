@@ -184,6 +184,7 @@ def pack_cached(
             conts.append((q, _Segment(ids, len(enc.prompt), 0, 1, i, stream, ends)))
     conts.sort(key=lambda c: -len(c[1].ids))
     batch = _layout([[seg] for _, seg in conts], encs, streams, pad_id)
+    del batch["stream_ids"]  # one continuation per row: the unit ids say all
     widths = [len(seg.ids) for _, seg in conts]
     chunks = [0]
     for r in range(1, len(widths)):

@@ -157,7 +157,8 @@ class Scorer:
             else:
                 batch = pack(items, self.mode, self.share_prefix, self.tokens_per_row, pad)
             check_tags(batch, self.model.config.step_tag_id)
-            collect(idx, self.model(**{k: v.to(device) for k, v in batch.items()}))
+            run = self.model.score_with_prefix if cached else self.model
+            collect(idx, run(**{k: v.to(device) for k, v in batch.items()}))
         return collect.scores()
 
 

@@ -14,8 +14,8 @@ from biprm.training import TrainConfig, train
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt")
-    return train(TrainConfig(backbone="tiny", data="synthetic:16", mode="bi", max_steps=1, batch_size=4,
-                             grad_accum=1, output_dir=str(out), save_steps=10**9, show_progress=False))
+    return train(TrainConfig(backbone="tiny", data="synthetic:16", mode="bi", max_steps=1, per_device_train_batch_size=4,
+                             gradient_accumulation_steps=1, output_dir=str(out), save_steps=10**9, show_progress=False))
 
 
 def test_score_writes_per_step_and_solution_scores(checkpoint, tmp_path):
@@ -251,10 +251,38 @@ def test_config_file_fills_settings_and_flags_win(tmp_path, monkeypatch, capsys)
     (tmp_path / "run.yaml").write_text("mode: l2r\nlr: 1.0e-4\nmax_steps: 7\nshare_prefix: false\n")
     main(["train", "--config", str(tmp_path / "run.yaml"), "--max-steps", "3"])
     cfg = seen[-1]
-    assert (cfg.mode, cfg.lr, cfg.max_steps, cfg.share_prefix, cfg.batch_size) == ("l2r", 1e-4, 3, False, TrainConfig.batch_size)
+    assert (cfg.mode, cfg.learning_rate, cfg.max_steps, cfg.share_prefix, cfg.per_device_train_batch_size) == (
+        "l2r", 1e-4, 3, False, TrainConfig.per_device_train_batch_size)
     (tmp_path / "run.json").write_text(json.dumps({"mode": "r2l", "lr": "2e-5"}))
     main(["train", "--config", str(tmp_path / "run.json")])
-    assert (seen[-1].mode, seen[-1].lr) == ("r2l", 2e-5)
+    assert (seen[-1].mode, seen[-1].learning_rate) == ("r2l", 2e-5)
+
+
+def test_train_settings_carry_the_training_arguments_names_and_other_options_pass_through(tmp_path, monkeypatch):
+    import biprm.cli as cli
+    from biprm.training import training_arguments
+
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "train", (TrainConfig, seen.append, "train"))
+    main(["train", "--lr", "1e-4", "--epochs", "2", "--batch-size", "3", "--grad-accum", "5", "--output-dir", str(tmp_path)])
+    main(["train", "--learning-rate", "1e-4", "--num-train-epochs", "2", "--per-device-train-batch-size", "3",
+          "--gradient-accumulation-steps", "5", "--output-dir", str(tmp_path)])
+    assert seen[0] == seen[1]
+    (tmp_path / "run.yaml").write_text("batch_size: 3\nlr_scheduler_type: cosine\nmax_grad_norm: 0.5\n")
+    main(["train", "--config", str(tmp_path / "run.yaml"), "--output-dir", str(tmp_path)])
+    cfg = seen[-1]
+    assert cfg.per_device_train_batch_size == 3 and cfg.training_args == {"lr_scheduler_type": "cosine", "max_grad_norm": 0.5}
+    args = training_arguments(cfg)
+    assert (args.lr_scheduler_type, args.max_grad_norm, args.per_device_train_batch_size) == ("cosine", 0.5, 3)
+    main(["train", "--training-args", '{"max_grad_norm": 2.0}', "--output-dir", str(tmp_path)])
+    assert seen[-1].training_args == {"max_grad_norm": 2.0}
+    with pytest.raises(ValueError, match="'seed' is a setting of its own; set it as --seed"):
+        training_arguments(TrainConfig(training_args={"seed": 3}))
+    with pytest.raises(ValueError, match="'sed' is not a transformers.TrainingArguments option"):
+        training_arguments(TrainConfig(training_args={"sed": 3}))
+    (tmp_path / "bad.yaml").write_text("lr_schedule: cosine\n")
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(tmp_path / "bad.yaml")])
 
 
 def test_replicate_flags_and_files_override_the_preset_which_fills_the_rest(tmp_path, monkeypatch):

@@ -92,7 +92,7 @@ def test_streaming_encodes_as_it_goes_and_trains(tmp_path, encoder, caplog):
     assert [r["steps"] for r in rows] == [w.steps for w in want] and "d.jsonl row 2: field 'labels' is missing" in caplog.text
     with pytest.raises(ValueError, match="give --max-steps"):
         TrainConfig(data=str(path), streaming=True)
-    out = train(TrainConfig(backbone="tiny", data=str(path), streaming=True, skip_invalid=True, max_steps=2, batch_size=2, grad_accum=1,
+    out = train(TrainConfig(backbone="tiny", data=str(path), streaming=True, skip_invalid=True, max_steps=2, per_device_train_batch_size=2, gradient_accumulation_steps=1,
                             output_dir=str(tmp_path / "run"), save_steps=10, show_progress=False))
     assert max(e.get("step", 0) for e in json.loads((tmp_path / "run" / "train_log.json").read_text())) == 2 and out
 

@@ -97,7 +97,7 @@ def test_prefix_cache_calls_the_backbone_once_for_prompts_then_once_per_chunk(ba
     calls.clear()
     batch = pack_cached(encs, "bi", max_tokens=60)
     with torch.no_grad():
-        model(**batch)
+        model.score_with_prefix(**batch)
     handle.remove()
     assert len(batch["chunks"]) > 2 and len(calls) == 1 + len(batch["chunks"]) - 1
 

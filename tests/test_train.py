@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_config(out: Path, **kw) -> TrainConfig:
-    base = dict(backbone="tiny", data="synthetic:48", output_dir=str(out), batch_size=4, grad_accum=2, max_steps=6,
-                lr=1e-3, save_steps=3, logging_steps=1, show_progress=False)
+    base = dict(backbone="tiny", data="synthetic:48", output_dir=str(out), per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=6,
+                learning_rate=1e-3, save_steps=3, logging_steps=1, show_progress=False)
     base.update(kw)
     return TrainConfig(**base)
 
@@ -121,7 +121,7 @@ def test_real_backbone_loss_goes_down(tmp_path, data_dir):
     tokenizer = load_tokenizer(backbone)
     before = loss_on_rows(from_backbone(backbone, tokenizer, mode="bi"), tokenizer)
     out = train(TrainConfig(backbone="smollm2-135m", data=str(data), output_dir=str(tmp_path / "smol"), mode="bi",
-                            batch_size=2, grad_accum=1, max_steps=6, epochs=10, lr=5e-5, max_length=384,
+                            per_device_train_batch_size=2, gradient_accumulation_steps=1, max_steps=6, num_train_epochs=10, learning_rate=5e-5, max_length=384,
                             save_steps=10**9, logging_steps=1, show_progress=False))
     after = loss_on_rows(BiPRMModel.from_pretrained(out), load_tokenizer(out))
     losses = [e["loss"] for e in json.loads((Path(out) / "train_log.json").read_text()) if "loss" in e]
@@ -179,12 +179,78 @@ class Snapshot(TrainerCallback):
         self.after = {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def test_train_top_layers_moves_only_the_top_of_the_body(tmp_path):
+@pytest.mark.parametrize("trunk_cache", [True, False])
+def test_train_top_layers_moves_only_the_top_of_the_body(tmp_path, trunk_cache):
     snap = Snapshot()
-    train(tiny_config(tmp_path / "t", mode="bi", train_top_layers=1, max_steps=2, save_steps=10), callbacks=[snap])
+    train(tiny_config(tmp_path / "t", mode="bi", train_top_layers=1, max_steps=2, save_steps=10, trunk_cache=trunk_cache,
+                      trunk_cache_dir=str(tmp_path / "trunk")), callbacks=[snap])
     moved = {n for n in snap.before if not torch.equal(snap.before[n], snap.after[n])}
     assert moved and all(n.startswith(("backbone.layers.2.", "backbone.norm", "value_head", "gate")) for n in moved), moved
     assert any(n.startswith("backbone.layers.2.") for n in moved) and any(n.startswith("gate") for n in moved)
+    assert (tmp_path / "trunk").is_dir() == trunk_cache
+
+
+def test_heads_only_moves_only_the_value_head_and_gate(tmp_path):
+    snap = Snapshot()
+    train(tiny_config(tmp_path / "t", train_top_layers=1, heads_only=True, max_steps=2, trunk_cache_dir=str(tmp_path / "trunk")), callbacks=[snap])
+    moved = {n for n in snap.before if not torch.equal(snap.before[n], snap.after[n])}
+    assert moved and all(n.startswith(("value_head", "gate")) for n in moved), moved
+    with pytest.raises(ValueError, match="--heads-only needs --train-top-layers"):
+        tiny_config(tmp_path / "h", heads_only=True)
+
+
+def trunk_config(out: Path, **kw) -> TrainConfig:
+    return tiny_config(out, data="synthetic:12", mode="bi", per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=-1, num_train_epochs=2.0, warmup_ratio=0.25,
+                       gate_lr_scale=0.5, seed=5, max_length=2048, train_top_layers=1, trunk_cache_dir=str(out.parent / "trunk"), **kw)
+
+
+@pytest.mark.parametrize("trunk", [False, True])
+def test_the_trainer_alone_takes_a_model_arguments_and_a_dataset(tmp_path, trunk):
+    """As with TRL's trainers: the collator comes from the data's layout and the model's mode."""
+    from transformers import TrainingArguments
+
+    from biprm import BiPRMTrainer
+    from biprm.backbones import load_tokenizer, resolve_backbone
+    from biprm.data.arrow import encoded_dataset, to_encoded
+    from biprm.data.encoding import Encoder
+    from biprm.modeling import from_backbone
+    from biprm.trunk import TrunkCache, TrunkData
+
+    backbone = resolve_backbone("tiny")
+    tokenizer = load_tokenizer(backbone)
+    model = from_backbone(backbone, tokenizer, mode="r2l")
+    data = encoded_dataset("synthetic:8", Encoder(tokenizer, model.config.step_tag_id))
+    if trunk:
+        encs = [to_encoded(row) for row in data]
+        data = TrunkData(TrunkCache(tmp_path / "trunk", model, 1, encs).build(progress=False), [e.labels for e in encs])
+    args = TrainingArguments(str(tmp_path / "out"), per_device_train_batch_size=4, num_train_epochs=1, use_cpu=True, report_to=[])
+    trainer = BiPRMTrainer(model, args, train_dataset=data)
+    assert trainer.train().global_step == 2
+
+
+def test_trunk_cache_run_resumes_to_the_same_weights(tmp_path):
+    straight = Path(train(trunk_config(tmp_path / "straight")))
+    interrupted = trunk_config(tmp_path / "resumed")
+    train(interrupted, callbacks=[StopAt(3)])
+    interrupted.resume = True
+    resumed = Path(train(interrupted))
+    a, b = weights(straight), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert len(list((tmp_path / "trunk").iterdir())) == 1  # both runs read one cache
+
+
+def test_replicate_and_train_top_layers_reach_the_same_weights(tmp_path):
+    """`biprm replicate` trains each run through `biprm train`'s trainer on the same trunk cache."""
+    from biprm.replication.recipe import ReplicateConfig, train_run
+    from biprm.data.readers import load_trajectories
+
+    train(trunk_config(tmp_path / "train"))
+    study = ReplicateConfig(work_dir=str(tmp_path), backbone="tiny", top_layers=1, lr=1e-3, epochs=2.0, batch_size=4, warmup_ratio=0.25,
+                            gate_lr_scale=0.5, save_every=3, max_length=2048)
+    model, log = train_run(study, "bi", 5, tmp_path / "replicate", False, load_trajectories("synthetic:12", labelled=True))
+    a, b = weights(tmp_path / "train"), weights(tmp_path / "replicate")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert log["steps"] == 6 and len(list((tmp_path / "trunk").iterdir())) == 1
 
 
 def test_train_top_layers_out_of_range_is_refused_before_training(tmp_path):
@@ -202,7 +268,7 @@ class MatmulDtypes(TrainerCallback):
 
 def test_bf16_on_cpu_is_autocast_over_fp32_weights(tmp_path):
     snap, dtypes = Snapshot(), MatmulDtypes()
-    train(tiny_config(tmp_path / "b", mode="bi", bf16=True, lr=3e-5, max_steps=2, save_steps=10), callbacks=[snap, dtypes])
+    train(tiny_config(tmp_path / "b", mode="bi", bf16=True, learning_rate=3e-5, max_steps=2, save_steps=10), callbacks=[snap, dtypes])
     assert dtypes.seen == {torch.bfloat16}
     assert all(p.dtype == torch.float32 for p in snap.after.values())
     body = [n for n in snap.before if n.startswith("backbone.layers.")]
@@ -302,9 +368,9 @@ def test_a_folder_holding_a_run_is_refused_resumed_only_by_the_same_run_or_overw
     first = tiny_config(tmp_path / "r", max_steps=2, save_steps=1)
     train(first)
     with pytest.raises(FileExistsError, match="holds a training run; add --resume"):
-        train(tiny_config(tmp_path / "r", max_steps=2, lr=5e-4))
-    with pytest.raises(ValueError, match=r"holds another run \(lr: 0.001 then, 0.0005 now\)"):
-        train(tiny_config(tmp_path / "r", max_steps=2, lr=5e-4, resume=True))
+        train(tiny_config(tmp_path / "r", max_steps=2, learning_rate=5e-4))
+    with pytest.raises(ValueError, match=r"holds another run \(learning_rate: 0.001 then, 0.0005 now\)"):
+        train(tiny_config(tmp_path / "r", max_steps=2, learning_rate=5e-4, resume=True))
     from biprm.data.synthetic import make_dataset
     from biprm.data.writer import write_trajectories
 
@@ -313,9 +379,9 @@ def test_a_folder_holding_a_run_is_refused_resumed_only_by_the_same_run_or_overw
     write_trajectories(data, make_dataset(16, 2))  # the same file name, other rows
     with pytest.raises(ValueError, match=r"holds another run \(the training data differ\)"):
         train(tiny_config(tmp_path / "f", max_steps=1, data=str(data), resume=True))
-    train(tiny_config(tmp_path / "r", max_steps=2, lr=5e-4, save_steps=10, overwrite=True))
+    train(tiny_config(tmp_path / "r", max_steps=2, learning_rate=5e-4, save_steps=10, overwrite=True))
     assert not (tmp_path / "r" / "checkpoint-1").exists()  # the old run's checkpoints went with it
-    assert json.loads((tmp_path / "r" / "biprm_run.json").read_text())["config"]["lr"] == 5e-4
+    assert json.loads((tmp_path / "r" / "biprm_run.json").read_text())["config"]["learning_rate"] == 5e-4
 
 
 def test_resume_skips_an_incomplete_checkpoint_and_says_which_it_takes(tmp_path, caplog):

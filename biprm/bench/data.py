@@ -86,7 +86,7 @@ def worker(spec: str) -> None:
             control.should_training_stop = True
 
     cfg = TrainConfig(backbone="tiny", data=job["data"], output_dir=job["output_dir"], max_length=job["max_length"],
-                      batch_size=job["batch_size"], grad_accum=1, max_steps=10, save_steps=10**9, show_progress=False)
+                      per_device_train_batch_size=job["batch_size"], gradient_accumulation_steps=1, max_steps=10, save_steps=10**9, show_progress=False)
     train(cfg, callbacks=[FirstStep()])
     report["peak_rss_mib"] = peak_rss_mib()
     Path(job["report"]).with_suffix(f".rank{report['rank']}.json").write_text(json.dumps(report))
