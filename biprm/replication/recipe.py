@@ -24,7 +24,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,6 @@ from biprm.data.trajectory import Trajectory
 from biprm.trunk import TrunkCache, cached_scores
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
 
 
 def bf16_is_fast() -> bool:
