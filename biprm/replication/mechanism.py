@@ -24,10 +24,14 @@ import random
 import re
 from dataclasses import replace
 from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
 
 from biprm.data.perturb import mix_seed
 from biprm.data.readers import read_rows
-from biprm.evaluation.data import QUESTION_SETS, data_file, spread
+from biprm.evaluation.data import QUESTION_SETS, SUBPOOLS, Pool, data_file, load_pool, load_processbench, spread
+from biprm.replication.config import MechanismConfig
 from biprm.replication.data import (
     _AFTER_EQUALS,
     _arithmetic,
@@ -181,3 +185,30 @@ def build_mechanism(
 
 def _histogram(values: list[int]) -> dict[str, int]:
     return {str(k): values.count(k) for k in sorted(set(values))}
+
+
+def _subpools(pool: Pool) -> dict[str, Pool]:
+    """Each style's candidates of every question, as a pool of its own."""
+    cand = np.array([t.meta["cand"] for t in pool.trajs])
+    out = {}
+    for name, keep in SUBPOOLS.items():
+        idx = np.flatnonzero(np.isin(cand, keep))
+        out[name] = Pool(f"{pool.name}:{name}", [pool.trajs[i] for i in idx], pool.qid[idx], pool.correct[idx], pool.answer_key[idx])
+    return out
+
+
+def scores_path(cfg: MechanismConfig, name: str) -> Path:
+    """A run's per-item step logits, beside its JSON: a few hundred kB, committed with the results."""
+    return Path(cfg.out) / "runs" / f"{name}.npz"
+
+
+def load_sets(cfg: MechanismConfig) -> tuple[dict[str, list[Trajectory]], dict[str, Pool], dict]:
+    """(trajectories per set, the BoN sub-pools, the data report); the set "bon" holds every sub-pool's candidates."""
+    rows, report = build_mechanism(cfg.data_root, cfg.train_questions, cfg.valid_questions, cfg.test_questions, cfg.data_seed)
+    pool = load_pool("gsm8k_bon_small", cfg.data_root, cfg.bon_questions)
+    keep = np.isin([t.meta["cand"] for t in pool.trajs], sum(SUBPOOLS.values(), ()))
+    pool = Pool(pool.name, [t for t, k in zip(pool.trajs, keep) if k], pool.qid[keep], pool.correct[keep], pool.answer_key[keep])
+    sets = {**rows, "processbench": load_processbench(cfg.data_root, ("gsm8k",), cfg.processbench_rows), "bon": pool.trajs}
+    report["processbench_gsm8k_rows"] = len(sets["processbench"])
+    report["bon"] = {"questions": len(np.unique(pool.qid)), "candidates": len(pool.trajs)}
+    return sets, {"all": pool, **_subpools(pool)}, report

@@ -25,9 +25,8 @@ from biprm.evaluation.processbench import flag_step_rule, out_of_sample, tuned_t
 from biprm.metrics.bootstrap import bootstrap_mean, bootstrap_statistic, paired_difference
 from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step
 from biprm.metrics.ranking import auc, paired_win
-from biprm.replication.mechanism import KINDS
 from biprm.replication.config import MechanismConfig
-from biprm.replication.mechanism_study import load_sets, scores_path
+from biprm.replication.mechanism import KINDS, load_sets, scores_path
 from biprm.replication.recipe import load_scores
 from biprm.scores import StepScores
 

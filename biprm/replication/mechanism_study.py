@@ -9,13 +9,13 @@ Read top to bottom:
 4. For every run (mode, seed, and whether the top layers train or only the heads, a
    "probe"): seed, build, train through `biprm train`'s trainer (`train_run`), score
    every set, and write the per-item step logits to `OUT/runs/RUN.npz` beside the run's
-   JSON (both committed, so the report survives the machine). The final trainable state
+   JSON (both committed, so the report survives the machine). The final model
    stays in the work dir. A finished run is never redone; a killed one resumes from its
    last checkpoint.
 5. The report (`biprm.replication.mechanism_report`) is computed from the saved logits
    alone, so it can be redone, or changed, without training.
 
-The endpoints are written in docs/REPLICATION.md before the runs; the report computes
+The endpoints are written in docs/MECHANISM.md before the runs; the report computes
 exactly those.
 """
 from __future__ import annotations
@@ -25,17 +25,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.data.encoding import Encoder
-from biprm.data.trajectory import Trajectory
 from biprm.evaluation.common import write_json
-from biprm.evaluation.data import SUBPOOLS, Pool, load_pool, load_processbench
 from biprm.modeling import from_backbone
 from biprm.replication.config import MechanismConfig
-from biprm.replication.mechanism import build_mechanism
+from biprm.replication.mechanism import load_sets, scores_path
+from biprm.replication.mechanism_report import write_report
 from biprm.replication.recipe import save_scores, start, study_key, train_run
 from biprm.trunk import TrunkCache, cached_scores
 
@@ -63,41 +61,12 @@ def runs_of(cfg: MechanismConfig) -> list[Run]:
     return runs + [Run(m, 1106 + k, heads_only=True) for k in range(cfg.probe_seeds) for m in order]
 
 
-def _subpools(pool: Pool) -> dict[str, Pool]:
-    """Each style's candidates of every question, as a pool of its own."""
-    cand = np.array([t.meta["cand"] for t in pool.trajs])
-    out = {}
-    for name, keep in SUBPOOLS.items():
-        idx = np.flatnonzero(np.isin(cand, keep))
-        out[name] = Pool(f"{pool.name}:{name}", [pool.trajs[i] for i in idx], pool.qid[idx], pool.correct[idx], pool.answer_key[idx])
-    return out
-
-
 def run_dir(cfg: MechanismConfig, name: str) -> Path:
     """Where a run keeps its checkpoints and final state (never committed)."""
     return Path(cfg.work_dir) / "runs" / study_key(cfg) / name
 
 
-def scores_path(cfg: MechanismConfig, name: str) -> Path:
-    """A run's per-item step logits, beside its JSON: a few hundred kB, committed with the results."""
-    return Path(cfg.out) / "runs" / f"{name}.npz"
-
-
-def load_sets(cfg: MechanismConfig) -> tuple[dict[str, list[Trajectory]], dict[str, Pool], dict]:
-    """(trajectories per set, the BoN sub-pools, the data report); the set "bon" holds every sub-pool's candidates."""
-    rows, report = build_mechanism(cfg.data_root, cfg.train_questions, cfg.valid_questions, cfg.test_questions, cfg.data_seed)
-    pool = load_pool("gsm8k_bon_small", cfg.data_root, cfg.bon_questions)
-    keep = np.isin([t.meta["cand"] for t in pool.trajs], sum(SUBPOOLS.values(), ()))
-    pool = Pool(pool.name, [t for t, k in zip(pool.trajs, keep) if k], pool.qid[keep], pool.correct[keep], pool.answer_key[keep])
-    sets = {**rows, "processbench": load_processbench(cfg.data_root, ("gsm8k",), cfg.processbench_rows), "bon": pool.trajs}
-    report["processbench_gsm8k_rows"] = len(sets["processbench"])
-    report["bon"] = {"questions": len(np.unique(pool.qid)), "candidates": len(pool.trajs)}
-    return sets, {"all": pool, **_subpools(pool)}, report
-
-
 def run_study(cfg: MechanismConfig) -> None:
-    from biprm.replication.mechanism_report import write_report
-
     out, work, fast = start(cfg)
     dtype = torch.bfloat16 if fast else None
 
