@@ -53,9 +53,11 @@ def test_get_reward_speaks_the_openrlhf_interface(bi_scorer):
     responses = ["3 + 4 = 7.\nThe answer is 7.", "3 + 4 = 8.\nThe answer is 8.</s>"]
     with client(bi_scorer, aggregation="mean", split="newline") as c:
         body = c.post("/get_reward", json={"query": [prompt + r for r in responses], "prompts": [prompt, prompt]}).json()
-    assert list(body) == ["rewards"] and len(body["rewards"]) == 2
+    assert set(body) == {"rewards", "scores", "extra_logs", "step_rewards"} and len(body["rewards"]) == 2
     trajs = [Trajectory(prompt, split_steps(r.replace(bi_scorer.tokenizer.eos_token, ""), "newline")) for r in responses]
-    assert body["rewards"] == bi_scorer.score(trajs, progress=False).solution_scores("mean").tolist()
+    want = bi_scorer.score(trajs, progress=False)
+    assert body["rewards"] == body["scores"] == want.solution_scores("mean").tolist()
+    assert body["step_rewards"] == [want.of(0).tolist(), want.of(1).tolist()]
 
 
 @pytest.mark.parametrize("path, body, message", [

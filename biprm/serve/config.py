@@ -25,6 +25,10 @@ class ServeConfig:
     on_overlength: Literal["flag", "refuse"] = arg("flag", "flag: score the steps that fit and say so; refuse: answer 413")
     aggregation: Aggregation = arg("min", "solution score of /get_reward")
     split: SplitRule = arg("auto", "how free text is cut into steps")
+    max_body_bytes: int = arg(8 * 2**20, "larger request bodies get 413 before they are read in full")
+    max_text_chars: int = arg(65536, "characters per solution (question and steps); longer ones get 413 before they are tokenized")
+    chat_template: str | None = arg(None, "the policy's tokenizer (folder or name): /get_reward takes the user's question out of prompts rendered with its chat template")
+    threshold: float = arg(0.5, "/get_reward's extra_logs name the first step whose probability is below this")
 
     def __post_init__(self) -> None:
         check_choices(self)
