@@ -15,6 +15,8 @@ Requests are bounded before any work: bodies by --max-body-bytes, each solution'
 the event loop that accepts, refuses and answers the others.
 
 Every scoring request goes through one `Batcher`, so concurrent clients share model calls.
+The scorer underneath is biprm's own `Scorer` or, with --engine vllm, a vLLM engine
+running biprm's plugin (`biprm.vllm_plugin`); the endpoints are the same.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from biprm.encoding import Encoded
 from biprm.metrics.processbench import predict_first_error
+from biprm.packing import STREAMS
 from biprm.readers import SPLIT_RULES, split_steps
 from biprm.scores import StepScores
 from biprm.scoring import Scorer
@@ -38,7 +41,9 @@ from biprm.serve.batcher import Batcher, Overloaded
 from biprm.serve.chat import ChatPrompt
 from biprm.serve.config import ServeConfig
 from biprm.trajectory import DataError, Trajectory, validate
-from biprm.writers import STREAMS, score_rows
+from biprm.vllm_plugin.engine import VLLMScorer
+from biprm.writers import STREAMS as OUTPUTS
+from biprm.writers import score_rows
 
 log = logging.getLogger(__name__)
 TOKENIZE_THREADS = 4  # requests tokenized at once, beside the event loop
@@ -81,7 +86,7 @@ def _steps(text: str, rule: str, where: str) -> list[str]:
 class Service:
     """The model side of the server: requests -> trajectories -> batched scores -> JSON."""
 
-    def __init__(self, scorer: Scorer, cfg: ServeConfig):
+    def __init__(self, scorer: Scorer | VLLMScorer, cfg: ServeConfig):
         self.scorer, self.cfg = scorer, cfg
         scorer.encoder.max_length = cfg.max_length
         self.batcher = Batcher(self._score, cfg.max_wait_ms, cfg.max_batch_tokens, cfg.max_queue)
@@ -108,7 +113,7 @@ class Service:
             i = int(np.flatnonzero(dropped)[0])
             raise ServiceError(413, f"{names[i]}: longer than max_length={self.cfg.max_length} tokens ({dropped[i]} trailing steps would not be scored)")
         try:
-            scores = await self.batcher.submit(trajs, sum(e.n_tokens for e in encs) * len(self.scorer.model.streams))
+            scores = await self.batcher.submit(trajs, sum(e.n_tokens for e in encs) * len(STREAMS[self.scorer.mode]))
         except Overloaded as error:
             raise ServiceError(503, str(error)) from None
         return scores, dropped
@@ -129,7 +134,7 @@ class Service:
             steps = it.steps if it.steps is not None else _steps(it.solution, it.split or self.cfg.split, f"item {i}: field 'solution'")
             trajs.append(Trajectory(it.question, steps))
         scores, dropped = await self.run(trajs, [f"item {i}" for i in range(len(items))])
-        keys = ("steps", *STREAMS, "solution", "solution_logit", "steps_scored")  # what `biprm score` writes, less the input's own fields
+        keys = ("steps", *OUTPUTS, "solution", "solution_logit", "steps_scored")  # what `biprm score` writes, less the input's own fields
         return [{**{k: row[k] for k in keys}, "truncated": bool(d)} for row, d in zip(score_rows(trajs, scores, digits=None), dropped)]
 
     def question(self, prompt: str, i: int) -> str:
@@ -222,7 +227,7 @@ def _body_schema(schema: dict) -> dict:
     return {"requestBody": {"content": {"application/json": {"schema": schema}}, "required": True}}
 
 
-def build_app(scorer: Scorer, cfg: ServeConfig) -> FastAPI:
+def build_app(scorer: Scorer | VLLMScorer, cfg: ServeConfig) -> FastAPI:
     service = Service(scorer, cfg)
 
     @asynccontextmanager
@@ -277,6 +282,9 @@ def serve(cfg: ServeConfig) -> None:
     """Load the model, then serve until SIGINT/SIGTERM; requests already accepted are finished first."""
     import uvicorn
 
-    scorer = Scorer.from_pretrained(cfg.model, device=cfg.device)
+    if cfg.engine == "vllm":
+        scorer = VLLMScorer.from_pretrained(cfg.model, cfg.max_length, **json.loads(cfg.engine_args))
+    else:
+        scorer = Scorer.from_pretrained(cfg.model, device=cfg.device)
     log.info("serving %s (%s) on http://%s:%d", cfg.model, scorer.mode, cfg.host, cfg.port)
     uvicorn.run(build_app(scorer, cfg), host=cfg.host, port=cfg.port, log_level="info")

@@ -20,6 +20,6 @@ def register() -> None:
         ModelRegistry.register_model(ARCHITECTURE, "biprm.vllm_plugin.model:BiPRMForStepScoring")
 
 
-def io_processor() -> str:
+def io_processor_plugin() -> str:
     """vLLM's IO-processor plugin hook: the class that speaks biprm's request and answer."""
     return "biprm.vllm_plugin.io_processor.BiPRMIOProcessor"

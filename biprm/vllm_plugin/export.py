@@ -4,7 +4,7 @@ vLLM sizes the KV cache and the layers from a flat config (hidden_size, num_hidd
 ...), while a biprm checkpoint nests them under `backbone_config`. The export writes the
 backbone's config with `architectures = ["BiPRMForStepScoring"]`, the BiPRM settings under
 `biprm`, and `io_processor_plugin = "biprm"` so `vllm serve` picks the IO processor itself.
-Weights and tokenizer files are copied as they are; the model maps `backbone.` to its body.
+Weights and tokenizer files are copied (or linked) as they are; the model maps `backbone.` to its body.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from biprm.checkpoint import check_checkpoint
 from biprm.vllm_plugin import ARCHITECTURE, PLUGIN
 
 
-def export_for_vllm(checkpoint: str, out: str) -> Path:
+def export_for_vllm(checkpoint: str, out: str, link: bool = False) -> Path:
+    """The export folder; with `link` its files are symbolic links to the checkpoint's (a scratch export)."""
     from biprm.modeling import BiPRMConfig
 
     check_checkpoint(checkpoint)
@@ -32,7 +33,11 @@ def export_for_vllm(checkpoint: str, out: str) -> Path:
         biprm={"mode": config.mode, "step_tag_id": config.step_tag_id},
     )
     for f in src.iterdir():
-        if f.is_file() and f.name != "config.json":
+        if not f.is_file() or f.name == "config.json":
+            continue
+        if link:
+            (dst / f.name).symlink_to(f.resolve())
+        else:
             shutil.copy2(f, dst / f.name)
     (dst / "config.json").write_text(json.dumps(flat, indent=2, default=str) + "\n")
     return dst

@@ -8,6 +8,8 @@ the R2L rows are turned back to forward step order here, then the gate is finish
 from __future__ import annotations
 
 import numpy as np
+import torch
+import torch.nn as nn
 
 from biprm.aggregate import sigmoid
 from biprm.encoding import Encoded
@@ -17,6 +19,16 @@ from biprm.packing import STREAMS
 def stream_tokens(enc: Encoded, stream: str) -> list[int]:
     steps = enc.steps if stream == "l2r" else enc.steps[::-1]
     return enc.prompt + [t for step in steps for t in step]
+
+
+def stream_rows(h: torch.Tensor, value_head: nn.Linear, gate: nn.Sequential | None) -> torch.Tensor:
+    """[value logit (, W1_L·h + b1, W1_R·h)] per step-tag hidden state h, in fp32; computed where a stream is pooled."""
+    h = h.to(torch.float32)
+    value = value_head(h)
+    if gate is None:
+        return value
+    first, H = gate[0], h.shape[-1]
+    return torch.cat([value, h @ first.weight[:, :H].T + first.bias, h @ first.weight[:, H:].T], dim=-1)
 
 
 def fuse(rows: dict[str, np.ndarray], mode: str, w2: np.ndarray | None = None, b2: float = 0.0) -> dict[str, np.ndarray | None]:

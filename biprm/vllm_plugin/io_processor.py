@@ -1,6 +1,7 @@
 """vLLM's IO processor for biprm: one request in, its stream prompts to the model, one fused answer out.
 
-Request `data`: {"question": str, "steps": [str, ...]} or a list of them. Answer: for each
+Request `data`: {"question": str, "steps": [str, ...]} or a list of them (or the same already
+tokenized: {"prompt_ids": [int, ...], "step_ids": [[int, ...], ...]}). Answer: for each
 solution, the per-step probabilities `fused`, `l2r`, `r2l`, the gate weight `sigma` (null
 where the mode lacks them), the logits they come from, and `steps_scored`. A solution
 longer than the engine's max_model_len keeps the steps that fit, as biprm's Scorer does
@@ -45,18 +46,27 @@ class BiPRMIOProcessor(IOProcessor):
         self.encoder = Encoder(load_tokenizer(model.tokenizer), spec["step_tag_id"], model.max_model_len)
         self.w2, self.b2 = _second_gate_layer(Path(model.model)) if self.mode == "bi" else (None, 0.0)
 
-    def parse_data(self, data: object) -> list[Trajectory]:
+    def parse_data(self, data: object) -> list[Encoded]:
+        """Text items are tokenized here; token items (what `biprm serve --engine vllm` sends, already encoded
+        and cut to its max_length) are checked and taken as they are."""
         items = data if isinstance(data, list) else [data]
-        if not items or not all(isinstance(x, dict) and set(x) == {"question", "steps"} for x in items):
+        if not items or not all(isinstance(x, dict) and set(x) in ({"question", "steps"}, {"prompt_ids", "step_ids"}) for x in items):
             raise ValueError("'data' must be {\"question\": str, \"steps\": [str, ...]} or a non-empty list of them")
-        return [validate(Trajectory(x["question"], list(x["steps"])), f"item {i}") for i, x in enumerate(items)]
+        return [self.encode(x, f"item {i}") for i, x in enumerate(items)]
 
-    def encode(self, trajs: list[Trajectory]) -> list[Encoded]:
-        return [self.encoder.encode(t, f"item {i}") for i, t in enumerate(trajs)]
+    def encode(self, item: dict, where: str) -> Encoded:
+        if "question" in item:
+            return self.encoder.encode(validate(Trajectory(item["question"], list(item["steps"])), where), where)
+        enc = Encoded([int(t) for t in item["prompt_ids"]], [[int(t) for t in s] for s in item["step_ids"]], None)
+        tag = self.encoder.step_tag_id
+        if not enc.steps or any(not s or s[-1] != tag or s.count(tag) != 1 for s in enc.steps) or tag in enc.prompt:
+            raise ValueError(f"{where}: every step must end with the step tag {tag} and hold no other")
+        if enc.n_tokens > self.encoder.max_length:
+            raise ValueError(f"{where}: {enc.n_tokens} tokens per stream; this engine takes at most {self.encoder.max_length}")
+        return enc
 
-    def pre_process(self, prompt: list[Trajectory], request_id: str | None = None, **kwargs) -> list[TokensPrompt]:
-        encs = self.encode(prompt)
-        return [TokensPrompt(prompt_token_ids=stream_tokens(e, s)) for e in encs for s in self.streams]
+    def pre_process(self, prompt: list[Encoded], request_id: str | None = None, **kwargs) -> list[TokensPrompt]:
+        return [TokensPrompt(prompt_token_ids=stream_tokens(e, s)) for e in prompt for s in self.streams]
 
     def post_process(self, model_output: Sequence[PoolingRequestOutput], request_id: str | None = None, **kwargs) -> list[dict]:
         outs = [o.outputs.data.double().cpu().numpy() for o in model_output]

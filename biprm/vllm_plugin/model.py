@@ -21,6 +21,8 @@ from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, m
 from vllm.sequence import IntermediateTensors
 from vllm.v1.pool.metadata import PoolingMetadata
 
+from biprm.vllm_plugin.fusion import stream_rows
+
 BODIES = {"llama": "llama:LlamaModel", "qwen2": "qwen2:Qwen2Model", "qwen3": "qwen3:Qwen3Model", "mistral": "llama:LlamaModel"}
 
 
@@ -77,13 +79,7 @@ class BiPRMForStepScoring(nn.Module):
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
 
     def heads(self, h: torch.Tensor) -> torch.Tensor:
-        h = h.to(torch.float32)
-        value = self.value_head(h)
-        if self.gate is None:
-            return value
-        H = h.shape[-1]
-        first = self.gate[0]
-        return torch.cat([value, h @ first.weight[:, :H].T + first.bias, h @ first.weight[:, H:].T], dim=-1)
+        return stream_rows(h, self.value_head, self.gate)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
