@@ -34,14 +34,17 @@ from biprm.serve.config import LoadTestConfig
 from biprm.trajectory import Trajectory
 
 
-async def _one(client, url: str, traj: Trajectory) -> tuple[int, float, dict | None]:
+async def _one(client, url: str, traj: Trajectory, vllm_model: str | None) -> tuple[int, float, dict | None]:
     started = time.perf_counter()
-    r = await client.post(url, json={"question": traj.question, "steps": traj.steps})
-    return r.status_code, time.perf_counter() - started, r.json() if r.status_code == 200 else None
+    item = {"question": traj.question, "steps": traj.steps}
+    r = await client.post(url, json=item if vllm_model is None else {"model": vllm_model, "data": item})
+    answer = r.json() if r.status_code == 200 else None
+    return r.status_code, time.perf_counter() - started, answer if vllm_model is None or answer is None else answer["data"][0]
 
 
-async def _drive(url: str, trajs: list[Trajectory], clients: int, time_limit: float) -> dict:
-    """`clients` concurrent clients, each sending its next request when the last one is answered."""
+async def _drive(url: str, trajs: list[Trajectory], clients: int, time_limit: float, vllm_model: str | None = None) -> dict:
+    """`clients` concurrent clients, each sending its next request when the last one is answered
+    (to `vllm serve` of an export, POST /pooling, when `vllm_model` names it)."""
     import httpx
 
     queue = list(range(len(trajs)))[::-1]
@@ -52,7 +55,7 @@ async def _drive(url: str, trajs: list[Trajectory], clients: int, time_limit: fl
         async def worker():
             while queue and time.perf_counter() < deadline:
                 i = queue.pop()
-                results[i] = await _one(client, url, trajs[i])
+                results[i] = await _one(client, url, trajs[i], vllm_model)
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
