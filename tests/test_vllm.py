@@ -112,8 +112,9 @@ def test_the_plugin_equals_the_scorer_in_every_mode(checkpoints, engines, mode):
 
 # the default engine's endpoint tests, collected here (after the comparisons, so the `bi` engine is reused) against the vLLM engine
 from test_serve import (  # noqa: E402,F401
+    STEPS,
+    client,
     test_bad_requests_get_a_400_that_names_the_field,
-    test_get_reward_speaks_the_openrlhf_interface,
     test_health_and_metrics,
     test_over_long_input_is_flagged_or_refused,
     test_overload_is_a_503_with_retry_after_and_an_oversized_request_a_413,
@@ -124,7 +125,6 @@ from test_serve_rl import test_get_reward_scores_the_plain_question_of_an_openrl
 
 def test_score_through_the_server_equals_the_engine(bi_scorer):
     """test_serve's first test, with a tolerance: vLLM's CPU kernels differ by about 1e-8 from call to call."""
-    from test_serve import STEPS, client
 
     want = bi_scorer.score([Trajectory(Q, STEPS)], progress=False)
     with client(bi_scorer) as c:
@@ -135,6 +135,19 @@ def test_score_through_the_server_equals_the_engine(bi_scorer):
     assert one["steps_scored"] == 3 and one["truncated"] is False and many[0]["steps"] == STEPS
     assert many[0]["fused"] == pytest.approx(one["fused"], abs=1e-6)
     assert many[1]["fused"] == pytest.approx(bi_scorer.score([Trajectory(Q, STEPS[:1])], progress=False).prob().tolist(), abs=1e-6)
+
+
+def test_get_reward_through_the_server_equals_the_engine(bi_scorer):
+    """test_serve's /get_reward test, with the same tolerance."""
+    prompt = f"<|user|>{Q}<|assistant|>"
+    responses = ["3 + 4 = 7.\nThe answer is 7.", "3 + 4 = 8.\nThe answer is 8.</s>"]
+    with client(bi_scorer, aggregation="mean", split="newline") as c:
+        body = c.post("/get_reward", json={"query": [prompt + r for r in responses], "prompts": [prompt, prompt]}).json()
+    assert set(body) == {"rewards", "scores", "extra_logs", "step_rewards"} and body["scores"] == body["rewards"]
+    want = bi_scorer.score([Trajectory(prompt, r.replace(bi_scorer.tokenizer.eos_token, "").split("\n")) for r in responses], progress=False)
+    assert body["rewards"] == pytest.approx(want.solution_scores("mean").tolist(), abs=1e-6)
+    for got, i in zip(body["step_rewards"], (0, 1)):
+        assert got == pytest.approx(want.of(i).tolist(), abs=1e-6)
 
 
 def _free_port() -> int:
@@ -177,3 +190,4 @@ def test_vllm_serve_answers_a_step_scoring_request(checkpoints, engines, tmp_pat
     for key in ("fused", "l2r", "r2l", "sigma"):
         np.testing.assert_allclose(answer[key], want.of(0, key), atol=1e-4, err_msg=key)
     assert answer["steps_scored"] == 3
+
