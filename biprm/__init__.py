@@ -1,13 +1,12 @@
 """biprm: Bidirectional Process Reward Models.
 
-Data flows one way: raw rows -> Trajectory (readers) -> encoded L2R/R2L pieces
-(encoding) -> one packed batch (packing) -> per-step outputs (modeling) -> solution
+Data flows one way: raw rows -> Trajectory -> encoded L2R/R2L pieces (the `data`
+wing) -> one packed batch (packing) -> per-step outputs (modeling) -> solution
 scores (aggregate) -> metrics and reports (metrics, analysis, evaluation).
 
 The names below load on first use, so `biprm --help` does not pay for torch.
-`import biprm.modeling` registers the architecture with `AutoModel`. `train` shares its
-name with its module: once the module `biprm.train` is imported, `biprm.train` is that
-module, so import the function as `from biprm.train import train` in such code.
+`import biprm.modeling` registers the architecture with `AutoModel`. The training
+recipe lives in `biprm.training`, so `biprm.train` is always the function.
 """
 from __future__ import annotations
 
@@ -17,8 +16,9 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "BiPRMConfig": "biprm.modeling", "BiPRMModel": "biprm.modeling", "from_backbone": "biprm.modeling",
-    "StepScores": "biprm.scores", "Scorer": "biprm.scoring", "TrainConfig": "biprm.config", "train": "biprm.train",
-    "DataError": "biprm.trajectory", "Trajectory": "biprm.trajectory",
+    "StepScores": "biprm.scores", "Scorer": "biprm.scoring", "TrainConfig": "biprm.config", "train": "biprm.training",
+    "BiPRMTrainer": "biprm.training",
+    "DataError": "biprm.data.trajectory", "Trajectory": "biprm.data.trajectory",
 }
 __all__ = sorted(_EXPORTS)
 
@@ -27,5 +27,5 @@ def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'biprm' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # kept: importing biprm.train just bound the module to that name
+    globals()[name] = value
     return value

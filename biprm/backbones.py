@@ -123,7 +123,7 @@ def _corpus(n: int = 400) -> list[str]:
 
 def _synthetic_corpus(n: int = 600) -> list[str]:
     """Text of the embedded synthetic task, so its words become single tokens and sequences stay short."""
-    from biprm.synthetic import make_dataset
+    from biprm.data.synthetic import make_dataset
 
     return [" ".join([t.question, *t.steps]) for t in make_dataset(n, seed=12345)]
 

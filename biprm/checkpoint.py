@@ -12,7 +12,7 @@ import logging
 import os
 from pathlib import Path
 
-from biprm.template import STEP_TAG, render_prompt, render_step
+from biprm.data.template import STEP_TAG, render_prompt, render_step
 
 log = logging.getLogger(__name__)
 TRAINED = "pass a folder written by `biprm train` (its --output-dir)"
@@ -116,7 +116,8 @@ def write_model_card(folder: str | Path, train_config: dict, log_history: list[d
         f"Last validation loss: {evals[-1]:.4f}." if evals else "", "",
         "## Use", "", "```python", "from biprm import Scorer, Trajectory", "",
         'scorer = Scorer.from_pretrained("path/to/this/folder")',
-        'scores = scorer.score([Trajectory("What is 2 + 3 * 4?", ["3 * 4 = 12.", "2 + 12 = 14.", "The answer is 14."])])',
+        'encodings, _ = scorer.encode([Trajectory("What is 2 + 3 * 4?", ["3 * 4 = 12.", "2 + 12 = 14.", "The answer is 14."])])',
+        "scores = scorer.score(encodings)",
         'scores.of(0, "fused"), scores.solution_scores("min")', "```", "",
         "`biprm serve --model path/to/this/folder` serves it over HTTP. With transformers alone, `import biprm.modeling` first "
         "(it registers the architecture), then `AutoModel.from_pretrained(path)`.", "",

@@ -13,18 +13,22 @@ import dataclasses
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, get_origin
 
 from transformers import HfArgumentParser
 
 from biprm import __version__
 from biprm.bench.config import BenchConfig, DataBenchConfig
-from biprm.config import DemoConfig, ReplicateArgs, ScoreConfig, TrainConfig
+from biprm.config import DemoConfig, ScoreConfig, TrainConfig
+from biprm.evaluation import cli as evaluation
+from biprm.replication.config import ReplicateConfig
 from biprm.serve.config import ExportConfig, LoadTestConfig, ServeConfig
 
 
 def cmd_train(cfg: TrainConfig) -> None:
-    from biprm.train import train
+    from biprm.training import train
 
     print(f"saved to {train(cfg)}")
 
@@ -43,22 +47,19 @@ def cmd_demo(cfg: DemoConfig) -> None:
     run_demo(cfg)
 
 
-def cmd_replicate(cfg: ReplicateArgs) -> None:
-    from biprm.replication.recipe import preset, replicate, report_only
-
+def cmd_replicate(cfg: ReplicateConfig) -> None:
     if cfg.preset == "mechanism":
         from biprm.replication.mechanism_report import write_report
-        from biprm.replication.mechanism_study import MechanismConfig, run_study
+        from biprm.replication.config import MechanismConfig
+        from biprm.replication.mechanism_study import run_study
 
-        given = dict(out=cfg.out, work_dir=cfg.work_dir, data_root=cfg.data_root, bf16=cfg.bf16, top_layers=cfg.train_top_layers)
-        mechanism = MechanismConfig(**{k: v for k, v in given.items() if v is not None})
+        given = dict(out=cfg.out, work_dir=cfg.work_dir, data_root=cfg.data_root, bf16=cfg.bf16, top_layers=cfg.top_layers)
+        mechanism = MechanismConfig(**{k: v for k, v in given.items() if v})
         write_report(mechanism) if cfg.report_only else run_study(mechanism)
         return
-    study = preset(cfg.preset, out=cfg.out, work_dir=cfg.work_dir, data_root=cfg.data_root, bf16=cfg.bf16, top_layers=cfg.train_top_layers)
-    if cfg.report_only:
-        report_only(study)
-    else:
-        replicate(study)
+    from biprm.replication.recipe import replicate, report_only
+
+    report_only(cfg) if cfg.report_only else replicate(cfg)
 
 
 def cmd_serve(cfg: ServeConfig) -> None:
@@ -100,7 +101,7 @@ COMMANDS = {  # name: (settings, recipe, one-line help)
     "demo": (DemoConfig, cmd_demo, "train l2r, r2l, bi-static and bi on the synthetic task and compare them (not evidence: see replicate)"),
     "train": (TrainConfig, cmd_train, "train a (Bi)PRM on step-labelled data"),
     "score": (ScoreConfig, cmd_score, "write per-step and solution scores of a data file as JSONL"),
-    "replicate": (ReplicateArgs, cmd_replicate, "the paper's l2r / r2l / bi-static / bi comparison on SmolLM2-135M and real data (resumable: rerun to continue)"),
+    "replicate": (ReplicateConfig, cmd_replicate, "the paper's l2r / r2l / bi-static / bi comparison on SmolLM2-135M and real data (resumable: rerun to continue)"),
     "serve": (ServeConfig, cmd_serve, "serve a checkpoint over HTTP: /v1/score, /get_reward (OpenRLHF), /health, /metrics (extra [serve])"),
     "export": (ExportConfig, cmd_export, "write a checkpoint in the layout another engine loads (vllm: for `vllm serve` with biprm's plugin)"),
     "loadtest": (LoadTestConfig, cmd_loadtest, "benchmark `biprm serve` on loopback: batched vs one-at-a-time, latency by concurrency, overload"),
@@ -112,20 +113,57 @@ COMMANDS = {  # name: (settings, recipe, one-line help)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="biprm", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"biprm {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=HfArgumentParser)
-    for name, (settings, run, text) in COMMANDS.items():
-        p = sub.add_parser(name, dataclass_types=[settings], help=text, description=text)
-        p.add_argument("--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it")
-        _negations_say_so(p)
-        p.set_defaults(func=run, settings=settings)
-
-    from biprm.evaluation.cli import add_eval_parser
-
-    add_eval_parser(sub)
+    _add_commands(parser, "command", COMMANDS)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    _add_commands(sub.add_parser("eval", help=evaluation.HELP, description=evaluation.HELP), "eval_command", evaluation.COMMANDS)
     for p in [parser, *_subparsers(parser)]:  # -v before or after the sub-command
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS if p is not parser else False,
                        help="log progress, and show tracebacks on errors")
     return parser
+
+
+def _add_commands(parser: argparse.ArgumentParser, dest: str, commands: dict) -> None:
+    """One sub-command per entry of `commands`, its flags and `--config FILE` made from its settings dataclass."""
+    sub = parser.add_subparsers(dest=dest, required=True, parser_class=HfArgumentParser)
+    for name, (settings, run, text) in commands.items():
+        p = sub.add_parser(name, dataclass_types=[settings], help=text, description=text)
+        p.add_argument("--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it")
+        _negations_say_so(p)
+        for action in p._actions:
+            if dataclasses.is_dataclass(action.type) or get_origin(action.type) in (dict, tuple):
+                action.type = _structured(action.type)
+        p.set_defaults(func=run, settings=settings)
+
+
+def _structured(kind: Any) -> Callable[[object], object]:
+    """The type of a dict, tuple or dataclass setting: YAML text on the command line (--seeds '{l2r: 3, bi: 3}'),
+    or the mapping or list a settings file holds."""
+    made = get_origin(kind) or kind
+
+    def convert(value: object) -> object:
+        import yaml
+
+        value = yaml.safe_load(value) if isinstance(value, str) else value
+        if dataclasses.is_dataclass(made) and isinstance(value, dict):
+            return made(**value)
+        if isinstance(value, dict if made is dict else list):
+            return made(value)
+        raise ValueError(f"expected {'a mapping' if made is not tuple else 'a list'}, got {value!r}")
+
+    convert.__name__, convert.structured = made.__name__, True
+    return convert
+
+
+def _chosen(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[str, argparse.ArgumentParser]:
+    """The sub-command argv names ("eval bon" is two levels down) and its parser."""
+    names = []
+    for word in (a for a in argv if not a.startswith("-")):
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or word not in sub.choices:
+            break
+        names.append(word)
+        parser = sub.choices[word]
+    return " ".join(names), parser
 
 
 def _negations_say_so(parser: argparse.ArgumentParser) -> None:
@@ -152,17 +190,35 @@ def load_config_file(path: str, parser: argparse.ArgumentParser) -> None:
     text = Path(path).read_text()
     values, lines = _read_settings(path, text)
     known = {a.dest for a in parser._actions} - {"help", "config", "verbose"}
+    names = {o.lstrip("-").replace("-", "_"): a.dest for a in parser._actions  # a field's name and its aliases (--lr)
+             if not isinstance(a, argparse._StoreFalseAction) for o in a.option_strings}
+    passed = {}  # other TrainingArguments options, for a command that takes them
     for key, value in values.items():
-        dest, where = str(key).replace("-", "_"), f"{path} line {lines.get(str(key), '?')}: {key}"
+        dest, where = names.get(str(key).replace("-", "_"), str(key)), f"{path} line {lines.get(str(key), '?')}: {key}"
+        if dest not in known and "training_args" in known and _training_argument(str(key)):
+            passed[str(key)] = value
+            continue
         if dest not in known:
             raise ValueError(f"{where}: unknown setting; known: {', '.join(sorted(known))}")
+        if dest == "training_args":
+            passed |= value if isinstance(value, dict) else {}
+            continue
         actions = [a for a in parser._actions if a.dest == dest]  # a bool has two: --x and --no_x
         value = _typed(next((a for a in actions if a.type), actions[0]), value, where)
         for action in actions:
-            if action.choices and value not in action.choices:
-                raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+            wrong = [v for v in (value if isinstance(value, list) else [value]) if action.choices and v not in action.choices]
+            if wrong:
+                raise ValueError(f"{where}: {wrong[0]!r} is not one of {', '.join(map(str, action.choices))}")
             action.required = False
         parser.set_defaults(**{dest: value})
+    if passed:
+        parser.set_defaults(training_args=passed)
+
+
+def _training_argument(name: str) -> bool:
+    from transformers import TrainingArguments
+
+    return name in TrainingArguments.__dataclass_fields__
 
 
 def _read_settings(path: str, text: str) -> tuple[dict, dict[str, int]]:
@@ -191,6 +247,11 @@ def _typed(action: argparse.Action, value: object, where: str) -> object:
     """`value` converted as its flag would convert it; argparse never checks a default that is not a string."""
     if value is None or action.type is None:
         return value
+    if getattr(action.type, "structured", False):
+        try:
+            return action.type(value)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{where}: {value!r} is not a valid {action.type.__name__} ({error})") from None
     many = action.nargs in ("+", "*")
     if isinstance(value, (list, dict)) != many or isinstance(value, dict):
         raise ValueError(f"{where}: expected {'a list' if many else 'one value'}, got {type(value).__name__} {value!r}")
@@ -214,24 +275,21 @@ def _config_file(argv: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    command = next((a for a in argv if not a.startswith("-")), None)
+    command, chosen = _chosen(parser, argv)
     config = _config_file(argv)
-    if config and command in COMMANDS:
+    if config and "settings" in chosen._defaults:
         try:
-            load_config_file(config, next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command])
+            load_config_file(config, chosen)
         except (ValueError, OSError) as error:
             parser.exit(2, f"biprm {command}: error: {error}\n")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        if "settings" in args:
-            args.func(args.settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)}))
-        else:
-            args.func(args)
+        args.func(args.settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)}))
     except (ValueError, OSError) as error:  # bad input, a missing file: one line; -v shows the traceback
         if args.verbose:
             raise
-        print(f"biprm {args.command}: error: {error}", file=sys.stderr)
+        print(f"biprm {command}: error: {error}", file=sys.stderr)
         sys.exit(2)
 
 

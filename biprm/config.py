@@ -10,19 +10,33 @@ import importlib.util
 import os
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Literal, NamedTuple, get_args, get_origin, get_type_hints
 
-from biprm.readers import FORMATS
 
-Mode = Literal["l2r", "r2l", "bi-static", "bi"]
+class ModeSpec(NamedTuple):
+    streams: tuple[str, ...]  # the streams the backbone runs, in the order a batch holds them
+    fusion: Literal["gate", "static"] | None  # two streams -> one: a learned sigma, sigma = 0.5, or none (one stream)
+
+
+# Every training mode, and the one place that says what it runs: the per-mode stream maps derive from it.
+MODE_TABLE = {
+    "l2r": ModeSpec(("l2r",), None),
+    "r2l": ModeSpec(("r2l",), None),
+    "bi-static": ModeSpec(("l2r", "r2l"), "static"),
+    "bi": ModeSpec(("l2r", "r2l"), "gate"),
+}
+Mode = Literal[tuple(MODE_TABLE)]
 MODES: tuple[str, ...] = get_args(Mode)
 Objective = Literal["bce", "mse", "qrank"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
-Format = Literal[("auto", *FORMATS)]  # a Literal built from the readers' list
+FORMATS = ("trl", "steps", "math-shepherd", "processbench", "prmbench", "bon")  # the layouts biprm.data.readers converts
+Format = Literal[("auto", *FORMATS)]
 # the projections of Llama/Mistral/Qwen2-style decoder layers (adapters go only under `backbone.`)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PROCESSBENCH_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
 CHECKPOINT_ROLES = ("l2r", "r2l", "bi-static", "bi", "l2r-2", "r2l-2")  # what `eval ablations` takes
+TOKENS_PER_ROW = 512  # longer tree rows pay more in masked attention than the shared prompt saves (benchmarks/)
+MAX_LENGTH = 4096  # tokens per stream when scoring (score, eval, serve) unless set; trailing steps past it are not scored
 
 
 def default_data_root() -> str:
@@ -52,9 +66,10 @@ def check_extras(needed: dict[str, str]) -> None:
             raise ValueError(f"{flag} needs {', '.join(missing)}, which is not installed: pip install -e \".[{extra}]\"")
 
 
-def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING) -> Any:
-    """A dataclass field with the help text its flag shows."""
-    return field(default=default, default_factory=factory, metadata={"help": help})
+def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING, aliases: tuple[str, ...] = (), **flag: Any) -> Any:
+    """A dataclass field with the help text its flag shows, other flags that also set it (`aliases`), and other
+    argparse settings in `flag` (action, choices, metavar)."""
+    return field(default=default, default_factory=factory, metadata={"help": help, **flag} | ({"aliases": list(aliases)} if aliases else {}))
 
 
 @dataclass
@@ -68,11 +83,11 @@ class TrainConfig:
     mode: Mode = arg("bi", "l2r/r2l: one stream; bi: both, fused by the learned gate; bi-static: both, averaged")
     objective: Objective = arg("bce", "step loss: bce (the paper), mse, or qrank (ranking with margin zeta)")
     zeta: float = arg(4.0, "qrank margin")
-    lr: float = arg(3e-5, "peak learning rate (AdamW, linear decay)")
-    epochs: float = arg(1.0, "passes over the data")
-    max_steps: int = arg(-1, "optimizer steps; > 0 overrides --epochs")
-    batch_size: int = arg(2, "trajectories per device per micro-batch")
-    grad_accum: int = arg(4, "micro-batches per optimizer step")
+    learning_rate: float = arg(3e-5, "peak learning rate (AdamW, linear decay)", aliases=("--lr",))
+    num_train_epochs: float = arg(1.0, "passes over the data", aliases=("--epochs",))
+    max_steps: int = arg(-1, "optimizer steps; > 0 overrides --num-train-epochs")
+    per_device_train_batch_size: int = arg(2, "trajectories per device per micro-batch", aliases=("--batch-size", "--batch_size"))
+    gradient_accumulation_steps: int = arg(4, "micro-batches per optimizer step", aliases=("--grad-accum", "--grad_accum"))
     warmup_ratio: float = arg(0.0, "share of steps spent warming up the learning rate")
     weight_decay: float = arg(0.0, "AdamW weight decay")
     seed: int = arg(1106, "seed of the data order and the new weights")
@@ -90,6 +105,10 @@ class TrainConfig:
     aux_loss_weight: float = arg(0.0, "weight of the per-stream losses added to the fused one")
     gate_lr_scale: float = arg(1.0, "the gate learns at lr x this; < 1 keeps it from saturating at a high lr")
     train_top_layers: int | None = arg(None, "freeze the embeddings and all but the top K layers (Llama/Mistral/Qwen2 bodies)")
+    trunk_cache: bool = arg(True, "with --train-top-layers: compute the frozen layers once into an on-disk cache and train on it "
+                                  "(--no-trunk-cache recomputes them at every step)")
+    trunk_cache_dir: str = arg("", "where the trunk cache lives (default: <biprm cache>/trunk)")
+    heads_only: bool = arg(False, "with --train-top-layers: freeze the top layers too and train only the value head and gate (a probe)")
     lora_r: int = arg(0, "> 0: LoRA adapters of this rank; the value head, gate and step-tag row train in full")
     lora_alpha: float = arg(32.0, "LoRA scaling")
     lora_dropout: float = arg(0.0, "LoRA dropout")
@@ -102,12 +121,16 @@ class TrainConfig:
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass (less memory, more time)")
     deepspeed: str | None = arg(None, "a DeepSpeed JSON config, e.g. configs/ds_zero3.json (launch with accelerate or deepspeed)")
     show_progress: bool = arg(True, "a progress bar")
+    training_args: dict[str, Any] = arg(help="any other transformers.TrainingArguments option, by its name; in a --config "
+                                             "file, such a key at the top level lands here (e.g. lr_scheduler_type: cosine)", factory=dict)
 
     def __post_init__(self) -> None:
         """Refuse a misspelt choice at once, before any backbone or data loads."""
         check_choices(self)
         if self.streaming and (self.max_steps <= 0 or self.eval_fraction):
             raise ValueError("--streaming data has no length: give --max-steps, and hold out no --eval-fraction")
+        if self.heads_only and not self.train_top_layers:
+            raise ValueError("--heads-only needs --train-top-layers K (the cut whose features the heads read)")
         trackers = {t.strip() for t in self.report_to.split(",")} - {"", "none"}
         check_extras({t: f"--report-to {t}" for t in sorted(trackers & EXTRAS.keys())}
                      | ({"deepspeed": f"--deepspeed {self.deepspeed}"} if self.deepspeed else {}) | ({"peft": "--lora-r"} if self.lora_r else {}))
@@ -141,18 +164,3 @@ class ScoreConfig:
     skip_invalid: bool = arg(False, "skip bad rows (reported with file, row and field) instead of stopping")
     chunk: int = arg(1024, "rows scored and written to disk at a time; a kill loses at most one")
     resume: bool = arg(False, "continue a killed run from its OUTPUT.parts folder")
-
-
-@dataclass
-class ReplicateArgs:
-    """The flags of `biprm replicate`; every other number of the study is fixed by its preset."""
-
-    preset: Literal["quick", "full", "mechanism"] = arg(
-        "quick", "quick: 1 seed per mode, a smoke test of the recipe (docs/REPLICATION.md gives its wall clock); "
-        "full: 3 seeds for l2r and bi, hours on a CPU; mechanism: the controlled future-only-error test (docs/MECHANISM.md)")
-    out: str | None = arg(None, "results folder (default results/replication/<preset>)")
-    work_dir: str | None = arg(None, "trunk caches and run checkpoints (default <biprm cache>/replicate)")
-    data_root: str | None = arg(None, "folder holding processbench/, prmbench/, gsm8k/ ... (default $BIPRM_DATA or ../shared/data)")
-    bf16: Literal["auto", "yes", "no"] | None = arg(None, "bf16 autocast; auto: where the CPU has native bf16 or a GPU is present (preset's if unset)")
-    train_top_layers: int | None = arg(None, "layers trained on top of the frozen, cached trunk (preset's if unset)")
-    report_only: bool = arg(False, "write report.md, results.json and the figures from the runs finished so far; train nothing")

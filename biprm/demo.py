@@ -16,27 +16,34 @@ from pathlib import Path
 import numpy as np
 
 from biprm.analysis.common import first_errors
+from biprm.analysis.plots import plot_sigma_by_position
 from biprm.analysis.position import sigma_by_position
+from biprm.config import DemoConfig, TrainConfig
+from biprm.data.synthetic import make_bon_pools, make_dataset
+from biprm.data.writer import write_trajectories
 from biprm.metrics.bon import bon_table
 from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step, tune_threshold
-from biprm.plots import plot_sigma_by_position
+from biprm.scores import StepScores
 from biprm.scoring import Scorer
-from biprm.synthetic import make_bon_pools, make_dataset
-from biprm.config import DemoConfig, TrainConfig
-from biprm.train import train
-from biprm.writers import write_trajectories
+from biprm.data.trajectory import Trajectory
+from biprm.training import train
+
+
+def scores_of(scorer: Scorer, trajs: list[Trajectory]) -> StepScores:
+    encs, _ = scorer.encode(trajs)
+    return scorer.score(encs, progress=False)
 
 
 def evaluate(scorer: Scorer, dev, test, pools) -> dict:
     """First-error F1 at 0.5 and at the threshold tuned on `dev` (ProcessBench tunes on its GSM8K subset)."""
-    dev_scores = scorer.score(dev, progress=False)
+    dev_scores = scores_of(scorer, dev)
     threshold, _ = tune_threshold(dev_scores.prob(), dev_scores.offsets, first_errors(dev))
-    scores = scorer.score(test, progress=False)
+    scores = scores_of(scorer, test)
     result = {"threshold": threshold}
     for name, t in (("processbench", 0.5), ("processbench_tuned", threshold)):
         result[name] = processbench_scores(predict_first_error(scores.prob(), scores.offsets, t), first_errors(test))
     result["exact"] = exact_by_kind(predict_first_error(scores.prob(), scores.offsets, threshold), test)
-    pool_scores = scorer.score(pools, progress=False).solution_logits("min")
+    pool_scores = scores_of(scorer, pools).solution_logits("min")
     qid = np.array([t.meta["qid"] for t in pools])
     correct = np.array([bool(t.correct) for t in pools])
     answers = np.array([t.steps[-1] for t in pools])
@@ -68,7 +75,8 @@ def run_demo(cfg: DemoConfig) -> dict:
         print(f"\n== training {mode} ==")
         ckpt = train(TrainConfig(
             backbone="tiny", data=str(data), output_dir=str(out / mode), mode=mode,
-            lr=cfg.lr, gate_lr_scale=cfg.gate_lr_scale, epochs=cfg.epochs, batch_size=cfg.batch_size, grad_accum=1, warmup_ratio=0.05,
+            learning_rate=cfg.lr, gate_lr_scale=cfg.gate_lr_scale, num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size,
+            gradient_accumulation_steps=1, warmup_ratio=0.05,
             seed=cfg.seed, save_steps=10**9, logging_steps=50, overwrite=True,  # a rerun of the demo retrains
         ))
         results[mode] = evaluate(Scorer.from_pretrained(ckpt, device="cpu"), dev, test, pools)

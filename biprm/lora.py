@@ -1,6 +1,7 @@
-"""LoRA through `peft`: adapters on the backbone's linear layers, while the value head, the gate
-and the step-tag embedding row train in full (they are new, so a low-rank update of them
-would make no sense).
+"""LoRA through `peft`: adapters on the backbone's linear layers; the heads and the step-tag row train in full.
+
+The value head, the gate and the step-tag embedding row are new, so a low-rank update
+of them would make no sense.
 
 Training sees a `PeftModel`; the checkpoint it leaves is the merged `BiPRMModel`, so
 `Scorer.from_pretrained` and `biprm serve` load it like any other, and the adapter alone

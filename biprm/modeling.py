@@ -11,6 +11,7 @@ logits are ever computed.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -19,10 +20,10 @@ from transformers import AutoConfig, AutoModel, DynamicCache, PreTrainedConfig, 
 from transformers.utils import ModelOutput
 
 from biprm.checkpoint import check_checkpoint
-from biprm.config import MODES
-from biprm.encoding import add_step_tag
+from biprm.config import MODE_TABLE, MODES
+from biprm.data.encoding import add_step_tag
 from biprm.losses import objective_loss
-from biprm.packing import STREAMS, attention_mask, cached_attention_mask
+from biprm.packing import attention_mask, cached_attention_mask
 
 
 
@@ -81,7 +82,7 @@ class BiPRMModel(PreTrainedModel):
         self.backbone = backbone if backbone is not None else AutoModel.from_config(config.backbone_config)
         H = config.backbone_config.hidden_size
         self.value_head = nn.Linear(H, 1)
-        self.gate = nn.Sequential(nn.Linear(2 * H, H), nn.ReLU(), nn.Linear(H, 1)) if config.mode == "bi" else None
+        self.gate = nn.Sequential(nn.Linear(2 * H, H), nn.ReLU(), nn.Linear(H, 1)) if MODE_TABLE[config.mode].fusion == "gate" else None
         self.post_init()
 
     @classmethod
@@ -98,7 +99,7 @@ class BiPRMModel(PreTrainedModel):
 
     @property
     def streams(self) -> tuple[str, ...]:
-        return STREAMS[self.config.mode]
+        return MODE_TABLE[self.config.mode].streams
 
     def forward(
         self,
@@ -110,22 +111,65 @@ class BiPRMModel(PreTrainedModel):
         l2r_index: torch.Tensor | None = None,
         r2l_index: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        prefix_ids: torch.Tensor | None = None,
-        prefix_lengths: torch.Tensor | None = None,
-        prefix_rows: torch.Tensor | None = None,
-        chunks: torch.Tensor | None = None,
     ) -> BiPRMOutput:
-        """The `prefix_*` and `chunks` inputs come from `pack_cached`; without them the backbone runs once."""
-        index = {s: i for s, i in (("l2r", l2r_index), ("r2l", r2l_index)) if i is not None}
-        flat_index = torch.cat(list(index.values()))
-        if prefix_ids is None:
-            mask = self._for_backend(attention_mask(unit_ids, stream_ids))
-            hidden = self.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
-            tags = hidden.reshape(-1, hidden.shape[-1])[flat_index]
-        else:
-            tags = self._cached_tags(input_ids, position_ids, unit_ids, prefix_ids, prefix_lengths, prefix_rows, chunks, flat_index)
-        h = dict(zip(index, tags.split([len(i) for i in index.values()])))
-        return self.heads(h.get("l2r"), h.get("r2l"), step_offsets, labels)
+        """The packed layout of `pack`: both streams of every trajectory in one backbone call (what the Trainer calls)."""
+        mask = self._for_backend(attention_mask(unit_ids, stream_ids))
+        hidden = self.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
+        return self._at_tags(hidden, l2r_index, r2l_index, step_offsets, labels)
+
+    def score_with_prefix(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        unit_ids: torch.Tensor,
+        step_offsets: torch.Tensor,
+        prefix_ids: torch.Tensor,
+        prefix_lengths: torch.Tensor,
+        prefix_rows: torch.Tensor,
+        chunks: torch.Tensor,
+        l2r_index: torch.Tensor | None = None,
+        r2l_index: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> BiPRMOutput:
+        """The prefix-cache layout of `pack_cached` (Best-of-N inference): prompts once, then continuations on their KV cache."""
+        flat_index = torch.cat([i for i in (l2r_index, r2l_index) if i is not None])
+        tags = self._cached_tags(input_ids, position_ids, unit_ids, prefix_ids, prefix_lengths, prefix_rows, chunks, flat_index)
+        return self._heads_on(tags, l2r_index, r2l_index, step_offsets, labels)
+
+    def forward_features(
+        self,
+        features: torch.Tensor,
+        position_ids: torch.Tensor,
+        step_offsets: torch.Tensor,
+        top_layers: int,
+        l2r_index: torch.Tensor | None = None,
+        r2l_index: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> BiPRMOutput:
+        """The trunk-cache layout of `TrunkCache.batch`: the top `top_layers` layers on cached bottom-layer
+        features (plain causal rows, one per stream), then the same heads."""
+        top = split(self, top_layers)[1]
+        hidden = top(inputs_embeds=features.to(self.dtype), position_ids=position_ids, use_cache=False).last_hidden_state
+        return self._at_tags(hidden, l2r_index, r2l_index, step_offsets, labels)
+
+    def _at_tags(
+        self, hidden: torch.Tensor, l2r_index: torch.Tensor | None, r2l_index: torch.Tensor | None,
+        step_offsets: torch.Tensor, labels: torch.Tensor | None,
+    ) -> BiPRMOutput:
+        """The heads on the hidden states [R, L, H] at each stream's step tags (indices flat over R x L)."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        tags = flat[torch.cat([i for i in (l2r_index, r2l_index) if i is not None])]
+        return self._heads_on(tags, l2r_index, r2l_index, step_offsets, labels)
+
+    def _heads_on(
+        self, tags: torch.Tensor, l2r_index: torch.Tensor | None, r2l_index: torch.Tensor | None,
+        step_offsets: torch.Tensor, labels: torch.Tensor | None,
+    ) -> BiPRMOutput:
+        """Every entry point ends here: `tags` holds the L2R tags, then the R2L ones, each in forward step order."""
+        n = 0 if l2r_index is None else len(l2r_index)
+        h_l2r = tags[:n] if l2r_index is not None else None
+        h_r2l = tags[n:] if r2l_index is not None else None
+        return self.heads(h_l2r, h_r2l, step_offsets, labels)
 
     def heads(
         self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None, step_offsets: torch.Tensor, labels: torch.Tensor | None = None
@@ -203,7 +247,7 @@ class BiPRMModel(PreTrainedModel):
 
     def _sigma(self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None) -> torch.Tensor | None:
         """Gate weight on the L2R stream: learned for `bi`, 0.5 for `bi-static`, none for one stream."""
-        if self.config.mode == "bi-static":
+        if MODE_TABLE[self.config.mode].fusion == "static":
             return torch.full(h_l2r.shape[:1], 0.5, dtype=h_l2r.dtype, device=h_l2r.device)
         if self.gate is None:
             return None
@@ -211,6 +255,37 @@ class BiPRMModel(PreTrainedModel):
         if self.config.detach_gate_inputs:
             gate_in = gate_in.detach()
         return torch.sigmoid(self.gate(gate_in).squeeze(-1))
+
+
+SUPPORTED = ("llama", "mistral", "qwen2")  # bodies whose forward is "embed, layers, norm" with a per-layer mask
+
+
+def _view(body: nn.Module, layers: range, norm: nn.Module) -> nn.Module:
+    """A shallow copy of `body` that runs only `layers`, then `norm`; parameters stay shared."""
+    view = copy.copy(body)
+    view._modules = {**body._modules, "layers": nn.ModuleList(body.layers[i] for i in layers), "norm": norm}
+    config = copy.copy(body.config)
+    config.num_hidden_layers = len(layers)
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = [body.config.layer_types[i] for i in layers]
+    view.config = config
+    return view
+
+
+def split(model: BiPRMModel, top_layers: int) -> tuple[nn.Module, nn.Module]:
+    """(bottom, top) views of the model's body: embeddings + first N-K layers, last K layers + norm."""
+    body = model.backbone
+    kind = body.config.model_type
+    if kind not in SUPPORTED:
+        raise ValueError(
+            f"--train-top-layers supports Llama-family bodies {SUPPORTED}; this backbone is {kind!r}. "
+            "Train it in full instead (leave --train-top-layers unset)."
+        )
+    n = body.config.num_hidden_layers
+    if not 0 < top_layers <= n:
+        raise ValueError(f"--train-top-layers must be in [1, {n}] for this {n}-layer backbone, got {top_layers}")
+    cut = n - top_layers
+    return _view(body, range(cut), nn.Identity()), _view(body, range(cut, n), body.norm)
 
 
 def from_backbone(

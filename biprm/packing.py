@@ -29,11 +29,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from biprm.encoding import Encoded
+from biprm.config import MODE_TABLE
+from biprm.data.encoding import Encoded
 from biprm.scores import offsets_of
-
-STREAMS = {"l2r": ("l2r",), "r2l": ("r2l",), "bi": ("l2r", "r2l"), "bi-static": ("l2r", "r2l")}
-
 
 @dataclass
 class _Unit:
@@ -151,7 +149,7 @@ def pack(
     pad_id: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Build the one-pass model inputs for `encs` (see module docstring for the layout)."""
-    streams = STREAMS[mode]
+    streams = MODE_TABLE[mode].streams
     units = _units(encs, streams, share_prefix, max_tokens)
     sizes = [u.n_tokens for u in units]
     rows = []
@@ -176,7 +174,7 @@ def pack_cached(
     lengths in `prefix_lengths`); row r holds one continuation, extending prompt
     `prefix_rows[r]`. Rows are sorted longest first and cut into `chunks` (row boundaries)
     of at most `max_tokens` tokens counted at each chunk's widest row; None: one chunk."""
-    streams = STREAMS[mode]
+    streams = MODE_TABLE[mode].streams
     prompts: dict[tuple[int, ...], int] = {}
     conts: list[tuple[int, _Segment]] = []
     for i, enc in enumerate(encs):
@@ -186,6 +184,7 @@ def pack_cached(
             conts.append((q, _Segment(ids, len(enc.prompt), 0, 1, i, stream, ends)))
     conts.sort(key=lambda c: -len(c[1].ids))
     batch = _layout([[seg] for _, seg in conts], encs, streams, pad_id)
+    del batch["stream_ids"]  # one continuation per row: the unit ids say all
     widths = [len(seg.ids) for _, seg in conts]
     chunks = [0]
     for r in range(1, len(widths)):

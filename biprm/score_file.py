@@ -19,42 +19,15 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_checkpoint
-from biprm.encoding import Encoder
-from biprm.modeling import BiPRMConfig
+from biprm.data.readers import load_trajectories, skip_report
+from biprm.data.trajectory import DataError
 from biprm.processes import process_state
 from biprm.run_folder import changes
-from biprm.scoring import MAX_LENGTH, Scorer
-from biprm.sources import load_source
-from biprm.trajectory import DataError, Trajectory
-from biprm.writers import score_rows
+from biprm.scores import score_rows
+from biprm.scoring import Scorer
 
 log = logging.getLogger(__name__)
-
-
-def encodable(trajs: list[Trajectory], encoder: Encoder, source: str, skip_invalid: bool) -> list[Trajectory]:
-    """The trajectories the model can read: text holding the step tag, or a first step past max_length, is an
-    error naming the trajectory (or, with skip_invalid, skipped and counted); rows that lose trailing steps are named."""
-    keep, bad, cut = [], [], []
-    for i, traj in enumerate(trajs):
-        where = f"{source} trajectory {i + 1}"
-        try:
-            enc = encoder.encode(traj, where)
-        except DataError as error:
-            if not skip_invalid:
-                raise
-            bad.append(str(error))
-            continue
-        keep.append(traj)
-        if enc.n_dropped:
-            cut.append(i + 1)
-    if bad:
-        log.warning("%s: skipped %d of %d trajectories the model cannot read. First: %s", source, len(bad), len(trajs), " | ".join(bad[:3]))
-    if cut:
-        log.warning("%s: %d trajectories exceed max_length=%d; their trailing steps get no score (steps_scored says how many did): "
-                    "trajectories %s%s", source, len(cut), encoder.max_length, ", ".join(map(str, cut[:10])), " ..." if len(cut) > 10 else "")
-    return keep
 
 
 def complete_lines(path: Path) -> int:
@@ -81,8 +54,7 @@ def score_file(
     tokens_per_batch: int | None = None, chunk: int = 1024, resume: bool = False,
 ) -> int:
     check_checkpoint(model)
-    trajs = load_source(source, fmt=fmt, skip_invalid=skip_invalid)  # bad input fails before the model loads
-    trajs = encodable(trajs, Encoder(load_tokenizer(model), BiPRMConfig.from_pretrained(model).step_tag_id, MAX_LENGTH), source, skip_invalid)
+    trajs = load_trajectories(source, fmt=fmt, skip_invalid=skip_invalid)  # bad rows fail before the model loads
     state = process_state()
     rank, world = state.process_index, state.num_processes
     to_stdout = output == "-"
@@ -97,19 +69,27 @@ def score_file(
 
     begin, end = len(trajs) * rank // world, len(trajs) * (rank + 1) // world
     log.info("process %d of %d scores rows %d-%d", rank + 1, world, begin + 1, end)
-    mine = trajs[begin:end]
+    scorer = Scorer.from_pretrained(model, device=device or state.device, tokens_per_batch=tokens_per_batch)
+    mine, names = trajs[begin:end], [f"{source} trajectory {k + 1}" for k in range(begin, end)]
+    encs, problems = scorer.encode(mine, names, skip_invalid=True)  # step-tag text, a first step past max_length
+    first = _first_everywhere([error for _, error in problems[:1]], world)
+    if first and not skip_invalid:
+        raise DataError(first[0])  # in every process, so that none waits for a block that will never come
+    if problems:  # each process reports its own block
+        log.warning(skip_report(source, [(begin + i + 1, error) for i, error in problems], len(mine), "trajectory"))
+        bad = {i for i, _ in problems}
+        mine = [t for i, t in enumerate(mine) if i not in bad]
     part = None if to_stdout else scratch / f"part-{rank:05d}-of-{world:05d}.jsonl"
     done = 0
     if part is not None:
         done = complete_lines(part)
         if done:
             log.info("resuming: %d of %d rows of part %d already scored", done, len(mine), rank)
-    scorer = Scorer.from_pretrained(model, device=device or state.device, tokens_per_batch=tokens_per_batch)
     sink = sys.stdout if to_stdout else open(part, "a")
     try:
         for a in tqdm(range(done, len(mine), chunk), desc=f"scoring ({scorer.mode})", unit="chunk", disable=not state.is_main_process):
-            block: list[Trajectory] = mine[a : a + chunk]
-            sink.writelines(json.dumps(row) + "\n" for row in score_rows(block, scorer.score(block, progress=False)))
+            scores = scorer.score(encs[a : a + chunk], progress=False)
+            sink.writelines(json.dumps(row) + "\n" for row in score_rows(mine[a : a + chunk], scores))
             sink.flush()
             if not to_stdout:
                 os.fsync(sink.fileno())
@@ -123,7 +103,16 @@ def score_file(
             p.unlink()
         (scratch / "run.json").unlink()  # last: parts never outlive the record that says whose they are
         scratch.rmdir()
-    return len(trajs)
+    return len(trajs) - len(problems)
+
+
+def _first_everywhere(errors: list[str], world: int) -> list[str]:
+    """Every process's first bad trajectory, on every process."""
+    if world == 1:
+        return errors
+    from accelerate.utils import gather_object
+
+    return gather_object(errors)
 
 
 def _stamp(path: Path) -> list:

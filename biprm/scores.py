@@ -3,15 +3,21 @@
 Trajectory i owns positions offsets[i]:offsets[i+1] of every array, in forward step
 order (the R2L stream is already re-aligned). `fused`, `l2r` and `r2l` hold float64
 logits, as the model outputs them; `prob()` gives probabilities. `sigma` is the gate
-weight on the L2R stream. A stream the model does not run is None.
+weight on the L2R stream. A stream the model does not run is None. `score_rows` turns
+them into the JSON lines that `biprm score` writes and the server returns.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from biprm.aggregate import aggregate, logit, sigmoid
+from biprm.aggregate import AGGREGATIONS, aggregate, logit, sigmoid
+from biprm.data.trajectory import Trajectory
+
+OPTIONAL_OUTPUTS = ("l2r", "r2l", "sigma")  # in StepScores' field order; None where the model lacks them
+STEP_OUTPUTS = (*OPTIONAL_OUTPUTS, "fused")  # every per-step array, as score rows name them
 
 
 @dataclass
@@ -74,3 +80,25 @@ def concat(parts: list[StepScores]) -> StepScores:
     """The scores of several blocks of trajectories, one after another."""
     join = lambda k: None if getattr(parts[0], k) is None else np.concatenate([getattr(p, k) for p in parts])  # noqa: E731
     return StepScores(offsets_of(np.concatenate([np.diff(p.offsets) for p in parts])), join("fused"), join("l2r"), join("r2l"), join("sigma"))
+
+
+def score_rows(trajs: list[Trajectory], scores: StepScores, digits: int | None = 6) -> Iterator[dict]:
+    """One dict per trajectory, the same keys whatever the mode: a stream the model lacks is null.
+
+    The input travels with its scores (question, steps, labels, answer, correct, meta with
+    any extra input fields), so the output joins back by content, not by line order.
+    `steps_scored` < len(steps) when steps past max_length were not scored. Step scores
+    are probabilities rounded to `digits` (None: kept whole); `solution` holds each
+    aggregation's probability and `solution_logit` its logit, which ranks candidates whose
+    probabilities round to the same float (Best-of-N from this file should sort by it).
+    """
+    logits = {how: scores.solution_logits(how) for how in AGGREGATIONS}
+    solution = {how: sigmoid(x) for how, x in logits.items()}
+    step = float if digits is None else lambda x: round(float(x), digits)
+    for i, traj in enumerate(trajs):
+        row = {"question": traj.question, "steps": traj.steps, "labels": traj.labels, "answer": traj.answer, "correct": traj.correct, "meta": traj.meta}
+        row |= {s: None if getattr(scores, s) is None else [step(x) for x in scores.of(i, s)] for s in STEP_OUTPUTS}
+        row["solution"] = {how: float(solution[how][i]) for how in AGGREGATIONS}
+        row["solution_logit"] = {how: float(logits[how][i]) for how in AGGREGATIONS}
+        row["steps_scored"] = int(scores.offsets[i + 1] - scores.offsets[i])
+        yield row

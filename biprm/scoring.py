@@ -25,16 +25,15 @@ from tqdm.auto import tqdm
 
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_layout
-from biprm.encoding import Encoded, Encoder
+from biprm.config import MAX_LENGTH, MODE_TABLE, TOKENS_PER_ROW
+from biprm.data.encoding import Encoded, Encoder
+from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.modeling import BiPRMModel, BiPRMOutput
-from biprm.packing import STREAMS, check_tags, pack, pack_cached
+from biprm.packing import check_tags, pack, pack_cached
 from biprm.scores import StepScores, offsets_of, step_positions
-from biprm.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
-TOKENS_PER_ROW = 512  # longer tree rows pay more in masked attention than the shared prompt saves (benchmarks/)
 CACHE_FROM = 4  # candidates per question from which the prompt cache wins (benchmarks/, scaling plot)
-MAX_LENGTH = 4096  # tokens per stream unless set; trailing steps past it are not scored
 
 
 def default_device() -> torch.device:
@@ -63,12 +62,13 @@ class Scorer:
         self.tokens_per_call = tokens_per_call
 
     @classmethod
-    def from_pretrained(cls, path: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None, **kwargs) -> "Scorer":
+    def from_pretrained(cls, path: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                        max_length: int = MAX_LENGTH, **kwargs) -> "Scorer":
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         model = BiPRMModel.from_pretrained(path, dtype=dtype).to(device)
         check_layout(model.config, path)
-        return cls(model, load_tokenizer(path), **kwargs)
+        return cls(model, load_tokenizer(path), max_length, **kwargs)
 
     @property
     def mode(self) -> str:
@@ -101,24 +101,49 @@ class Scorer:
             current += block
         return batches + [np.array(current)] if current else batches
 
-    def score(self, trajs: list[Trajectory], progress: bool = True) -> StepScores:
-        """Scores in input order. Identical candidates (same question and steps, common in
-        sampled Best-of-N pools) are scored once; a trajectory longer than `max_length`
-        keeps only the steps that fit, so it gets fewer scores than it has steps."""
-        first: dict[tuple, int] = {}
-        which = np.array([first.setdefault((t.question, tuple(t.steps)), i) for i, t in enumerate(trajs)], dtype=np.int64)
-        distinct = np.unique(which)
-        encs = [self.encoder.encode(trajs[i], f"trajectory {i}") for i in distinct]
-        cut = sum(e.n_dropped > 0 for e in encs)
+    @property
+    def max_length(self) -> int:
+        """Tokens per stream; trailing steps past it are not scored."""
+        return self.encoder.max_length
+
+    def encode(self, trajs: list[Trajectory], names: list[str] | None = None,
+               skip_invalid: bool = False) -> tuple[list[Encoded], list[tuple[int, str]]]:
+        """The encodings `score` takes, of every trajectory the model can read, in input order, and (index, one-line
+        message) of each it cannot: an empty field, step-tag text, a first step past max_length. Such a trajectory
+        raises DataError unless `skip_invalid`. Identical trajectories (common in sampled Best-of-N pools) share one
+        encoding, which `score` then scores once; `names[i]` (default "trajectory i") starts each message."""
+        names = names or [f"trajectory {i}" for i in range(len(trajs))]
+        seen: dict[tuple, Encoded] = {}
+        encs, problems, cut = [], [], []
+        for i, (traj, where) in enumerate(zip(trajs, names, strict=True)):
+            key = (traj.question, tuple(traj.steps))
+            try:
+                enc = seen[key] if key in seen else self.encoder.encode(validate(traj, where), where)
+            except DataError as error:
+                if not skip_invalid:
+                    raise
+                problems.append((i, str(error)))
+                continue
+            seen[key] = enc
+            encs.append(enc)
+            if enc.n_dropped:
+                cut.append(where)
         if cut:
-            log.warning(
-                "%d of %d trajectories exceed max_length=%d: their trailing steps are not scored",
-                cut, len(encs), self.encoder.max_length,
-            )
+            log.warning("%d of %d trajectories exceed max_length=%d: their trailing steps are not scored (%s%s)",
+                        len(cut), len(encs), self.max_length, ", ".join(cut[:5]), " ..." if len(cut) > 5 else "")
+        return encs, problems
+
+    def score(self, encs: list[Encoded], progress: bool = True) -> StepScores:
+        """Scores of `encode`'s encodings, in their order; an encoding given twice (the same object) is scored once.
+        A trajectory cut at `max_length` gets scores for the steps that fit only."""
+        first: dict[int, int] = {}
+        which = np.array([first.setdefault(id(e), i) for i, e in enumerate(encs)], dtype=np.int64)
+        distinct = np.unique(which)
+        unique = [encs[i] for i in distinct]
         cached = self.prefix_cache
         if cached is None:
-            cached = len(encs) >= CACHE_FROM * len({t.question for t in trajs})
-        return self._score(encs, cached, progress).select(np.searchsorted(distinct, which))
+            cached = len(unique) >= CACHE_FROM * len({tuple(e.prompt) for e in unique})
+        return self._score(unique, cached, progress).select(np.searchsorted(distinct, which))
 
     @torch.inference_mode()
     def _score(self, encs: list[Encoded], cached: bool, progress: bool) -> StepScores:
@@ -132,7 +157,8 @@ class Scorer:
             else:
                 batch = pack(items, self.mode, self.share_prefix, self.tokens_per_row, pad)
             check_tags(batch, self.model.config.step_tag_id)
-            collect(idx, self.model(**{k: v.to(device) for k, v in batch.items()}))
+            run = self.model.score_with_prefix if cached else self.model
+            collect(idx, run(**{k: v.to(device) for k, v in batch.items()}))
         return collect.scores()
 
 
@@ -155,11 +181,11 @@ class Collector:
                 buf[dest] = value.double().cpu().numpy()
 
     def scores(self) -> StepScores:
-        streams, out = STREAMS[self.mode], self.out
+        spec, out = MODE_TABLE[self.mode], self.out
         return StepScores(
             offsets=self.offsets,
             fused=out["fused"],
-            l2r=out["l2r"] if "l2r" in streams else None,
-            r2l=out["r2l"] if "r2l" in streams else None,
-            sigma=out["sigma"] if self.mode in ("bi", "bi-static") else None,
+            l2r=out["l2r"] if "l2r" in spec.streams else None,
+            r2l=out["r2l"] if "r2l" in spec.streams else None,
+            sigma=out["sigma"] if spec.fusion is not None else None,
         )

@@ -15,60 +15,35 @@ the same values for it. The cached forward rebuilds, for each stream, the plain 
 `prompt + continuation` that the full model would see and runs the top layers on it,
 so both give the same losses, gradients and scores (tests/test_trunk.py).
 
-The split is done on the body itself (`_view`): two shallow views that share its
-modules, one with the bottom layers and no final norm, one with the top layers and
-the norm. That only works for bodies whose forward is "embed, layers, norm" with a
-per-layer mask, which is true of the Llama family (Llama, Mistral, Qwen2).
+The split is done on the body itself (`biprm.modeling.split`): two shallow views that
+share its modules, one with the bottom layers and no final norm, one with the top
+layers and the norm. That only works for bodies whose forward is "embed, layers,
+norm" with a per-layer mask, which is true of the Llama family (Llama, Mistral, Qwen2).
+
+Training reads the cache as a dataset (`TrunkData`: seeded length-grouped batches)
+and a collator (`TrunkCollator`: micro-batches within a token budget), which
+`BiPRMTrainer` runs through `BiPRMModel.forward_features`.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
+from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from biprm.encoding import Encoded
-from biprm.modeling import BiPRMModel, BiPRMOutput
+from biprm.data.encoding import Encoded
+from biprm.modeling import BiPRMModel, split
 from biprm.scores import StepScores, offsets_of
 from biprm.scoring import Collector
 
-SUPPORTED = ("llama", "mistral", "qwen2")
 _STORE = {torch.float32: np.float32, torch.bfloat16: np.uint16, torch.float16: np.float16}  # bf16 kept as raw bits
-
-
-def _view(body: nn.Module, layers: range, norm: nn.Module) -> nn.Module:
-    """A shallow copy of `body` that runs only `layers`, then `norm`; parameters stay shared."""
-    view = copy.copy(body)
-    view._modules = {**body._modules, "layers": nn.ModuleList(body.layers[i] for i in layers), "norm": norm}
-    config = copy.copy(body.config)
-    config.num_hidden_layers = len(layers)
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = [body.config.layer_types[i] for i in layers]
-    view.config = config
-    return view
-
-
-def split(model: BiPRMModel, top_layers: int) -> tuple[nn.Module, nn.Module]:
-    """(bottom, top) views of the model's body: embeddings + first N-K layers, last K layers + norm."""
-    body = model.backbone
-    kind = body.config.model_type
-    if kind not in SUPPORTED:
-        raise ValueError(
-            f"--train-top-layers supports Llama-family bodies {SUPPORTED}; this backbone is {kind!r}. "
-            "Train it in full instead (leave --train-top-layers unset)."
-        )
-    n = body.config.num_hidden_layers
-    if not 0 < top_layers <= n:
-        raise ValueError(f"--train-top-layers must be in [1, {n}] for this {n}-layer backbone, got {top_layers}")
-    cut = n - top_layers
-    return _view(body, range(cut), nn.Identity()), _view(body, range(cut, n), body.norm)
 
 
 def freeze_bottom(model: BiPRMModel, top_layers: int) -> None:
@@ -219,7 +194,7 @@ class TrunkCache:
         return self._features
 
     def batch(self, idx: np.ndarray, streams: tuple[str, ...], labels: list[list[float]] | None = None) -> dict[str, torch.Tensor]:
-        """Top-layer inputs for trajectories `idx`: one plain row per stream, features gathered from the file."""
+        """`model.forward_features` inputs for trajectories `idx`: one plain row per stream, features gathered from the file."""
         pieces = [(s, self.layout.rows(int(i), s)) for s in streams for i in idx]
         width = max(len(r) for _, (r, _) in pieces)
         feats = np.zeros((len(pieces), width, self.hidden), dtype=self.features.dtype)
@@ -230,6 +205,7 @@ class TrunkCache:
             "features": _from_store(feats, self.dtype),
             "position_ids": torch.arange(width).expand(len(pieces), width),
             "step_offsets": torch.from_numpy(offsets_of(n_steps)),
+            "top_layers": self.top_layers,
         }
         for s in streams:
             batch[f"{s}_index"] = torch.from_numpy(
@@ -240,33 +216,81 @@ class TrunkCache:
         return batch
 
 
-def cached_forward(
-    model: BiPRMModel,
-    top: nn.Module,
-    features: torch.Tensor,
-    position_ids: torch.Tensor,
-    step_offsets: torch.Tensor,
-    l2r_index: torch.Tensor | None = None,
-    r2l_index: torch.Tensor | None = None,
-    labels: torch.Tensor | None = None,
-) -> BiPRMOutput:
-    """`model.forward` from cached features: the top layers on plain causal rows, then the same heads."""
-    hidden = top(inputs_embeds=features.to(model.dtype), position_ids=position_ids, use_cache=False).last_hidden_state
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    h_l2r = flat[l2r_index] if l2r_index is not None else None
-    h_r2l = flat[r2l_index] if r2l_index is not None else None
-    return model.heads(h_l2r, h_r2l, step_offsets, labels)
-
-
 @torch.inference_mode()
-def cached_scores(model: BiPRMModel, top: nn.Module, cache: TrunkCache, tokens_per_batch: int = 8192, progress: bool = False) -> StepScores:
+def cached_scores(model: BiPRMModel, cache: TrunkCache, tokens_per_batch: int = 8192, progress: bool = False) -> StepScores:
     """Scorer.score from the cache: probabilities per step in input order, in length-sorted batches."""
     layout, streams = cache.layout, model.streams
     collect = Collector(layout.step_offsets.copy(), model.config.mode)
     for a, b in tqdm(_runs(layout.sizes[layout.order], 0, tokens_per_batch), desc="scoring", disable=not progress, unit="batch"):
         idx = layout.order[a:b]
-        collect(idx, cached_forward(model, top, **cache.batch(idx, streams)))
+        collect(idx, model.forward_features(**cache.batch(idx, streams)))
     return collect.scores()
+
+
+class TrunkData(Dataset):
+    """A built cache's trajectories with their labels, as a training set: item i is the index i,
+    and `TrunkCollator` gathers the features of a batch of indices."""
+
+    def __init__(self, cache: TrunkCache, labels: list[list[float]]):
+        self.cache, self.labels = cache, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+    def batches(self, batch_size: int, epochs: float, seed: int) -> list[np.ndarray]:
+        return grouped_batches(self.cache.layout.sizes, batch_size, epochs, seed)
+
+
+def grouped_batches(lengths: np.ndarray, batch_size: int, epochs: float, seed: int) -> list[np.ndarray]:
+    """Seeded length-grouped batches over every epoch: shuffle, sort within windows of 8 batches
+    (less padding), then shuffle the batches of all epochs together."""
+    rng = np.random.default_rng(seed)
+    out: list[np.ndarray] = []
+    for _ in range(math.ceil(epochs)):
+        perm = rng.permutation(len(lengths))
+        window = 8 * batch_size
+        for a in range(0, len(perm), window):
+            chunk = perm[a : a + window]
+            chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+            out += [chunk[b : b + batch_size] for b in range(0, len(chunk), batch_size)]
+    head = out[: round(math.ceil(len(lengths) / batch_size) * epochs)]
+    return [head[i] for i in rng.permutation(len(head))]
+
+
+MICRO_TOKENS = 4096  # feature rows (both streams, padded) per backward pass: bounds activation memory on long rows
+
+
+def micro_batches(sizes: np.ndarray, batch: np.ndarray, budget: int = MICRO_TOKENS) -> list[np.ndarray]:
+    """`batch` cut into consecutive parts of at most `budget` padded feature rows (at least one trajectory each)."""
+    parts, start = [], 0
+    for end in range(1, len(batch) + 1):
+        if end - start > 1 and (end - start) * sizes[batch[start:end]].max() > budget:
+            parts.append(batch[start : end - 1])
+            start = end - 1
+    return parts + [batch[start:]]
+
+
+@dataclass
+class TrunkCollator:
+    """Indices of `TrunkData` -> the batch cut into micro-batches within `budget` feature rows.
+
+    `BiPRMTrainer` runs one backward pass per part, its loss weighted by its share of the
+    batch's trajectories: every objective is a mean over trajectories, so the summed
+    gradient is the whole batch's.
+    """
+
+    data: TrunkData
+    streams: tuple[str, ...]
+    budget: int = MICRO_TOKENS
+
+    def __call__(self, idx: list[int]) -> dict[str, list]:
+        batch = np.asarray(idx, dtype=np.int64)
+        parts = micro_batches(self.data.cache.layout.sizes, batch, self.budget)
+        return {"parts": [self.data.cache.batch(p, self.streams, self.data.labels) for p in parts],
+                "shares": [len(p) / len(batch) for p in parts]}
 
 
 def _runs(sizes: np.ndarray, start: int, budget: int) -> list[tuple[int, int]]:

@@ -25,3 +25,9 @@ def bi_scorer():
     tok = load_tokenizer(backbone)
     torch.manual_seed(0)
     return Scorer(from_backbone(backbone, tok, mode="bi").eval(), tok)
+
+
+def scored(scorer, trajs):
+    """Scores of `trajs`, encoded through the scorer first (as every caller does)."""
+    encs, _ = scorer.encode(trajs)
+    return scorer.score(encs, progress=False)

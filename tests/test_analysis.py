@@ -18,8 +18,8 @@ from biprm.analysis import (
     plot_sigma_by_position,
     sigma_by_position,
 )
+from biprm.data.trajectory import Trajectory
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
 
 def scores(*streams):

@@ -8,8 +8,8 @@ import torch
 from biprm.bench.measure import step_memory
 from biprm.bench.run import BenchConfig, gate_overhead, main
 from biprm.bench.workload import build, training_config
-from biprm.encoding import Encoded
-from biprm.trajectory import Trajectory
+from biprm.data.encoding import Encoded
+from biprm.data.trajectory import Trajectory
 
 TRAJS = [
     Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."]),
@@ -70,7 +70,7 @@ def test_each_configuration_pins_its_layout():
 def test_bench_data_rows_chain_solutions_to_the_asked_length(data_dir, tmp_path):
     from biprm.bench.config import DataBenchConfig
     from biprm.bench.data import write_rows
-    from biprm.readers import load_trajectories
+    from biprm.data.readers import load_trajectories
 
     steps = {}
     for per_row in (1.0, 2.5):

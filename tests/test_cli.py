@@ -8,14 +8,14 @@ import pytest
 
 from biprm.aggregate import AGGREGATIONS
 from biprm.cli import main
-from biprm.train import TrainConfig, train
+from biprm.training import TrainConfig, train
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt")
-    return train(TrainConfig(backbone="tiny", data="synthetic:16", mode="bi", max_steps=1, batch_size=4,
-                             grad_accum=1, output_dir=str(out), save_steps=10**9, show_progress=False))
+    return train(TrainConfig(backbone="tiny", data="synthetic:16", mode="bi", max_steps=1, per_device_train_batch_size=4,
+                             gradient_accumulation_steps=1, output_dir=str(out), save_steps=10**9, show_progress=False))
 
 
 def test_score_writes_per_step_and_solution_scores(checkpoint, tmp_path):
@@ -58,9 +58,9 @@ def test_score_to_stdout_carries_every_input_field(checkpoint, tmp_path, capsys)
 
 
 def test_score_schema_is_the_same_for_every_mode(tmp_path):
+    from biprm.data.trajectory import Trajectory
     from biprm.scores import StepScores
-    from biprm.trajectory import Trajectory
-    from biprm.writers import score_rows
+    from biprm.scores import score_rows
 
     trajs = [Trajectory("q", ["a", "b"])]
     l2r = StepScores(offsets=[0, 2], fused=[0.5, 0.25], l2r=[0.5, 0.25])
@@ -120,6 +120,16 @@ def test_score_crash_loses_at_most_a_chunk_and_resume_finishes_the_same_file(che
     assert out.read_text() == clean.read_text() and not (tmp_path / "out.jsonl.parts").exists()
 
 
+def test_score_encodes_each_trajectory_once(checkpoint, tmp_path, monkeypatch):
+    from biprm.data.encoding import Encoder
+
+    calls = []
+    real = Encoder.encode
+    monkeypatch.setattr(Encoder, "encode", lambda self, traj, where="trajectory": calls.append(where) or real(self, traj, where))
+    main(["score", "--model", checkpoint, "--input", str(_rows(tmp_path / "in.jsonl", 5)), "--output", str(tmp_path / "o.jsonl"), "--chunk", "2"])
+    assert calls == [f"{tmp_path / 'in.jsonl'} trajectory {k}" for k in range(1, 6)]
+
+
 def test_resume_refuses_another_runs_parts(checkpoint, tmp_path, capsys):
     parts = tmp_path / "out.jsonl.parts"
     parts.mkdir()
@@ -150,6 +160,28 @@ def test_two_processes_score_their_blocks_and_join_them_in_order(checkpoint, tmp
     assert [r["meta"]["id"] for r in b] == list(range(9))
     for x, y in zip(a, b):
         assert y["fused"] == pytest.approx(x["fused"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_a_bad_row_in_one_process_block_stops_every_process(checkpoint, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from biprm.backbones import load_tokenizer
+
+    tag = load_tokenizer(checkpoint).convert_ids_to_tokens(json.loads((Path(checkpoint) / "config.json").read_text())["step_tag_id"])
+    rows = _rows(tmp_path / "in.jsonl", 6)
+    lines = rows.read_text().splitlines()
+    bad = json.loads(lines[5])
+    bad["completions"][0] += f" {tag}"  # in the second process's block only
+    rows.write_text("\n".join([*lines[:5], json.dumps(bad)]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "biprm.cli", "score",
+           "--model", checkpoint, "--input", str(rows), "--output", str(tmp_path / "out.jsonl")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and "trajectory 6" in done.stderr
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_verbose_goes_before_or_after_the_command_and_version_prints(capsys):
@@ -206,9 +238,9 @@ def test_every_lazy_export_resolves():
     import subprocess
     import sys
 
-    code = "import biprm\nprint(all(getattr(biprm, n).__name__ == n for n in biprm.__all__), biprm.train.__module__)"
+    code = "import biprm.training, biprm\nprint(all(getattr(biprm, n).__name__ == n for n in biprm.__all__), biprm.train.__module__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)  # a fresh interpreter
-    assert done.stdout.split() == ["True", "biprm.train"], done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "biprm.training"], done.stderr[-2000:]
 
 
 def test_config_file_fills_settings_and_flags_win(tmp_path, monkeypatch, capsys):
@@ -219,10 +251,79 @@ def test_config_file_fills_settings_and_flags_win(tmp_path, monkeypatch, capsys)
     (tmp_path / "run.yaml").write_text("mode: l2r\nlr: 1.0e-4\nmax_steps: 7\nshare_prefix: false\n")
     main(["train", "--config", str(tmp_path / "run.yaml"), "--max-steps", "3"])
     cfg = seen[-1]
-    assert (cfg.mode, cfg.lr, cfg.max_steps, cfg.share_prefix, cfg.batch_size) == ("l2r", 1e-4, 3, False, TrainConfig.batch_size)
+    assert (cfg.mode, cfg.learning_rate, cfg.max_steps, cfg.share_prefix, cfg.per_device_train_batch_size) == (
+        "l2r", 1e-4, 3, False, TrainConfig.per_device_train_batch_size)
     (tmp_path / "run.json").write_text(json.dumps({"mode": "r2l", "lr": "2e-5"}))
     main(["train", "--config", str(tmp_path / "run.json")])
-    assert (seen[-1].mode, seen[-1].lr) == ("r2l", 2e-5)
+    assert (seen[-1].mode, seen[-1].learning_rate) == ("r2l", 2e-5)
+
+
+def test_train_settings_carry_the_training_arguments_names_and_other_options_pass_through(tmp_path, monkeypatch):
+    import biprm.cli as cli
+    from biprm.training import training_arguments
+
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "train", (TrainConfig, seen.append, "train"))
+    main(["train", "--lr", "1e-4", "--epochs", "2", "--batch-size", "3", "--grad-accum", "5", "--output-dir", str(tmp_path)])
+    main(["train", "--learning-rate", "1e-4", "--num-train-epochs", "2", "--per-device-train-batch-size", "3",
+          "--gradient-accumulation-steps", "5", "--output-dir", str(tmp_path)])
+    assert seen[0] == seen[1]
+    (tmp_path / "run.yaml").write_text("batch_size: 3\nlr_scheduler_type: cosine\nmax_grad_norm: 0.5\n")
+    main(["train", "--config", str(tmp_path / "run.yaml"), "--output-dir", str(tmp_path)])
+    cfg = seen[-1]
+    assert cfg.per_device_train_batch_size == 3 and cfg.training_args == {"lr_scheduler_type": "cosine", "max_grad_norm": 0.5}
+    args = training_arguments(cfg)
+    assert (args.lr_scheduler_type, args.max_grad_norm, args.per_device_train_batch_size) == ("cosine", 0.5, 3)
+    main(["train", "--training-args", '{"max_grad_norm": 2.0}', "--output-dir", str(tmp_path)])
+    assert seen[-1].training_args == {"max_grad_norm": 2.0}
+    with pytest.raises(ValueError, match="'seed' is a setting of its own; set it as --seed"):
+        training_arguments(TrainConfig(training_args={"seed": 3}))
+    with pytest.raises(ValueError, match="'sed' is not a transformers.TrainingArguments option"):
+        training_arguments(TrainConfig(training_args={"sed": 3}))
+    (tmp_path / "bad.yaml").write_text("lr_schedule: cosine\n")
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(tmp_path / "bad.yaml")])
+
+
+def test_replicate_flags_and_files_override_the_preset_which_fills_the_rest(tmp_path, monkeypatch):
+    import biprm.cli as cli
+    from biprm.replication.config import PAPER_SEEDS, DataRecipe, ReplicateConfig
+
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "replicate", (ReplicateConfig, seen.append, "replicate"))
+    main(["replicate", "--preset", "full", "--train-top-layers", "4", "--bon-questions", "7"])
+    cfg = seen[-1]
+    assert (cfg.top_layers, cfg.bon_questions, cfg.seeds, cfg.prmbench_rows, cfg.out) == (4, 7, PAPER_SEEDS, 400, "results/replication/full")
+    (tmp_path / "study.yaml").write_text("preset: quick\nseeds: {l2r: 2, bi: 2}\ndata: {gsm8k_questions: 40, valid_fraction: 0.1}\n")
+    main(["replicate", "--config", str(tmp_path / "study.yaml"), "--processbench-subsets", "[gsm8k]"])
+    cfg = seen[-1]
+    assert (cfg.seeds, cfg.data, cfg.processbench_subsets) == ({"l2r": 2, "bi": 2}, DataRecipe(gsm8k_questions=40, valid_fraction=0.1), ("gsm8k",))
+    assert (cfg.processbench_rows, cfg.save_every) == (30, 20)  # the quick preset's
+    (tmp_path / "bad.yaml").write_text("data: {gsm8k_questions: 40, colour: red}\n")
+    with pytest.raises(SystemExit):
+        main(["replicate", "--config", str(tmp_path / "bad.yaml")])
+
+
+def test_eval_commands_take_a_config_file_too(tmp_path, monkeypatch, capsys):
+    from biprm.evaluation import cli as evaluation
+    from biprm.evaluation.config import AblationConfig, BonConfig
+
+    seen = []
+    monkeypatch.setitem(evaluation.COMMANDS, "bon", (BonConfig, seen.append, "bon"))
+    monkeypatch.setitem(evaluation.COMMANDS, "ablations", (AblationConfig, seen.append, "ablations"))
+    (tmp_path / "bon.yaml").write_text("model: [runs/a, runs/b]\nns: [2, 4]\nprotocol: [random]\nmax_length: 1024\ntokens_per_row: 0\n")
+    main(["eval", "bon", "--config", str(tmp_path / "bon.yaml"), "--ns", "8"])
+    cfg = seen[-1]
+    assert (cfg.model, cfg.ns, cfg.protocol, cfg.max_length, cfg.tokens_per_row, cfg.agg) == (["runs/a", "runs/b"], [8], ["random"], 1024, 0, "min")
+    roles = {"l2r": "A", "r2l": "B", "bi_static": "C", "bi": "D", "r2l_2": "E"}
+    (tmp_path / "ablations.json").write_text(json.dumps(roles))  # the file fills the required checkpoints
+    main(["eval", "ablations", "--config", str(tmp_path / "ablations.json")])
+    assert seen[-1].checkpoints == {"l2r": "A", "r2l": "B", "bi-static": "C", "bi": "D", "r2l-2": "E"}
+    (tmp_path / "bad.yaml").write_text("ns: [2]\naggs: [min, median]\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "bon", "--config", str(tmp_path / "bad.yaml")])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and err.startswith("biprm eval bon: error: ") and "bad.yaml line 2: aggs: 'median' is not one of" in err
 
 
 @pytest.mark.parametrize("name, text, message", [
@@ -335,7 +436,7 @@ def test_score_reads_question_and_steps_rows(checkpoint, tmp_path):
 
 
 def test_the_readme_score_section_lists_every_input_layout():
-    from biprm.readers import FORMATS
+    from biprm.config import FORMATS
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme[readme.index("### Score"):readme.index("### Serve")]
@@ -347,10 +448,10 @@ def test_preset_help_describes_every_preset_and_leaves_timings_to_one_doc():
     import typing
 
     from biprm.bench.config import BenchConfig
-    from biprm.config import ReplicateArgs
+    from biprm.replication.config import ReplicateConfig
 
     timing = re.compile(r"\d+(\.\d+)?\s*(s|min|minutes|h|hours)\b")
-    for settings in (BenchConfig, ReplicateArgs):
+    for settings in (BenchConfig, ReplicateConfig):
         preset = next(f for f in dataclasses.fields(settings) if f.name == "preset")
         text, choices = preset.metadata["help"], typing.get_args(typing.get_type_hints(settings)["preset"])
         assert all(f"{name}: " in text for name in choices) and not timing.search(text), text
@@ -399,6 +500,27 @@ def test_every_documented_command_parses():
             parser.parse_args([a.strip("[]") for a in argv])  # a synopsis writes optional flags in brackets
         except SystemExit as stop:
             raise AssertionError(f"{where}: does not parse ({argv})") from stop
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_yaml_opens_with_its_command_and_parses_through_it(path, monkeypatch):
+    import dataclasses
+    import shlex
+
+    from biprm.cli import _chosen, build_parser, load_config_file
+
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# ") and f"configs/{path.name}" in first, first
+    if f"--config configs/{path.name}" not in first:
+        return  # accelerate's own settings (--config_file), not biprm's
+    argv = shlex.split(first.split(" -m biprm.cli ")[-1] if " -m biprm.cli " in first else first.removeprefix("# biprm "))
+    parser = build_parser()
+    command, chosen = _chosen(parser, argv)
+    load_config_file(str(path), chosen)
+    args = parser.parse_args([a.replace(f"configs/{path.name}", str(path)) for a in argv])
+    monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)  # deepspeed need not be installed to read the file
+    settings = args.settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)})
+    assert command in ("train", "replicate") and settings is not None
 
 
 def test_loading_a_checkpoints_tokenizer_gives_no_type_warning(checkpoint):

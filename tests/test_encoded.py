@@ -7,12 +7,12 @@ from pathlib import Path
 import datasets
 import pytest
 
-import biprm.encoded as encoded
+import biprm.data.arrow as encoded
 from biprm.backbones import load_tokenizer, resolve_backbone
-from biprm.encoded import encoded_dataset, to_encoded
-from biprm.encoding import Encoder, add_step_tag
-from biprm.sources import load_source
-from biprm.trajectory import DataError
+from biprm.data.arrow import encoded_dataset, to_encoded
+from biprm.data.encoding import Encoder, add_step_tag
+from biprm.data.readers import load_trajectories
+from biprm.data.trajectory import DataError
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +38,12 @@ def trl_file(path, n=12, bad_row=None):
 def test_encodings_equal_the_in_memory_path(tmp_path, encoder):
     path = trl_file(tmp_path / "d.jsonl")
     data = encoded_dataset(str(path), encoder)
-    want = [encoder.encode(t) for t in load_source(str(path), labelled=True)]
+    want = [encoder.encode(t) for t in load_trajectories(str(path), labelled=True)]
     got = [to_encoded(r) for r in data]
     assert [(g.prompt, g.steps, g.labels) for g in got] == [(w.prompt, w.steps, w.labels) for w in want]
     assert list(data["n_tokens"]) == [w.n_tokens for w in want] and list(data["row"]) == list(range(1, 13))
     synthetic = encoded_dataset("synthetic:5:3", encoder)
-    assert [to_encoded(r).steps for r in synthetic] == [encoder.encode(t).steps for t in load_source("synthetic:5:3")]
+    assert [to_encoded(r).steps for r in synthetic] == [encoder.encode(t).steps for t in load_trajectories("synthetic:5:3")]
 
 
 def test_a_second_run_reads_the_cache(tmp_path, encoder, monkeypatch):
@@ -71,7 +71,7 @@ def test_a_bad_row_is_named_or_skipped_and_counted(tmp_path, encoder, caplog):
 
 def test_truncated_rows_are_named_and_broken_json_names_its_line(tmp_path, encoder, caplog):
     path = trl_file(tmp_path / "d.jsonl", n=3)
-    short = Encoder(encoder.tokenizer, encoder.step_tag_id, max_length=len(encoder.encode(load_source(str(path))[0]).prompt) + 12)
+    short = Encoder(encoder.tokenizer, encoder.step_tag_id, max_length=len(encoder.encode(load_trajectories(str(path))[0]).prompt) + 12)
     with caplog.at_level(logging.WARNING):
         data = encoded_dataset(str(path), short)
     assert all(n > 0 for n in data["n_dropped"]) and "3 rows exceed max_length" in caplog.text and "rows 1, 2, 3" in caplog.text
@@ -82,17 +82,17 @@ def test_truncated_rows_are_named_and_broken_json_names_its_line(tmp_path, encod
 
 
 def test_streaming_encodes_as_it_goes_and_trains(tmp_path, encoder, caplog):
-    from biprm.encoded import streamed_dataset
-    from biprm.train import TrainConfig, train
+    from biprm.data.arrow import streamed_dataset
+    from biprm.training import TrainConfig, train
 
     path = trl_file(tmp_path / "d.jsonl", bad_row=2)
     with caplog.at_level(logging.WARNING):
         rows = list(streamed_dataset(str(path), encoder, skip_invalid=True))
-    want = [encoder.encode(t) for t in load_source(str(path)) if t.labels is not None]
+    want = [encoder.encode(t) for t in load_trajectories(str(path)) if t.labels is not None]
     assert [r["steps"] for r in rows] == [w.steps for w in want] and "d.jsonl row 2: field 'labels' is missing" in caplog.text
     with pytest.raises(ValueError, match="give --max-steps"):
         TrainConfig(data=str(path), streaming=True)
-    out = train(TrainConfig(backbone="tiny", data=str(path), streaming=True, skip_invalid=True, max_steps=2, batch_size=2, grad_accum=1,
+    out = train(TrainConfig(backbone="tiny", data=str(path), streaming=True, skip_invalid=True, max_steps=2, per_device_train_batch_size=2, gradient_accumulation_steps=1,
                             output_dir=str(tmp_path / "run"), save_steps=10, show_progress=False))
     assert max(e.get("step", 0) for e in json.loads((tmp_path / "run" / "train_log.json").read_text())) == 2 and out
 
@@ -114,7 +114,7 @@ def _loss(rows: list[dict], mode: str) -> float:
     import torch
 
     from biprm.modeling import from_backbone
-    from biprm.train import collate
+    from biprm.training import collate
 
     tok = load_tokenizer(resolve_backbone("tiny"))
     torch.manual_seed(0)
@@ -125,7 +125,7 @@ def _loss(rows: list[dict], mode: str) -> float:
 
 @pytest.mark.parametrize("layout", [*LAYOUTS, "synthetic:6"])
 def test_streaming_reads_every_layout_to_the_same_rows_and_loss(tmp_path, encoder, layout):
-    from biprm.encoded import streamed_dataset
+    from biprm.data.arrow import streamed_dataset
 
     source = layout
     if layout in LAYOUTS:

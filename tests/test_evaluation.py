@@ -1,24 +1,28 @@
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from biprm.cli import main
+from biprm.data.readers import EMPTY_RESPONSE
 from biprm.evaluation.ablations import ablation_table, format_ablation_table
 from biprm.evaluation.cache import ScoreCache
-from biprm.evaluation.data import balanced_slice, load_pool, spread
-from biprm.evaluation.models import Mode, ablation_modes, checkpoint_modes, score_modes
+import biprm.evaluation.data as evaluation_data
+from biprm.data.synthetic import make_dataset
+from biprm.data.template import STEP_TAG
+from biprm.data.trajectory import DataError
+from biprm.evaluation.data import balanced_slice, gsm8k_bon_small, load_pool, spread
+from biprm.evaluation.models import ScoreSource, ablation_sources, checkpoint_sources, score_sources
 from biprm.scores import StepScores
 from biprm.scoring import Scorer
-from biprm.synthetic import make_dataset
-from biprm.template import STEP_TAG
-from biprm.train import TrainConfig, train
-from biprm.trajectory import DataError
+from biprm.training import TrainConfig, train
 
 FAST = ["--tokens-per-row", "0", "--tokens-per-batch", "4096"]  # one row per question: quickest on a CPU
 
@@ -55,7 +59,7 @@ def test_cache_scores_each_dataset_once(ckpt, tmp_path, score_calls):
     shutil.copytree(ckpt, copy)  # keys are content, not paths
     cache = ScoreCache(tmp_path)
     assert cache.model_key(str(copy)) == cache.model_key(ckpt)
-    three = score_modes(checkpoint_modes(str(copy)), cache, trajs)
+    three = score_sources(checkpoint_sources(str(copy)), cache, trajs)
     assert score_calls == [6]
     assert list(three) == ["bi (fused)", "bi: L2R stream", "bi: R2L stream"]
     np.testing.assert_array_equal(three["bi: R2L stream"].fused, first.r2l)
@@ -72,10 +76,10 @@ def test_ensemble_mode_averages_probabilities():
             p = {"a": [0.2, 0.4, 0.9], "b": [0.6, 0.8, 0.1]}[ckpt]
             return StepScores.from_probs(np.array([0, 2, 3]), np.array(p), l2r=np.array(p))
 
-    mean = Mode("2xl2r", ["a", "b"]).scores(Stub(), [])
+    mean = ScoreSource("2xl2r", ["a", "b"]).scores(Stub(), [])
     np.testing.assert_allclose(mean.prob(), [0.4, 0.6, 0.5])
     assert mean.sigma is None
-    np.testing.assert_allclose(Mode("x", ["a"], "l2r").scores(Stub(), []).prob(), [0.2, 0.4, 0.9])
+    np.testing.assert_allclose(ScoreSource("x", ["a"], "l2r").scores(Stub(), []).prob(), [0.2, 0.4, 0.9])
 
 
 def test_ablation_roles_are_checked(ckpt, tmp_path, capsys):
@@ -83,8 +87,8 @@ def test_ablation_roles_are_checked(ckpt, tmp_path, capsys):
         main(["eval", "ablations", "--l2r", ckpt, "--r2l", ckpt, "--bi-static", ckpt, "--bi", ckpt, "--out", str(tmp_path)])
     assert "'l2r' row needs 'l2r'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="needs --l2r"):
-        ablation_modes({"bi": ckpt, "l2r-2": ckpt})
-    assert [m.key for m in ablation_modes({"bi": ckpt})] == ["bi"]
+        ablation_sources({"bi": ckpt, "l2r-2": ckpt})
+    assert [m.key for m in ablation_sources({"bi": ckpt})] == ["bi"]
 
 
 def test_ablation_table_layout():
@@ -139,8 +143,8 @@ def test_pqm_pool_is_graded_against_its_questions(tmp_path):
 
 
 def test_eval_bon_command(ckpt, data_dir, cache_dir, tmp_path, capsys):
-    main(["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "2", "--ns", "2,4,8,12,16",
-          "--draws", "4", "--aggs", "min,last", "--out", str(tmp_path), "--cache-dir", cache_dir, *FAST])
+    main(["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "2", "--ns", "2", "4", "8", "12", "16",
+          "--draws", "4", "--aggs", "min", "last", "--out", str(tmp_path), "--cache-dir", cache_dir, *FAST])
     result = json.loads((tmp_path / "bon.json").read_text())
     assert (result["pool"], result["questions"], result["candidates"]) == ("gsm8k_bon_small", 2, 24)
     assert result["ns"] == [2, 4, 8, 12] and result["skipped"] == [16]
@@ -228,8 +232,8 @@ def test_a_damaged_cache_file_is_named_removed_and_rebuilt_and_timeouts_are_retr
 
     import numpy as np
 
+    from biprm.data.trajectory import Trajectory
     from biprm.evaluation.cache import ScoreCache
-    from biprm.trajectory import Trajectory
 
     cache, trajs, calls = ScoreCache(tmp_path), [Trajectory("q", ["a"])], []
 
@@ -255,7 +259,7 @@ def _launch(*argv: str, processes: int = 2) -> subprocess.CompletedProcess:
 
 
 def test_eval_on_two_processes_equals_one_and_names_a_failing_process(ckpt, data_dir, tmp_path):
-    args = ["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "3", "--ns", "4,8", "--grade-workers", "0", *FAST]
+    args = ["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "3", "--ns", "4", "8", "--grade-workers", "0", *FAST]
     main([*args, "--out", str(tmp_path / "one")])
     done = _launch(*args, "--out", str(tmp_path / "two"))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -298,3 +302,32 @@ def test_ablations_warn_when_objectives_differ(tmp_path):
         folders[role] = str(folder)
     assert "l2r: bce, bi: qrank" in unlike_objectives(folders)
     assert unlike_objectives({"l2r": folders["l2r"]}) is None
+
+
+@pytest.fixture(scope="module")
+def bon_small(data_dir):
+    return gsm8k_bon_small(str(data_dir))
+
+
+def test_real_gsm8k_bon_small(bon_small):
+    assert len(bon_small) == 1319 * 12
+    assert [t.meta["cand"] for t in bon_small[:12]] == list(range(12)) and {t.meta["qid"] for t in bon_small[-12:]} == {1318}
+    correct = Counter(t.meta["policy"] for t in bon_small if t.correct)
+    assert correct["abel_7b"] == 784 and correct["gpt4"] == 1230 and correct["175b_verification"] == 742
+    first = bon_small[:12]
+    assert {t.answer for t in first} == {"18"} and len({t.question for t in first}) == 1
+    assert not any(re.search(r"<<[^<>]*>>", s) for t in bon_small for s in t.steps)
+    assert first[3].steps[-1] == "The answer is 18." and first[4].steps[-1] == "The answer is 18."
+    assert sum(t.steps == [EMPTY_RESPONSE] for t in bon_small) == 1
+
+
+def test_gsm8k_bon_small_checks_alignment(data_dir, monkeypatch):
+    real = evaluation_data.read_rows
+
+    def shuffled(source, split="train"):
+        rows, name = real(source, split)
+        return (rows[::-1], name) if "abel_13b" in source else (rows, name)
+
+    monkeypatch.setattr(evaluation_data, "read_rows", shuffled)
+    with pytest.raises(DataError, match=r"abel_13b\.json\.gz row 1: field 'question' does not match question 1"):
+        gsm8k_bon_small(str(data_dir))

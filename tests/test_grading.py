@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from biprm import grading
-from biprm.grading import extract_answer, grade, grade_many, grade_solution
+from biprm.evaluation import grading
+from biprm.evaluation.grading import extract_answer, grade, grade_many, grade_solution
 
 # (gold, prediction, verdict)
 GRADE_CASES = [
@@ -169,7 +169,7 @@ def test_grade_many_off_main_thread_survives_a_hang(caplog):
     worker = threading.Thread(
         target=lambda: out.update(r=grade_many(pairs, workers=1, timeout=1.0))
     )
-    with caplog.at_level(logging.WARNING, logger="biprm.grading"):
+    with caplog.at_level(logging.WARNING, logger="biprm.evaluation.grading"):
         worker.start()
         worker.join(60)
     assert not worker.is_alive()

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.data.trajectory import Trajectory
 from biprm.integrations.dense import step_end_chars, step_end_tokens, token_rewards
 from biprm.integrations.grpo import BiPRMReward, message_text
-from biprm.trajectory import Trajectory
+from conftest import scored
 
 PROMPTS = ["Tom has 3 apples and buys 4 more. How many?", "What is 2 + 2?"]
 COMPLETIONS = ["3 + 4 = 7.\n\nThe answer is 7.", ""]
@@ -41,7 +42,7 @@ def test_reward_is_the_scorers_solution_score_and_handles_conversations(bi_score
     reward = BiPRMReward(scorer=bi_scorer, aggregation="mean")
     got = reward(prompts=PROMPTS, completions=COMPLETIONS, completion_ids=None, trainer_state=None)
     trajs = [Trajectory(PROMPTS[0], ["3 + 4 = 7.", "The answer is 7."])]
-    assert got == [*bi_scorer.score(trajs, progress=False).solution_scores("mean").tolist(), 0.0]  # the empty one gets invalid_reward
+    assert got == [*scored(bi_scorer, trajs).solution_scores("mean").tolist(), 0.0]  # the empty one gets invalid_reward
     chat = reward(prompts=[[{"role": "system", "content": "be brief"}, {"role": "user", "content": p}] for p in PROMPTS],
                   completions=[[{"role": "assistant", "content": c}] for c in COMPLETIONS])
     assert chat == got
@@ -49,6 +50,16 @@ def test_reward_is_the_scorers_solution_score_and_handles_conversations(bi_score
         message_text([{"role": "system", "content": "x"}], "user")
     with pytest.raises(ValueError, match="exactly one of"):
         BiPRMReward()
+
+
+def test_each_completion_is_encoded_once(bi_scorer, monkeypatch):
+    from biprm.data.encoding import Encoder
+
+    calls = []
+    real = Encoder.encode
+    monkeypatch.setattr(Encoder, "encode", lambda self, traj, where="trajectory": calls.append(where) or real(self, traj, where))
+    BiPRMReward(scorer=bi_scorer)(prompts=PROMPTS * 2, completions=["3 + 4 = 7.\n\nThe answer is 7.", "", "The answer is 8.", "7"])
+    assert calls == ["completion 0", "completion 2", "completion 3"]  # the empty completion never reaches the encoder
 
 
 def test_remote_reward_equals_local(bi_scorer):

@@ -57,9 +57,9 @@ def test_training_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path, c
 
 def test_scoring_killed_mid_file_resumes_to_the_same_output(tmp_path):
     from biprm.config import TrainConfig
-    from biprm.train import train
+    from biprm.training import train
 
-    ckpt = train(TrainConfig(backbone="tiny", data="synthetic:16", max_steps=1, batch_size=4, grad_accum=1,
+    ckpt = train(TrainConfig(backbone="tiny", data="synthetic:16", max_steps=1, per_device_train_batch_size=4, gradient_accumulation_steps=1,
                              output_dir=str(tmp_path / "ckpt"), save_steps=10**9, show_progress=False))
     rows = tmp_path / "in.jsonl"
     rows.write_text("\n".join(json.dumps({"prompt": f"What is {k} + {k}?", "completions": [f"{k} + {k} = {2 * k}", f"The answer is {2 * k}."]})

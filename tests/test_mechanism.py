@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
-from biprm.encoding import Encoder
+from biprm.data.encoding import Encoder
 from biprm.replication.data import gsm8k_reference
 from biprm.replication.mechanism import KINDS, eligible_steps, quadruple
-from biprm.replication.recipe import seeded_model, train_top
+from biprm.replication.recipe import train_run
 from biprm.trunk import TrunkCache
 
 ANSWER = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
@@ -59,18 +59,16 @@ def test_the_data_split_is_by_question_and_deterministic(data_dir):
 
 
 def _trained_weights(seed: int, tmp_path) -> dict[str, torch.Tensor]:
-    from biprm.replication.recipe import TrainBudget
-    from biprm.trajectory import Trajectory
+    from biprm.data.trajectory import Trajectory
+    from biprm.replication.config import MechanismConfig
+    from biprm.trunk import freeze_bottom
 
-    backbone = resolve_backbone("tiny")
-    tokenizer = load_tokenizer(backbone)
-    model = seeded_model(backbone, tokenizer, "bi", seed)
-    encoder = Encoder(tokenizer, model.config.step_tag_id)
     trajs = [Trajectory("What is 2+3?", ["2+3 = 5", "The answer is 5."], [1.0, 1.0]),
              Trajectory("What is 2+3?", ["2+3 = 6", "The answer is 6."], [0.0, 0.0])] * 4
-    cache = TrunkCache(tmp_path / "trunk", model, 1, [encoder.encode(t) for t in trajs]).build(progress=False)
-    budget = TrainBudget(top_layers=1, lr=1e-3, epochs=1.0, batch_size=2, warmup_ratio=0.0, gate_lr_scale=1.0, save_every=100)
-    train_top(budget, model, cache, [t.labels for t in trajs], seed, tmp_path / f"run{seed}-{len(list(tmp_path.iterdir()))}", False)
+    cfg = MechanismConfig(work_dir=str(tmp_path / "work"), backbone="tiny", top_layers=1, lr=1e-3, epochs=1.0, batch_size=2,
+                          warmup_ratio=0.0, save_every=100)
+    model, _ = train_run(cfg, "bi", seed, tmp_path / f"run{seed}-{len(list(tmp_path.glob('run*')))}", False, trajs)
+    freeze_bottom(model, 1)  # what the run trained: the top layer, the value head and the gate
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
@@ -79,13 +77,14 @@ def test_the_seed_fixes_every_initialisation_and_the_final_state_is_kept(tmp_pat
     assert a.keys() == b.keys() and any(n.startswith("gate.") for n in a)
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert not all(torch.equal(a[n], c[n]) for n in a if n.startswith(("gate.", "value_head")))
-    assert len(list(tmp_path.glob("run*/final.pt"))) == 3
+    assert len(list(tmp_path.glob("run*/model.safetensors"))) == 3
 
 
 @pytest.mark.slow
 def test_toy_mechanism_study_runs_resumes_and_reports(data_dir, tmp_path):
     from biprm.replication.mechanism_report import write_report
-    from biprm.replication.mechanism_study import MechanismConfig, run_study
+    from biprm.replication.config import MechanismConfig
+    from biprm.replication.mechanism_study import run_study
 
     cfg = MechanismConfig(out=str(tmp_path / "out"), work_dir=str(tmp_path / "work"), data_root=str(data_dir), backbone="tiny",
                           top_layers=1, train_questions=12, valid_questions=8, test_questions=8, seeds={"l2r": 2, "r2l": 1, "bi": 2},
@@ -96,7 +95,7 @@ def test_toy_mechanism_study_runs_resumes_and_reports(data_dir, tmp_path):
     assert names == sorted(["l2r-seed1106", "l2r-seed1107", "r2l-seed1106", "bi-seed1106", "bi-seed1107",
                             *(f"probe-{m}-seed1106" for m in ("l2r", "r2l", "bi", "bi-static"))])
     assert sorted(p.stem for p in (out / "runs").glob("*.npz")) == names  # the logits travel with the results
-    assert len(list((tmp_path / "work" / "runs").glob("*/*/final.pt"))) == len(names)
+    assert len(list((tmp_path / "work" / "runs").glob("*/*/model.safetensors"))) == len(names)
     result = json.loads((out / "results.json").read_text())
     assert set(result["groups"]) >= {"l2r", "bi", "r2l", "2×L2R", "probe-bi"}
     assert result["verdict"] in ("supported", "not supported")
@@ -116,25 +115,32 @@ def test_toy_mechanism_study_runs_resumes_and_reports(data_dir, tmp_path):
 
 
 def test_micro_batches_give_the_whole_batch_gradient(tmp_path):
-    from biprm.replication.recipe import accumulate, micro_batches
-    from biprm.trajectory import Trajectory
-    from biprm.trunk import freeze_bottom, split
+    from transformers import TrainingArguments, set_seed
+
+    from biprm.data.trajectory import Trajectory
+    from biprm.modeling import from_backbone
+    from biprm.training import BiPRMTrainer
+    from biprm.trunk import TrunkCollator, TrunkData, freeze_bottom, micro_batches
 
     assert [p.tolist() for p in micro_batches(np.array([5, 5, 9, 2]), np.array([0, 1, 2, 3]), budget=10)] == [[0, 1], [2], [3]]
     backbone = resolve_backbone("tiny")
     tokenizer = load_tokenizer(backbone)
-    model = seeded_model(backbone, tokenizer, "bi", 3)
+    set_seed(3)
+    model = from_backbone(backbone, tokenizer, mode="bi")
     encoder = Encoder(tokenizer, model.config.step_tag_id)
     trajs = [Trajectory("What is 2+3?", ["2+3 = 5", "The answer is 5."], [1.0, 1.0]),
              Trajectory("What is 2+3 times 4?", ["3*4 = 12", "2+12 = 15", "The answer is 15."], [1.0, 0.0, 0.0]),
              Trajectory("What is 7-1?", ["7-1 = 6"], [1.0])]
     cache = TrunkCache(tmp_path / "trunk", model, 1, [encoder.encode(t) for t in trajs]).build(progress=False)
+    data = TrunkData(cache, [t.labels for t in trajs])
     freeze_bottom(model, 1)
-    top = split(model, 1)[1]
+    trainer = BiPRMTrainer(model, TrainingArguments(str(tmp_path / "out"), use_cpu=True, report_to=[]), train_dataset=data)
     grads = []
     for budget in (10**9, 1):  # one pass, then one trajectory per pass
         model.zero_grad()
-        loss = accumulate(model, top, cache, np.array([0, 1, 2]), [t.labels for t in trajs], False, budget)
+        batch = TrunkCollator(data, model.streams, budget)([0, 1, 2])
+        assert len(batch["parts"]) == (1 if budget > 1 else 3)
+        loss = trainer.training_step(model, batch)
         grads.append((loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (whole, g1), (parts, g2) = grads
     assert torch.allclose(whole, parts, atol=1e-6) and g1.keys() == g2.keys()

@@ -14,14 +14,14 @@ from biprm.metrics.prmbench import (
     prmbench_keep,
     prmbench_step_labels,
 )
-from biprm.readers import from_prmbench, load_trajectories
-from biprm.trajectory import Trajectory, labels_from_first_error
+from biprm.data.readers import from_prmbench, load_trajectories
+from biprm.data.trajectory import Trajectory, labels_from_first_error
 
 approx = pytest.approx
 
 
 def pair(idx, cls, n_orig, n_mod, errors):
-    """The (original, modified) trajectories that biprm.readers.from_prmbench makes of one row."""
+    """The (original, modified) trajectories that biprm.data.readers.from_prmbench makes of one row."""
     meta = {"idx": idx, "classification": cls}
     original = Trajectory("q", [f"o{t}" for t in range(n_orig)], labels=[1.0] * n_orig, meta={**meta, "variant": "original"})
     modified = Trajectory(

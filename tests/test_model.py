@@ -4,12 +4,13 @@ import pytest
 import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
-from biprm.encoding import Encoder
+from biprm.data.encoding import Encoder
+from biprm.data.template import STEP_TAG
+from biprm.data.trajectory import DataError, Trajectory
 from biprm.modeling import from_backbone
 from biprm.packing import attention_mask, check_tags, pack, pack_cached
 from biprm.scoring import Scorer
-from biprm.template import STEP_TAG
-from biprm.trajectory import DataError, Trajectory
+from conftest import scored
 
 TRAJS = [
     Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."], [1, 1, 1]),
@@ -62,7 +63,7 @@ def test_one_backbone_pass_per_training_step_and_scoring_batch(backbone, mode):
     model(**batch).loss.backward()
     assert len(calls) == 1
     calls.clear()
-    Scorer(model, tok, tokens_per_batch=10**6).score(TRAJS, progress=False)
+    scored(Scorer(model, tok, tokens_per_batch=10**6), TRAJS)
     handle.remove()
     assert len(calls) == 1
 
@@ -70,11 +71,11 @@ def test_one_backbone_pass_per_training_step_and_scoring_batch(backbone, mode):
 @pytest.mark.parametrize("mode", ["l2r", "r2l", "bi", "bi-static"])
 def test_prefix_sharing_and_packing_preserve_scores(backbone, mode):
     model, tok = make(backbone, mode)
-    plain = Scorer(model, tok, share_prefix=False, tokens_per_row=None).score(TRAJS, progress=False)
+    plain = scored(Scorer(model, tok, share_prefix=False, tokens_per_row=None), TRAJS)
     for share, row in [(True, None), (True, 64), (False, 4096), (True, 4096)]:
-        assert_same_scores(plain, Scorer(model, tok, share_prefix=share, tokens_per_row=row).score(TRAJS, progress=False))
+        assert_same_scores(plain, scored(Scorer(model, tok, share_prefix=share, tokens_per_row=row), TRAJS))
     # one trajectory alone scores the same as inside a batch (bucketing does not leak across items)
-    alone = Scorer(model, tok).score(TRAJS[3:], progress=False)
+    alone = scored(Scorer(model, tok), TRAJS[3:])
     np.testing.assert_allclose(alone.prob(), plain.of(3), atol=1e-4)
 
 
@@ -82,21 +83,21 @@ def test_prefix_sharing_and_packing_preserve_scores(backbone, mode):
 def test_prefix_cache_matches_plain_scoring(backbone, mode):
     """Prompts encoded once into a KV cache, continuations in length-sorted chunks: same scores in fp32."""
     model, tok = make(backbone, mode)
-    plain = Scorer(model, tok, share_prefix=False, tokens_per_row=None).score(CANDIDATES, progress=False)
+    plain = scored(Scorer(model, tok, share_prefix=False, tokens_per_row=None), CANDIDATES)
     for kw in [{}, {"tokens_per_call": 40}, {"tokens_per_call": 1, "tokens_per_batch": 60}]:
-        assert_same_scores(plain, Scorer(model, tok, prefix_cache=True, **kw).score(CANDIDATES, progress=False))
+        assert_same_scores(plain, scored(Scorer(model, tok, prefix_cache=True, **kw), CANDIDATES))
 
 
 def test_prefix_cache_calls_the_backbone_once_for_prompts_then_once_per_chunk(backbone):
     model, tok = make(backbone, "bi")
     encs = [Encoder(tok, model.config.step_tag_id).encode(t) for t in CANDIDATES]
     calls, handle = count_backbone_calls(model)
-    Scorer(model, tok, prefix_cache=True, tokens_per_batch=10**6, tokens_per_call=10**6).score(CANDIDATES, progress=False)
+    scored(Scorer(model, tok, prefix_cache=True, tokens_per_batch=10**6, tokens_per_call=10**6), CANDIDATES)
     assert len(calls) == 2
     calls.clear()
     batch = pack_cached(encs, "bi", max_tokens=60)
     with torch.no_grad():
-        model(**batch)
+        model.score_with_prefix(**batch)
     handle.remove()
     assert len(batch["chunks"]) > 2 and len(calls) == 1 + len(batch["chunks"]) - 1
 
@@ -107,7 +108,7 @@ def test_prompt_cache_is_picked_for_pools_with_many_candidates_per_question(back
     calls, handle = count_backbone_calls(model)
     for trajs, expected in [(pool, 2), (CANDIDATES, 1)]:  # 4 candidates of one question; 7 of 3
         calls.clear()
-        Scorer(model, tok, tokens_per_batch=10**6, tokens_per_call=10**6).score(trajs, progress=False)
+        scored(Scorer(model, tok, tokens_per_batch=10**6, tokens_per_call=10**6), trajs)
         assert len(calls) == expected
     handle.remove()
 
@@ -136,7 +137,7 @@ def test_length_bucketing_does_not_change_scores(backbone, prefix_cache):
     encs = [bucketed.encoder.encode(t) for t in CANDIDATES]
     n_alone = len({t.question for t in CANDIDATES}) if prefix_cache else len(CANDIDATES)  # a question's prompt is never split
     assert len(bucketed.batches(encs, prefix_cache)) == 1 and len(alone.batches(encs, prefix_cache)) == n_alone
-    assert_same_scores(bucketed.score(CANDIDATES, progress=False), alone.score(CANDIDATES, progress=False), atol=1e-5)
+    assert_same_scores(scored(bucketed, CANDIDATES), scored(alone, CANDIDATES), atol=1e-5)
 
 
 def test_one_sequence_rows_take_the_plain_causal_path(backbone):
@@ -157,7 +158,7 @@ def test_one_sequence_rows_take_the_plain_causal_path(backbone):
 def test_r2l_scores_are_aligned_by_index(backbone):
     """Recompute R2L by hand: prompt + s_T..s_1 through the backbone, value head at each tag."""
     model, tok = make(backbone, "bi")
-    scores = Scorer(model, tok).score(TRAJS, progress=False)
+    scores = scored(Scorer(model, tok), TRAJS)
     enc = Encoder(tok, model.config.step_tag_id).encode(TRAJS[3])
     ids = enc.prompt + [i for s in enc.steps[::-1] for i in s]
     with torch.no_grad():
@@ -171,7 +172,7 @@ def test_zero_rewards_are_not_mistaken_for_padding(backbone):
     model, tok = make(backbone, "bi-static")
     torch.nn.init.zeros_(model.value_head.weight)
     torch.nn.init.zeros_(model.value_head.bias)
-    scores = Scorer(model, tok).score(TRAJS, progress=False)
+    scores = scored(Scorer(model, tok), TRAJS)
     assert len(scores.fused) == sum(len(t.steps) for t in TRAJS)
     np.testing.assert_allclose(scores.fused, 0.0)  # logits
 
@@ -180,13 +181,13 @@ def test_modes_and_gate(backbone):
     bi, tok = make(backbone, "bi")
     H = bi.config.backbone_config.hidden_size
     assert sum(p.numel() for p in bi.gate.parameters()) == 2 * H * H + H + H + 1
-    s = Scorer(bi, tok).score(TRAJS, progress=False)
+    s = scored(Scorer(bi, tok), TRAJS)
     assert ((s.sigma > 0) & (s.sigma < 1)).all()
     static, _ = make(backbone, "bi-static")
     assert static.gate is None
-    np.testing.assert_allclose(Scorer(static, tok).score(TRAJS, progress=False).sigma, 0.5)
+    np.testing.assert_allclose(scored(Scorer(static, tok), TRAJS).sigma, 0.5)
     l2r, _ = make(backbone, "l2r")
-    s = Scorer(l2r, tok).score(TRAJS, progress=False)
+    s = scored(Scorer(l2r, tok), TRAJS)
     assert s.r2l is None and s.sigma is None
     np.testing.assert_allclose(s.fused, s.l2r)
 
@@ -217,14 +218,14 @@ def test_aux_loss_weight_adds_per_stream_losses(backbone):
 @pytest.mark.parametrize("mode", ["l2r", "bi"])
 def test_save_and_load_round_trip(backbone, mode, tmp_path):
     model, tok = make(backbone, mode)
-    before = Scorer(model, tok).score(TRAJS, progress=False)
+    before = scored(Scorer(model, tok), TRAJS)
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
     loaded = Scorer.from_pretrained(str(tmp_path), device="cpu")
     assert loaded.model.config.mode == mode
     assert loaded.tokenizer.convert_tokens_to_ids(STEP_TAG) == model.config.step_tag_id
-    after = loaded.score(TRAJS, progress=False)
+    after = scored(loaded, TRAJS)
     np.testing.assert_allclose(before.fused, after.fused, rtol=0, atol=1e-6)
     if mode == "bi":
         np.testing.assert_allclose(before.sigma, after.sigma, rtol=0, atol=1e-6)
@@ -264,11 +265,11 @@ def test_identical_candidates_are_scored_once(backbone):
     seen = []
     encode = scorer.encoder.encode
     scorer.encoder.encode = lambda t, where: seen.append(where) or encode(t, where)
-    scores = scorer.score(pool, progress=False)
+    scores = scored(scorer, pool)
     assert seen == ["trajectory 0", "trajectory 1", "trajectory 3"]
-    one_each = Scorer(model, tok).score([CANDIDATES[1], CANDIDATES[0], CANDIDATES[4]], progress=False)
+    one_each = scored(Scorer(model, tok), [CANDIDATES[1], CANDIDATES[0], CANDIDATES[4]])
     assert_same_scores(scores, one_each.select(np.array([0, 1, 0, 2, 1])), atol=1e-6)
-    assert len(scorer.score([], progress=False)) == 0
+    assert len(scored(scorer, [])) == 0
 
 
 def test_scorer_warns_when_trailing_steps_are_not_scored(backbone, caplog):
@@ -276,7 +277,7 @@ def test_scorer_warns_when_trailing_steps_are_not_scored(backbone, caplog):
     full = Encoder(tok, model.config.step_tag_id).encode(TRAJS[3])
     scorer = Scorer(model, tok, max_length=full.n_tokens - len(full.steps[-1]))
     with caplog.at_level("WARNING", logger="biprm.scoring"):
-        scores = scorer.score(TRAJS[2:], progress=False)
+        scores = scored(scorer, TRAJS[2:])
     assert np.diff(scores.offsets).tolist() == [2, 3]
     assert "1 of 2 trajectories exceed max_length" in caplog.text
 

@@ -2,8 +2,8 @@ import copy
 
 import pytest
 
-from biprm.perturb import FILLERS, insert_noise, merge_steps, mix_seed, perturb, perturb_dataset, split_step
-from biprm.trajectory import Trajectory, labels_from_first_error
+from biprm.data.perturb import FILLERS, insert_noise, merge_steps, mix_seed, perturb, perturb_dataset, split_step
+from biprm.data.trajectory import Trajectory, labels_from_first_error
 
 
 class Fixed:

@@ -1,26 +1,24 @@
 import gzip
 import json
 import logging
-import re
 from collections import Counter
 
 import pytest
 
-from biprm import readers
-from biprm.readers import (
+from biprm.data.readers import (
     EMPTY_RESPONSE,
     from_bon_pool,
     from_math_shepherd,
     from_prmbench,
     from_processbench,
-    gsm8k_bon_small,
     load_trajectories,
     load_with_report,
+    open_source,
     read_rows,
     solution_steps,
     split_steps,
 )
-from biprm.trajectory import DataError
+from biprm.data.trajectory import DataError
 
 TRL = [
     {"prompt": "What is 2 + 3 * 4?", "completions": ["3 * 4 = 12.", "2 + 12 = 14."], "labels": [True, True]},
@@ -63,6 +61,19 @@ def test_read_rows_formats(tmp_path, kind):
     assert trajs[0].question == TRL[0]["prompt"] and trajs[1].first_error == 1
 
 
+@pytest.mark.parametrize("source", ["file", "synthetic:6:2"])
+def test_lists_and_arrow_open_a_source_through_one_door(tmp_path, source):
+    """`load_trajectories` and the Arrow training set see the same name, format, columns and trajectories."""
+    from biprm.data.synthetic import make_dataset
+
+    source = write(tmp_path / "d.jsonl", TRL, "jsonl") if source == "file" else source
+    lists, table = open_source(source), open_source(source, arrow=True)
+    assert (lists.name, lists.fmt, lists.columns) == (table.name, table.fmt, table.columns)
+    convert = lambda rows: [rows.convert(row, "here", i) for i, row in enumerate(rows.raw)]  # noqa: E731
+    assert convert(lists) == convert(table) == load_trajectories(source)
+    assert load_trajectories("synthetic:6:2") == make_dataset(6, seed=2)
+
+
 def test_read_rows_json_object_and_missing_paths(tmp_path):
     path = tmp_path / "d.json"
     path.write_text(json.dumps({"data": TRL}))
@@ -85,7 +96,7 @@ def test_hub_name_goes_to_load_dataset(monkeypatch):
 
     calls = []
 
-    def fake(name, config=None, split=None):
+    def fake(name, config=None, split=None, streaming=False):
         calls.append((name, config, split))
         return datasets.Dataset.from_list(TRL)
 
@@ -125,7 +136,7 @@ def test_bad_rows_name_file_row_and_field(tmp_path, change, field, what):
 def test_skip_invalid_skips_and_reports(tmp_path, caplog):
     rows = [TRL[0], {**TRL[1], "labels": [1]}, TRL[1], {**TRL[1], "completions": ["a", ""]}, {**TRL[0], "labels": [True, 7]}]
     path = write(tmp_path / "mixed.jsonl", rows, "jsonl")
-    with caplog.at_level(logging.WARNING, logger="biprm.readers"):
+    with caplog.at_level(logging.WARNING, logger="biprm.data.readers"):
         trajs, report = load_with_report(path, skip_invalid=True)
     assert len(trajs) == 2 and sum(report.values()) == 3
     assert report == {
@@ -246,42 +257,13 @@ def test_real_prmbench(data_dir):
     assert len(multi) == 330 and all(t.first_error == -1 and t.answer for t in multi)
 
 
-@pytest.fixture(scope="module")
-def bon_small(data_dir):
-    return gsm8k_bon_small(str(data_dir))
-
-
-def test_real_gsm8k_bon_small(bon_small):
-    assert len(bon_small) == 1319 * 12
-    assert [t.meta["cand"] for t in bon_small[:12]] == list(range(12)) and {t.meta["qid"] for t in bon_small[-12:]} == {1318}
-    correct = Counter(t.meta["policy"] for t in bon_small if t.correct)
-    assert correct["abel_7b"] == 784 and correct["gpt4"] == 1230 and correct["175b_verification"] == 742
-    first = bon_small[:12]
-    assert {t.answer for t in first} == {"18"} and len({t.question for t in first}) == 1
-    assert not any(re.search(r"<<[^<>]*>>", s) for t in bon_small for s in t.steps)
-    assert first[3].steps[-1] == "The answer is 18." and first[4].steps[-1] == "The answer is 18."
-    assert sum(t.steps == [EMPTY_RESPONSE] for t in bon_small) == 1
-
-
-def test_gsm8k_bon_small_checks_alignment(data_dir, monkeypatch):
-    real = readers.read_rows
-
-    def shuffled(source, split="train"):
-        rows, name = real(source, split)
-        return (rows[::-1], name) if "abel_13b" in source else (rows, name)
-
-    monkeypatch.setattr(readers, "read_rows", shuffled)
-    with pytest.raises(DataError, match=r"abel_13b\.json\.gz row 1: field 'question' does not match question 1"):
-        gsm8k_bon_small(str(data_dir))
-
-
 def test_written_trajectories_read_back_unchanged(tmp_path):
-    from biprm.sources import load_source
-    from biprm.synthetic import make_dataset
-    from biprm.writers import write_trajectories
+    from biprm.data.readers import load_trajectories
+    from biprm.data.synthetic import make_dataset
+    from biprm.data.writer import write_trajectories
 
     trajs = make_dataset(30, seed=4)
     trajs[0].labels = [1.0, 0.5] + [0.0] * (len(trajs[0].steps) - 2)  # a soft label stays a float
     path = write_trajectories(tmp_path / "train.jsonl", trajs)
-    back = load_source(str(path), labelled=True)
+    back = load_trajectories(str(path), labelled=True)
     assert [(t.question, t.steps, t.labels) for t in back] == [(t.question, t.steps, t.labels) for t in trajs]

@@ -15,7 +15,7 @@ from biprm.replication.data import (
     prmbench_train,
     write,
 )
-from biprm.trajectory import DataError, Trajectory
+from biprm.data.trajectory import DataError, Trajectory
 
 EGGS = Trajectory(
     "Tom buys 4 boxes of 6 eggs, breaks 3 and buys 5 more. The shop had 124 eggs. How many eggs does Tom have?",

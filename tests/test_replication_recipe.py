@@ -2,11 +2,10 @@
 import dataclasses
 import json
 
-import numpy as np
 import pytest
 
-from biprm.replication.data import DataRecipe
-from biprm.replication.recipe import ReplicateConfig, _batches, replicate, report_only, runs_of
+from biprm.replication.config import DataRecipe, ReplicateConfig
+from biprm.replication.recipe import replicate, report_only, runs_of
 
 
 def test_runs_cover_every_mode_before_repeating_seeds():
@@ -15,17 +14,6 @@ def test_runs_cover_every_mode_before_repeating_seeds():
     assert runs_of(cfg)[4:] == [("l2r", 1107), ("bi", 1107), ("l2r", 1108), ("bi", 1108)]
     cfg.seeds["bi-detached"] = 1
     assert runs_of(cfg)[-1] == ("bi-detached", 1106)  # the gate study comes after the main comparison
-
-
-def test_batches_are_seeded_cover_every_row_once_per_epoch_and_group_lengths():
-    lengths = np.arange(100)
-    a, b = _batches(lengths, 8, 1.0, seed=3), _batches(lengths, 8, 1.0, seed=3)
-    assert all((x == y).all() for x, y in zip(a, b))
-    assert sorted(np.concatenate(a).tolist()) == list(range(100))
-    assert len(a) == 13
-    assert len(_batches(lengths, 8, 2.0, seed=3)) == 26
-    spread_within = np.mean([np.ptp(lengths[x]) for x in a if len(x) == 8])
-    assert spread_within < 40  # a random batch of 8 from 0..99 spans about 78
 
 
 @pytest.mark.slow

@@ -18,24 +18,30 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from biprm.readers import split_steps  # noqa: E402
+from biprm.data.readers import split_steps  # noqa: E402
+from biprm.data.trajectory import Trajectory  # noqa: E402
 from biprm.scores import StepScores  # noqa: E402
+from biprm.scoring import Scorer  # noqa: E402
 from biprm.serve.app import build_app  # noqa: E402
 from biprm.serve.batcher import Batcher, Overloaded  # noqa: E402
 from biprm.serve.config import ServeConfig  # noqa: E402
-from biprm.trajectory import Trajectory  # noqa: E402
+from conftest import scored  # noqa: E402
 
 Q = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 STEPS = ["Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 7.", "The answer is 7."]
 
 
 def client(bi_scorer, **kw) -> TestClient:
-    return TestClient(build_app(bi_scorer, ServeConfig(model="tiny", **kw)))
+    """A server over `bi_scorer` (any engine), or over a Scorer of its model when the settings ask for another max_length."""
+    cfg = ServeConfig(model="tiny", **kw)
+    if bi_scorer.max_length != cfg.max_length:
+        bi_scorer = Scorer(bi_scorer.model, bi_scorer.tokenizer, max_length=cfg.max_length)
+    return TestClient(build_app(bi_scorer, cfg))
 
 
 def test_score_equals_the_scorer_for_steps_and_free_text(bi_scorer):
     text = "\n\n".join(STEPS)
-    want = bi_scorer.score([Trajectory(Q, STEPS)], progress=False)
+    want = scored(bi_scorer, [Trajectory(Q, STEPS)])
     with client(bi_scorer) as c:
         one = c.post("/v1/score", json={"question": Q, "steps": STEPS}).json()
         many = c.post("/v1/score", json=[{"question": Q, "solution": text}, {"question": Q, "steps": STEPS[:1]}]).json()
@@ -45,7 +51,7 @@ def test_score_equals_the_scorer_for_steps_and_free_text(bi_scorer):
     assert one["steps_scored"] == 3 and one["truncated"] is False
     # scored beside another request: the same up to float32 rounding of a differently shaped batch
     assert many[0]["steps"] == STEPS and many[0]["fused"] == pytest.approx(one["fused"], abs=1e-6)
-    assert many[1]["fused"] == pytest.approx(bi_scorer.score([Trajectory(Q, STEPS[:1])], progress=False).prob().tolist(), abs=1e-6)
+    assert many[1]["fused"] == pytest.approx(scored(bi_scorer, [Trajectory(Q, STEPS[:1])]).prob().tolist(), abs=1e-6)
 
 
 def test_get_reward_speaks_the_openrlhf_interface(bi_scorer):
@@ -55,7 +61,7 @@ def test_get_reward_speaks_the_openrlhf_interface(bi_scorer):
         body = c.post("/get_reward", json={"query": [prompt + r for r in responses], "prompts": [prompt, prompt]}).json()
     assert set(body) == {"rewards", "scores", "extra_logs", "step_rewards"} and len(body["rewards"]) == 2
     trajs = [Trajectory(prompt, split_steps(r.replace(bi_scorer.tokenizer.eos_token, ""), "newline")) for r in responses]
-    want = bi_scorer.score(trajs, progress=False)
+    want = scored(bi_scorer, trajs)
     assert body["rewards"] == body["scores"] == want.solution_scores("mean").tolist()
     assert body["step_rewards"] == [want.of(0).tolist(), want.of(1).tolist()]
 
@@ -101,6 +107,20 @@ def test_over_long_input_is_flagged_or_refused(bi_scorer):
     with client(bi_scorer, max_length=fits_two, on_overlength="refuse") as c:
         r = c.post("/v1/score", json={"question": Q, "steps": STEPS})
     assert r.status_code == 413 and "1 trailing steps" in r.json()["error"]
+
+
+def test_each_solution_is_encoded_once_and_the_scorer_sets_max_length(bi_scorer, monkeypatch):
+    from biprm.data.encoding import Encoder
+
+    calls = []
+    real = Encoder.encode
+    monkeypatch.setattr(Encoder, "encode", lambda self, traj, where="trajectory": calls.append(where) or real(self, traj, where))
+    with client(bi_scorer) as c:
+        c.post("/v1/score", json=[{"question": Q, "steps": STEPS}, {"question": Q, "steps": STEPS[:2]}])
+        c.post("/get_reward", json={"query": [Q + " 3 + 4 = 7."], "prompts": [Q]})
+    assert calls == ["item 0", "item 1", "field 'query' [0]"]
+    with pytest.raises(ValueError, match="--max-length 64"):
+        build_app(bi_scorer, ServeConfig(model="tiny", max_length=64))
 
 
 def test_health_and_metrics(bi_scorer):
@@ -225,7 +245,7 @@ def test_cli_server_finishes_accepted_requests_on_sigterm(tmp_path, bi_scorer):
         log = server.stdout.read().decode()
     finally:
         server.kill()
-    want = bi_scorer.score([Trajectory(Q, STEPS)], progress=False).prob().tolist()
+    want = scored(bi_scorer, [Trajectory(Q, STEPS)]).prob().tolist()
     assert "Finished server process" in log and "Traceback" not in log, log
     assert len(answers) == 6 and all(a["fused"] == pytest.approx(want, abs=1e-6) for a in answers)
 

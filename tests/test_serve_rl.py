@@ -12,7 +12,7 @@ from biprm.backbones import cache_root, load_tokenizer, resolve_backbone  # noqa
 from biprm.serve.app import build_app  # noqa: E402
 from biprm.serve.chat import ChatPrompt  # noqa: E402
 from biprm.serve.config import ServeConfig  # noqa: E402
-from biprm.trajectory import Trajectory  # noqa: E402
+from biprm.data.trajectory import Trajectory  # noqa: E402
 
 Q = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 RESPONSES = ["Tom starts with 3 apples.\n3 + 4 = 7.\nThe answer is 7.", "3 + 4 = 8.\nThe answer is 8."]

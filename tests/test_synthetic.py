@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 
-from biprm.synthetic import KINDS, make_bon_pools, make_dataset, make_problem, make_solution
-from biprm.trajectory import Trajectory, labels_from_first_error, validate
+from biprm.data.synthetic import KINDS, make_bon_pools, make_dataset, make_problem, make_solution
+from biprm.data.trajectory import Trajectory, labels_from_first_error, validate
 
 EQUATION = re.compile(r"so (?:he|she) has (\d+) ([-+*/]) (\d+) = (\d+) \w+\.$")
 CLAIM = re.compile(r"so now (?:he|she) has (\d+) \w+\.$")

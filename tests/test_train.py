@@ -11,15 +11,16 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback, TrainingArguments
 
-from biprm.train import TrainConfig, train
-from biprm.trajectory import DataError
+from biprm.training import TrainConfig, train
+from biprm.data.trajectory import DataError
+from conftest import scored
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_config(out: Path, **kw) -> TrainConfig:
-    base = dict(backbone="tiny", data="synthetic:48", output_dir=str(out), batch_size=4, grad_accum=2, max_steps=6,
-                lr=1e-3, save_steps=3, logging_steps=1, show_progress=False)
+    base = dict(backbone="tiny", data="synthetic:48", output_dir=str(out), per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=6,
+                learning_rate=1e-3, save_steps=3, logging_steps=1, show_progress=False)
     base.update(kw)
     return TrainConfig(**base)
 
@@ -99,10 +100,10 @@ def test_real_backbone_loss_goes_down(tmp_path, data_dir):
     from transformers import set_seed
 
     from biprm.backbones import BackboneUnavailable, load_tokenizer, resolve_backbone
-    from biprm.encoding import Encoder
+    from biprm.data.encoding import Encoder
+    from biprm.data.readers import load_trajectories
     from biprm.modeling import BiPRMModel, from_backbone
     from biprm.packing import pack
-    from biprm.readers import load_trajectories
 
     try:
         backbone = resolve_backbone("smollm2-135m")
@@ -120,7 +121,7 @@ def test_real_backbone_loss_goes_down(tmp_path, data_dir):
     tokenizer = load_tokenizer(backbone)
     before = loss_on_rows(from_backbone(backbone, tokenizer, mode="bi"), tokenizer)
     out = train(TrainConfig(backbone="smollm2-135m", data=str(data), output_dir=str(tmp_path / "smol"), mode="bi",
-                            batch_size=2, grad_accum=1, max_steps=6, epochs=10, lr=5e-5, max_length=384,
+                            per_device_train_batch_size=2, gradient_accumulation_steps=1, max_steps=6, num_train_epochs=10, learning_rate=5e-5, max_length=384,
                             save_steps=10**9, logging_steps=1, show_progress=False))
     after = loss_on_rows(BiPRMModel.from_pretrained(out), load_tokenizer(out))
     losses = [e["loss"] for e in json.loads((Path(out) / "train_log.json").read_text()) if "loss" in e]
@@ -157,7 +158,7 @@ def test_held_out_rows_give_a_validation_loss(tmp_path):
 def test_holdout_is_seeded_and_loses_no_row():
     import datasets
 
-    from biprm.train import holdout
+    from biprm.training import holdout
 
     rows = datasets.Dataset.from_dict({"i": list(range(40))})
     kept, held = holdout(rows, 0.05, seed=1)
@@ -178,12 +179,78 @@ class Snapshot(TrainerCallback):
         self.after = {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def test_train_top_layers_moves_only_the_top_of_the_body(tmp_path):
+@pytest.mark.parametrize("trunk_cache", [True, False])
+def test_train_top_layers_moves_only_the_top_of_the_body(tmp_path, trunk_cache):
     snap = Snapshot()
-    train(tiny_config(tmp_path / "t", mode="bi", train_top_layers=1, max_steps=2, save_steps=10), callbacks=[snap])
+    train(tiny_config(tmp_path / "t", mode="bi", train_top_layers=1, max_steps=2, save_steps=10, trunk_cache=trunk_cache,
+                      trunk_cache_dir=str(tmp_path / "trunk")), callbacks=[snap])
     moved = {n for n in snap.before if not torch.equal(snap.before[n], snap.after[n])}
     assert moved and all(n.startswith(("backbone.layers.2.", "backbone.norm", "value_head", "gate")) for n in moved), moved
     assert any(n.startswith("backbone.layers.2.") for n in moved) and any(n.startswith("gate") for n in moved)
+    assert (tmp_path / "trunk").is_dir() == trunk_cache
+
+
+def test_heads_only_moves_only_the_value_head_and_gate(tmp_path):
+    snap = Snapshot()
+    train(tiny_config(tmp_path / "t", train_top_layers=1, heads_only=True, max_steps=2, trunk_cache_dir=str(tmp_path / "trunk")), callbacks=[snap])
+    moved = {n for n in snap.before if not torch.equal(snap.before[n], snap.after[n])}
+    assert moved and all(n.startswith(("value_head", "gate")) for n in moved), moved
+    with pytest.raises(ValueError, match="--heads-only needs --train-top-layers"):
+        tiny_config(tmp_path / "h", heads_only=True)
+
+
+def trunk_config(out: Path, **kw) -> TrainConfig:
+    return tiny_config(out, data="synthetic:12", mode="bi", per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=-1, num_train_epochs=2.0, warmup_ratio=0.25,
+                       gate_lr_scale=0.5, seed=5, max_length=2048, train_top_layers=1, trunk_cache_dir=str(out.parent / "trunk"), **kw)
+
+
+@pytest.mark.parametrize("trunk", [False, True])
+def test_the_trainer_alone_takes_a_model_arguments_and_a_dataset(tmp_path, trunk):
+    """As with TRL's trainers: the collator comes from the data's layout and the model's mode."""
+    from transformers import TrainingArguments
+
+    from biprm import BiPRMTrainer
+    from biprm.backbones import load_tokenizer, resolve_backbone
+    from biprm.data.arrow import encoded_dataset, to_encoded
+    from biprm.data.encoding import Encoder
+    from biprm.modeling import from_backbone
+    from biprm.trunk import TrunkCache, TrunkData
+
+    backbone = resolve_backbone("tiny")
+    tokenizer = load_tokenizer(backbone)
+    model = from_backbone(backbone, tokenizer, mode="r2l")
+    data = encoded_dataset("synthetic:8", Encoder(tokenizer, model.config.step_tag_id))
+    if trunk:
+        encs = [to_encoded(row) for row in data]
+        data = TrunkData(TrunkCache(tmp_path / "trunk", model, 1, encs).build(progress=False), [e.labels for e in encs])
+    args = TrainingArguments(str(tmp_path / "out"), per_device_train_batch_size=4, num_train_epochs=1, use_cpu=True, report_to=[])
+    trainer = BiPRMTrainer(model, args, train_dataset=data)
+    assert trainer.train().global_step == 2
+
+
+def test_trunk_cache_run_resumes_to_the_same_weights(tmp_path):
+    straight = Path(train(trunk_config(tmp_path / "straight")))
+    interrupted = trunk_config(tmp_path / "resumed")
+    train(interrupted, callbacks=[StopAt(3)])
+    interrupted.resume = True
+    resumed = Path(train(interrupted))
+    a, b = weights(straight), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert len(list((tmp_path / "trunk").iterdir())) == 1  # both runs read one cache
+
+
+def test_replicate_and_train_top_layers_reach_the_same_weights(tmp_path):
+    """`biprm replicate` trains each run through `biprm train`'s trainer on the same trunk cache."""
+    from biprm.replication.recipe import ReplicateConfig, train_run
+    from biprm.data.readers import load_trajectories
+
+    train(trunk_config(tmp_path / "train"))
+    study = ReplicateConfig(work_dir=str(tmp_path), backbone="tiny", top_layers=1, lr=1e-3, epochs=2.0, batch_size=4, warmup_ratio=0.25,
+                            gate_lr_scale=0.5, save_every=3, max_length=2048)
+    model, log = train_run(study, "bi", 5, tmp_path / "replicate", False, load_trajectories("synthetic:12", labelled=True))
+    a, b = weights(tmp_path / "train"), weights(tmp_path / "replicate")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert log["steps"] == 6 and len(list((tmp_path / "trunk").iterdir())) == 1
 
 
 def test_train_top_layers_out_of_range_is_refused_before_training(tmp_path):
@@ -201,7 +268,7 @@ class MatmulDtypes(TrainerCallback):
 
 def test_bf16_on_cpu_is_autocast_over_fp32_weights(tmp_path):
     snap, dtypes = Snapshot(), MatmulDtypes()
-    train(tiny_config(tmp_path / "b", mode="bi", bf16=True, lr=3e-5, max_steps=2, save_steps=10), callbacks=[snap, dtypes])
+    train(tiny_config(tmp_path / "b", mode="bi", bf16=True, learning_rate=3e-5, max_steps=2, save_steps=10), callbacks=[snap, dtypes])
     assert dtypes.seen == {torch.bfloat16}
     assert all(p.dtype == torch.float32 for p in snap.after.values())
     body = [n for n in snap.before if n.startswith("backbone.layers.")]
@@ -210,7 +277,7 @@ def test_bf16_on_cpu_is_autocast_over_fp32_weights(tmp_path):
 
 
 def test_arguments_are_built_before_the_model(tmp_path, monkeypatch):
-    recipe = sys.modules["biprm.train"]
+    recipe = sys.modules["biprm.training"]
 
     order = []
     build_args, build_model = recipe.training_arguments, recipe.from_backbone
@@ -227,7 +294,7 @@ def test_arguments_are_built_before_the_model(tmp_path, monkeypatch):
     ({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}, {"lora_r": 8}, "--lora-r with ZeRO-3"),
 ])
 def test_deepspeed_configs_that_lose_options_or_weights_are_refused_up_front(tmp_path, config, flags, message, monkeypatch):
-    recipe = sys.modules["biprm.train"]
+    recipe = sys.modules["biprm.training"]
 
     monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)  # deepspeed itself need not be installed for these checks
     monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the config was checked"))
@@ -238,7 +305,7 @@ def test_deepspeed_configs_that_lose_options_or_weights_are_refused_up_front(tmp
 
 
 def test_shipped_deepspeed_configs_pass_the_checks():
-    from biprm.train import check_deepspeed_config
+    from biprm.training import check_deepspeed_config
 
     for name in ("ds_zero2.json", "ds_zero3.json"):
         check_deepspeed_config(str(ROOT / "configs" / name), gate_lr_scale=0.1)
@@ -246,8 +313,8 @@ def test_shipped_deepspeed_configs_pass_the_checks():
 
 def test_lora_trains_adapters_heads_and_the_step_tag_row_and_saves_a_scoreable_merged_model(tmp_path):
     pytest.importorskip("peft")
+    from biprm.data.trajectory import Trajectory
     from biprm.scoring import Scorer
-    from biprm.trajectory import Trajectory
 
     seen = {}
     traj = [Trajectory("What is 2 + 2?", ["2 + 2 = 4.", "The answer is 4."])]
@@ -257,7 +324,7 @@ def test_lora_trains_adapters_heads_and_the_step_tag_row_and_saves_a_scoreable_m
             seen["names"] = [n for n, p in model.named_parameters() if p.requires_grad]
 
         def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
-            seen["live"] = Scorer(model.eval(), processing_class).score(traj, progress=False)  # adapters not yet merged
+            seen["live"] = scored(Scorer(model.eval(), processing_class), traj)  # adapters not yet merged
 
     out = Path(train(tiny_config(tmp_path / "l", mode="bi", lora_r=4, max_steps=3, save_steps=10), callbacks=[Trainable()]))
     names = seen["names"]
@@ -265,7 +332,7 @@ def test_lora_trains_adapters_heads_and_the_step_tag_row_and_saves_a_scoreable_m
     assert any("trainable_tokens" in n for n in names)  # the step-tag row
     assert not any(n.endswith("embed_tokens.weight") or ("lora_" not in n and ".layers." in n) for n in names)  # the rest is frozen
     assert (out / "adapter" / "adapter_config.json").is_file() and (out / "model.safetensors").is_file()
-    merged = Scorer.from_pretrained(str(out), device="cpu").score(traj, progress=False)
+    merged = scored(Scorer.from_pretrained(str(out), device="cpu"), traj)
     live = seen["live"]
     np.testing.assert_allclose(merged.fused, live.fused, atol=1e-5)
     np.testing.assert_allclose(merged.sigma, live.sigma, atol=1e-5)
@@ -301,20 +368,20 @@ def test_a_folder_holding_a_run_is_refused_resumed_only_by_the_same_run_or_overw
     first = tiny_config(tmp_path / "r", max_steps=2, save_steps=1)
     train(first)
     with pytest.raises(FileExistsError, match="holds a training run; add --resume"):
-        train(tiny_config(tmp_path / "r", max_steps=2, lr=5e-4))
-    with pytest.raises(ValueError, match=r"holds another run \(lr: 0.001 then, 0.0005 now\)"):
-        train(tiny_config(tmp_path / "r", max_steps=2, lr=5e-4, resume=True))
-    from biprm.synthetic import make_dataset
-    from biprm.writers import write_trajectories
+        train(tiny_config(tmp_path / "r", max_steps=2, learning_rate=5e-4))
+    with pytest.raises(ValueError, match=r"holds another run \(learning_rate: 0.001 then, 0.0005 now\)"):
+        train(tiny_config(tmp_path / "r", max_steps=2, learning_rate=5e-4, resume=True))
+    from biprm.data.synthetic import make_dataset
+    from biprm.data.writer import write_trajectories
 
     data = write_trajectories(tmp_path / "d.jsonl", make_dataset(16, 1))
     train(tiny_config(tmp_path / "f", max_steps=1, data=str(data)))
     write_trajectories(data, make_dataset(16, 2))  # the same file name, other rows
     with pytest.raises(ValueError, match=r"holds another run \(the training data differ\)"):
         train(tiny_config(tmp_path / "f", max_steps=1, data=str(data), resume=True))
-    train(tiny_config(tmp_path / "r", max_steps=2, lr=5e-4, save_steps=10, overwrite=True))
+    train(tiny_config(tmp_path / "r", max_steps=2, learning_rate=5e-4, save_steps=10, overwrite=True))
     assert not (tmp_path / "r" / "checkpoint-1").exists()  # the old run's checkpoints went with it
-    assert json.loads((tmp_path / "r" / "biprm_run.json").read_text())["config"]["lr"] == 5e-4
+    assert json.loads((tmp_path / "r" / "biprm_run.json").read_text())["config"]["learning_rate"] == 5e-4
 
 
 def test_resume_skips_an_incomplete_checkpoint_and_says_which_it_takes(tmp_path, caplog):
@@ -341,7 +408,7 @@ def test_resume_with_nothing_to_resume_says_so(tmp_path, caplog):
 
 
 def test_several_trackers_and_one_spelling_of_the_data_format(tmp_path, monkeypatch):
-    from biprm.train import training_arguments
+    from biprm.training import training_arguments
 
     monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)
 
@@ -368,7 +435,7 @@ def test_length_grouped_sampler_gets_its_lengths_as_one_list(tmp_path):
     import datasets
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
-    from biprm.train import BiPRMTrainer
+    from biprm.training import BiPRMTrainer
 
     data = datasets.Dataset.from_dict({"n_tokens": [5, 1, 9, 3] * 10}).select(range(0, 40, 2))  # with an indices mapping
     trainer = BiPRMTrainer.__new__(BiPRMTrainer)  # the sampler needs only the arguments and the data
@@ -413,7 +480,7 @@ def test_a_run_that_fails_before_its_first_step_does_not_block_its_retry(tmp_pat
 
 
 def test_missing_data_is_named_before_the_backbone_loads(tmp_path, monkeypatch):
-    recipe = sys.modules["biprm.train"]
+    recipe = sys.modules["biprm.training"]
 
     monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before --data was checked"))
     with pytest.raises(FileNotFoundError, match="nothere.jsonl: no such data file"):

@@ -8,11 +8,14 @@ import torch
 from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 from biprm.backbones import load_tokenizer, resolve_backbone
-from biprm.encoding import Encoder, add_step_tag
-from biprm.modeling import BiPRMConfig, BiPRMModel
-from biprm.packing import STREAMS, pack
-from biprm.trajectory import Trajectory
-from biprm.trunk import TrunkCache, cached_forward, cached_scores, freeze_bottom, split
+from biprm.config import MODE_TABLE
+from biprm.data.encoding import Encoder, add_step_tag
+from biprm.data.template import STEP_TAG
+from biprm.data.trajectory import Trajectory
+from biprm.modeling import BiPRMConfig, BiPRMModel, split
+from biprm.packing import pack
+from biprm.trunk import TrunkCache, cached_scores, freeze_bottom, grouped_batches
+from conftest import scored
 
 TRAJS = [
     Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."], [1, 1, 1]),
@@ -36,7 +39,7 @@ def tokenizer():
 
 
 def build(tokenizer, kind: str, mode: str) -> BiPRMModel:
-    step_tag_id = tokenizer.convert_tokens_to_ids("<|step|>")
+    step_tag_id = tokenizer.convert_tokens_to_ids(STEP_TAG)
     torch.manual_seed(0)
     config = BiPRMConfig(backbone_config=BODIES[kind](len(tokenizer)), mode=mode, step_tag_id=step_tag_id, detach_gate_inputs=False)
     config._attn_implementation = "sdpa"
@@ -48,7 +51,7 @@ def build(tokenizer, kind: str, mode: str) -> BiPRMModel:
 
 
 def encodings(tokenizer):
-    encoder = Encoder(tokenizer, tokenizer.convert_tokens_to_ids("<|step|>"))
+    encoder = Encoder(tokenizer, tokenizer.convert_tokens_to_ids(STEP_TAG))
     return [encoder.encode(t) for t in TRAJS]
 
 
@@ -71,9 +74,8 @@ def test_cached_training_and_scoring_equal_the_full_model_with_the_same_layers_f
     out_full.loss.backward()
 
     cache = TrunkCache(tmp_path, cached, top_layers, encs).build(tokens_per_batch=64, progress=False)
-    _, top = split(cached, top_layers)
     idx = np.arange(len(encs))
-    out_cached = cached_forward(cached, top, **cache.batch(idx, STREAMS[mode], [e.labels for e in encs]))
+    out_cached = cached.forward_features(**cache.batch(idx, MODE_TABLE[mode].streams, [e.labels for e in encs]))
     out_cached.loss.backward()
 
     torch.testing.assert_close(out_cached.loss, out_full.loss, rtol=1e-5, atol=1e-6)
@@ -95,10 +97,9 @@ def test_batches_of_any_subset_and_order_match(tokenizer, tmp_path):
     model = build(tokenizer, "llama", "bi").eval()
     encs = encodings(tokenizer)
     cache = TrunkCache(tmp_path, model, 1, encs).build(progress=False)
-    _, top = split(model, 1)
     with torch.no_grad():
-        whole = cached_forward(model, top, **cache.batch(np.arange(4), ("l2r", "r2l"))).fused
-        some = cached_forward(model, top, **cache.batch(np.array([3, 1]), ("l2r", "r2l"))).fused
+        whole = model.forward_features(**cache.batch(np.arange(4), ("l2r", "r2l"))).fused
+        some = model.forward_features(**cache.batch(np.array([3, 1]), ("l2r", "r2l"))).fused
     steps = np.cumsum([0] + [len(e.steps) for e in encs])
     expected = torch.cat([whole[steps[3] : steps[4]], whole[steps[1] : steps[2]]])
     torch.testing.assert_close(some, expected, rtol=1e-5, atol=1e-6)
@@ -169,11 +170,22 @@ def test_cached_scores_equal_the_scorer(tokenizer, tmp_path, mode):
     model = build(tokenizer, "qwen2", mode).eval()
     encs = encodings(tokenizer)
     cache = TrunkCache(tmp_path, model, 2, encs).build(progress=False)
-    got = cached_scores(model, split(model, 2)[1], cache, tokens_per_batch=128)
-    want = Scorer(model, tokenizer).score(TRAJS, progress=False)
+    got = cached_scores(model, cache, tokens_per_batch=128)
+    want = scored(Scorer(model, tokenizer), TRAJS)
     np.testing.assert_array_equal(got.offsets, want.offsets)
     for key in ("fused", "l2r", "r2l", "sigma"):
         a, b = getattr(got, key), getattr(want, key)
         assert (a is None) == (b is None)
         if a is not None:
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_batches_are_seeded_cover_every_row_once_per_epoch_and_group_lengths():
+    lengths = np.arange(100)
+    a, b = grouped_batches(lengths, 8, 1.0, seed=3), grouped_batches(lengths, 8, 1.0, seed=3)
+    assert all((x == y).all() for x, y in zip(a, b))
+    assert sorted(np.concatenate(a).tolist()) == list(range(100))
+    assert len(a) == 13
+    assert len(grouped_batches(lengths, 8, 2.0, seed=3)) == 26
+    spread_within = np.mean([np.ptp(lengths[x]) for x in a if len(x) == 8])
+    assert spread_within < 40  # a random batch of 8 from 0..99 spans about 78

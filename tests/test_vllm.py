@@ -24,8 +24,8 @@ from transformers import AutoConfig, AutoModel  # noqa: E402
 
 from biprm.backbones import load_tokenizer, resolve_backbone  # noqa: E402
 from biprm.scoring import Scorer  # noqa: E402
-from biprm.train import TrainConfig, train  # noqa: E402
-from biprm.trajectory import Trajectory  # noqa: E402
+from biprm.training import TrainConfig, train  # noqa: E402
+from biprm.data.trajectory import Trajectory  # noqa: E402
 from biprm.vllm_plugin.engine import VLLMScorer  # noqa: E402
 from biprm.vllm_plugin.export import export_for_vllm  # noqa: E402
 MODES = ("l2r", "r2l", "bi-static", "bi")  # `bi` last: the endpoint tests below reuse its engine

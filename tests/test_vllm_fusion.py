@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from biprm.encoding import Encoded
+from biprm.data.encoding import Encoded
 from biprm.modeling import BiPRMModel
-from biprm.packing import STREAMS
+from biprm.config import MODE_TABLE
 from biprm.vllm_plugin.fusion import fuse, stream_rows, stream_tokens
 
 
@@ -17,8 +17,8 @@ def test_rows_then_fusion_equal_the_models_heads(bi_scorer, mode):
     T, H = 5, config.backbone_config.hidden_size
     h = {"l2r": torch.randn(T, H), "r2l": torch.randn(T, H)}  # forward step order
     with torch.no_grad():
-        want = model.heads(*(h[s] if s in STREAMS[mode] else None for s in ("l2r", "r2l")), torch.tensor([0, T]))
-        in_stream_order = {s: h[s] if s == "l2r" else h[s].flip(0) for s in STREAMS[mode]}  # as each stream's prompt holds its steps
+        want = model.heads(*(h[s] if s in MODE_TABLE[mode].streams else None for s in ("l2r", "r2l")), torch.tensor([0, T]))
+        in_stream_order = {s: h[s] if s == "l2r" else h[s].flip(0) for s in MODE_TABLE[mode].streams}  # as each stream's prompt holds its steps
         rows = {s: stream_rows(x, model.value_head, model.gate).double().numpy() for s, x in in_stream_order.items()}
     gate = model.gate
     w2, b2 = (gate[2].weight.detach().double().numpy()[0], float(gate[2].bias)) if gate is not None else (None, 0.0)

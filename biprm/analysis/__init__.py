@@ -7,9 +7,9 @@ number with nothing to measure, as elsewhere in biprm.metrics.
 from biprm.analysis.aggregation import aggregation_table, bon_by_n, format_aggregation_table
 from biprm.analysis.cases import case_studies, pick_cases
 from biprm.analysis.long_chain import long_chain_bon, long_chain_processbench
+from biprm.analysis.plots import plot_mae_by_position, plot_sigma_by_position
 from biprm.analysis.position import error_onset, mae_by_position, sigma_by_position
 from biprm.analysis.robustness import format_perturbation_table, perturbation_robustness
-from biprm.plots import plot_mae_by_position, plot_sigma_by_position
 
 __all__ = [
     "aggregation_table",

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from biprm.analysis.common import first_errors, markdown_table
-from biprm.plots import NAMES
+from biprm.analysis.plots import NAMES
+from biprm.data.trajectory import Trajectory
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
-STREAMS = (("L2R", "l2r"), ("R2L", "r2l"), ("σ", "sigma"))
+STREAM_COLUMNS = (("L2R", "l2r"), ("R2L", "r2l"), ("σ", "sigma"))
 STYLE = """body{font-family:system-ui,sans-serif;max-width:64em;margin:2em auto;line-height:1.45}
 table{border-collapse:collapse;width:100%;margin:1em 0 2.5em}
 th,td{border-bottom:1px solid #ddd;padding:.35em .6em;vertical-align:top;text-align:left}
@@ -54,7 +54,7 @@ def _columns(scores: dict[str, StepScores], bi: str) -> list[tuple[str, StepScor
     cols = [(NAMES.get(mode, mode), s, "fused") for mode, s in scores.items()]
     if bi in scores:
         name = NAMES.get(bi, bi)
-        cols += [(f"{name}: {head}", scores[bi], stream) for head, stream in STREAMS if getattr(scores[bi], stream) is not None]
+        cols += [(f"{name}: {head}", scores[bi], stream) for head, stream in STREAM_COLUMNS if getattr(scores[bi], stream) is not None]
     return cols
 
 

@@ -6,9 +6,9 @@ from itertools import chain
 
 import numpy as np
 
+from biprm.data.trajectory import Trajectory
 from biprm.metrics.processbench import first_error_f1_by_subset, predict_first_error
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
 TITLES = {"gsm8k": "GSM8K", "math": "MATH", "olympiadbench": "OlympiadBench", "omnimath": "Omni-MATH"}  # subset -> table heading
 

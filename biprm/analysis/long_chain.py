@@ -1,7 +1,7 @@
 """Appendix "long chains": the same metrics on sequences longer than `threshold` tokens.
 
 `lengths` is one token count per candidate or trajectory: the length of its encoded
-stream (prompt + steps, `biprm.encoding.Encoded.n_tokens`), as the paper keeps
+stream (prompt + steps, `biprm.data.encoding.Encoded.n_tokens`), as the paper keeps
 "sequences > 1024 tokens".
 
 Best-of-N on the long subset keeps only the long candidates, in pool order, so "the
@@ -19,9 +19,9 @@ import numpy as np
 
 from biprm.analysis.aggregation import bon_by_n, fitting_ns
 from biprm.analysis.common import first_error_report, threshold_of
+from biprm.data.trajectory import Trajectory
 from biprm.metrics.bon import DEFAULT_NS
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
 
 def _split(lengths: np.ndarray, threshold: int) -> tuple[np.ndarray, dict]:

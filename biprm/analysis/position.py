@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from biprm.analysis.common import first_errors, step_labels
-from biprm.plots import position_curve
+from biprm.analysis.plots import position_curve
+from biprm.data.trajectory import Trajectory
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
 
 def error_onset(trajs: Sequence[Trajectory]) -> float:

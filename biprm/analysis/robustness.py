@@ -1,6 +1,6 @@
 """Paper Table "step boundary perturbations": first-error F1 on clean vs perturbed ProcessBench.
 
-The perturbed set comes from `biprm.perturb.perturb_dataset`, whose trajectories carry
+The perturbed set comes from `biprm.data.perturb.perturb_dataset`, whose trajectories carry
 re-mapped first-error labels and keep meta "subset", so both sets are scored the same way.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from biprm.analysis.common import TITLES, first_error_report, markdown_table, threshold_of
+from biprm.data.trajectory import Trajectory
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
 
 def _f1_row(report: dict) -> dict[str, float]:

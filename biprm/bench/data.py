@@ -37,7 +37,7 @@ def write_rows(path: Path, n: int, data_root: str, per_row: float = 1.0, seed: i
     A row holds the steps of floor(per_row) or one more reference solutions (the question is
     the first one's), drawn so that rows chain `per_row` solutions on average.
     """
-    from biprm.readers import read_rows, solution_steps
+    from biprm.data.readers import read_rows, solution_steps
 
     source, _ = read_rows(str(data_file(data_root, "gsm8k", "train.jsonl.gz")))
     refs = [(r["question"], solution_steps(r["answer"])) for r in source]
@@ -65,7 +65,7 @@ def worker(spec: str) -> None:
     started = time.perf_counter()
     from transformers import TrainerCallback
 
-    from biprm.train import TrainConfig, train
+    from biprm.training import TrainConfig, train
 
     job = json.loads(spec)
     report: dict = {}
@@ -86,7 +86,7 @@ def worker(spec: str) -> None:
             control.should_training_stop = True
 
     cfg = TrainConfig(backbone="tiny", data=job["data"], output_dir=job["output_dir"], max_length=job["max_length"],
-                      batch_size=job["batch_size"], grad_accum=1, max_steps=10, save_steps=10**9, show_progress=False)
+                      per_device_train_batch_size=job["batch_size"], gradient_accumulation_steps=1, max_steps=10, save_steps=10**9, show_progress=False)
     train(cfg, callbacks=[FirstStep()])
     report["peak_rss_mib"] = peak_rss_mib()
     Path(job["report"]).with_suffix(f".rank{report['rank']}.json").write_text(json.dumps(report))

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from biprm.bench.workload import build, train_step, training_config
-from biprm.encoding import Encoded
+from biprm.data.encoding import Encoded
 
 
 @contextmanager

@@ -14,16 +14,17 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
-from biprm.encoding import Encoded, Encoder
+from biprm.config import MODE_TABLE
+from biprm.data.encoding import Encoded, Encoder
+from biprm.data.trajectory import Trajectory
 from biprm.losses import objective_loss
 from biprm.modeling import BiPRMOutput
-from biprm.packing import STREAMS, pack
-from biprm.trajectory import Trajectory
+from biprm.packing import pack
 
 
 def reference_inputs(encs: list[Encoded], mode: str, pad_id: int) -> dict[str, dict[str, torch.Tensor]]:
     """One right-padded batch per stream, prompt copied into every row (no sharing, no packing)."""
-    return {s: pack(encs, s, share_prefix=False, pad_id=pad_id) for s in STREAMS[mode]}
+    return {s: pack(encs, s, share_prefix=False, pad_id=pad_id) for s in MODE_TABLE[mode].streams}
 
 
 class ReferencePRM(nn.Module):

@@ -15,12 +15,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreT
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.bench.reference import ReferencePRM, reference_inputs
-from biprm.encoding import Encoded, Encoder, add_step_tag
+from biprm.config import MAX_LENGTH
+from biprm.data.encoding import Encoded, Encoder, add_step_tag
+from biprm.data.trajectory import Trajectory
 from biprm.modeling import BiPRMConfig, BiPRMModel, BiPRMOutput
 from biprm.packing import pack
-from biprm.trajectory import Trajectory
 
-MODES = ("l2r", "bi")
+MEASURED_MODES = ("l2r", "bi")  # one stream and two: r2l costs what l2r does, bi-static what bi does
 CANDIDATES = 12  # per question in gsm8k_bon_small
 
 
@@ -35,7 +36,7 @@ class Bench:
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id
 
-    def encoder(self, max_length: int = 4096) -> Encoder:
+    def encoder(self, max_length: int = MAX_LENGTH) -> Encoder:
         return Encoder(self.tokenizer, self.ours["bi"].config.step_tag_id, max_length)
 
 
@@ -47,7 +48,7 @@ def build(shape: str, seed: int = 0) -> Bench:
     lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), attn_implementation="sdpa")
     lm.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     ours = {}
-    for mode in MODES:
+    for mode in MEASURED_MODES:
         ours[mode] = BiPRMModel(BiPRMConfig(backbone_config=lm.config, mode=mode, step_tag_id=tag), backbone=lm.model)
         ours[mode].set_attn_implementation("sdpa")
     ref = {mode: ReferencePRM(lm, model.value_head, model.gate) for mode, model in ours.items()}

@@ -8,29 +8,17 @@ BiPRM. Columns: mean BoN@n per pool, then ProcessBench F1 per subset and on aver
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 from biprm.analysis.common import TITLES, markdown_table
 from biprm.evaluation.bon import evaluate_bon, format_bon
-from biprm.evaluation.common import EvalOptions, fmt, write_outputs
-from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.evaluation.common import fmt, open_cache, write_outputs
+from biprm.evaluation.config import AblationConfig
 from biprm.evaluation.data import load_pool, load_processbench
-from biprm.evaluation.models import ROLES, ablation_modes, checkpoint_config, score_modes
+from biprm.evaluation.models import ROLES, ablation_sources, checkpoint_config, score_sources
 from biprm.evaluation.processbench import evaluate_processbench, format_processbench
-from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS
+from biprm.metrics.bon import PROTOCOLS
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(kw_only=True)
-class AblationConfig(EvalOptions):
-    checkpoints: dict[str, str]  # role (l2r, r2l, bi-static, bi, l2r-2, r2l-2) -> folder
-    pools: list[str] = field(default_factory=lambda: ["gsm8k_bon_small"])
-    agg: str = "min"
-    ns: tuple[int, ...] = DEFAULT_NS
-    subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS
-    threshold: float = 0.5
-    tune: bool = False
 
 
 def ablation_table(bon_results: list[dict], pb_result: dict | None) -> dict:
@@ -68,16 +56,16 @@ def unlike_objectives(checkpoints: dict[str, str]) -> str | None:
 
 
 def run_ablations(cfg: AblationConfig) -> dict:
-    cache = cfg.open_cache()
+    cache = open_cache(cfg)
     if (warning := unlike_objectives(cfg.checkpoints)):
         logger.warning(warning)
-    modes = ablation_modes(cfg.checkpoints)
+    sources = ablation_sources(cfg.checkpoints)
     bon = []
-    for spec in cfg.pools:
+    for spec in cfg.pool or ["gsm8k_bon_small"]:
         pool = load_pool(spec, cfg.data_root, cfg.limit, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
-        bon.append(evaluate_bon(pool, score_modes(modes, cache, pool.trajs), cfg.agg, cfg.ns, PROTOCOLS))
+        bon.append(evaluate_bon(pool, score_sources(sources, cache, pool.trajs), cfg.agg, cfg.ns, PROTOCOLS))
     trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
-    pb = evaluate_processbench(trajs, score_modes(modes, cache, trajs), cfg.threshold, cfg.tune)
+    pb = evaluate_processbench(trajs, score_sources(sources, cache, trajs), cfg.threshold, cfg.tune_threshold)
     table = ablation_table(bon, pb)
     markdown = "\n\n".join([
         "# Ablations", f"Mean BoN@n (%, aggregation `{cfg.agg}`) and ProcessBench F1 (%, threshold {cfg.threshold:g}).",

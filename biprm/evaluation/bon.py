@@ -12,36 +12,20 @@ bootstrap interval over questions; every pair of PRMs gets a paired difference, 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np
 
 from biprm.aggregate import sigmoid
 from biprm.analysis.common import markdown_table
-from biprm.evaluation.cli import AGGS
-from biprm.evaluation.common import EvalOptions, fmt, write_outputs
+from biprm.evaluation.common import fmt, open_cache, write_outputs
+from biprm.evaluation.config import BonConfig
 from biprm.evaluation.data import Pool, load_pool
-from biprm.evaluation.models import modes_of, score_modes
-from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS, best_of, bon_table, content_free, pool_bounds, subsets, vote
+from biprm.evaluation.models import sources_of, score_sources
+from biprm.metrics.bon import DEFAULT_NS, best_of, bon_table, content_free, pool_bounds, subsets, vote
 from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
 from biprm.scores import StepScores, offsets_of
 
-
-
-@dataclass(kw_only=True)
-class BonConfig(EvalOptions):
-    models: list[str]
-    pool: str = "gsm8k_bon_small"
-    questions: str | None = None
-    questions_split: str = "test"
-    split_rule: str = "auto"
-    agg: str = "min"
-    aggs: tuple[str, ...] = AGGS
-    ns: tuple[int, ...] = DEFAULT_NS
-    protocols: tuple[str, ...] = PROTOCOLS
-    draws: int = 100
-    seed: int = 0
 
 
 def _interval(values: np.ndarray, seed: int) -> dict:
@@ -136,11 +120,11 @@ def format_bon(result: dict) -> str:
 
 
 def run_bon(cfg: BonConfig) -> dict:
-    cache = cfg.open_cache()
+    cache = open_cache(cfg)
     pool = load_pool(cfg.pool, cfg.data_root, cfg.limit, questions=cfg.questions, questions_split=cfg.questions_split,
                      split_rule=cfg.split_rule, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
-    scores = score_modes(modes_of(cfg.models), cache, pool.trajs) if cfg.models else {}
-    result = evaluate_bon(pool, scores, cfg.agg, cfg.ns, cfg.protocols, cfg.aggs, cfg.draws, cfg.seed)
+    scores = score_sources(sources_of(cfg.model), cache, pool.trajs) if cfg.model else {}
+    result = evaluate_bon(pool, scores, cfg.agg, cfg.ns, cfg.protocol, cfg.aggs, cfg.draws, cfg.seed)
     markdown = "# Best-of-N\n\n" + format_bon(result) + "\n"
     print(markdown)
     print(f"wrote {write_outputs(cfg.out, 'bon', result, markdown)} and bon.json")

@@ -15,40 +15,30 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from biprm.data.trajectory import Trajectory
+from biprm.evaluation.config import ScorerSettings
 from biprm.evaluation.sharing import score_shared
 from biprm.processes import process_state
-from biprm.scores import StepScores
-from biprm.scoring import TOKENS_PER_ROW, Scorer, default_device
-from biprm.trajectory import Trajectory
+from biprm.scores import OPTIONAL_OUTPUTS, StepScores
+from biprm.scoring import Scorer, default_device
 
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 24
-STREAMS = ("l2r", "r2l", "sigma")
 
 
-@dataclass
-class ScorerSettings:
-    """How checkpoints are run (see `Scorer`); `tokens_per_row=None` gives every question its own row."""
-
-    device: str | None = None
-    tokens_per_batch: int | None = None
-    tokens_per_row: int | None = TOKENS_PER_ROW
-    max_length: int = 4096
-
-    def load(self, ckpt: str) -> Scorer:
-        """A scorer on this process's device: under `accelerate launch` one GPU per process, also for `device="cuda"`."""
-        own = process_state().device
-        device = torch.device(self.device) if self.device else own
-        device = own if device.type == own.type and device.index is None else device
-        return Scorer.from_pretrained(ckpt, device=device, max_length=self.max_length, tokens_per_batch=self.tokens_per_batch,
-                                      tokens_per_row=self.tokens_per_row)
+def load_scorer(settings: ScorerSettings, ckpt: str) -> Scorer:
+    """A scorer on this process's device: under `accelerate launch` one GPU per process, also for `device="cuda"`."""
+    own = process_state().device
+    device = torch.device(settings.device) if settings.device else own
+    device = own if device.type == own.type and device.index is None else device
+    return Scorer.from_pretrained(ckpt, device=device, max_length=settings.max_length, tokens_per_batch=settings.tokens_per_batch,
+                                  tokens_per_row=settings.tokens_per_row or None)
 
 
 def scorer_loader(settings: ScorerSettings) -> Callable[[str], Scorer]:
@@ -57,7 +47,7 @@ def scorer_loader(settings: ScorerSettings) -> Callable[[str], Scorer]:
 
     def scorer(ckpt: str) -> Scorer:
         if ckpt not in loaded:
-            loaded[ckpt] = settings.load(ckpt)
+            loaded[ckpt] = load_scorer(settings, ckpt)
         return loaded[ckpt]
 
     return scorer
@@ -137,10 +127,10 @@ class ScoreCache:
         device = torch.device(self.settings.device) if self.settings.device else default_device()
         path = self._path("scores", ckpt, trajs, f"logits-{device.type}-len{self.settings.max_length}")
         if (z := _read(path)) is not None:
-            return StepScores(z["offsets"], z["fused"], *(z.get(k) for k in STREAMS))
+            return StepScores(z["offsets"], z["fused"], *(z.get(k) for k in OPTIONAL_OUTPUTS))
         scores = score_shared(self.scorer, ckpt, trajs)  # on every process of the launch, if there are several
         arrays = {"offsets": scores.offsets, "fused": scores.fused}
-        arrays |= {k: getattr(scores, k) for k in STREAMS if getattr(scores, k) is not None}
+        arrays |= {k: getattr(scores, k) for k in OPTIONAL_OUTPUTS if getattr(scores, k) is not None}
         _atomic_write(path, lambda f: np.savez(f, **arrays))
         return scores
 

@@ -1,31 +1,18 @@
-"""Options every evaluation command shares, and how results are written."""
+"""The score cache of an evaluation command, and how results are written."""
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from biprm.evaluation.cache import ScoreCache, ScorerSettings
-from biprm.config import default_data_root
+from biprm.evaluation.cache import ScoreCache
+from biprm.evaluation.config import EvalOptions
 
 
-@dataclass(kw_only=True)
-class EvalOptions:
-    """`limit`: questions per pool and rows per ProcessBench subset (evenly spaced), for quick runs."""
-
-    data_root: str = field(default_factory=default_data_root)
-    out: str = "eval"
-    cache_dir: str | None = None
-    limit: int | None = None
-    grade_workers: int = 2
-    grade_timeout: float = 5.0  # seconds per answer; a grade that takes longer is reported and retried next run
-    scorer: ScorerSettings = field(default_factory=ScorerSettings)
-
-    def open_cache(self) -> ScoreCache:
-        return ScoreCache(self.cache_dir or Path(self.out) / "cache", self.scorer)
+def open_cache(cfg: EvalOptions) -> ScoreCache:
+    return ScoreCache(cfg.cache_dir or Path(cfg.out) / "cache", cfg)
 
 
 def jsonable(value):

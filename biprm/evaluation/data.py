@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.data.readers import EMPTY_RESPONSE, checked_field, load_trajectories, read_rows, solution_steps
+from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.evaluation.cache import ScoreCache
-from biprm.grading import extract_answer, grade_many
-from biprm.readers import gsm8k_bon_small, load_trajectories, read_rows
-from biprm.trajectory import DataError, Trajectory
+from biprm.evaluation.grading import extract_answer, grade_many
 
 # One-style sub-pools of gsm8k_bon_small (candidate positions in its fixed policy order): the full pool
 # stacks 12 policies, so its first n candidates are a choice of policies, not a sample of one.
@@ -77,6 +77,66 @@ def _hub_file(spec: str) -> str:
 
     owner, repo, path = spec.removeprefix("hf://").split("/", 2)
     return hf_hub_download(f"{owner}/{repo}", path)
+
+
+# ---- the local GSM8K Best-of-N pool ----------------------------------------------------
+
+OPENAI_POLICIES = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
+GSMPLUS_POLICIES = ("abel_7b", "abel_13b", "abel_70b", "gpt-3.5-turbo", "gpt4", "metamath_7b", "metamath_13b", "metamath_70b")
+
+
+def _column(
+    rows: list[dict], name: str, questions: list[str], question_key: str, text_key: str, flag_key: str, nested: str | None = None
+) -> list[tuple[str, bool]]:
+    """(solution, is_correct) per question, after checking the file is aligned with gsm8k/test.jsonl."""
+    if len(rows) != len(questions):
+        raise DataError(f"{name}: has {len(rows)} rows, expected {len(questions)} (one per GSM8K test question)")
+    column = []
+    for i, (row, question) in enumerate(zip(rows, questions)):
+        where = f"{name} row {i + 1}"
+        if question not in checked_field(row, question_key, where, str):
+            raise DataError(f"{where}: field '{question_key}' does not match question {i + 1} of gsm8k/test.jsonl")
+        sample, at = (checked_field(row, nested, where, dict), f"{where} {nested}") if nested else (row, where)
+        column.append((checked_field(sample, text_key, at, str), checked_field(sample, flag_key, at, bool)))
+    return column
+
+
+def gsm8k_bon_small(data_dir: str) -> list[Trajectory]:
+    """The 12-candidate pool for the 1,319 GSM8K test questions; `data_dir` holds gsm8k/ and gsm8k_bon_small/.
+
+    Candidates per question, in this order (cand 0..11): the OpenAI example solutions
+    (OPENAI_POLICIES), then the GSM-Plus predictions (GSMPLUS_POLICIES). Trajectories are
+    grouped by question. A candidate with no text becomes the single step EMPTY_RESPONSE.
+    """
+    root = Path(data_dir)
+    tests, name = read_rows(str(root / "gsm8k" / "test.jsonl"))
+    questions, golds = [], []
+    for i, row in enumerate(tests):
+        where = f"{name} row {i + 1}"
+        solution = checked_field(row, "answer", where, str)
+        if "####" not in solution:
+            raise DataError(f"{where}: field 'answer' has no '#### N' final answer")
+        questions.append(checked_field(row, "question", where, str))
+        golds.append(solution.rsplit("####", 1)[1].strip().replace(",", ""))
+
+    pool = root / "gsm8k_bon_small"
+    rows, name = read_rows(str(pool / "openai_example_model_solutions.jsonl.gz"))
+    columns = [(p, _column(rows, name, questions, "question", "solution", "is_correct", nested=p)) for p in OPENAI_POLICIES]
+    for policy in GSMPLUS_POLICIES:
+        rows, name = read_rows(str(pool / f"gsmplus_repo_gsm8k_pred_{policy}.json.gz"))
+        keys = ("input", "completion") if policy.startswith("metamath") else ("question", "model_prediction")
+        columns.append((policy, _column(rows, name, questions, *keys, "result")))
+
+    trajs = []
+    for qid, (question, gold) in enumerate(zip(questions, golds)):
+        for cand, (policy, column) in enumerate(columns):
+            text, correct = column[qid]
+            traj = Trajectory(question, solution_steps(text), answer=gold, correct=correct, meta={"qid": qid, "cand": cand, "policy": policy})
+            trajs.append(validate(traj, f"{pool} question {qid + 1} candidate {policy}"))
+    empty = sum(t.steps == [EMPTY_RESPONSE] for t in trajs)
+    if empty:
+        logger.warning("%s: %d candidates have no text; each is kept as the single step %r", pool, empty, EMPTY_RESPONSE)
+    return trajs
 
 
 def _gold(row: dict, where: str) -> tuple[str, str]:

@@ -1,9 +1,10 @@
-"""What gets evaluated: "modes", each a labelled source of step probabilities.
+"""What gets evaluated: score sources, each a labelled source of step probabilities.
 
-A mode is one stream of one checkpoint (a `bi` checkpoint gives three: its fused output
+A source is one stream of one checkpoint (a `bi` checkpoint gives three: its fused output
 and its L2R and R2L streams), or the mean of several checkpoints' probabilities (the
-paper's 2×L2R / 2×R2L ensembles). Every mode reads its checkpoints through the score
-cache, so the three modes of one checkpoint cost one scoring pass.
+paper's 2×L2R / 2×R2L ensembles). Every source reads its checkpoints through the score
+cache, so the three sources of one checkpoint cost one scoring pass. (A checkpoint's
+training mode, `checkpoint_mode`, is another thing: l2r, r2l, bi-static or bi.)
 """
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ import numpy as np
 from biprm.aggregate import mean_of_probabilities
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_checkpoint
-from biprm.config import CHECKPOINT_ROLES
-from biprm.encoding import Encoder
+from biprm.config import CHECKPOINT_ROLES, MODE_TABLE
+from biprm.data.encoding import Encoder
+from biprm.data.trajectory import Trajectory
 from biprm.evaluation.cache import ScoreCache
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
 # Ablation rows in the paper's order: (role, expected checkpoint mode, row label).
 ROLES = (
@@ -34,7 +35,7 @@ ROLES = (
 
 
 @dataclass
-class Mode:
+class ScoreSource:
     """`checkpoints` averaged (one for a plain model); `stream` picks fused, l2r or r2l."""
 
     key: str
@@ -47,13 +48,13 @@ class Mode:
         return checkpoint_mode(self.checkpoints[0]) if len(self.checkpoints) == 1 else "ensemble"
 
     def scores(self, cache: ScoreCache, trajs: list[Trajectory]) -> StepScores:
-        """The mode's logits in `fused`; a single checkpoint's fused view keeps its streams and gate."""
+        """The source's logits in `fused`; a single checkpoint's fused view keeps its streams and gate."""
         parts = [cache.scores(c, trajs) for c in self.checkpoints]
         if len(parts) == 1 and self.stream == "fused":
             return parts[0]
         logits = [getattr(p, self.stream) for p in parts]
         if any(x is None for x in logits):
-            raise ValueError(f"mode {self.key!r}: a checkpoint has no {self.stream!r} stream")
+            raise ValueError(f"score source {self.key!r}: a checkpoint has no {self.stream!r} stream")
         return StepScores(parts[0].offsets, logits[0] if len(logits) == 1 else mean_of_probabilities(logits))
 
 
@@ -67,21 +68,21 @@ def checkpoint_mode(ckpt: str) -> str:
     return checkpoint_config(ckpt)["mode"]
 
 
-def checkpoint_modes(ckpt: str, prefix: str = "") -> list[Mode]:
+def checkpoint_sources(ckpt: str, prefix: str = "") -> list[ScoreSource]:
     """A two-stream checkpoint's fused output and each of its streams, labelled so they cannot pass for separate models."""
     mode = checkpoint_mode(ckpt)
-    if mode not in ("bi", "bi-static"):
-        return [Mode(prefix + mode, [ckpt])]
+    if MODE_TABLE[mode].fusion is None:
+        return [ScoreSource(prefix + mode, [ckpt])]
     streams = [("fused", f"{mode} (fused)"), ("l2r", f"{mode}: L2R stream"), ("r2l", f"{mode}: R2L stream")]
-    return [Mode(prefix + label, [ckpt], stream) for stream, label in streams]
+    return [ScoreSource(prefix + label, [ckpt], stream) for stream, label in streams]
 
 
-def modes_of(ckpts: list[str]) -> list[Mode]:
-    """The modes of several checkpoints; with more than one, keys start with the folder name."""
-    return [m for c in ckpts for m in checkpoint_modes(c, f"{Path(c).name}: " if len(ckpts) > 1 else "")]
+def sources_of(ckpts: list[str]) -> list[ScoreSource]:
+    """The sources of several checkpoints; with more than one, keys start with the folder name."""
+    return [m for c in ckpts for m in checkpoint_sources(c, f"{Path(c).name}: " if len(ckpts) > 1 else "")]
 
 
-def ablation_modes(ckpts: dict[str, str]) -> list[Mode]:
+def ablation_sources(ckpts: dict[str, str]) -> list[ScoreSource]:
     """Separately trained models keyed by role (l2r, r2l, bi-static, bi, optional l2r-2 / r2l-2), paper row order.
 
     A checkpoint whose mode does not match its role is refused: a swapped flag would silently mislabel a row.
@@ -95,18 +96,18 @@ def ablation_modes(ckpts: dict[str, str]) -> list[Mode]:
             if base not in ckpts:
                 raise ValueError(f"--{base}-2 needs --{base}: the ensemble averages the two")
             members[f"2x{base}"] = [ckpts[base], ckpts[f"{base}-2"]]
-    modes = []
+    sources = []
     for role, expected, _ in ROLES:
         for ckpt in members.get(role, []):
             if checkpoint_mode(ckpt) != expected:
                 raise ValueError(f"{ckpt} is a {checkpoint_mode(ckpt)!r} checkpoint, but the {role!r} row needs {expected!r}")
         if role in members:
-            modes.append(Mode(role, members[role]))
-    return modes
+            sources.append(ScoreSource(role, members[role]))
+    return sources
 
 
-def score_modes(modes: list[Mode], cache: ScoreCache, trajs: list[Trajectory]) -> dict[str, StepScores]:
-    return {m.key: m.scores(cache, trajs) for m in modes}
+def score_sources(sources: list[ScoreSource], cache: ScoreCache, trajs: list[Trajectory]) -> dict[str, StepScores]:
+    return {m.key: m.scores(cache, trajs) for m in sources}
 
 
 def token_lengths(ckpt: str, trajs: list[Trajectory], cache: ScoreCache) -> np.ndarray:

@@ -16,29 +16,19 @@ are more than k steps" with k chosen on the same tuning rows as the threshold.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from biprm.analysis.common import TITLES, first_error_report, first_errors, judged_rows, markdown_table, subsets
-from biprm.config import PROCESSBENCH_SUBSETS
-from biprm.evaluation.common import EvalOptions, fmt, write_outputs
+from biprm.data.trajectory import Trajectory
+from biprm.evaluation.common import fmt, open_cache, write_outputs
+from biprm.evaluation.config import ProcessBenchConfig
 from biprm.evaluation.data import load_processbench
-from biprm.evaluation.models import modes_of, score_modes
+from biprm.evaluation.models import score_sources, sources_of
 from biprm.metrics.processbench import first_error_f1_by_subset, flag_step, predict_first_error, tune_flag_step, tune_threshold
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
 TUNE_ON = "gsm8k"
-
-
-@dataclass(kw_only=True)
-class ProcessBenchConfig(EvalOptions):
-    models: list[str]
-    subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS
-    threshold: float = 0.5
-    tune: bool = False
-    tune_data: str | None = None  # a ProcessBench-layout file whose rows choose the threshold instead of GSM8K
 
 
 def tuned_threshold(trajs: list[Trajectory], scores: StepScores) -> tuple[float, float]:
@@ -156,14 +146,14 @@ def format_processbench(result: dict) -> str:
 
 
 def run_processbench(cfg: ProcessBenchConfig) -> dict:
-    cache = cfg.open_cache()
-    trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
-    modes = modes_of(cfg.models)
+    cache = open_cache(cfg)
+    trajs = load_processbench(cfg.data_root, cfg.data or cfg.subsets, cfg.limit)
+    sources = sources_of(cfg.model)
     dev = None
     if cfg.tune_data:
         dev_trajs = load_processbench(cfg.data_root, (cfg.tune_data,))
-        dev = (dev_trajs, score_modes(modes, cache, dev_trajs))
-    result = evaluate_processbench(trajs, score_modes(modes, cache, trajs), cfg.threshold, cfg.tune, dev)
+        dev = (dev_trajs, score_sources(sources, cache, dev_trajs))
+    result = evaluate_processbench(trajs, score_sources(sources, cache, trajs), cfg.threshold, cfg.tune_threshold, dev)
     markdown = "# ProcessBench\n\n" + format_processbench(result) + "\n"
     print(markdown)
     print(f"wrote {write_outputs(cfg.out, 'processbench', result, markdown)} and processbench.json")

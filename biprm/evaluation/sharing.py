@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from biprm.data.trajectory import Trajectory
 from biprm.processes import WAIT, process_state
 from biprm.scores import StepScores, concat
 from biprm.scoring import Scorer
-from biprm.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 Job = tuple[str, list[Trajectory]] | None  # (checkpoint, block of trajectories); None: stop
@@ -33,10 +33,15 @@ def _score(scorer: Callable[[str], Scorer], job: tuple[str, list[Trajectory]], p
     if not block:
         return None
     try:
-        return scorer(ckpt).score(block, progress=progress)
+        return _score_here(scorer(ckpt), block, progress)
     except Exception as error:
         kind = ValueError if isinstance(error, (ValueError, OSError)) else RuntimeError
         return kind(f"{type(error).__name__}: {error}")
+
+
+def _score_here(scorer: Scorer, trajs: list[Trajectory], progress: bool) -> StepScores:
+    encs, _ = scorer.encode(trajs)
+    return scorer.score(encs, progress=progress)
 
 
 def _gather(result: StepScores | Exception | None) -> list:
@@ -51,7 +56,7 @@ def score_shared(scorer: Callable[[str], Scorer], ckpt: str, trajs: list[Traject
     (a Python caller, one process) this process scores them all."""
     world = process_state().num_processes
     if _jobs is None or not trajs:
-        return scorer(ckpt).score(trajs)
+        return _score_here(scorer(ckpt), trajs, progress=True)
     bounds = [len(trajs) * r // world for r in range(world + 1)]
     blocks = [trajs[a:b] for a, b in zip(bounds, bounds[1:])]
     log.info("scoring %d trajectories with %s on %d processes (%s rows each)", len(trajs), ckpt, world, "/".join(str(len(b)) for b in blocks))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -36,31 +36,16 @@ from biprm.analysis import (
     sigma_by_position,
 )
 from biprm.analysis.common import markdown_table
+from biprm.data.perturb import perturb_dataset
 from biprm.evaluation.ablations import ablation_table, format_ablation_table
 from biprm.evaluation.bon import evaluate_bon, format_bon
-from biprm.metrics.bon import PROTOCOLS
-from biprm.evaluation.common import EvalOptions, fmt, write_json
-from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.evaluation.common import fmt, open_cache, write_json
+from biprm.evaluation.config import SuiteConfig
 from biprm.evaluation.data import load_pool, load_processbench
-from biprm.evaluation.models import Mode, ablation_modes, checkpoint_mode, checkpoint_modes, score_modes, token_lengths
+from biprm.evaluation.models import ScoreSource, ablation_sources, checkpoint_mode, checkpoint_sources, score_sources, token_lengths
 from biprm.evaluation.processbench import TUNE_ON, evaluate_processbench, format_processbench
 from biprm.evaluation.report import format_curves, format_long_chain
-from biprm.metrics.bon import DEFAULT_NS
-from biprm.perturb import perturb_dataset
-
-
-@dataclass(kw_only=True)
-class SuiteConfig(EvalOptions):
-    model: str
-    ablation: dict[str, str] = field(default_factory=dict)  # role -> folder; `model` fills its own role if not given
-    pools: list[str] = field(default_factory=list)  # candidate files besides gsm8k_bon_small, as SPEC@QUESTIONS
-    agg: str = "min"
-    ns: tuple[int, ...] = DEFAULT_NS
-    subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS
-    threshold: float = 0.5
-    long_chain_tokens: int = 1024
-    perturb_seed: int = 1106
-    cases: int = 3
+from biprm.metrics.bon import PROTOCOLS
 
 
 class Stages:
@@ -82,22 +67,22 @@ class Stages:
 def run_suite(cfg: SuiteConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    cache = cfg.open_cache()
-    ablation = {checkpoint_mode(cfg.model): cfg.model} | cfg.ablation if cfg.ablation else {}
-    modes = ablation_modes(ablation) if ablation else checkpoint_modes(cfg.model)
-    pools = ["gsm8k_bon_small", *cfg.pools]
+    cache = open_cache(cfg)
+    ablation = {checkpoint_mode(cfg.model): cfg.model} | cfg.roles if cfg.ablation else {}
+    sources = ablation_sources(ablation) if ablation else checkpoint_sources(cfg.model)
+    pools = ["gsm8k_bon_small", *cfg.pool]
     stage = Stages(len(pools) + 5)
-    results: dict = {"config": asdict(cfg), "modes": {m.key: {"checkpoints": m.checkpoints, "stream": m.stream} for m in modes}}
+    results: dict = {"config": asdict(cfg), "modes": {m.key: {"checkpoints": m.checkpoints, "stream": m.stream} for m in sources}}
     md = [f"# BiPRM evaluation report\n\nModel `{cfg.model}`" + (f", ablation models {ablation}" if ablation else "")
           + f"; data `{cfg.data_root}`" + (f"; at most {cfg.limit} questions per pool and rows per subset" if cfg.limit else "") + ".",
-          markdown_modes(modes)]
+          markdown_sources(sources)]
 
     # 1. Best-of-N per pool: the protocol, aggregation sensitivity, long chains.
     results["bon"] = {}
     for spec in pools:
         with stage(f"BoN {spec}"):
             pool = load_pool(spec, cfg.data_root, cfg.limit, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
-            scores = score_modes(modes, cache, pool.trajs)
+            scores = score_sources(sources, cache, pool.trajs)
             lengths = token_lengths(cfg.model, pool.trajs, cache)
             bon = evaluate_bon(pool, scores, cfg.agg, cfg.ns, PROTOCOLS)
             bon["aggregation"] = aggregation_table(pool.qid, pool.correct, scores, cfg.ns)
@@ -109,7 +94,7 @@ def run_suite(cfg: SuiteConfig) -> dict:
     # 2. ProcessBench, fixed and tuned threshold.
     with stage("ProcessBench"):
         trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
-        pb_scores = score_modes(modes, cache, trajs)
+        pb_scores = score_sources(sources, cache, trajs)
         pb = results["processbench"] = evaluate_processbench(trajs, pb_scores, cfg.threshold, tune=TUNE_ON in cfg.subsets)
         md += ["## ProcessBench", format_processbench(pb)]
 
@@ -121,7 +106,7 @@ def run_suite(cfg: SuiteConfig) -> dict:
                f"![MAE by position](mae_by_position.png)\n\nMean |p_t − y_t| per position bin; average error onset "
                f"{fmt(100 * mae['error_onset'])}% over {mae['n_erroneous']} erroneous of {mae['n_trajectories']} solutions.\n\n"
                + format_curves(mae["curves"])]
-        gated = [m.key for m in modes if m.stream == "fused" and m.kind == "bi"]
+        gated = [m.key for m in sources if m.stream == "fused" and m.kind == "bi"]
         results["sigma_by_position"] = {key: sigma_by_position(pb_scores[key]) for key in gated}
         for n, (key, sigma) in enumerate(results["sigma_by_position"].items()):
             name = "sigma_by_position.png" if n == 0 else f"sigma_by_position_{n}.png"
@@ -139,15 +124,15 @@ def run_suite(cfg: SuiteConfig) -> dict:
     # 5. Step-boundary perturbations: the same rows, merged / split / padded, labels re-mapped.
     with stage("perturbations"):
         perturbed = perturb_dataset(trajs, cfg.perturb_seed)
-        robust = perturbation_robustness(pb_scores, score_modes(modes, cache, perturbed), trajs, perturbed, cfg.threshold)
+        robust = perturbation_robustness(pb_scores, score_sources(sources, cache, perturbed), trajs, perturbed, cfg.threshold)
         results["perturbation"] = robust
         md += ["## Robustness to step-boundary perturbations", f"Perturbed F1 (%) and its drop from the clean set, threshold "
                f"{cfg.threshold:g}, seed {cfg.perturb_seed}: one merge, split or filler step per solution.\n\n" + format_perturbation_table(robust)]
 
     # 6. Case studies, read from the gated model (else the static one): they compare its two streams.
     with stage("case studies"):
-        shown = {m.key: pb_scores[m.key] for m in modes if m.stream == "fused"}
-        bi = next((m.key for kind in ("bi", "bi-static") for m in modes if m.stream == "fused" and m.kind == kind), None)
+        shown = {m.key: pb_scores[m.key] for m in sources if m.stream == "fused"}
+        bi = next((m.key for kind in ("bi", "bi-static") for m in sources if m.stream == "fused" and m.kind == kind), None)
         md.append("## Case studies")
         if bi is None:
             md.append("Skipped: case studies compare the L2R and R2L streams, and no model here has both.")
@@ -172,6 +157,6 @@ def run_suite(cfg: SuiteConfig) -> dict:
     return results
 
 
-def markdown_modes(modes: list[Mode]) -> str:
-    rows = [[m.key, ", ".join(f"`{c}`" for c in m.checkpoints), m.stream] for m in modes]
+def markdown_sources(sources: list[ScoreSource]) -> str:
+    rows = [[m.key, ", ".join(f"`{c}`" for c in m.checkpoints), m.stream] for m in sources]
     return markdown_table(["mode", "checkpoint(s)", "output"], rows, left=3)

@@ -19,9 +19,9 @@ import urllib.request
 from typing import Any
 
 from biprm.aggregate import AGGREGATIONS
-from biprm.readers import split_steps
+from biprm.data.readers import split_steps
+from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.scoring import Scorer
-from biprm.trajectory import DataError, Trajectory, validate
 
 log = logging.getLogger(__name__)
 
@@ -64,38 +64,40 @@ class BiPRMReward:
 
     def __call__(self, prompts: list, completions: list, **kwargs) -> list[float]:
         trajs = self.trajectories(prompts, completions)
-        rewards = [self.invalid_reward] * len(trajs)
-        ok, why = [], []
-        for i, traj in enumerate(trajs):
-            try:
-                validate(traj, f"completion {i}")
-                if self.scorer is not None:
-                    self.scorer.encoder.encode(traj, f"completion {i}")
-                ok.append(i)
-            except DataError as error:
-                why.append(str(error))
-        scores = self._local([trajs[i] for i in ok]) if self.scorer is not None else self._remote([trajs[i] for i in ok], why)
-        for i, score in zip(ok, scores):
-            if score is not None:
-                rewards[i] = score
+        scores, why = self._local(trajs) if self.scorer is not None else self._remote(trajs)
+        rewards = [scores.get(i, self.invalid_reward) for i in range(len(trajs))]
         if why:
             log.warning("%d of %d completions could not be scored and get reward %g; first: %s", len(why), len(trajs), self.invalid_reward, why[0])
         return rewards
 
-    def _local(self, trajs: list[Trajectory]) -> list[float]:
-        return self.scorer.score(trajs, progress=False).solution_scores(self.aggregation).tolist() if trajs else []
+    def _local(self, trajs: list[Trajectory]) -> tuple[dict[int, float], list[str]]:
+        """({completion: reward}, why the others got none): each completion is encoded once, then scored from its encoding."""
+        encs, problems = self.scorer.encode(trajs, [f"completion {i}" for i in range(len(trajs))], skip_invalid=True)
+        bad = {i for i, _ in problems}
+        scores = self.scorer.score(encs, progress=False).solution_scores(self.aggregation).tolist() if encs else []
+        return dict(zip((i for i in range(len(trajs)) if i not in bad), scores)), [error for _, error in problems]
 
-    def _remote(self, trajs: list[Trajectory], why: list[str]) -> list[float | None]:
-        out: list[float | None] = []
-        for a in range(0, len(trajs), self.request_size):
-            part = trajs[a : a + self.request_size]
+    def _remote(self, trajs: list[Trajectory]) -> tuple[dict[int, float], list[str]]:
+        """`_local` through the server, which encodes; what it would refuse as a 400 is caught here first."""
+        ok, why, out = [], [], {}
+        for i, traj in enumerate(trajs):
             try:
-                out += [row["solution"][self.aggregation] for row in self._post(part)]
+                validate(traj, f"completion {i}")
+            except DataError as error:
+                why.append(str(error))
+                continue
+            ok.append(i)
+        for a in range(0, len(ok), self.request_size):
+            part = ok[a : a + self.request_size]
+            try:
+                out |= dict(zip(part, (row["solution"][self.aggregation] for row in self._post([trajs[i] for i in part]))))
             except urllib.error.HTTPError as error:
                 if error.code not in (400, 413):
                     raise
-                out += [self._one(t, why) for t in part]  # one refused solution refuses its request: find it
-        return out
+                for i in part:  # one refused solution refuses its request: find it
+                    if (score := self._one(trajs[i], why)) is not None:
+                        out[i] = score
+        return out, why
 
     def _one(self, traj: Trajectory, why: list[str]) -> float | None:
         try:

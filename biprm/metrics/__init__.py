@@ -1,0 +1,1 @@
+"""Metrics as pure functions of flat arrays: Best-of-N, ProcessBench, PRMBench, intervals, ranking."""

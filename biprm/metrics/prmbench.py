@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from biprm.data.trajectory import Trajectory
 from biprm.metrics.processbench import _segments
-from biprm.trajectory import Trajectory
 
 CORRECT_CLASS = "correct"
 OVERALL = "overall"
@@ -140,7 +140,7 @@ def prmbench_category_scores(
     }
 
 
-# ---- from PRMBench trajectories (biprm.readers.from_prmbench) ---------------------------
+# ---- from PRMBench trajectories (biprm.data.readers.from_prmbench) ---------------------------
 
 
 def prmbench_step_labels(trajs: Sequence[Trajectory]) -> np.ndarray:

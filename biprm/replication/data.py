@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Callable
 
 from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.data.perturb import mix_seed
+from biprm.data.readers import load_trajectories, read_rows, solution_steps
+from biprm.data.trajectory import DataError, Trajectory, labels_from_first_error, validate
+from biprm.data.writer import write_trajectories
 from biprm.evaluation.data import QUESTION_SETS, data_file, spread
-from biprm.perturb import mix_seed
-from biprm.readers import load_trajectories, read_rows, solution_steps
-from biprm.trajectory import DataError, Trajectory, labels_from_first_error, validate
-from biprm.writers import write_trajectories
+from biprm.replication.config import DataRecipe
 
 # A number as written in a solution: 24, 3.5, .25, 1,250. Never a piece of a longer number
 # (24 in 124 or 2.24), nor an ordinal (3rd); "12x2" still yields 12 and 2.
@@ -45,18 +46,6 @@ _START = re.compile(r"(?<![\d.])(?:[\d(]|-(?=\d))")  # where an arithmetic run m
 _OPERATORS: dict[type, Callable[[Fraction, Fraction], Fraction]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
 }
-
-
-@dataclass
-class DataRecipe:
-    """What `build` mixes; caps pick evenly spaced items before the step-count and evaluation filters."""
-
-    prmbench_rows: int | None = None  # PRMBench-train trajectories kept after de-duplication; None = all
-    gsm8k_questions: int | None = None  # GSM8K-train questions used; None = all 7,473
-    corruptions_per_question: int = 1  # corrupted copies per GSM8K reference
-    valid_fraction: float = 0.05  # share of questions held out
-    min_steps: int = 2  # the paper drops single-step rows
-    seed: int = 1106
 
 
 @dataclass

@@ -8,14 +8,13 @@ size with evenly spaced rows, so the same rows are used by every mode and seed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from biprm.aggregate import log_sigmoid
 from biprm.analysis import long_chain_bon, long_chain_processbench, mae_by_position, sigma_by_position
 from biprm.analysis.common import judged_rows, scored_part, step_labels
-from biprm.encoding import Encoded
+from biprm.data.encoding import Encoded
 from biprm.evaluation.bon import evaluate_bon
 from biprm.evaluation.data import Pool, data_file, load_pool, load_processbench, spread
 from biprm.evaluation.processbench import evaluate_processbench
@@ -27,13 +26,12 @@ from biprm.metrics.prmbench import (
     prmbench_keep,
     prmbench_step_labels,
 )
-from biprm.plots import normalised_position
-from biprm.readers import load_trajectories
+from biprm.analysis.plots import normalised_position
+from biprm.data.readers import load_trajectories
+from biprm.data.trajectory import Trajectory
+from biprm.replication.config import ReplicateConfig
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
-if TYPE_CHECKING:
-    from biprm.replication.recipe import ReplicateConfig
 
 PRMBENCH_SUBSET = "prmbench/subset400_target_data.jsonl.gz"
 BON_NS = (2, 4, 8, 12)  # gsm8k_bon_small has 12 candidates per question

@@ -25,9 +25,9 @@ import re
 from dataclasses import replace
 from decimal import Decimal
 
+from biprm.data.perturb import mix_seed
+from biprm.data.readers import read_rows
 from biprm.evaluation.data import QUESTION_SETS, data_file, spread
-from biprm.perturb import mix_seed
-from biprm.readers import read_rows
 from biprm.replication.data import (
     _AFTER_EQUALS,
     _arithmetic,
@@ -43,7 +43,7 @@ from biprm.replication.data import (
     gsm8k_reference,
     normalise,
 )
-from biprm.trajectory import Trajectory, labels_from_first_error
+from biprm.data.trajectory import Trajectory, labels_from_first_error
 
 KINDS = ("R", "C", "F", "L")
 # The arithmetic right before an "=": digits, money, operators and spaces only ("48/2 ", "$12 x 5 ").

@@ -16,6 +16,8 @@ import numpy as np
 
 from biprm.aggregate import mean_of_probabilities
 from biprm.analysis.common import first_errors, markdown_table
+from biprm.analysis.plots import plot_curves, position_curve
+from biprm.data.trajectory import Trajectory
 from biprm.evaluation.bon import bon_rows
 from biprm.evaluation.common import fmt, write_json
 from biprm.evaluation.data import SUBPOOLS, Pool
@@ -23,12 +25,11 @@ from biprm.evaluation.processbench import flag_step_rule, out_of_sample, tuned_t
 from biprm.metrics.bootstrap import bootstrap_mean, bootstrap_statistic, paired_difference
 from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step
 from biprm.metrics.ranking import auc, paired_win
-from biprm.plots import plot_curves, position_curve
 from biprm.replication.mechanism import KINDS
-from biprm.replication.mechanism_study import MechanismConfig, load_sets, scores_path
+from biprm.replication.config import MechanismConfig
+from biprm.replication.mechanism_study import load_sets, scores_path
 from biprm.replication.recipe import load_scores
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
 GROUPS = ("l2r", "r2l", "bi-static", "bi", "2×L2R", "probe-l2r", "probe-r2l", "probe-bi-static", "probe-bi")
 BON_NS = (2, 3)

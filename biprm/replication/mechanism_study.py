@@ -7,7 +7,7 @@ Read top to bottom:
    to its one-style sub-pools (`SUBPOOLS`).
 3. Cache the frozen trunk of SmolLM2-135M-Instruct for every set once (`biprm.trunk`).
 4. For every run (mode, seed, and whether the top layers train or only the heads, a
-   "probe"): seed, build, train with the one replication trainer (`train_top`), score
+   "probe"): seed, build, train through `biprm train`'s trainer (`train_run`), score
    every set, and write the per-item step logits to `OUT/runs/RUN.npz` beside the run's
    JSON (both committed, so the report survives the machine). The final trainable state
    stays in the work dir. A finished run is never redone; a killed one resumes from its
@@ -22,53 +22,24 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
-from biprm.config import default_data_root
-from biprm.encoding import Encoder
+from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.data.encoding import Encoder
+from biprm.data.trajectory import Trajectory
 from biprm.evaluation.common import write_json
 from biprm.evaluation.data import SUBPOOLS, Pool, load_pool, load_processbench
 from biprm.modeling import from_backbone
+from biprm.replication.config import MechanismConfig
 from biprm.replication.mechanism import build_mechanism
-from biprm.replication.recipe import TrainBudget, save_scores, seeded_model, start, study_key, train_top
-from biprm.trajectory import Trajectory
-from biprm.trunk import TrunkCache, cached_scores, split
+from biprm.replication.recipe import save_scores, start, study_key, train_run
+from biprm.trunk import TrunkCache, cached_scores
 
 log = logging.getLogger(__name__)
-
-
-
-@dataclass
-class MechanismConfig:
-    out: str = "results/mechanism"
-    work_dir: str = ""  # trunk caches, checkpoints and final states (never committed); default <biprm cache>/mechanism
-    data_root: str = field(default_factory=default_data_root)
-    backbone: str = "smollm2-135m"
-    top_layers: int = 8  # the go/no-go pilot with 4 found no separation on validation (docs/MECHANISM.md)
-    train_questions: int = 600  # GSM8K-train questions tried (those with no eligible step are dropped)
-    valid_questions: int = 100
-    test_questions: int = 300  # GSM8K-test questions tried
-    data_seed: int = 1106
-    seeds: dict[str, int] = field(default_factory=lambda: {"l2r": 3, "r2l": 1, "bi-static": 1, "bi": 3})
-    probe_seeds: int = 3  # heads-only runs per mode on the frozen full-depth features
-    lr: float = 1e-4
-    epochs: float = 3.0
-    batch_size: int = 16
-    warmup_ratio: float = 0.05
-    gate_lr_scale: float = 1.0
-    save_every: int = 25
-    max_length: int = 1024
-    processbench_rows: int | None = None  # ProcessBench GSM8K rows; None = all 400
-    bon_questions: int = 100  # gsm8k_bon_small questions, evenly spaced
-    bf16: str = "auto"
-
-    def __post_init__(self) -> None:
-        self.work_dir = self.work_dir or str(cache_root() / "mechanism")
 
 
 @dataclass
@@ -144,18 +115,14 @@ def run_study(cfg: MechanismConfig) -> None:
     del base
     write_json(out / "meta.json", {"config": asdict(cfg), "bf16": fast, "sizes": {n: len(t) for n, t in sets.items()}})
 
-    labels = [t.labels for t in sets["train"]]
     for run in runs_of(cfg):
         path = out / "runs" / f"{run.name}.json"
         if path.exists() and scores_path(cfg, run.name).exists():
             continue
         started = time.perf_counter()
-        model = seeded_model(backbone_dir, tokenizer, run.mode, run.seed)
-        train_log = train_top(TrainBudget.of(cfg, heads_only=run.heads_only), model, caches["train"], labels, run.seed, run_dir(cfg, run.name), fast)
-        model.eval()
-        top = split(model, cfg.top_layers)[1]
+        model, train_log = train_run(cfg, run.mode, run.seed, run_dir(cfg, run.name), fast, sets["train"], heads_only=run.heads_only)
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
-            scores = {name: cached_scores(model, top, caches[name]) for name in sets if name != "train"}
+            scores = {name: cached_scores(model, caches[name]) for name in sets if name != "train"}
         save_scores(scores_path(cfg, run.name), scores)
         result = {"run": run.name, **asdict(run), "train": train_log, "seconds": round(time.perf_counter() - started, 1)}
         write_json(path, result)

@@ -6,7 +6,8 @@
    frozen, and their features for every trajectory and both streams are computed once
    into an on-disk cache (`biprm.trunk`) shared by every mode and seed.
 3. For every (mode, seed): train the top K layers, the value head and the gate on the
-   cached features with the same data, budget and hyper-parameters; evaluate on the
+   cached features with the same data, budget and hyper-parameters, through `biprm train`'s
+   trainer (`train_run`); evaluate on the
    validation split, ProcessBench, the PRMBench test split and Best-of-N; write one
    JSON per run. A finished run is never redone, and a killed run resumes from its
    last checkpoint, so the whole recipe can be stopped and restarted at any time.
@@ -20,102 +21,32 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
+import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
-from transformers import get_linear_schedule_with_warmup, set_seed
 
-from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
-from biprm.encoding import Encoder
+from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.data.encoding import Encoder
 from biprm.evaluation.common import write_json
-from biprm.config import default_data_root
+from biprm.config import TrainConfig
 from biprm.modeling import BiPRMModel, from_backbone
-from biprm.replication.data import DataRecipe, build
+from biprm.replication.config import NOT_STUDIED, VARIANTS, ReplicateConfig
+from biprm.replication.data import build
 from biprm.replication.evaluate import evaluate_run, load_eval_sets
 from biprm.replication.report import write_report
 from biprm.run_folder import changes
 from biprm.scores import StepScores
-from biprm.trunk import TrunkCache, cached_forward, cached_scores, freeze_bottom, split, trunk_digest
+from biprm.training import train
+from biprm.data.trajectory import Trajectory
+from biprm.trunk import TrunkCache, cached_scores
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainBudget:
-    """What `train_top` reads from a study's config; `heads_only` also freezes the top layers (a probe)."""
-
-    top_layers: int
-    lr: float
-    epochs: float
-    batch_size: int
-    warmup_ratio: float
-    gate_lr_scale: float
-    save_every: int
-    heads_only: bool = False
-
-    @classmethod
-    def of(cls, cfg: Any, **overrides) -> "TrainBudget":
-        return cls(**{f: getattr(cfg, f) for f in cls.__dataclass_fields__ if hasattr(cfg, f)} | overrides)
-
-
-@dataclass
-class ReplicateConfig:
-    """Every number of the study; the presets below only change sizes, never the method."""
-
-    preset: str = "quick"
-    out: str = ""  # results folder (JSON, Markdown, PNGs; never weights); default results/replication/<preset>
-    work_dir: str = ""  # trunk caches and run checkpoints; default <biprm cache>/replicate
-    data_root: str = field(default_factory=default_data_root)
-    backbone: str = "smollm2-135m"
-    top_layers: int = 2
-    seeds: dict[str, int] = field(default_factory=lambda: {"l2r": 1, "r2l": 1, "bi-static": 1, "bi": 1})  # run -> seeds; a run is a mode or a VARIANTS key
-    data: DataRecipe = field(default_factory=DataRecipe)
-    lr: float = 1e-4
-    epochs: float = 1.0
-    batch_size: int = 16
-    warmup_ratio: float = 0.05
-    gate_lr_scale: float = 1.0
-    detach_gate_inputs: bool = False
-    aux_loss_weight: float = 0.0  # weight of the per-stream losses added to the fused one
-    max_length: int = 1024
-    processbench_subsets: tuple[str, ...] = ("gsm8k", "math")
-    processbench_rows: int = 50  # per subset, evenly spaced within clean and erroneous rows
-    prmbench_rows: int = 100  # PRMBench test processes, evenly spaced over the classes
-    bon_questions: int = 20  # gsm8k_bon_small questions (12 candidates each)
-    long_chain_tokens: int = 512
-    save_every: int = 20  # optimizer steps between checkpoints
-    bf16: str = "auto"  # auto | yes | no
-
-    def __post_init__(self) -> None:
-        self.out = self.out or f"results/replication/{self.preset}"
-        self.work_dir = self.work_dir or str(cache_root() / "replicate")
-
-
-# Runs besides the four modes: the gate study, read on the validation split only.
-# Each is `bi` with some of the config fields above changed.
-VARIANTS = {
-    "bi-detached": ("bi", {"detach_gate_inputs": True}),
-    "bi-gate-lr0.1": ("bi", {"gate_lr_scale": 0.1}),
-    "bi-aux0.5": ("bi", {"aux_loss_weight": 0.5}),
-}
-PAPER_SEEDS = {"l2r": 3, "bi": 3, "r2l": 1, "bi-static": 1} | {name: 1 for name in VARIANTS}
-PRESETS = {
-    # under 15 minutes here: one seed per mode, small sets; a smoke test of the whole recipe
-    "quick": ReplicateConfig(preset="quick", data=DataRecipe(prmbench_rows=100, gsm8k_questions=80),
-                             processbench_rows=30, prmbench_rows=60, bon_questions=12),
-    # about 3 hours here: the paper's comparison with 3 seeds for l2r and bi
-    "full": ReplicateConfig(
-        preset="full", seeds=PAPER_SEEDS, data=DataRecipe(prmbench_rows=1200, gsm8k_questions=600),
-        processbench_rows=200, prmbench_rows=400, bon_questions=80, save_every=25,
-    ),
-}
 
 
 def bf16_is_fast() -> bool:
@@ -137,12 +68,11 @@ def runs_of(cfg: ReplicateConfig) -> list[tuple[str, int]]:
     return sorted(runs, key=lambda run: run[0] in VARIANTS)
 
 
-PATHS = ("out", "work_dir", "data_root")  # where the study reads and writes, not what it studies
 
 
 def study(config: dict) -> dict:
     """The settings that decide the results (a config as JSON would hold it)."""
-    return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in PATHS}
+    return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in NOT_STUDIED}
 
 
 def study_key(cfg: ReplicateConfig | Any) -> str:
@@ -193,7 +123,6 @@ def replicate(cfg: ReplicateConfig) -> dict:
     for name, cache in caches.items():
         log.info("trunk cache %s: %d trajectories, %d feature rows", name, len(encs[name]), cache.layout.n_rows)
         cache.build(progress=True)
-    digest = trunk_digest(base, cfg.top_layers)
     del base
     meta = {
         "config": asdict(cfg), "bf16": fast, "trunk_cache_seconds_this_session": round(time.perf_counter() - started, 1),
@@ -210,23 +139,18 @@ def replicate(cfg: ReplicateConfig) -> dict:
         started = time.perf_counter()
         base_mode, overrides = VARIANTS.get(mode, (mode, {}))
         run_cfg = replace(cfg, **overrides)
-        options = {"detach_gate_inputs": run_cfg.detach_gate_inputs, "aux_loss_weight": run_cfg.aux_loss_weight}
-        model = seeded_model(backbone_dir, tokenizer, base_mode, seed, **options)
-        if trunk_digest(model, cfg.top_layers) != digest:
-            raise RuntimeError("the backbone's frozen layers changed since the trunk cache was built")
-        options["gate_lr_scale"] = run_cfg.gate_lr_scale
+        options = {"detach_gate_inputs": run_cfg.detach_gate_inputs, "aux_loss_weight": run_cfg.aux_loss_weight,
+                   "gate_lr_scale": run_cfg.gate_lr_scale}
         checkpoints = work / "runs" / cfg.preset / study_key(cfg) / name  # another study never resumes these
-        train_log = train_top(TrainBudget.of(run_cfg), model, caches["train"], [e.labels for e in encs["train"]], seed, checkpoints, fast)
-        model.eval()
-        top = split(model, cfg.top_layers)[1]
+        model, train_log = train_run(run_cfg, base_mode, seed, checkpoints, fast, train_trajs)
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
-            scores = {set_name: cached_scores(model, top, caches[set_name]) for set_name in sets.trajectories()}
+            scores = {set_name: cached_scores(model, caches[set_name]) for set_name in sets.trajectories()}
         save_scores(checkpoints / "scores.npz", scores)
         result = {"run": name, "mode": mode, "seed": seed, "options": options, "train": train_log, **evaluate_run(cfg, base_mode, sets, scores, encs)}
         result["seconds"] = round(time.perf_counter() - started, 1)
         write_json(path, result)
         log.info("%s done in %.0f s", name, result["seconds"])
-        del model, top, scores  # before the next run builds its own
+        del model, scores  # before the next run builds its own
 
     # 4. summary of whatever has finished
     return write_report(out, meta)
@@ -240,115 +164,31 @@ def report_only(cfg: ReplicateConfig) -> dict:
     return write_report(Path(cfg.out), json.loads(path.read_text()))
 
 
-def _batches(lengths: np.ndarray, batch_size: int, epochs: float, seed: int) -> list[np.ndarray]:
-    """Seeded length-grouped batches: shuffle, sort within windows of 8 batches (less padding), shuffle the batches."""
-    rng = np.random.default_rng(seed)
-    per_epoch = math.ceil(len(lengths) / batch_size)
-    out: list[np.ndarray] = []
-    for _ in range(math.ceil(epochs)):
-        perm = rng.permutation(len(lengths))
-        window = 8 * batch_size
-        for a in range(0, len(perm), window):
-            chunk = perm[a : a + window]
-            chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
-            out += [chunk[b : b + batch_size] for b in range(0, len(chunk), batch_size)]
-    total = round(per_epoch * epochs)
-    head = out[:total]
-    return [head[i] for i in rng.permutation(len(head))]
+def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, bf16: bool, trajs: list[Trajectory],
+              heads_only: bool = False) -> tuple[BiPRMModel, dict]:
+    """(the trained model, its log) of one run, trained by `biprm train` on the study's trunk cache.
 
-
-def seeded_model(backbone_dir: str, tokenizer, mode: str, seed: int, **options) -> BiPRMModel:
-    """A fresh model whose value head and gate initialisation the run's seed fixes."""
-    set_seed(seed)
-    return from_backbone(backbone_dir, tokenizer, mode=mode, **options)
-
-
-def train_top(
-    cfg: TrainBudget, model: BiPRMModel, cache: TrunkCache, labels: list[list[float]], seed: int, run_dir: Path, bf16: bool
-) -> dict:
-    """AdamW + linear schedule on the top layers (unless `heads_only`), value head and gate.
-
-    Checkpointed every `save_every` steps; the final trainable state is kept as
-    `run_dir/final.pt`, and a run that finds it loads it instead of training again.
+    The seed is set before the model is built, so it fixes the value head's and the gate's
+    initialisation. The Trainer checkpoints into `run_dir` every `save_every` steps, and a
+    killed run resumes there; the final model is kept in `run_dir` and the checkpoints go,
+    and a run whose final model is in is loaded, not trained again.
     """
-    set_seed(seed)
-    freeze_bottom(model, cfg.top_layers)
-    top = split(model, cfg.top_layers)[1]
-    if cfg.heads_only:
-        top.requires_grad_(False)
-    model.train()
-    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    final_path = run_dir / "final.pt"
-    if final_path.exists():
-        final = torch.load(final_path, weights_only=False)
-        model.load_state_dict(final["trainable"], strict=False)
-        return final["log"]
-    gate = {n for n in trainable if n.startswith("gate.")}
-    groups = [
-        {"params": [p for n, p in trainable.items() if n not in gate], "lr": cfg.lr},
-        {"params": [p for n, p in trainable.items() if n in gate], "lr": cfg.lr * cfg.gate_lr_scale},
-    ]
-    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=0.0)
-    batches = _batches(cache.layout.sizes, cfg.batch_size, cfg.epochs, seed)
-    scheduler = get_linear_schedule_with_warmup(optimizer, round(cfg.warmup_ratio * len(batches)), len(batches))
-    state_path = run_dir / "state.pt"
-    losses: list[float] = []
-    start = 0
-    if state_path.exists():
-        state = torch.load(state_path, weights_only=False)
-        model.load_state_dict(state["trainable"], strict=False)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        start, losses = state["step"], state["losses"]
-        torch.set_rng_state(state["rng"])
-        log.info("resuming %s at step %d of %d", run_dir.name, start, len(batches))
-    began = time.perf_counter()
-    for step in tqdm(range(start, len(batches)), initial=start, total=len(batches), desc=f"train {run_dir.name}", unit="step"):
-        loss = accumulate(model, top, cache, batches[step], labels, bf16)
-        torch.nn.utils.clip_grad_norm_(list(trainable.values()), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
-        if (step + 1) % cfg.save_every == 0 and step + 1 < len(batches):
-            run_dir.mkdir(parents=True, exist_ok=True)
-            state = {
-                "trainable": {n: p.detach() for n, p in trainable.items()}, "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "step": step + 1, "losses": losses, "rng": torch.get_rng_state(),
-            }
-            torch.save(state, run_dir / "state.tmp")
-            os.replace(run_dir / "state.tmp", state_path)
-    log_ = {"steps": len(batches), "trajectories": len(labels), "losses": losses, "seconds": round(time.perf_counter() - began, 1)}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    torch.save({"trainable": {n: p.detach() for n, p in trainable.items()}, "log": log_}, run_dir / "final.tmp")
-    os.replace(run_dir / "final.tmp", final_path)
-    return log_
-
-
-MICRO_TOKENS = 4096  # feature rows (both streams, padded) per backward pass: bounds activation memory on long rows
-
-
-def micro_batches(sizes: np.ndarray, batch: np.ndarray, budget: int = MICRO_TOKENS) -> list[np.ndarray]:
-    """`batch` cut into consecutive parts of at most `budget` padded feature rows (at least one trajectory each)."""
-    parts, start = [], 0
-    for end in range(1, len(batch) + 1):
-        if end - start > 1 and (end - start) * sizes[batch[start:end]].max() > budget:
-            parts.append(batch[start : end - 1])
-            start = end - 1
-    return parts + [batch[start:]]
-
-
-def accumulate(model: BiPRMModel, top, cache: TrunkCache, batch: np.ndarray, labels: list[list[float]], bf16: bool,
-               budget: int = MICRO_TOKENS) -> torch.Tensor:
-    """The batch's loss, its gradient accumulated over micro-batches. Every objective is a mean over
-    trajectories, so weighting each part by its share of them gives the whole batch's gradient."""
-    total = torch.zeros(())
-    for part in micro_batches(cache.layout.sizes, batch, budget):
-        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = cached_forward(model, top, **cache.batch(part, model.streams, labels)).loss * (len(part) / len(batch))
-        loss.backward()
-        total += loss.detach().float().cpu()
-    return total
+    if not (run_dir / "config.json").is_file():  # run_folder.publish moves config.json in last
+        train(TrainConfig(
+            backbone=cfg.backbone, data=f"{len(trajs)} training trajectories of the study", output_dir=str(run_dir), mode=mode,
+            learning_rate=cfg.lr, num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=1,
+            warmup_ratio=cfg.warmup_ratio, seed=seed,
+            max_length=cfg.max_length, bf16=bf16, save_steps=cfg.save_every, save_total_limit=1, logging_steps=1,
+            resume=run_dir.is_dir(), gate_lr_scale=cfg.gate_lr_scale, detach_gate_inputs=getattr(cfg, "detach_gate_inputs", False),
+            aux_loss_weight=getattr(cfg, "aux_loss_weight", 0.0), train_top_layers=cfg.top_layers, heads_only=heads_only,
+            trunk_cache_dir=str(Path(cfg.work_dir) / "trunk"),
+        ), trajectories=trajs)
+        for checkpoint in run_dir.glob("checkpoint-*"):
+            shutil.rmtree(checkpoint)
+    history = json.loads((run_dir / "train_log.json").read_text())
+    losses = [e["loss"] for e in history if "loss" in e]
+    seconds = next((e["train_runtime"] for e in history if "train_runtime" in e), None)
+    return BiPRMModel.from_pretrained(run_dir).eval(), {"steps": len(losses), "trajectories": len(trajs), "losses": losses, "seconds": seconds}
 
 
 def save_scores(path: Path, scores: dict[str, StepScores]) -> None:
@@ -366,10 +206,3 @@ def load_scores(path: Path) -> dict[str, StepScores]:
         names = {key.split("/")[0] for key in data.files}
         get = lambda name, field: data[f"{name}/{field}"] if f"{name}/{field}" in data.files else None  # noqa: E731
         return {n: StepScores(get(n, "offsets"), get(n, "fused"), get(n, "l2r"), get(n, "r2l"), get(n, "sigma")) for n in names}
-
-
-def preset(name: str, **overrides) -> ReplicateConfig:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
-    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
-

@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from biprm.analysis.common import markdown_table
+from biprm.analysis.plots import plot_curves
+from biprm.config import MODES
 from biprm.evaluation.common import write_json
-from biprm.plots import plot_curves
-
-MODES = ("l2r", "r2l", "bi-static", "bi")  # table order; gate-study variants follow, by name
 
 
 def _stat(values: list[float | None]) -> dict:
@@ -40,6 +39,7 @@ def _get(run: dict, path: str):
 
 
 def _modes(runs: list[dict]) -> list[str]:
+    """Table order: the training modes as MODES lists them, then the gate-study variants by name."""
     names = {r["mode"] for r in runs}
     return [m for m in MODES if m in names] + sorted(names - set(MODES))
 

@@ -31,19 +31,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from biprm.encoding import Encoded
+from biprm.config import MODE_TABLE
+from biprm.data.encoding import Encoded
+from biprm.data.readers import SPLIT_RULES, split_steps
+from biprm.data.trajectory import DataError, Trajectory
 from biprm.metrics.processbench import predict_first_error
-from biprm.packing import STREAMS
-from biprm.readers import SPLIT_RULES, split_steps
-from biprm.scores import StepScores
+from biprm.scores import STEP_OUTPUTS, StepScores, score_rows
 from biprm.scoring import Scorer
 from biprm.serve.batcher import Batcher, Overloaded
 from biprm.serve.chat import ChatPrompt
 from biprm.serve.config import ServeConfig
-from biprm.trajectory import DataError, Trajectory, validate
 from biprm.vllm_plugin.engine import VLLMScorer
-from biprm.writers import STREAMS as OUTPUTS
-from biprm.writers import score_rows
 
 log = logging.getLogger(__name__)
 TOKENIZE_THREADS = 4  # requests tokenized at once, beside the event loop
@@ -87,8 +85,9 @@ class Service:
     """The model side of the server: requests -> trajectories -> batched scores -> JSON."""
 
     def __init__(self, scorer: Scorer | VLLMScorer, cfg: ServeConfig):
+        if scorer.max_length != cfg.max_length:
+            raise ValueError(f"the scorer reads {scorer.max_length} tokens per stream, the settings say --max-length {cfg.max_length}")
         self.scorer, self.cfg = scorer, cfg
-        scorer.encoder.max_length = cfg.max_length
         self.batcher = Batcher(self._score, cfg.max_wait_ms, cfg.max_batch_tokens, cfg.max_queue)
         self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="biprm-tokenize")
         self.chat = ChatPrompt.load(cfg.chat_template) if cfg.chat_template else None
@@ -100,8 +99,8 @@ class Service:
         if chars > self.cfg.max_text_chars:
             raise ServiceError(413, f"{where}: {chars} characters; this server takes at most {self.cfg.max_text_chars} per solution (--max-text-chars)")
 
-    def _score(self, trajs: list[Trajectory]) -> StepScores:
-        return self.scorer.score(trajs, progress=False)
+    def _score(self, encs: list[Encoded]) -> StepScores:
+        return self.scorer.score(encs, progress=False)
 
     async def run(self, trajs: list[Trajectory], names: list[str]) -> tuple[StepScores, np.ndarray]:
         """(scores, steps dropped per trajectory); bad text is a 400 naming the item, over-long a flag or 413."""
@@ -113,19 +112,16 @@ class Service:
             i = int(np.flatnonzero(dropped)[0])
             raise ServiceError(413, f"{names[i]}: longer than max_length={self.cfg.max_length} tokens ({dropped[i]} trailing steps would not be scored)")
         try:
-            scores = await self.batcher.submit(trajs, sum(e.n_tokens for e in encs) * len(STREAMS[self.scorer.mode]))
+            scores = await self.batcher.submit(encs, sum(e.n_tokens for e in encs) * len(MODE_TABLE[self.scorer.mode].streams))
         except Overloaded as error:
             raise ServiceError(503, str(error)) from None
         return scores, dropped
 
     def _encode(self, trajs: list[Trajectory], names: list[str]) -> list[Encoded]:
-        encs = []
-        for traj, where in zip(trajs, names):
-            try:
-                encs.append(self.scorer.encoder.encode(validate(traj, where), where))
-            except DataError as error:
-                raise ServiceError(413 if "max_length" in str(error) else 400, str(error)) from None
-        return encs
+        try:
+            return self.scorer.encode(trajs, names)[0]
+        except DataError as error:
+            raise ServiceError(413 if "max_length" in str(error) else 400, str(error)) from None
 
     async def score(self, items: list[ScoreItem]) -> list[dict]:
         trajs = []
@@ -134,7 +130,7 @@ class Service:
             steps = it.steps if it.steps is not None else _steps(it.solution, it.split or self.cfg.split, f"item {i}: field 'solution'")
             trajs.append(Trajectory(it.question, steps))
         scores, dropped = await self.run(trajs, [f"item {i}" for i in range(len(items))])
-        keys = ("steps", *OUTPUTS, "solution", "solution_logit", "steps_scored")  # what `biprm score` writes, less the input's own fields
+        keys = ("steps", *STEP_OUTPUTS, "solution", "solution_logit", "steps_scored")  # what `biprm score` writes, less the input's own fields
         return [{**{k: row[k] for k in keys}, "truncated": bool(d)} for row, d in zip(score_rows(trajs, scores, digits=None), dropped)]
 
     def question(self, prompt: str, i: int) -> str:
@@ -285,6 +281,6 @@ def serve(cfg: ServeConfig) -> None:
     if cfg.engine == "vllm":
         scorer = VLLMScorer.from_pretrained(cfg.model, cfg.max_length, **json.loads(cfg.engine_args))
     else:
-        scorer = Scorer.from_pretrained(cfg.model, device=cfg.device)
+        scorer = Scorer.from_pretrained(cfg.model, device=cfg.device, max_length=cfg.max_length)
     log.info("serving %s (%s) on http://%s:%d", cfg.model, scorer.mode, cfg.host, cfg.port)
     uvicorn.run(build_app(scorer, cfg), host=cfg.host, port=cfg.port, log_level="info")

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from biprm.data.encoding import Encoded
 from biprm.scores import StepScores
-from biprm.trajectory import Trajectory
 
 
 class Overloaded(RuntimeError):
@@ -28,7 +28,7 @@ class Overloaded(RuntimeError):
 
 @dataclass
 class Job:
-    trajs: list[Trajectory]
+    encs: list[Encoded]
     tokens: int
     future: asyncio.Future
     queued_at: float = field(default_factory=time.perf_counter)
@@ -50,7 +50,7 @@ class Stats:
 class Batcher:
     def __init__(
         self,
-        score: Callable[[list[Trajectory]], StepScores],
+        score: Callable[[list[Encoded]], StepScores],
         max_wait_ms: float = 5.0,
         max_batch_tokens: int = 16384,
         max_queue: int = 1024,
@@ -75,14 +75,14 @@ class Batcher:
             self._task.cancel()
         self._pool.shutdown(wait=True)
 
-    async def submit(self, trajs: list[Trajectory], tokens: int) -> StepScores:
-        """Scores of `trajs` (`tokens` in all, both streams), in order; raises Overloaded at once when the queue has no room."""
-        if self.queued + len(trajs) > self.max_queue:
+    async def submit(self, encs: list[Encoded], tokens: int) -> StepScores:
+        """Scores of `encs` (`tokens` in all, both streams), in order; raises Overloaded at once when the queue has no room."""
+        if self.queued + len(encs) > self.max_queue:
             self.stats.rejected += 1
             raise Overloaded(f"{self.queued} solutions are queued (limit {self.max_queue}); retry later")
         self.stats.requests += 1
-        job = Job(trajs, tokens, asyncio.get_running_loop().create_future())
-        self.queued += len(trajs)
+        job = Job(encs, tokens, asyncio.get_running_loop().create_future())
+        self.queued += len(encs)
         self.queue.put_nowait(job)
         return await job.future
 
@@ -106,12 +106,12 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             jobs = await self._gather()
-            trajs = [t for job in jobs for t in job.trajs]
-            self.busy, self.queued = True, self.queued - len(trajs)
+            encs = [t for job in jobs for t in job.encs]
+            self.busy, self.queued = True, self.queued - len(encs)
             try:
-                scores = await loop.run_in_executor(self._pool, self.score, trajs)
-                ends = np.cumsum([len(job.trajs) for job in jobs])
-                parts = [scores.select(np.arange(end - len(job.trajs), end)) for job, end in zip(jobs, ends)]
+                scores = await loop.run_in_executor(self._pool, self.score, encs)
+                ends = np.cumsum([len(job.encs) for job in jobs])
+                parts = [scores.select(np.arange(end - len(job.encs), end)) for job, end in zip(jobs, ends)]
             except BaseException as error:  # every request of the batch learns why; the worker goes on
                 self.stats.failed += len(jobs)
                 for job in jobs:
@@ -123,8 +123,8 @@ class Batcher:
             finally:
                 self.busy = False
             self.stats.batches += 1
-            self.stats.solutions += len(trajs)
-            self.stats.batch_sizes.append(len(trajs))
+            self.stats.solutions += len(encs)
+            self.stats.batch_sizes.append(len(encs))
             now = time.perf_counter()
             for job, part in zip(jobs, parts):
                 self.stats.latencies.append(now - job.queued_at)

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from biprm.aggregate import AGGREGATIONS
-from biprm.config import arg, check_choices, default_data_root
-from biprm.readers import SPLIT_RULES
+from biprm.config import MAX_LENGTH, arg, check_choices, default_data_root
+from biprm.data.readers import SPLIT_RULES
 
 Aggregation = Literal[AGGREGATIONS]
 SplitRule = Literal[SPLIT_RULES]
@@ -23,7 +23,7 @@ class ServeConfig:
     max_wait_ms: float = arg(5.0, "how long the first request of a batch waits for others to join")
     max_batch_tokens: int = arg(16384, "stop gathering a batch at this many tokens (both streams)")
     max_queue: int = arg(1024, "solutions waiting at most; past it requests get 503 at once")
-    max_length: int = arg(4096, "tokens per stream; trailing steps past it are not scored")
+    max_length: int = arg(MAX_LENGTH, "tokens per stream; trailing steps past it are not scored")
     on_overlength: Literal["flag", "refuse"] = arg("flag", "flag: score the steps that fit and say so; refuse: answer 413")
     aggregation: Aggregation = arg("min", "solution score of /get_reward")
     split: SplitRule = arg("auto", "how free text is cut into steps")

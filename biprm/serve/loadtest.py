@@ -28,10 +28,10 @@ import numpy as np
 
 from biprm.bench.measure import machine
 from biprm.bench.workload import build
-from biprm.readers import gsm8k_bon_small
+from biprm.data.trajectory import Trajectory
+from biprm.evaluation.data import gsm8k_bon_small
 from biprm.scoring import Scorer
 from biprm.serve.config import LoadTestConfig
-from biprm.trajectory import Trajectory
 
 
 async def _one(client, url: str, traj: Trajectory, vllm_model: str | None) -> tuple[int, float, dict | None]:
@@ -116,7 +116,8 @@ def run(cfg: LoadTestConfig) -> dict:
         ckpt = Path(tmp) / "ckpt"
         bench.ours["bi"].save_pretrained(ckpt)
         bench.tokenizer.save_pretrained(ckpt)
-        want = Scorer.from_pretrained(str(ckpt), device="cpu").score(trajs, progress=False)
+        local = Scorer.from_pretrained(str(ckpt), device="cpu")
+        want = local.score(local.encode(trajs)[0], progress=False)
         runs = {}
         for name, flags in (("one-at-a-time", ("--max-batch-tokens", "1")), ("batched", ())):
             server = Server(ckpt, *flags)

@@ -26,7 +26,7 @@ from transformers import HfArgumentParser
 from biprm.bench.measure import machine
 from biprm.bench.workload import build
 from biprm.config import arg, default_data_root
-from biprm.readers import gsm8k_bon_small
+from biprm.evaluation.data import gsm8k_bon_small
 from biprm.scoring import Scorer
 from biprm.serve.loadtest import Server, _drive, save_json
 from biprm.vllm_plugin.engine import VLLMScorer

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from biprm.backbones import load_tokenizer
-from biprm.encoding import Encoder
+from biprm.data.encoding import Encoded, Encoder
 from biprm.scores import StepScores, offsets_of
-from biprm.trajectory import Trajectory
+from biprm.scoring import Scorer
 from biprm.vllm_plugin import ARCHITECTURE
 from biprm.vllm_plugin.export import export_for_vllm
 
@@ -31,6 +31,10 @@ def vllm_folder(path: str) -> str:
 
 
 class VLLMScorer:
+    """`Scorer`'s interface (`encode`, then `score`) with a vLLM engine doing the model's work."""
+
+    encode = Scorer.encode  # one encoding path for both engines: it needs only `encoder` and `max_length`
+
     def __init__(self, llm, folder: str):
         self.llm = llm
         spec = json.loads((Path(folder) / "config.json").read_text())["biprm"]
@@ -47,13 +51,17 @@ class VLLMScorer:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # CPU builds pin threads to cores otherwise
         return cls(LLM(model=folder, max_model_len=max_length, **engine_args), folder)
 
+    @property
+    def max_length(self) -> int:
+        return self.encoder.max_length
+
     def close(self) -> None:
         """Stop the engine's processes now rather than at exit."""
         self.llm.llm_engine.engine_core.shutdown()
 
-    def score(self, trajs: list[Trajectory], progress: bool = False) -> StepScores:
-        """Scores in input order, as `Scorer.score` gives them (logits; trailing steps past max_length unscored)."""
-        encs = [self.encoder.encode(t, f"trajectory {i}") for i, t in enumerate(trajs)]  # cut to this server's max_length
+    def score(self, encs: list[Encoded], progress: bool = False) -> StepScores:
+        """Scores of `encode`'s encodings in their order, as `Scorer.score` gives them (logits; trailing steps past
+        max_length unscored)."""
         data = [{"prompt_ids": e.prompt, "step_ids": e.steps} for e in encs]
         answers = self.llm.encode({"data": data}, pooling_task="plugin", use_tqdm=progress)[0].outputs
         join = lambda key: np.concatenate([a["logits"][key] for a in answers]).astype(np.float64)  # noqa: E731

@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 
 from biprm.aggregate import sigmoid
-from biprm.encoding import Encoded
-from biprm.packing import STREAMS
+from biprm.data.encoding import Encoded
+from biprm.config import MODE_TABLE
 
 
 def stream_tokens(enc: Encoded, stream: str) -> list[int]:
@@ -43,7 +43,7 @@ def fuse(rows: dict[str, np.ndarray], mode: str, w2: np.ndarray | None = None, b
     elif mode == "bi-static":
         out["sigma"] = np.full(len(l2r), 0.5)
     if out["sigma"] is None:
-        out["fused"] = out[STREAMS[mode][0]]
+        out["fused"] = out[MODE_TABLE[mode].streams[0]]
     else:
         out["fused"] = out["sigma"] * out["l2r"] + (1 - out["sigma"]) * out["r2l"]
     return out

@@ -22,9 +22,9 @@ from vllm.renderers import BaseRenderer
 
 from biprm.aggregate import sigmoid
 from biprm.backbones import load_tokenizer
-from biprm.encoding import Encoded, Encoder
-from biprm.packing import STREAMS
-from biprm.trajectory import Trajectory, validate
+from biprm.data.encoding import Encoded, Encoder
+from biprm.config import MODE_TABLE
+from biprm.data.trajectory import Trajectory, validate
 from biprm.vllm_plugin.fusion import fuse, stream_tokens
 
 
@@ -42,7 +42,7 @@ class BiPRMIOProcessor(IOProcessor):
         super().__init__(vllm_config, renderer)
         model = vllm_config.model_config
         spec = model.hf_config.biprm
-        self.mode, self.streams = spec["mode"], STREAMS[spec["mode"]]
+        self.mode, self.streams = spec["mode"], MODE_TABLE[spec["mode"]].streams
         self.encoder = Encoder(load_tokenizer(model.tokenizer), spec["step_tag_id"], model.max_model_len)
         self.w2, self.b2 = _second_gate_layer(Path(model.model)) if self.mode == "bi" else (None, 0.0)
 

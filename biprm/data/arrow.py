@@ -1,6 +1,7 @@
 """Raw rows -> an encoded training set on Arrow, built once, cached on disk, memory-mapped.
 
-A local file is read by `datasets` into an Arrow table (a Hub dataset already is one);
+A source is opened through the same door as the Python-list path (`readers.open_source`):
+a local file is read by `datasets` into an Arrow table (a Hub dataset already is one).
 `Dataset.map` then converts every row to a `Trajectory` with the same readers and
 checks as everywhere else, and encodes it with the one template, in `num_proc`
 processes. The result is cached under a fingerprint of the input, the format, the
@@ -16,15 +17,12 @@ import logging
 import os
 from functools import partial
 from pathlib import Path
-from typing import Callable, NamedTuple
 
 import datasets
 
-from biprm.encoding import Encoded, Encoder
-from biprm.readers import detect_format, looks_like_path, read_rows, row_converter, skip_summary
-from biprm.sources import synthetic_spec
-from biprm.synthetic import make_dataset
-from biprm.trajectory import DataError, Trajectory
+from biprm.data.encoding import Encoded, Encoder
+from biprm.data.readers import open_source, skip_report
+from biprm.data.trajectory import DataError
 
 log = logging.getLogger(__name__)
 ENCODER_VERSION = "1"  # bump when the template or the encoder changes the tokens a row gives
@@ -37,52 +35,6 @@ FEATURES = datasets.Features({
     "row": datasets.Value("int64"),  # 1-based input row, for messages
     "error": datasets.Value("string"),  # why a row was skipped (--skip-invalid); empty for kept rows
 })
-
-
-def raw_rows(source: str, split: str = "train", streaming: bool = False) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
-    """The rows of a local .json/.jsonl/.parquet file (optionally .gz) or a Hub dataset, as Arrow, and a display name."""
-    path = Path(source).expanduser()
-    if not path.is_file():
-        if path.exists() or looks_like_path(source):
-            read_rows(source, split)  # not a data file: raises the reader's error, naming it
-        name, _, config = source.partition(":")
-        return datasets.load_dataset(name, config or None, split=split, streaming=streaming), f"{source}[{split}]"
-    kind = "parquet" if ".parquet" in path.suffixes else "json"
-    if streaming:
-        return datasets.load_dataset(kind, data_files=str(path), split="train", streaming=True), str(path)
-    try:
-        return datasets.load_dataset(kind, data_files=str(path), split="train"), str(path)
-    except Exception as error:  # the Arrow reader is strict; the line reader names the bad line and field
-        rows, name = read_rows(source, split)
-        try:
-            return datasets.Dataset.from_list(rows), name
-        except Exception:
-            raise DataError(f"{path}: rows do not fit one table ({error})") from None
-
-
-class Rows(NamedTuple):
-    """A source's raw rows with what encoding them needs: a display name, the format, its columns and a converter."""
-
-    raw: datasets.Dataset | datasets.IterableDataset
-    name: str
-    fmt: str
-    columns: list[str]
-    convert: Callable[[dict, str, int], Trajectory | list[Trajectory]]
-
-
-def _rows(source: str, fmt: str, split: str, streaming: bool) -> Rows:
-    """The raw rows of `source`; `synthetic[:N[:SEED]]` is generated here, so it streams like a file instead of going to the Hub."""
-    synthetic = synthetic_spec(source)
-    if synthetic is not None:
-        trajs = make_dataset(*synthetic)
-        raw = datasets.Dataset.from_dict({"i": list(range(len(trajs)))})
-        return Rows(raw.to_iterable_dataset() if streaming else raw, source, "synthetic", ["i"], lambda row, where, i: trajs[row["i"]])
-    raw, name = raw_rows(source, split, streaming=streaming)
-    first = next(iter(raw), None) if streaming else (raw[0] if len(raw) else None)
-    if first is None:
-        raise DataError(f"{name}: has no rows")
-    fmt = detect_format(first, f"{name} row 1") if fmt == "auto" else fmt
-    return Rows(raw, name, fmt, raw.column_names or list(first), row_converter(fmt, "auto"))
 
 
 def _encode_rows(batch: dict[str, list], indices: list[int], *, convert, name: str, encoder: Encoder, skip_invalid: bool) -> dict[str, list]:
@@ -125,7 +77,7 @@ def encoded_dataset(
     source: str, encoder: Encoder, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, num_proc: int | None = None,
 ) -> datasets.Dataset:
     """Labelled rows of `source`, encoded (columns of FEATURES but `error`); bad rows raise, or are skipped and reported."""
-    raw, name, fmt, columns, convert = _rows(source, fmt, split, streaming=False)
+    raw, name, fmt, columns, convert = open_source(source, fmt, split, arrow=True)
     if num_proc is None:
         num_proc = min(os.cpu_count() or 1, 8) if len(raw) >= 20_000 else None
     key = _fingerprint(raw._fingerprint, fmt, str(skip_invalid), str(encoder.max_length), str(encoder.step_tag_id), str(encoder.prefix), _tokenizer_id(encoder), ENCODER_VERSION)
@@ -141,7 +93,7 @@ def encoded_dataset(
 def streamed_dataset(source: str, encoder: Encoder, fmt: str = "auto", split: str = "train", skip_invalid: bool = False) -> datasets.IterableDataset:
     """`encoded_dataset` for data read as it is consumed (no full download, no cache, no length): rows are encoded
     on the fly; a skipped row is logged as it passes, since there is no end to count at."""
-    raw, name, _, columns, convert = _rows(source, fmt, split, streaming=True)
+    raw, name, _, columns, convert = open_source(source, fmt, split, streaming=True)
     encode = partial(_encode_rows, convert=convert, name=name, encoder=encoder, skip_invalid=skip_invalid)
     out = raw.map(encode, batched=True, batch_size=256, with_indices=True, remove_columns=columns, features=FEATURES)
 
@@ -157,7 +109,7 @@ def _report(out: datasets.Dataset, name: str, n_rows: int, max_length: int) -> N
     """Warn (never hide) how many rows were skipped, and why, and which rows lost trailing steps to max_length."""
     errors = [(row, e) for row, e in zip(out["row"], out["error"]) if e]
     if errors:
-        log.warning("%s: skipped %d of %d rows: %s", name, len(errors), n_rows, skip_summary(name, errors))
+        log.warning(skip_report(name, errors, n_rows))
     cut = [row for row, n in zip(out["row"], out["n_dropped"]) if n]
     if cut:
         log.warning("%s: %d rows exceed max_length=%d and lose trailing steps in both streams: rows %s%s", name, len(cut), max_length,

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from biprm.template import STEP_TAG, render_prompt, render_step
-from biprm.trajectory import DataError, Trajectory
+from biprm.data.template import STEP_TAG, render_prompt, render_step
+from biprm.data.trajectory import DataError, Trajectory
 
 
 @dataclass

@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from biprm.trajectory import Trajectory, labels_from_first_error
+from biprm.data.trajectory import Trajectory, labels_from_first_error
 
 KINDS = ("merge", "split", "noise")
 FILLERS = (

@@ -13,7 +13,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from biprm.trajectory import Trajectory, labels_from_first_error
+from biprm.data.trajectory import Trajectory, labels_from_first_error
 
 KINDS = ("correct", "calc", "claim")
 MAX_VALUE = 1000  # every quantity, right or wrong, stays in [1, MAX_VALUE)

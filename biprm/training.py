@@ -3,11 +3,14 @@
 Built on `transformers.Trainer`, so one code path runs on a laptop CPU, on one GPU in
 bf16, and on many GPUs through `accelerate launch` (DDP, DeepSpeed ZeRO, FSDP):
 checkpointing, exact resume (optimizer, scheduler, RNG and data position), logging
-to TensorBoard/W&B and the progress bar come from the library. Our only custom piece
-is the collator, which packs both streams of every trajectory into one batch.
+to TensorBoard/W&B and the progress bar come from the library. Our custom pieces are
+the collator, which packs both streams of every trajectory into one batch, and, with
+--train-top-layers, the trunk cache's dataset and collator (`biprm.trunk`), on which
+`biprm replicate` trains too: one loop for every training run.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -18,34 +21,54 @@ from pathlib import Path
 import datasets
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
 from biprm.config import TrainConfig
 from biprm.checkpoint import share, stamp, write_model_card
-from biprm.encoded import encoded_dataset, streamed_dataset, to_encoded
+from biprm.data.arrow import encoded_dataset, streamed_dataset, to_encoded
 from biprm.run_folder import RECORD, finished, plan, publish, run_record, start, undone_if_nothing_trained
-from biprm.encoding import Encoder
+from biprm.data.encoding import Encoder
 from biprm.lora import save_merged, with_lora
-from biprm.modeling import from_backbone
-from biprm.sources import check_source
+from biprm.data.readers import check_source
+from biprm.data.trajectory import Trajectory
+from biprm.modeling import BiPRMModel, from_backbone
 from biprm.packing import pack
-from biprm.trunk import freeze_bottom
+from biprm.trunk import TrunkCache, TrunkCollator, TrunkData, freeze_bottom
 
 log = logging.getLogger(__name__)
 
 
 class BiPRMTrainer(Trainer):
-    """`Trainer` plus one option: the gate's parameters get their own group at `gate_lr_scale` x lr.
+    """`Trainer` for BiPRM's two training layouts: `BiPRMTrainer(model, args, train_dataset=ds).train()` works alone.
 
-    The linear schedule then scales both groups alike. (A DeepSpeed config that defines
-    its own optimizer or scheduler would bypass this, so `check_deepspeed_config` refuses it.)
+    - The default collator follows the data and the model's mode: `pack` for encoded rows
+      (`encoded_dataset`), `TrunkCollator` for `TrunkData` (features of a frozen trunk).
+    - `gate_lr_scale`: the gate's parameters get their own group at that x lr; the linear
+      schedule scales both groups alike. (A DeepSpeed config that defines its own optimizer
+      or scheduler would bypass this, so `check_deepspeed_config` refuses it.)
+    - On `TrunkData` the batches are its seeded length-grouped ones over every epoch, each
+      run as micro-batches of bounded size; it trains in one process, through the model's
+      `forward_features`, and unless given, the step count and a warm-up ratio are counted on
+      those batches (warm-up rounded, as the replication studies always did).
     """
 
-    def __init__(self, *args, gate_lr_scale: float = 1.0, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, model: BiPRMModel, args: TrainingArguments | None = None, data_collator=None, train_dataset=None, *rest,
+                 gate_lr_scale: float = 1.0, **kwargs):
+        if data_collator is None and train_dataset is not None:
+            data_collator = default_collator(model, train_dataset, kwargs.get("processing_class"))
+        super().__init__(model, args, data_collator, train_dataset, *rest, **kwargs)
         self.gate_lr_scale = gate_lr_scale
+        if isinstance(self.train_dataset, TrunkData):
+            if self.args.world_size > 1:
+                raise ValueError("training on the trunk cache runs in one process; launch one, or pass --no-trunk-cache")
+            self.batches = self.train_dataset.batches(self.args.per_device_train_batch_size, self.args.num_train_epochs, self.args.seed)
+            if self.args.max_steps <= 0:
+                self.args.max_steps = len(self.batches) // self.args.gradient_accumulation_steps
+            if 0 < self.args.warmup_steps < 1:
+                self.args.warmup_steps = round(self.args.warmup_steps * self.args.max_steps)
 
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
@@ -60,6 +83,9 @@ class BiPRMTrainer(Trainer):
                 optimizer.add_param_group({**group, "params": mine, "lr": group["lr"] * self.gate_lr_scale, "gate": True})
         return optimizer
 
+    def _remove_unused_columns(self, dataset, description=None):
+        return dataset  # the collator reads every column of an encoded row
+
     def _get_train_sampler(self, train_dataset=None):
         """The length-grouped sampler, given its lengths as one array read in one go.
 
@@ -72,6 +98,34 @@ class BiPRMTrainer(Trainer):
             return super()._get_train_sampler(train_dataset)
         lengths = data.select_columns([column]).with_format("numpy")[:][column].tolist()
         return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps, lengths=lengths)
+
+    def get_train_dataloader(self) -> DataLoader:
+        if not isinstance(self.train_dataset, TrunkData):
+            return super().get_train_dataloader()
+        return self.accelerator.prepare(DataLoader(self.train_dataset, batch_sampler=self.batches, collate_fn=self.data_collator))
+
+    def training_step(self, model, inputs: dict, num_items_in_batch=None) -> torch.Tensor:
+        """A `TrunkCollator` batch: one backward pass per micro-batch, its loss weighted by its share of the trajectories."""
+        if "parts" not in inputs:
+            return super().training_step(model, inputs, num_items_in_batch)
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        features = self.accelerator.unwrap_model(model).forward_features
+        total = torch.zeros((), device=self.args.device)
+        for part, weight in zip(inputs["parts"], inputs["shares"]):
+            with torch.autocast(self.args.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+                loss = features(**part).loss * weight / self.args.gradient_accumulation_steps
+            self.accelerator.backward(loss)
+            total += loss.detach()
+        return total
+
+
+def default_collator(model: BiPRMModel, data, tokenizer=None):
+    """The collator of the data's layout, for the model's mode."""
+    if isinstance(data, TrunkData):
+        return TrunkCollator(data, model.streams)
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    return partial(collate, mode=model.config.mode, pad_id=0 if pad_id is None else pad_id)
 
 
 def holdout(data: datasets.Dataset, fraction: float, seed: int) -> tuple[datasets.Dataset, datasets.Dataset | None]:
@@ -95,13 +149,19 @@ CHECKPOINTING = "activation_checkpointing" if "activation_checkpointing" in Trai
 
 
 def training_arguments(cfg: TrainConfig) -> TrainingArguments:
-    return TrainingArguments(
+    """`cfg` as TrainingArguments; `cfg.training_args` sets any other of their options, or replaces one of ours."""
+    for name in cfg.training_args:
+        if name not in TrainingArguments.__dataclass_fields__:
+            raise ValueError(f"training_args: {name!r} is not a transformers.TrainingArguments option")
+        if name in TrainConfig.__dataclass_fields__:
+            raise ValueError(f"training_args: {name!r} is a setting of its own; set it as --{name.replace('_', '-')}")
+    ours = dict(
         output_dir=cfg.output_dir,
-        learning_rate=cfg.lr,
-        num_train_epochs=cfg.epochs,
+        learning_rate=cfg.learning_rate,
+        num_train_epochs=cfg.num_train_epochs,
         max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.batch_size,
-        gradient_accumulation_steps=cfg.grad_accum,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         lr_scheduler_type="linear",
         warmup_steps=cfg.warmup_ratio,  # a float in [0, 1) is a ratio of total steps
         weight_decay=cfg.weight_decay,
@@ -116,7 +176,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         logging_steps=cfg.logging_steps,
         eval_strategy="steps" if cfg.eval_fraction else "no",
         eval_steps=cfg.save_steps,
-        per_device_eval_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.per_device_train_batch_size,
         prediction_loss_only=True,
         report_to=[t.strip() for t in cfg.report_to.split(",") if t.strip() and t.strip() != "none"],
         remove_unused_columns=False,
@@ -130,6 +190,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         # each process reads its own rows: dispatching a streamed batch would cut every tensor to the first one's length
         accelerator_config={"dispatch_batches": False},
     )
+    return TrainingArguments(**ours | cfg.training_args)
 
 
 def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0) -> None:
@@ -155,9 +216,12 @@ def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0) -> 
         )
 
 
-def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> str:
-    set_seed(cfg.seed)
-    check_source(cfg.data)
+def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, trajectories: list[Trajectory] | None = None) -> str:
+    """Train one model into `cfg.output_dir`; `trajectories`, if given, are the data instead of `cfg.data`
+    (they need the trunk cache: --train-top-layers)."""
+    set_seed(cfg.seed)  # before the model is built: the seed fixes every new weight
+    if trajectories is None:
+        check_source(cfg.data)
     if cfg.deepspeed:
         check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r)
     # The arguments come first: with a ZeRO-3 config they switch on partitioned init, so the
@@ -181,10 +245,17 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         log.info("LoRA r=%d: training %d of %d parameters", cfg.lora_r, trainable, total)
     if cfg.train_top_layers:
         freeze_bottom(model, cfg.train_top_layers)
+        if cfg.heads_only:
+            model.backbone.requires_grad_(False)
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log.info("training the top %d layers, value head and gate: %d of %d parameters", cfg.train_top_layers, trainable, model.num_parameters())
     encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
-    if cfg.streaming:
+    if cfg.train_top_layers and cfg.trunk_cache:
+        train_set, fingerprint = trunk_set(cfg, model, encoder, trajectories)
+        eval_set = None
+    elif trajectories is not None:
+        raise ValueError("training on trajectories given in Python needs the trunk cache (--train-top-layers K)")
+    elif cfg.streaming:
         data = streamed_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid)
         train_set, eval_set, fingerprint = data, None, f"stream:{cfg.data}"
     else:
@@ -194,7 +265,8 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         fingerprint = data._fingerprint
     options = dict(mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row, pad_id=tokenizer.pad_token_id)
     trainer = BiPRMTrainer(  # built before the folder is touched: a tracker or launcher that fails here leaves nothing behind
-        model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, data_collator=partial(collate, **options),
+        model=model, args=args, train_dataset=train_set, eval_dataset=eval_set,
+        data_collator=None if isinstance(train_set, TrunkData) else partial(collate, **options),
         processing_class=tokenizer, callbacks=callbacks, gate_lr_scale=cfg.gate_lr_scale,
     )
     record = run_record(asdict(cfg), fingerprint)
@@ -226,3 +298,18 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None) -> s
         publish(scratch, cfg.output_dir)
         share(cfg.output_dir)
     return cfg.output_dir
+
+
+def trunk_set(cfg: TrainConfig, model: BiPRMModel, encoder: Encoder, trajectories: list[Trajectory] | None) -> tuple[TrunkData, str]:
+    """(the training rows as features of the frozen trunk, their fingerprint). The features are computed
+    once into the on-disk cache, which every run cutting the same weights at the same layer shares."""
+    if cfg.eval_fraction or cfg.streaming:
+        raise ValueError("--train-top-layers trains on the trunk cache, which takes no --eval-fraction or --streaming; add --no-trunk-cache")
+    if trajectories is None:
+        encs = [to_encoded(r) for r in encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)]
+    else:
+        encs = [encoder.encode(t, f"row {i + 1}") for i, t in enumerate(trajectories)]
+    root = cfg.trunk_cache_dir or cache_root() / "trunk"
+    cache = TrunkCache(root, model, cfg.train_top_layers, encs, dtype=torch.bfloat16 if cfg.bf16 else None).build(progress=cfg.show_progress)
+    labels = [e.labels for e in encs]
+    return TrunkData(cache, labels), f"trunk:{cache.dir.name}:{hashlib.sha256(json.dumps(labels).encode()).hexdigest()[:16]}"

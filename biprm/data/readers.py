@@ -1,4 +1,4 @@
-"""Raw rows (local files or the Hugging Face Hub) -> `Trajectory`.
+"""Raw rows (local files, the Hugging Face Hub or the embedded synthetic task) -> `Trajectory`.
 
 Each converter names the file, the row and the raw field in its errors and ends with
 `validate`, so a malformed row stops here instead of surfacing later as a shape error.
@@ -12,9 +12,14 @@ import re
 from collections import Counter
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from biprm.trajectory import DataError, Trajectory, labels_from_first_error, validate
+from biprm.config import FORMATS
+from biprm.data.synthetic import make_dataset
+from biprm.data.trajectory import DataError, Trajectory, labels_from_first_error, validate
+
+if TYPE_CHECKING:
+    import datasets
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +88,51 @@ def read_rows(source: str, split: str = "train") -> tuple[list[dict], str]:
         raise FileNotFoundError(f"{source}: is not a data file")
     if looks_like_path(source):
         raise FileNotFoundError(f"{source}: no such data file (and it does not look like a Hugging Face dataset name)")
+    table, name = _hub_dataset(source, split)
+    return table.to_list(), name
+
+
+def _hub_dataset(source: str, split: str, streaming: bool = False) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
     import datasets
 
     name, _, config = source.partition(":")
-    return datasets.load_dataset(name, config or None, split=split).to_list(), f"{source}[{split}]"
+    return datasets.load_dataset(name, config or None, split=split, streaming=streaming), f"{source}[{split}]"
+
+
+def synthetic_spec(spec: str) -> tuple[int, int] | None:
+    """(rows, seed) of "synthetic[:N[:SEED]]", the embedded task; None for any other source."""
+    if spec != "synthetic" and not spec.startswith("synthetic:"):
+        return None
+    parts = spec.split(":")
+    return (int(parts[1]) if len(parts) > 1 else 2000, int(parts[2]) if len(parts) > 2 else 0)
+
+
+def check_source(spec: str) -> None:
+    """Name a data path that is not there at once, before a model loads (a Hub name is checked when it is read)."""
+    path = Path(spec).expanduser()
+    if synthetic_spec(spec) is None and not path.is_file() and (path.exists() or looks_like_path(spec)):
+        read_rows(spec)  # raises the reader's one-line error, naming the path
+
+
+def read_table(source: str, split: str = "train", streaming: bool = False) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
+    """`read_rows` as an Arrow table (a Hub dataset already is one), memory-mapped instead of held as Python rows."""
+    import datasets
+
+    check_source(source)
+    path = Path(source).expanduser()
+    if not path.is_file():
+        return _hub_dataset(source, split, streaming)
+    kind = "parquet" if ".parquet" in path.suffixes else "json"
+    if streaming:
+        return datasets.load_dataset(kind, data_files=str(path), split="train", streaming=True), str(path)
+    try:
+        return datasets.load_dataset(kind, data_files=str(path), split="train"), str(path)
+    except Exception as error:  # the Arrow reader is strict; the line reader names the bad line and field
+        rows, name = read_rows(source, split)
+        try:
+            return datasets.Dataset.from_list(rows), name
+        except Exception:
+            raise DataError(f"{path}: rows do not fit one table ({error})") from None
 
 
 # ---- steps -----------------------------------------------------------------------------
@@ -119,7 +165,7 @@ def solution_steps(text: str, rule: str = "auto") -> list[str]:
 # ---- converters ------------------------------------------------------------------------
 
 
-def _field(row: dict, key: str, where: str, kind: type) -> Any:
+def checked_field(row: dict, key: str, where: str, kind: type) -> Any:
     """row[key], checked to be a `kind` (a bool is not an int here)."""
     if row.get(key) is None:
         raise DataError(f"{where}: field '{key}' is missing")
@@ -132,19 +178,19 @@ def _field(row: dict, key: str, where: str, kind: type) -> Any:
 def from_trl(row: dict, where: str) -> Trajectory:
     """TRL stepwise supervision: {"prompt", "completions", "labels"?}; no labels means unlabelled scoring.
     Any other field (an id, an answer, ...) rides along in `meta`, so scores can be joined back."""
-    labels = _field(row, "labels", where, list) if row.get("labels") is not None else None
+    labels = checked_field(row, "labels", where, list) if row.get("labels") is not None else None
     extra = {k: v for k, v in row.items() if k not in ("prompt", "completions", "labels")}
-    traj = Trajectory(_field(row, "prompt", where, str), _field(row, "completions", where, list), labels, meta=extra)
+    traj = Trajectory(checked_field(row, "prompt", where, str), checked_field(row, "completions", where, list), labels, meta=extra)
     return validate(traj, where)
 
 
 def from_steps(row: dict, where: str) -> Trajectory:
     """The layout of `Trajectory`, the server and the Python examples: {"question", "steps", "labels"?, "answer"?};
     any other field (an id, ...) rides along in `meta`."""
-    labels = _field(row, "labels", where, list) if row.get("labels") is not None else None
+    labels = checked_field(row, "labels", where, list) if row.get("labels") is not None else None
     answer = None if row.get("answer") is None else str(row["answer"])
     extra = {k: v for k, v in row.items() if k not in ("question", "steps", "labels", "answer")}
-    traj = Trajectory(_field(row, "question", where, str), _field(row, "steps", where, list), labels, answer=answer, meta=extra)
+    traj = Trajectory(checked_field(row, "question", where, str), checked_field(row, "steps", where, list), labels, answer=answer, meta=extra)
     return validate(traj, where)
 
 
@@ -154,7 +200,7 @@ def from_math_shepherd(row: dict, where: str) -> Trajectory:
     The marks are read at the tag positions, so the two texts must have matching lengths.
     Steps keep their "Step k:" prefixes, as written in the data.
     """
-    text, marked = _field(row, "input", where, str), _field(row, "label", where, str)
+    text, marked = checked_field(row, "input", where, str), checked_field(row, "label", where, str)
     pieces = text.split(MS_TAG)
     n = len(pieces) - 1
     if n == 0:
@@ -181,8 +227,8 @@ def from_math_shepherd(row: dict, where: str) -> Trajectory:
 def from_processbench(row: dict, where: str) -> Trajectory:
     """ProcessBench: `label` is the 0-based first wrong step, or -1 when every step is right."""
     meta = {k: row.get(k) for k in ("id", "generator", "final_answer_correct")}
-    traj = validate(Trajectory(_field(row, "problem", where, str), _field(row, "steps", where, list), meta=meta), where)
-    first = _field(row, "label", where, int)
+    traj = validate(Trajectory(checked_field(row, "problem", where, str), checked_field(row, "steps", where, list), meta=meta), where)
+    first = checked_field(row, "label", where, int)
     if not -1 <= first < len(traj.steps):
         raise DataError(f"{where}: field 'label' is {first}, expected -1 or a step index in [0, {len(traj.steps) - 1}]")
     traj.labels, traj.meta["first_error"] = labels_from_first_error(first, len(traj.steps)), first
@@ -197,7 +243,7 @@ def from_prmbench(row: dict, where: str) -> list[Trajectory]:
     does. Listed steps past the end of the process are kept in meta but otherwise ignored;
     an empty list (the multi_solutions class) means an alternative, fully correct solution.
     """
-    errors = _field(row, "error_steps", where, list)
+    errors = checked_field(row, "error_steps", where, list)
     if any(not isinstance(e, int) or isinstance(e, bool) or e < 1 for e in errors):
         raise DataError(f"{where}: field 'error_steps' must hold 1-based step numbers, got {errors}")
     meta = {"idx": row.get("idx"), "classification": row.get("classification")}
@@ -205,8 +251,8 @@ def from_prmbench(row: dict, where: str) -> list[Trajectory]:
     trajs = []
     for variant in ("original", "modified"):
         traj = Trajectory(
-            _field(row, f"{variant}_question", where, str),
-            _field(row, f"{variant}_process", where, list),
+            checked_field(row, f"{variant}_question", where, str),
+            checked_field(row, f"{variant}_process", where, list),
             answer=answer,
             meta={**meta, "variant": variant},
         )
@@ -225,11 +271,11 @@ def from_bon_pool(row: dict, where: str, split_rule: str = "auto", qid: int = 0)
     """Best-of-N candidates of one question: PQM's {"question", "responses": [{"text"}]} or
     ours {"question", "answer"?, "candidates": [{"steps"} | {"text"}, "correct"?]}. A candidate
     may also be a plain string (what generators usually write): its text, cut by `split_rule`."""
-    question = _field(row, "question", where, str)
+    question = checked_field(row, "question", where, str)
     key = "candidates" if "candidates" in row else "responses"
     if key not in row:
         raise DataError(f"{where}: field 'candidates' (or PQM's 'responses') is missing")
-    cands = _field(row, key, where, list)
+    cands = checked_field(row, key, where, list)
     if not cands:
         raise DataError(f"{where}: field '{key}' is an empty list")
     answer = None if row.get("answer") is None else str(row["answer"])
@@ -240,8 +286,8 @@ def from_bon_pool(row: dict, where: str, split_rule: str = "auto", qid: int = 0)
             cand = {"text": cand}
         if not isinstance(cand, dict):
             raise DataError(f"{at}: expected a string or an object with 'steps' or 'text', got a {type(cand).__name__}")
-        steps = _field(cand, "steps", at, list) if "steps" in cand else split_steps(_field(cand, "text", at, str), split_rule)
-        correct = _field(cand, "correct", at, bool) if cand.get("correct") is not None else None
+        steps = checked_field(cand, "steps", at, list) if "steps" in cand else split_steps(checked_field(cand, "text", at, str), split_rule)
+        correct = checked_field(cand, "correct", at, bool) if cand.get("correct") is not None else None
         meta = {"qid": qid, "cand": j} | ({"policy": cand["model_name"]} if "model_name" in cand else {})
         trajs.append(validate(Trajectory(question, steps, answer=answer, correct=correct, meta=meta), at))
     return trajs
@@ -258,7 +304,6 @@ _SIGNATURES = (
     ("bon", {"question", "responses"}),
     ("steps", {"question", "steps"}),
 )
-FORMATS = ("trl", "steps", "math-shepherd", "processbench", "prmbench", "bon")
 
 
 def detect_format(row: dict, where: str) -> str:
@@ -279,45 +324,85 @@ def row_converter(fmt: str, split_rule: str) -> Callable[[dict, str, int], Traje
     return lambda row, where, i: simple[fmt](row, where)
 
 
+class Rows(NamedTuple):
+    """A source's raw rows with what converting them needs: a display name, the format, its columns and a converter."""
+
+    raw: list[dict] | datasets.Dataset | datasets.IterableDataset
+    name: str
+    fmt: str
+    columns: list[str]
+    convert: Callable[[dict, str, int], Trajectory | list[Trajectory]]
+
+
+def open_source(
+    source: str, fmt: str = "auto", split: str = "train", split_rule: str = "auto", arrow: bool = False, streaming: bool = False,
+) -> Rows:
+    """The one door to data, for Python lists (`load_trajectories`) and Arrow tables (`arrow=True` or `streaming`).
+
+    `synthetic[:N[:SEED]]` is generated here, so it reads (and streams) like a file instead of going to the Hub;
+    anything else is a local file or a Hub dataset. The format is told from the first row unless named.
+    """
+    synthetic = synthetic_spec(source)
+    if synthetic is not None:
+        trajs = make_dataset(*synthetic)
+        if arrow or streaming:
+            import datasets
+
+            table = datasets.Dataset.from_dict({"i": list(range(len(trajs)))})
+            raw = table.to_iterable_dataset() if streaming else table
+        else:
+            raw = [{"i": i} for i in range(len(trajs))]
+        return Rows(raw, source, "synthetic", ["i"], lambda row, where, i: trajs[row["i"]])
+    raw, name = read_table(source, split, streaming) if arrow or streaming else read_rows(source, split)
+    first = next(iter(raw), None) if streaming else (raw[0] if len(raw) else None)
+    if first is None:
+        raise DataError(f"{name}: has no rows")
+    fmt = detect_format(first, f"{name} row 1") if fmt == "auto" else fmt
+    return Rows(raw, name, fmt, getattr(raw, "column_names", None) or list(first if isinstance(first, dict) else []), row_converter(fmt, split_rule))
+
+
 def skip_reason(error: str, where: str) -> str:
     """An error message without its row and numbers, so that skipped rows can be counted by kind."""
     reason = re.sub(r"\[[\d, ]*\]", "[...]", error.removeprefix(where).lstrip(" :"))
     return re.sub(r"\d+", "N", reason)
 
 
-def skip_summary(name: str, errors: list[tuple[int, str]]) -> str:
-    """Skipped rows counted by kind of error, each kind shown by its first row's own message:
-    "2 rows like row 5 (field 'labels' has 1 labels for 2 steps); row 9 (field 'prompt' is missing)"."""
+PLURALS = {"row": "rows", "trajectory": "trajectories"}
+
+
+def skip_report(name: str, errors: list[tuple[int, str]], total: int, unit: str = "row") -> str:
+    """The one wording of skipped input: skipped rows counted by kind of error, each kind shown by its first
+    row's own message (which starts with "NAME UNIT N"):
+    "NAME: skipped 3 of 9 rows: 2 rows like row 5 (field 'labels' has 1 labels for 2 steps); row 9 (field 'prompt' is missing)"."""
     kinds: dict[str, list[tuple[int, str]]] = {}
     for row, error in errors:
-        kinds.setdefault(skip_reason(error, f"{name} row {row}"), []).append((row, error))
+        kinds.setdefault(skip_reason(error, f"{name} {unit} {row}"), []).append((row, error))
     parts = []
     for group in sorted(kinds.values(), key=len, reverse=True):
         row, error = group[0]
-        shown = f"row {row} ({error.removeprefix(f'{name} row {row}').lstrip(' :')})"
-        parts.append(shown if len(group) == 1 else f"{len(group)} rows like {shown}")
-    return "; ".join(parts)
+        shown = f"{unit} {row} ({error.removeprefix(f'{name} {unit} {row}').lstrip(' :')})"
+        parts.append(shown if len(group) == 1 else f"{len(group)} {PLURALS[unit]} like {shown}")
+    return f"{name}: skipped {len(errors)} of {total} {PLURALS[unit]}: {'; '.join(parts)}"
 
 
 def load_with_report(
-    source: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, split_rule: str = "auto"
+    source: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, split_rule: str = "auto", labelled: bool = False,
 ) -> tuple[list[Trajectory], dict[str, int]]:
     """Trajectories of every row, and how many rows were skipped for each reason (empty unless skip_invalid).
 
     Rows are numbered from 1 in file order in messages; a BoN row's index from 0 is its qid.
+    `labelled` refuses trajectories without step labels, as training needs them.
     """
-    rows, name = read_rows(source, split)
-    if not rows:
-        raise DataError(f"{name}: has no rows")
-    convert = row_converter(detect_format(rows[0], f"{name} row 1") if fmt == "auto" else fmt, split_rule)
+    rows = open_source(source, fmt, split, split_rule)
+    name = rows.name
     trajs: list[Trajectory] = []
     errors: list[tuple[int, str]] = []
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows.raw):
         where = f"{name} row {i + 1}"
         try:
             if not isinstance(row, dict):
                 raise DataError(f"{where}: is a {type(row).__name__}, expected an object")
-            got = convert(row, where, i)
+            got = rows.convert(row, where, i)
         except DataError as e:
             if not skip_invalid:
                 raise
@@ -325,72 +410,16 @@ def load_with_report(
             continue
         trajs.extend(got if isinstance(got, list) else [got])
     if errors:
-        log.warning("%s: skipped %d of %d rows: %s", name, len(errors), len(rows), skip_summary(name, errors))
+        log.warning(skip_report(name, errors, len(rows.raw)))
+    if labelled:
+        missing = next((i for i, t in enumerate(trajs) if t.labels is None), None)
+        if missing is not None:
+            raise DataError(f"{source} row {missing + 1}: field 'labels' is missing; training needs step labels")
     return trajs, dict(Counter(skip_reason(e, f"{name} row {row}") for row, e in errors))
 
 
 def load_trajectories(
-    source: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, split_rule: str = "auto"
+    source: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, split_rule: str = "auto", labelled: bool = False,
 ) -> list[Trajectory]:
     """`load_with_report` without the report (skips are still logged as a warning)."""
-    return load_with_report(source, fmt, split, skip_invalid, split_rule)[0]
-
-
-# ---- the local GSM8K Best-of-N pool ----------------------------------------------------
-
-OPENAI_POLICIES = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
-GSMPLUS_POLICIES = ("abel_7b", "abel_13b", "abel_70b", "gpt-3.5-turbo", "gpt4", "metamath_7b", "metamath_13b", "metamath_70b")
-
-
-def _column(
-    rows: list[dict], name: str, questions: list[str], question_key: str, text_key: str, flag_key: str, nested: str | None = None
-) -> list[tuple[str, bool]]:
-    """(solution, is_correct) per question, after checking the file is aligned with gsm8k/test.jsonl."""
-    if len(rows) != len(questions):
-        raise DataError(f"{name}: has {len(rows)} rows, expected {len(questions)} (one per GSM8K test question)")
-    column = []
-    for i, (row, question) in enumerate(zip(rows, questions)):
-        where = f"{name} row {i + 1}"
-        if question not in _field(row, question_key, where, str):
-            raise DataError(f"{where}: field '{question_key}' does not match question {i + 1} of gsm8k/test.jsonl")
-        sample, at = (_field(row, nested, where, dict), f"{where} {nested}") if nested else (row, where)
-        column.append((_field(sample, text_key, at, str), _field(sample, flag_key, at, bool)))
-    return column
-
-
-def gsm8k_bon_small(data_dir: str) -> list[Trajectory]:
-    """The 12-candidate pool for the 1,319 GSM8K test questions; `data_dir` holds gsm8k/ and gsm8k_bon_small/.
-
-    Candidates per question, in this order (cand 0..11): the OpenAI example solutions
-    (OPENAI_POLICIES), then the GSM-Plus predictions (GSMPLUS_POLICIES). Trajectories are
-    grouped by question. A candidate with no text becomes the single step EMPTY_RESPONSE.
-    """
-    root = Path(data_dir)
-    tests, name = read_rows(str(root / "gsm8k" / "test.jsonl"))
-    questions, golds = [], []
-    for i, row in enumerate(tests):
-        where = f"{name} row {i + 1}"
-        solution = _field(row, "answer", where, str)
-        if "####" not in solution:
-            raise DataError(f"{where}: field 'answer' has no '#### N' final answer")
-        questions.append(_field(row, "question", where, str))
-        golds.append(solution.rsplit("####", 1)[1].strip().replace(",", ""))
-
-    pool = root / "gsm8k_bon_small"
-    rows, name = read_rows(str(pool / "openai_example_model_solutions.jsonl.gz"))
-    columns = [(p, _column(rows, name, questions, "question", "solution", "is_correct", nested=p)) for p in OPENAI_POLICIES]
-    for policy in GSMPLUS_POLICIES:
-        rows, name = read_rows(str(pool / f"gsmplus_repo_gsm8k_pred_{policy}.json.gz"))
-        keys = ("input", "completion") if policy.startswith("metamath") else ("question", "model_prediction")
-        columns.append((policy, _column(rows, name, questions, *keys, "result")))
-
-    trajs = []
-    for qid, (question, gold) in enumerate(zip(questions, golds)):
-        for cand, (policy, column) in enumerate(columns):
-            text, correct = column[qid]
-            traj = Trajectory(question, solution_steps(text), answer=gold, correct=correct, meta={"qid": qid, "cand": cand, "policy": policy})
-            trajs.append(validate(traj, f"{pool} question {qid + 1} candidate {policy}"))
-    empty = sum(t.steps == [EMPTY_RESPONSE] for t in trajs)
-    if empty:
-        log.warning("%s: %d candidates have no text; each is kept as the single step %r", pool, empty, EMPTY_RESPONSE)
-    return trajs
+    return load_with_report(source, fmt, split, skip_invalid, split_rule, labelled)[0]

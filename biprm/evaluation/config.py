@@ -1,0 +1,118 @@
+"""Settings of `biprm eval bon | processbench | ablations | all`: one dataclass per sub-command, parsed by
+`HfArgumentParser` like every other command (so `--config FILE` works), and handed as is to its recipe.
+
+Shared groups are mixins (how a checkpoint is run, where data and results live, the Best-of-N and
+ProcessBench knobs), so no setting is written twice. Nothing here imports torch: `biprm --help` stays quick.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from biprm.aggregate import AGGREGATIONS
+from biprm.config import CHECKPOINT_ROLES, MAX_LENGTH, PROCESSBENCH_SUBSETS, TOKENS_PER_ROW, arg, check_choices, default_data_root
+from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS
+
+AGGS = ("min", "mean", "last", "prod")  # the aggregations `eval bon` reports side by side unless told
+POOL = "gsm8k_bon_small, a candidates file (ours or PQM's layout) or hf://OWNER/REPO/FILE; append @QUESTIONS for gold answers"
+
+
+@dataclass(kw_only=True)
+class ScorerSettings:
+    """How checkpoints are run (see `Scorer`)."""
+
+    device: str | None = arg(None, "cuda if available, else cpu")
+    tokens_per_batch: int | None = arg(None, "tokens per backbone batch (default: the Scorer's, by layout)")
+    tokens_per_row: int = arg(TOKENS_PER_ROW, "packed row length; 0 gives every question its own row")
+    max_length: int = arg(MAX_LENGTH, "tokens per stream; trailing steps past it are not scored")
+
+
+@dataclass(kw_only=True)
+class EvalOptions(ScorerSettings):
+    data_root: str = arg(help="benchmark folder: $BIPRM_DATA, else ../shared/data beside the repo", factory=default_data_root)
+    out: str = arg("eval", "output folder")
+    cache_dir: str | None = arg(None, "score cache (default: OUT/cache)")
+    limit: int | None = arg(None, "at most N questions per pool and rows per ProcessBench subset, evenly spaced (quick runs)")
+    grade_workers: int = arg(2, "processes for math-verify grading (0: inline)")
+    grade_timeout: float = arg(5.0, "seconds per graded answer; slower ones are reported and retried next run")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+
+
+@dataclass(kw_only=True)
+class BestOfN:
+    agg: Literal[AGGREGATIONS] = arg("min", "step -> solution score")
+    ns: list[int] = arg(help="Best-of-N sizes; those above the pool size are skipped", factory=lambda: list(DEFAULT_NS))
+
+
+@dataclass(kw_only=True)
+class FirstError:
+    subsets: list[str] = arg(help="ProcessBench subsets", factory=lambda: list(PROCESSBENCH_SUBSETS))
+    threshold: float = arg(0.5, "first-error threshold on step probabilities")
+
+
+@dataclass(kw_only=True)
+class BonConfig(BestOfN, EvalOptions):
+    model: list[str] = arg(help="checkpoint folder (several, or repeated, to compare); none: the content-free rows alone",
+                           factory=list, action="extend")
+    pool: str = arg("gsm8k_bon_small", POOL)
+    questions: str | None = arg(None, "gold answers, matched by position: gsm_plus, math500, gsm8k, a file or a Hub dataset")
+    questions_split: str = arg("test", "split when --questions is a Hub dataset (GSM-Plus: testmini)")
+    split_rule: str = arg("auto", "how a candidate's text is cut into steps: auto, newline, double-newline, ки")
+    protocol: list[str] = arg(help="which n candidates a question offers: first (its first n, the paper's), random (random n-subsets), or both",
+                              factory=lambda: list(PROTOCOLS), choices=PROTOCOLS)
+    draws: int = arg(100, "random n-subsets per question under --protocol random")
+    aggs: list[str] = arg(help="aggregations reported side by side (mean over n)", factory=lambda: list(AGGS), choices=AGGREGATIONS)
+    seed: int = arg(0, "seed of the random n-subsets, the noise baseline and the bootstrap")
+
+
+@dataclass(kw_only=True)
+class ProcessBenchConfig(FirstError, EvalOptions):
+    model: list[str] = arg(help="checkpoint folder (several, or repeated, to compare)", action="extend")
+    tune_threshold: bool = arg(False, "also report F1 at a threshold chosen out of sample: tuned on GSM8K "
+                                      "(cross-fitted on its own rows), applied to all subsets")
+    tune_data: str | None = arg(None, "a ProcessBench-layout dev file on which the threshold is tuned instead (its rows are never reported)",
+                                metavar="FILE")
+    data: list[str] = arg(help="files in ProcessBench's layout (problem, steps, label) to evaluate instead of --subsets",
+                          factory=list, action="extend", metavar="FILE")
+
+
+@dataclass(kw_only=True)
+class AblationConfig(BestOfN, FirstError, EvalOptions):
+    l2r: str = arg(help="l2r checkpoint")
+    r2l: str = arg(help="r2l checkpoint")
+    bi_static: str = arg(help="bi-static checkpoint")
+    bi: str = arg(help="bi checkpoint")
+    l2r_2: str | None = arg(None, "second l2r checkpoint (another seed) for the 2x ensemble")
+    r2l_2: str | None = arg(None, "second r2l checkpoint (another seed) for the 2x ensemble")
+    pool: list[str] = arg(help=f"{POOL} (several, or repeated; default gsm8k_bon_small)", factory=list, action="extend")
+    tune_threshold: bool = arg(False, "add ProcessBench F1 at the threshold tuned on GSM8K")
+
+    @property
+    def checkpoints(self) -> dict[str, str]:
+        """role (l2r, r2l, bi-static, bi, l2r-2, r2l-2) -> folder, for the roles given."""
+        return {role: path for role in CHECKPOINT_ROLES if (path := getattr(self, role.replace("-", "_")))}
+
+
+@dataclass(kw_only=True)
+class SuiteConfig(BestOfN, FirstError, EvalOptions):
+    model: str = arg(help="checkpoint folder")
+    pool: list[str] = arg(help=f"extra pools besides gsm8k_bon_small: {POOL}", factory=list, action="extend")
+    ablation: list[str] = arg(help=f"separately trained models as ROLE=CKPT (ROLE in {', '.join(CHECKPOINT_ROLES)}); "
+                                   "--model fills its own role", factory=list, action="extend", metavar="ROLE=CKPT")
+    long_chain_tokens: int = arg(1024, "long-chain subset: sequences longer than this")
+    perturb_seed: int = arg(1106, "seed of the perturbation analysis")
+    cases: int = arg(3, "case studies to show")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for given in self.ablation:
+            role, sep, _ = given.partition("=")
+            if not sep or role not in CHECKPOINT_ROLES:
+                raise ValueError(f"--ablation {given!r}: expected ROLE=CHECKPOINT with ROLE in {', '.join(CHECKPOINT_ROLES)}")
+
+    @property
+    def roles(self) -> dict[str, str]:
+        """--ablation as role -> folder."""
+        return dict(given.partition("=")[::2] for given in self.ablation)
