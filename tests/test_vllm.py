@@ -53,7 +53,8 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     load_tokenizer(tiny).save_pretrained(root / "backbone")
     return {
         mode: Path(train(TrainConfig(backbone=str(root / "backbone"), data="synthetic:16", output_dir=str(root / mode), mode=mode,
-                                     batch_size=4, grad_accum=1, max_steps=2, lr=1e-3, save_steps=100, show_progress=False)))
+                                     per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=2, learning_rate=1e-3,
+                                     save_steps=100, show_progress=False)))
         for mode in MODES
     }
 
