@@ -12,6 +12,7 @@ from biprm.backbones import cache_root, load_tokenizer, resolve_backbone  # noqa
 from biprm.serve.app import build_app  # noqa: E402
 from biprm.serve.chat import ChatPrompt  # noqa: E402
 from biprm.serve.config import ServeConfig  # noqa: E402
+from conftest import scored  # noqa: E402
 from biprm.data.trajectory import Trajectory  # noqa: E402
 
 Q = "Tom has 3 apples and buys 4 more. How many apples does he have?"
@@ -67,7 +68,7 @@ def test_get_reward_scores_the_plain_question_of_an_openrlhf_payload(tmp_path, b
         with TestClient(build_app(bi_scorer, ServeConfig(model="tiny", chat_template=str(folder), split="newline", threshold=0.55))) as c:
             body = c.post("/get_reward", json=payload).json()
             wrong = c.post("/get_reward", json={"query": [Q + "x"], "prompts": [Q]})
-        want = bi_scorer.score([Trajectory(Q, r.split("\n")) for r in RESPONSES], progress=False)
+        want = scored(bi_scorer, [Trajectory(Q, r.split("\n")) for r in RESPONSES])
         assert body["rewards"] == pytest.approx(want.solution_scores("min").tolist(), abs=1e-6), folder
         assert body["scores"] == body["rewards"]
         for got, i in zip(body["step_rewards"], (0, 1)):

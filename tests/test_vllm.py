@@ -28,6 +28,7 @@ from biprm.training import TrainConfig, train  # noqa: E402
 from biprm.data.trajectory import Trajectory  # noqa: E402
 from biprm.vllm_plugin.engine import VLLMScorer  # noqa: E402
 from biprm.vllm_plugin.export import export_for_vllm  # noqa: E402
+from conftest import scored  # noqa: E402
 MODES = ("l2r", "r2l", "bi-static", "bi")  # `bi` last: the endpoint tests below reuse its engine
 Q = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 CUT_AT = 256  # tokens per stream in the over-length comparison
@@ -98,16 +99,16 @@ def test_the_plugin_equals_the_scorer_in_every_mode(checkpoints, engines, mode):
     scorer = Scorer.from_pretrained(str(checkpoints[mode]), device="cpu", max_length=CUT_AT)
     engine.encoder.max_length = CUT_AT
     try:
-        got = engine.score(trajs)
+        got = scored(engine, trajs)
     finally:
         engine.encoder.max_length = 4096
-    want = scorer.score(trajs, progress=False)
+    want = scored(scorer, trajs)
     assert got.offsets.tolist() == want.offsets.tolist() and np.diff(got.offsets)[1] < 40  # the long one lost its tail, in both
     for key in ("fused", "l2r", "r2l", "sigma"):
         assert (getattr(got, key) is None) == (getattr(want, key) is None), key
         if getattr(want, key) is not None:
             np.testing.assert_allclose(getattr(got, key), getattr(want, key), atol=1e-4, err_msg=key)
-    full = engine.score(trajs[1:2])  # within the engine's own max_length the long solution is scored whole
+    full = scored(engine, trajs[1:2])  # within the engine's own max_length the long solution is scored whole
     assert len(full) == 1 and full.offsets[-1] == 40
 
 
@@ -127,7 +128,7 @@ from test_serve_rl import test_get_reward_scores_the_plain_question_of_an_openrl
 def test_score_through_the_server_equals_the_engine(bi_scorer):
     """test_serve's first test, with a tolerance: vLLM's CPU kernels differ by about 1e-8 from call to call."""
 
-    want = bi_scorer.score([Trajectory(Q, STEPS)], progress=False)
+    want = scored(bi_scorer, [Trajectory(Q, STEPS)])
     with client(bi_scorer) as c:
         one = c.post("/v1/score", json={"question": Q, "steps": STEPS}).json()
         many = c.post("/v1/score", json=[{"question": Q, "solution": "\n\n".join(STEPS)}, {"question": Q, "steps": STEPS[:1]}]).json()
@@ -135,7 +136,7 @@ def test_score_through_the_server_equals_the_engine(bi_scorer):
         assert one[stream] == pytest.approx(want.of(0, stream).tolist(), abs=1e-6)
     assert one["steps_scored"] == 3 and one["truncated"] is False and many[0]["steps"] == STEPS
     assert many[0]["fused"] == pytest.approx(one["fused"], abs=1e-6)
-    assert many[1]["fused"] == pytest.approx(bi_scorer.score([Trajectory(Q, STEPS[:1])], progress=False).prob().tolist(), abs=1e-6)
+    assert many[1]["fused"] == pytest.approx(scored(bi_scorer, [Trajectory(Q, STEPS[:1])]).prob().tolist(), abs=1e-6)
 
 
 def test_get_reward_through_the_server_equals_the_engine(bi_scorer):
@@ -145,7 +146,7 @@ def test_get_reward_through_the_server_equals_the_engine(bi_scorer):
     with client(bi_scorer, aggregation="mean", split="newline") as c:
         body = c.post("/get_reward", json={"query": [prompt + r for r in responses], "prompts": [prompt, prompt]}).json()
     assert set(body) == {"rewards", "scores", "extra_logs", "step_rewards"} and body["scores"] == body["rewards"]
-    want = bi_scorer.score([Trajectory(prompt, r.replace(bi_scorer.tokenizer.eos_token, "").split("\n")) for r in responses], progress=False)
+    want = scored(bi_scorer, [Trajectory(prompt, r.replace(bi_scorer.tokenizer.eos_token, "").split("\n")) for r in responses])
     assert body["rewards"] == pytest.approx(want.solution_scores("mean").tolist(), abs=1e-6)
     for got, i in zip(body["step_rewards"], (0, 1)):
         assert got == pytest.approx(want.of(i).tolist(), abs=1e-6)
@@ -187,7 +188,7 @@ def test_vllm_serve_answers_a_step_scoring_request(checkpoints, engines, tmp_pat
             server.wait(30)
         except subprocess.TimeoutExpired:
             server.kill()
-    want = Scorer.from_pretrained(str(checkpoints["bi"]), device="cpu").score([short], progress=False)
+    want = scored(Scorer.from_pretrained(str(checkpoints["bi"]), device="cpu"), [short])
     for key in ("fused", "l2r", "r2l", "sigma"):
         np.testing.assert_allclose(answer[key], want.of(0, key), atol=1e-4, err_msg=key)
     assert answer["steps_scored"] == 3
