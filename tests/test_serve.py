@@ -2,6 +2,7 @@
 overload is a quick 503, over-long input is flagged or refused, shutdown finishes accepted requests."""
 import asyncio
 import json
+import copy
 import os
 import signal
 import socket
@@ -32,10 +33,11 @@ STEPS = ["Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 7.", "The answ
 
 
 def client(bi_scorer, **kw) -> TestClient:
-    """A server over `bi_scorer` (any engine), or over a Scorer of its model when the settings ask for another max_length."""
+    """A server over `bi_scorer` (either engine); a copy of it reads another max_length when the settings ask for one."""
     cfg = ServeConfig(model="tiny", **kw)
     if bi_scorer.max_length != cfg.max_length:
-        bi_scorer = Scorer(bi_scorer.model, bi_scorer.tokenizer, max_length=cfg.max_length)
+        bi_scorer, encoder = copy.copy(bi_scorer), copy.copy(bi_scorer.encoder)
+        bi_scorer.encoder, encoder.max_length = encoder, cfg.max_length
     return TestClient(build_app(bi_scorer, cfg))
 
 
