@@ -25,7 +25,7 @@ from transformers import HfArgumentParser
 
 from biprm.bench.measure import machine
 from biprm.bench.workload import build
-from biprm.config import arg, default_data_root
+from biprm.config import MAX_LENGTH, arg, default_data_root
 from biprm.evaluation.data import gsm8k_bon_small
 from biprm.scoring import Scorer
 from biprm.serve.loadtest import Server, _drive, save_json
@@ -71,7 +71,7 @@ def run(cfg: VLLMBenchConfig) -> dict:
         scorer = Scorer.from_pretrained(str(ckpt), device="cpu")
         seconds, want = _timed(partial(_score, scorer), bon)
         want_singles = _score(scorer, singles)
-        engine = VLLMScorer.from_pretrained(str(ckpt), max_length=4096, enforce_eager=True)
+        engine = VLLMScorer.from_pretrained(str(ckpt), max_length=MAX_LENGTH, enforce_eager=True)
         _score(engine, bon[:2])  # warm-up
         vllm_seconds, got = _timed(partial(_score, engine), bon)
         engine.close()
