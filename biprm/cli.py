@@ -24,7 +24,7 @@ from biprm.bench.config import BenchConfig, DataBenchConfig
 from biprm.config import DemoConfig, ScoreConfig, TrainConfig
 from biprm.evaluation import cli as evaluation
 from biprm.replication.config import ReplicateConfig
-from biprm.serve.config import LoadTestConfig, ServeConfig
+from biprm.serve.config import ExportConfig, LoadTestConfig, ServeConfig
 
 
 def cmd_train(cfg: TrainConfig) -> None:
@@ -66,11 +66,17 @@ def cmd_serve(cfg: ServeConfig) -> None:
     from biprm.checkpoint import check_checkpoint
     from biprm.config import check_extras
 
-    check_extras({"serve": "biprm serve"})
+    check_extras({"serve": "biprm serve", **({"vllm": "biprm serve --engine vllm"} if cfg.engine == "vllm" else {})})
     check_checkpoint(cfg.model)  # before the server stack loads
     from biprm.serve.app import serve
 
     serve(cfg)
+
+
+def cmd_export(cfg: ExportConfig) -> None:
+    from biprm.vllm_plugin.export import export_for_vllm
+
+    print(f"exported to {export_for_vllm(cfg.model, cfg.out)}; serve it with: vllm serve {cfg.out}")
 
 
 def cmd_loadtest(cfg: LoadTestConfig) -> None:
@@ -97,6 +103,7 @@ COMMANDS = {  # name: (settings, recipe, one-line help)
     "score": (ScoreConfig, cmd_score, "write per-step and solution scores of a data file as JSONL"),
     "replicate": (ReplicateConfig, cmd_replicate, "the paper's l2r / r2l / bi-static / bi comparison on SmolLM2-135M and real data (resumable: rerun to continue)"),
     "serve": (ServeConfig, cmd_serve, "serve a checkpoint over HTTP: /v1/score, /get_reward (OpenRLHF), /health, /metrics (extra [serve])"),
+    "export": (ExportConfig, cmd_export, "write a checkpoint in the layout another engine loads (vllm: for `vllm serve` with biprm's plugin)"),
     "loadtest": (LoadTestConfig, cmd_loadtest, "benchmark `biprm serve` on loopback: batched vs one-at-a-time, latency by concurrency, overload"),
     "bench": (BenchConfig, cmd_bench, "time and measure BiPRM against the reference pattern and L2R, side by side"),
     "bench-data": (DataBenchConfig, cmd_bench_data, "time to the first training step and peak RSS per rank on a Math-Shepherd-size file"),

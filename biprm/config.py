@@ -53,6 +53,7 @@ def check_choices(settings: Any) -> None:
 
 EXTRAS = {  # pyproject extra: the modules it installs
     "tensorboard": ("tensorboard",), "wandb": ("wandb",), "deepspeed": ("deepspeed",), "peft": ("peft",), "serve": ("fastapi", "uvicorn"),
+    "vllm": ("vllm",),
 }
 
 

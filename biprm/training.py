@@ -144,6 +144,10 @@ def collate(rows: list[dict], **pack_options) -> dict[str, torch.Tensor]:
     return pack([to_encoded(r) for r in rows], **pack_options)
 
 
+# transformers 5.20 renamed the flag (the old name warns); vLLM needs transformers < 5.20, so both must work
+CHECKPOINTING = "activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__ else "gradient_checkpointing"
+
+
 def training_arguments(cfg: TrainConfig) -> TrainingArguments:
     """`cfg` as TrainingArguments; `cfg.training_args` sets any other of their options, or replaces one of ours."""
     for name in cfg.training_args:
@@ -177,7 +181,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         report_to=[t.strip() for t in cfg.report_to.split(",") if t.strip() and t.strip() != "none"],
         remove_unused_columns=False,
         dataloader_drop_last=False,
-        activation_checkpointing=cfg.gradient_checkpointing,
+        **{CHECKPOINTING: cfg.gradient_checkpointing},
         dataloader_pin_memory=torch.cuda.is_available(),
         deepspeed=cfg.deepspeed,
         disable_tqdm=not cfg.show_progress,

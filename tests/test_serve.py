@@ -2,6 +2,7 @@
 overload is a quick 503, over-long input is flagged or refused, shutdown finishes accepted requests."""
 import asyncio
 import json
+import copy
 import os
 import signal
 import socket
@@ -21,7 +22,6 @@ from fastapi.testclient import TestClient  # noqa: E402
 from biprm.data.readers import split_steps  # noqa: E402
 from biprm.data.trajectory import Trajectory  # noqa: E402
 from biprm.scores import StepScores  # noqa: E402
-from biprm.scoring import Scorer  # noqa: E402
 from biprm.serve.app import build_app  # noqa: E402
 from biprm.serve.batcher import Batcher, Overloaded  # noqa: E402
 from biprm.serve.config import ServeConfig  # noqa: E402
@@ -32,8 +32,12 @@ STEPS = ["Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 7.", "The answ
 
 
 def client(bi_scorer, **kw) -> TestClient:
+    """A server over `bi_scorer` (either engine); a copy of it reads another max_length when the settings ask for one."""
     cfg = ServeConfig(model="tiny", **kw)
-    return TestClient(build_app(Scorer(bi_scorer.model, bi_scorer.tokenizer, max_length=cfg.max_length), cfg))
+    if bi_scorer.max_length != cfg.max_length:
+        bi_scorer, encoder = copy.copy(bi_scorer), copy.copy(bi_scorer.encoder)
+        bi_scorer.encoder, encoder.max_length = encoder, cfg.max_length
+    return TestClient(build_app(bi_scorer, cfg))
 
 
 def test_score_equals_the_scorer_for_steps_and_free_text(bi_scorer):
@@ -56,9 +60,11 @@ def test_get_reward_speaks_the_openrlhf_interface(bi_scorer):
     responses = ["3 + 4 = 7.\nThe answer is 7.", "3 + 4 = 8.\nThe answer is 8.</s>"]
     with client(bi_scorer, aggregation="mean", split="newline") as c:
         body = c.post("/get_reward", json={"query": [prompt + r for r in responses], "prompts": [prompt, prompt]}).json()
-    assert list(body) == ["rewards"] and len(body["rewards"]) == 2
+    assert set(body) == {"rewards", "scores", "extra_logs", "step_rewards"} and len(body["rewards"]) == 2
     trajs = [Trajectory(prompt, split_steps(r.replace(bi_scorer.tokenizer.eos_token, ""), "newline")) for r in responses]
-    assert body["rewards"] == scored(bi_scorer, trajs).solution_scores("mean").tolist()
+    want = scored(bi_scorer, trajs)
+    assert body["rewards"] == body["scores"] == want.solution_scores("mean").tolist()
+    assert body["step_rewards"] == [want.of(0).tolist(), want.of(1).tolist()]
 
 
 @pytest.mark.parametrize("path, body, message", [

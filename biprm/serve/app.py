@@ -6,15 +6,24 @@ Endpoints:
   and the solution score under every aggregation come back.
 - POST /get_reward: the remote reward-model interface of OpenRLHF (and of trainers that
   copy it): {"query": [prompt + response, ...], "prompts": [prompt, ...]} in,
-  {"rewards": [one float per query]} out; aggregation and split rule are server flags.
+  {"rewards", "scores": [one float per query], "extra_logs": {...}, "step_rewards": [[...]]} out;
+  aggregation, split rule and the policy's chat template are server flags.
 - GET /health, GET /metrics (Prometheus text: queue depth, batch sizes, latencies).
 
+Requests are bounded before any work: bodies by --max-body-bytes, each solution's text by
+--max-text-chars. Tokenizing runs on a thread pool, so one large request never holds up
+the event loop that accepts, refuses and answers the others.
+
 Every scoring request goes through one `Batcher`, so concurrent clients share model calls.
+The scorer underneath is biprm's own `Scorer` or, with --engine vllm, a vLLM engine
+running biprm's plugin (`biprm.vllm_plugin`); the endpoints are the same.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 import numpy as np
@@ -22,16 +31,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from biprm.data.readers import SPLIT_RULES, split_steps
+from biprm.config import MODE_TABLE
 from biprm.data.encoding import Encoded
-from biprm.scores import StepScores
+from biprm.data.readers import SPLIT_RULES, split_steps
+from biprm.data.trajectory import DataError, Trajectory
+from biprm.metrics.processbench import predict_first_error
+from biprm.scores import STEP_OUTPUTS, StepScores, score_rows
 from biprm.scoring import Scorer
 from biprm.serve.batcher import Batcher, Overloaded
+from biprm.serve.chat import ChatPrompt
 from biprm.serve.config import ServeConfig
-from biprm.data.trajectory import DataError, Trajectory
-from biprm.scores import STEP_OUTPUTS, score_rows
+from biprm.vllm_plugin.engine import VLLMScorer
 
 log = logging.getLogger(__name__)
+TOKENIZE_THREADS = 4  # requests tokenized at once, beside the event loop
 
 
 class ScoreItem(BaseModel):
@@ -71,13 +84,20 @@ def _steps(text: str, rule: str, where: str) -> list[str]:
 class Service:
     """The model side of the server: requests -> trajectories -> batched scores -> JSON."""
 
-    def __init__(self, scorer: Scorer, cfg: ServeConfig):
+    def __init__(self, scorer: Scorer | VLLMScorer, cfg: ServeConfig):
         if scorer.max_length != cfg.max_length:
             raise ValueError(f"the scorer reads {scorer.max_length} tokens per stream, the settings say --max-length {cfg.max_length}")
         self.scorer, self.cfg = scorer, cfg
         self.batcher = Batcher(self._score, cfg.max_wait_ms, cfg.max_batch_tokens, cfg.max_queue)
+        self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="biprm-tokenize")
+        self.chat = ChatPrompt.load(cfg.chat_template) if cfg.chat_template else None
         tok = scorer.tokenizer
-        self.special = [t for t in {tok.eos_token, tok.pad_token} if t]
+        self.special = sorted({t for t in (tok.eos_token, tok.pad_token, *(self.chat.special if self.chat else ())) if t}, key=len, reverse=True)
+
+    def check_text(self, chars: int, where: str) -> None:
+        """Refuse text too long to be worth tokenizing, before any work is spent on it."""
+        if chars > self.cfg.max_text_chars:
+            raise ServiceError(413, f"{where}: {chars} characters; this server takes at most {self.cfg.max_text_chars} per solution (--max-text-chars)")
 
     def _score(self, encs: list[Encoded]) -> StepScores:
         return self.scorer.score(encs, progress=False)
@@ -86,42 +106,68 @@ class Service:
         """(scores, steps dropped per trajectory); bad text is a 400 naming the item, over-long a flag or 413."""
         if len(trajs) > self.cfg.max_queue:
             raise ServiceError(413, f"{len(trajs)} solutions in one request; this server takes at most {self.cfg.max_queue} solutions per request (--max-queue)")
-        try:
-            encs, _ = self.scorer.encode(trajs, names)
-        except DataError as error:
-            raise ServiceError(413 if "max_length" in str(error) else 400, str(error)) from None
+        encs = await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, self._encode, trajs, names)
         dropped = np.array([e.n_dropped for e in encs])
         if self.cfg.on_overlength == "refuse" and dropped.any():
             i = int(np.flatnonzero(dropped)[0])
             raise ServiceError(413, f"{names[i]}: longer than max_length={self.cfg.max_length} tokens ({dropped[i]} trailing steps would not be scored)")
         try:
-            scores = await self.batcher.submit(encs, sum(e.n_tokens for e in encs) * len(self.scorer.model.streams))
+            scores = await self.batcher.submit(encs, sum(e.n_tokens for e in encs) * len(MODE_TABLE[self.scorer.mode].streams))
         except Overloaded as error:
             raise ServiceError(503, str(error)) from None
         return scores, dropped
 
+    def _encode(self, trajs: list[Trajectory], names: list[str]) -> list[Encoded]:
+        try:
+            return self.scorer.encode(trajs, names)[0]
+        except DataError as error:
+            raise ServiceError(413 if "max_length" in str(error) else 400, str(error)) from None
+
     async def score(self, items: list[ScoreItem]) -> list[dict]:
-        trajs = [
-            Trajectory(it.question, it.steps if it.steps is not None else _steps(it.solution, it.split or self.cfg.split, f"item {i}: field 'solution'"))
-            for i, it in enumerate(items)
-        ]
+        trajs = []
+        for i, it in enumerate(items):
+            self.check_text(len(it.question) + (len(it.solution) if it.steps is None else sum(map(len, it.steps))), f"item {i}")
+            steps = it.steps if it.steps is not None else _steps(it.solution, it.split or self.cfg.split, f"item {i}: field 'solution'")
+            trajs.append(Trajectory(it.question, steps))
         scores, dropped = await self.run(trajs, [f"item {i}" for i in range(len(items))])
         keys = ("steps", *STEP_OUTPUTS, "solution", "solution_logit", "steps_scored")  # what `biprm score` writes, less the input's own fields
         return [{**{k: row[k] for k in keys}, "truncated": bool(d)} for row, d in zip(score_rows(trajs, scores, digits=None), dropped)]
 
-    async def reward(self, req: RewardRequest) -> list[float]:
+    def question(self, prompt: str, i: int) -> str:
+        """The plain question: the prompt itself, or its last user message under --chat-template."""
+        if self.chat is None:
+            return prompt.strip()
+        question = self.chat.question(prompt)
+        if not question:
+            raise ServiceError(400, f"field 'prompts' [{i}] is not a prompt of the chat template of {self.chat.name} (--chat-template)")
+        return question
+
+    async def reward(self, req: RewardRequest) -> dict:
+        """OpenRLHF's answer: `rewards` and `scores` (the solution score), `extra_logs` (one value per query,
+        as trainers log them) and the per-step fused probabilities in `step_rewards`."""
         if len(req.query) != len(req.prompts):
             raise ServiceError(400, f"field 'prompts' has {len(req.prompts)} entries for {len(req.query)} in field 'query'")
         trajs = []
         for i, (query, prompt) in enumerate(zip(req.query, req.prompts)):
+            self.check_text(len(query), f"field 'query' [{i}]")
             if not query.startswith(prompt):
                 raise ServiceError(400, f"field 'query' [{i}] does not start with field 'prompts' [{i}]")
             response = query[len(prompt):]
-            for token in self.special:  # the policy's padding and end-of-sequence text are not part of the answer
+            for token in self.special:  # the policy's turn markup, padding and end-of-sequence text are not part of the answer
                 response = response.replace(token, "")
-            trajs.append(Trajectory(prompt.strip(), _steps(response, self.cfg.split, f"field 'query' [{i}]")))
+            trajs.append(Trajectory(self.question(prompt, i), _steps(response, self.cfg.split, f"field 'query' [{i}]")))
         scores, _ = await self.run(trajs, [f"field 'query' [{i}]" for i in range(len(trajs))])
-        return scores.solution_scores(self.cfg.aggregation).tolist()
+        rewards = scores.solution_scores(self.cfg.aggregation).tolist()
+        probs = scores.prob()
+        return {
+            "rewards": rewards,
+            "scores": rewards,
+            "extra_logs": {
+                "first_step_below_threshold": predict_first_error(probs, scores.offsets, self.cfg.threshold).tolist(),
+                "steps_scored": np.diff(scores.offsets).tolist(),
+            },
+            "step_rewards": [probs[a:b].tolist() for a, b in zip(scores.offsets[:-1], scores.offsets[1:])],
+        }
 
     def metrics(self) -> str:
         s, b = self.batcher.stats, self.batcher
@@ -156,9 +202,18 @@ def _describe(errors: list[dict]) -> str:
 _ITEMS = TypeAdapter(list[ScoreItem])
 
 
-async def _json(request: Request):
+async def _json(request: Request, limit: int):
+    """The parsed body; one larger than `limit` bytes is refused as soon as that is known, unread."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ServiceError(413, f"the body has {declared} bytes; this server reads at most {limit} (--max-body-bytes)")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ServiceError(413, f"the body has more than {limit} bytes; this server reads at most {limit} (--max-body-bytes)")
     try:
-        return json.loads(await request.body())
+        return json.loads(body)
     except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deep to parse
         raise ServiceError(400, "the body is not valid JSON") from None
 
@@ -168,7 +223,7 @@ def _body_schema(schema: dict) -> dict:
     return {"requestBody": {"content": {"application/json": {"schema": schema}}, "required": True}}
 
 
-def build_app(scorer: Scorer, cfg: ServeConfig) -> FastAPI:
+def build_app(scorer: Scorer | VLLMScorer, cfg: ServeConfig) -> FastAPI:
     service = Service(scorer, cfg)
 
     @asynccontextmanager
@@ -176,6 +231,7 @@ def build_app(scorer: Scorer, cfg: ServeConfig) -> FastAPI:
         service.batcher.start()
         yield
         await service.batcher.stop()
+        service.tokenize_pool.shutdown(wait=True)
 
     app = FastAPI(title="biprm", summary="Bidirectional process reward model scoring", lifespan=lifespan)
     app.state.service = service
@@ -187,7 +243,7 @@ def build_app(scorer: Scorer, cfg: ServeConfig) -> FastAPI:
     @app.post("/v1/score", openapi_extra=_body_schema({"oneOf": [ScoreItem.model_json_schema(), _ITEMS.json_schema()]}))
     async def score(request: Request) -> dict | list[dict]:
         """One item (an object) or many (a list of objects); the answer has the same shape."""
-        body = await _json(request)
+        body = await _json(request, cfg.max_body_bytes)
         many = isinstance(body, list)
         if many and not body:
             raise ServiceError(400, "the body is an empty list: no solutions to score")
@@ -202,10 +258,10 @@ def build_app(scorer: Scorer, cfg: ServeConfig) -> FastAPI:
     @app.post("/get_reward", openapi_extra=_body_schema(RewardRequest.model_json_schema()))
     async def get_reward(request: Request) -> dict:
         try:
-            body = RewardRequest.model_validate(await _json(request))
+            body = RewardRequest.model_validate(await _json(request, cfg.max_body_bytes))
         except ValidationError as error:
             raise ServiceError(400, _describe(error.errors())) from None
-        return {"rewards": await service.reward(body)}
+        return await service.reward(body)
 
     @app.get("/health")
     async def health() -> dict:
@@ -222,6 +278,9 @@ def serve(cfg: ServeConfig) -> None:
     """Load the model, then serve until SIGINT/SIGTERM; requests already accepted are finished first."""
     import uvicorn
 
-    scorer = Scorer.from_pretrained(cfg.model, device=cfg.device, max_length=cfg.max_length)
+    if cfg.engine == "vllm":
+        scorer = VLLMScorer.from_pretrained(cfg.model, cfg.max_length, **json.loads(cfg.engine_args))
+    else:
+        scorer = Scorer.from_pretrained(cfg.model, device=cfg.device, max_length=cfg.max_length)
     log.info("serving %s (%s) on http://%s:%d", cfg.model, scorer.mode, cfg.host, cfg.port)
     uvicorn.run(build_app(scorer, cfg), host=cfg.host, port=cfg.port, log_level="info")

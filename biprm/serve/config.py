@@ -14,7 +14,9 @@ SplitRule = Literal[SPLIT_RULES]
 
 @dataclass
 class ServeConfig:
-    model: str = arg(help="checkpoint folder written by `biprm train`")
+    model: str = arg(help="checkpoint folder written by `biprm train` (or its `biprm export --format vllm`)")
+    engine: Literal["biprm", "vllm"] = arg("biprm", "what scores: biprm's own Scorer, or a vLLM engine running biprm's plugin (extra [vllm])")
+    engine_args: str = arg("{}", "--engine vllm: JSON of vLLM engine arguments, e.g. '{\"tensor_parallel_size\": 2}'")
     host: str = arg("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
     port: int = arg(8000, "TCP port")
     device: str | None = arg(None, "cuda, cuda:1, cpu (default: cuda if present)")
@@ -25,6 +27,20 @@ class ServeConfig:
     on_overlength: Literal["flag", "refuse"] = arg("flag", "flag: score the steps that fit and say so; refuse: answer 413")
     aggregation: Aggregation = arg("min", "solution score of /get_reward")
     split: SplitRule = arg("auto", "how free text is cut into steps")
+    max_body_bytes: int = arg(8 * 2**20, "larger request bodies get 413 before they are read in full")
+    max_text_chars: int = arg(65536, "characters per solution (question and steps); longer ones get 413 before they are tokenized")
+    chat_template: str | None = arg(None, "the policy's tokenizer (folder or name): /get_reward takes the user's question out of prompts rendered with its chat template")
+    threshold: float = arg(0.5, "/get_reward's extra_logs name the first step whose probability is below this")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+
+
+@dataclass
+class ExportConfig:
+    model: str = arg(help="checkpoint folder written by `biprm train`")
+    out: str = arg(help="folder to write the export into")
+    format: Literal["vllm"] = arg("vllm", "vllm: the backbone's flat config naming biprm's vLLM architecture, for `vllm serve`")
 
     def __post_init__(self) -> None:
         check_choices(self)

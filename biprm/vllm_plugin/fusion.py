@@ -1,0 +1,49 @@
+"""The arithmetic that joins the two streams' pooled rows, apart from vLLM so it is tested without it.
+
+Each stream is one prompt: the question, then the steps in the stream's order, each ending
+with the step tag (the same token pieces as biprm's Encoder, so both engines see the same
+ids). The model returns per tag [value logit (, W1_L·h + b1, W1_R·h)] in the stream's order;
+the R2L rows are turned back to forward step order here, then the gate is finished and fused.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from biprm.aggregate import sigmoid
+from biprm.data.encoding import Encoded
+from biprm.config import MODE_TABLE
+
+
+def stream_tokens(enc: Encoded, stream: str) -> list[int]:
+    steps = enc.steps if stream == "l2r" else enc.steps[::-1]
+    return enc.prompt + [t for step in steps for t in step]
+
+
+def stream_rows(h: torch.Tensor, value_head: nn.Linear, gate: nn.Sequential | None) -> torch.Tensor:
+    """[value logit (, W1_L·h + b1, W1_R·h)] per step-tag hidden state h, in fp32; computed where a stream is pooled."""
+    h = h.to(torch.float32)
+    value = value_head(h)
+    if gate is None:
+        return value
+    first, H = gate[0], h.shape[-1]
+    return torch.cat([value, h @ first.weight[:, :H].T + first.bias, h @ first.weight[:, H:].T], dim=-1)
+
+
+def fuse(rows: dict[str, np.ndarray], mode: str, w2: np.ndarray | None = None, b2: float = 0.0) -> dict[str, np.ndarray | None]:
+    """Per-step logits (l2r, r2l, fused) and the gate weight sigma, in forward step order."""
+    l2r = rows["l2r"] if "l2r" in rows else None
+    r2l = rows["r2l"][::-1] if "r2l" in rows else None
+    out = {"l2r": None if l2r is None else l2r[:, 0], "r2l": None if r2l is None else r2l[:, 0], "sigma": None}
+    if mode == "bi":
+        H = (l2r.shape[1] - 1) // 2
+        first = l2r[:, 1 : 1 + H] + r2l[:, 1 + H :]
+        out["sigma"] = sigmoid(np.maximum(first, 0) @ w2 + b2)
+    elif mode == "bi-static":
+        out["sigma"] = np.full(len(l2r), 0.5)
+    if out["sigma"] is None:
+        out["fused"] = out[MODE_TABLE[mode].streams[0]]
+    else:
+        out["fused"] = out["sigma"] * out["l2r"] + (1 - out["sigma"]) * out["r2l"]
+    return out

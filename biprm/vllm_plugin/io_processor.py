@@ -1,0 +1,87 @@
+"""vLLM's IO processor for biprm: one request in, its stream prompts to the model, one fused answer out.
+
+Request `data`: {"question": str, "steps": [str, ...]} or a list of them (or the same already
+tokenized: {"prompt_ids": [int, ...], "step_ids": [[int, ...], ...]}). Answer: for each
+solution, the per-step probabilities `fused`, `l2r`, `r2l`, the gate weight `sigma` (null
+where the mode lacks them), the logits they come from, and `steps_scored`. A solution
+longer than the engine's max_model_len keeps the steps that fit, as biprm's Scorer does
+with its max_length, so `steps_scored` is then below the number of steps sent.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from safetensors import safe_open
+from vllm.config import VllmConfig
+from vllm.inputs import TokensPrompt
+from vllm.outputs import PoolingRequestOutput
+from vllm.plugins.io_processors.interface import IOProcessor
+from vllm.renderers import BaseRenderer
+
+from biprm.aggregate import sigmoid
+from biprm.backbones import load_tokenizer
+from biprm.data.encoding import Encoded, Encoder
+from biprm.config import MODE_TABLE
+from biprm.data.trajectory import Trajectory, validate
+from biprm.vllm_plugin.fusion import fuse, stream_tokens
+
+
+def _second_gate_layer(folder: Path) -> tuple[np.ndarray, float]:
+    """W2 and b2 of the gate, read from the checkpoint's weights (the model computes the first layer)."""
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), "np") as f:
+            if "gate.2.weight" in f.keys():
+                return f.get_tensor("gate.2.weight").astype(np.float64)[0], float(f.get_tensor("gate.2.bias")[0])
+    raise ValueError(f"{folder}: no gate weights (gate.2.weight) in its safetensors files, but its mode is 'bi'")
+
+
+class BiPRMIOProcessor(IOProcessor):
+    def __init__(self, vllm_config: VllmConfig, renderer: BaseRenderer):
+        super().__init__(vllm_config, renderer)
+        model = vllm_config.model_config
+        spec = model.hf_config.biprm
+        self.mode, self.streams = spec["mode"], MODE_TABLE[spec["mode"]].streams
+        self.encoder = Encoder(load_tokenizer(model.tokenizer), spec["step_tag_id"], model.max_model_len)
+        self.w2, self.b2 = _second_gate_layer(Path(model.model)) if self.mode == "bi" else (None, 0.0)
+
+    def parse_data(self, data: object) -> list[Encoded]:
+        """Text items are tokenized here; token items (what `biprm serve --engine vllm` sends, already encoded
+        and cut to its max_length) are checked and taken as they are."""
+        items = data if isinstance(data, list) else [data]
+        if not items or not all(isinstance(x, dict) and set(x) in ({"question", "steps"}, {"prompt_ids", "step_ids"}) for x in items):
+            raise ValueError("'data' must be {\"question\": str, \"steps\": [str, ...]} or a non-empty list of them")
+        return [self.encode(x, f"item {i}") for i, x in enumerate(items)]
+
+    def encode(self, item: dict, where: str) -> Encoded:
+        if "question" in item:
+            return self.encoder.encode(validate(Trajectory(item["question"], list(item["steps"])), where), where)
+        enc = Encoded([int(t) for t in item["prompt_ids"]], [[int(t) for t in s] for s in item["step_ids"]], None)
+        tag = self.encoder.step_tag_id
+        if not enc.steps or any(not s or s[-1] != tag or s.count(tag) != 1 for s in enc.steps) or tag in enc.prompt:
+            raise ValueError(f"{where}: every step must end with the step tag {tag} and hold no other")
+        if enc.n_tokens > self.encoder.max_length:
+            raise ValueError(f"{where}: {enc.n_tokens} tokens per stream; this engine takes at most {self.encoder.max_length}")
+        return enc
+
+    def pre_process(self, prompt: list[Encoded], request_id: str | None = None, **kwargs) -> list[TokensPrompt]:
+        return [TokensPrompt(prompt_token_ids=stream_tokens(e, s)) for e in prompt for s in self.streams]
+
+    def post_process(self, model_output: Sequence[PoolingRequestOutput], request_id: str | None = None, **kwargs) -> list[dict]:
+        outs = [o.outputs.data.double().cpu().numpy() for o in model_output]
+        answers = []
+        for i in range(len(outs) // len(self.streams)):
+            rows = dict(zip(self.streams, outs[i * len(self.streams) : (i + 1) * len(self.streams)]))
+            answers.append(self.answer(rows))
+        return answers
+
+    def answer(self, rows: dict[str, np.ndarray]) -> dict:
+        logits = fuse(rows, self.mode, self.w2, self.b2)
+        prob = lambda k: None if logits[k] is None else sigmoid(logits[k]).tolist()  # noqa: E731
+        return {
+            "fused": prob("fused"), "l2r": prob("l2r"), "r2l": prob("r2l"),
+            "sigma": None if logits["sigma"] is None else logits["sigma"].tolist(),
+            "logits": {k: None if logits[k] is None else logits[k].tolist() for k in ("fused", "l2r", "r2l")},
+            "steps_scored": len(logits["fused"]),
+        }

