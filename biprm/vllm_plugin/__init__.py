@@ -1,5 +1,7 @@
-"""BiPRM inside vLLM: a pooling model for the step-tag outputs of each stream, and an IO
-processor that turns one scoring request into its stream prompts and fuses their outputs.
+"""BiPRM inside vLLM: a pooling model for each stream's step tags, and an IO processor that fuses them.
+
+The IO processor turns one scoring request into its stream prompts, and their pooled
+outputs into one answer.
 
 `biprm export --format vllm` writes a checkpoint vLLM can size and load; then
 `vllm serve EXPORT` answers POST /pooling {"data": {"question": ..., "steps": [...]}}.

@@ -1,5 +1,6 @@
-"""biprm's own scorer against vLLM with biprm's plugin, side by side in one run (random weights:
-speed does not depend on them).
+"""biprm's own scorer against vLLM with biprm's plugin, side by side in one run.
+
+Random weights in a real backbone's shape: speed does not depend on them.
 
 1. A Best-of-N pool (every candidate of the first questions of gsm8k_bon_small), scored
    whole: `Scorer.score` (which encodes each question's prompt once for all candidates and
