@@ -193,3 +193,43 @@ def test_vllm_serve_answers_a_step_scoring_request(checkpoints, engines, tmp_pat
         np.testing.assert_allclose(answer[key], want.of(0, key), atol=1e-4, err_msg=key)
     assert answer["steps_scored"] == 3
 
+
+
+def _engine_processes() -> set[int]:
+    """Processes vLLM names after its engine parts (VLLM::EngineCore, VLLM::Worker)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(b"VLLM::"):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_stopped_vllm_engine_server_leaves_no_engine_behind(checkpoints, engines):
+    engines.close()  # one engine at a time on this machine
+    before = _engine_processes()
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "biprm.cli", "serve", "--model", str(checkpoints["l2r"]), "--port", str(port),
+                               "--device", "cpu", "--engine", "vllm", "--engine-args", '{"enforce_eager": true}'],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            if server.poll() is not None:
+                break
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert _engine_processes() - before, "the server started no engine"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    for _ in range(60):
+        if not _engine_processes() - before:
+            break
+        time.sleep(0.5)
+    assert not _engine_processes() - before

@@ -232,6 +232,8 @@ def build_app(scorer: Scorer | VLLMScorer, cfg: ServeConfig) -> FastAPI:
         yield
         await service.batcher.stop()
         service.tokenize_pool.shutdown(wait=True)
+        if isinstance(scorer, VLLMScorer):
+            scorer.close()  # its engine runs in processes of its own, which outlive a server that exits without stopping them
 
     app = FastAPI(title="biprm", summary="Bidirectional process reward model scoring", lifespan=lifespan)
     app.state.service = service
