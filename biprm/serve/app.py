@@ -223,7 +223,9 @@ def _body_schema(schema: dict) -> dict:
     return {"requestBody": {"content": {"application/json": {"schema": schema}}, "required": True}}
 
 
-def build_app(scorer: Scorer | VLLMScorer, cfg: ServeConfig) -> FastAPI:
+def build_app(scorer: Scorer | VLLMScorer, cfg: ServeConfig, owns_scorer: bool = False) -> FastAPI:
+    """The server around `scorer`; with `owns_scorer` it also stops the scorer's vLLM engine when it shuts down
+    (the engine runs in processes of its own, which would outlive the server)."""
     service = Service(scorer, cfg)
 
     @asynccontextmanager
@@ -232,8 +234,8 @@ def build_app(scorer: Scorer | VLLMScorer, cfg: ServeConfig) -> FastAPI:
         yield
         await service.batcher.stop()
         service.tokenize_pool.shutdown(wait=True)
-        if isinstance(scorer, VLLMScorer):
-            scorer.close()  # its engine runs in processes of its own, which outlive a server that exits without stopping them
+        if owns_scorer and isinstance(scorer, VLLMScorer):
+            scorer.close()
 
     app = FastAPI(title="biprm", summary="Bidirectional process reward model scoring", lifespan=lifespan)
     app.state.service = service
@@ -285,4 +287,4 @@ def serve(cfg: ServeConfig) -> None:
     else:
         scorer = Scorer.from_pretrained(cfg.model, device=cfg.device, max_length=cfg.max_length)
     log.info("serving %s (%s) on http://%s:%d", cfg.model, scorer.mode, cfg.host, cfg.port)
-    uvicorn.run(build_app(scorer, cfg), host=cfg.host, port=cfg.port, log_level="info")
+    uvicorn.run(build_app(scorer, cfg, owns_scorer=True), host=cfg.host, port=cfg.port, log_level="info")
