@@ -145,3 +145,19 @@ def test_micro_batches_give_the_whole_batch_gradient(tmp_path):
     (whole, g1), (parts, g2) = grads
     assert torch.allclose(whole, parts, atol=1e-6) and g1.keys() == g2.keys()
     assert all(torch.allclose(g1[n], g2[n], atol=1e-6) for n in g1)
+
+
+def test_the_verdict_applies_the_preregistered_rule_and_stays_provisional_until_every_seed_is_in():
+    from biprm.replication.mechanism_report import verdict
+
+    def diff(p1_low: float, p2_high: float = 1.0) -> dict:
+        return {"P1: F rows, first error exact": {"low": p1_low}, "P2: L rows, first error exact": {"high": p2_high}}
+
+    planned = {"l2r": 3, "r2l": 1, "bi": 3, "bi-static": 1}
+    done = {"l2r": 3, "r2l": 1, "bi": 3}
+    assert verdict({"bi − l2r": diff(2.0)}, done, planned).startswith("not yet decidable")
+    assert verdict({"bi − l2r": diff(2.0), "r2l − l2r": diff(0.5)}, done, planned) == "supported"
+    assert verdict({"bi − l2r": diff(2.0), "r2l − l2r": diff(-0.5)}, done, planned) == "not supported"  # r2l's interval holds 0
+    assert verdict({"bi − l2r": diff(2.0, -0.1), "r2l − l2r": diff(0.5)}, done, planned) == "not supported"  # bi loses on L rows
+    early = verdict({"bi − l2r": diff(2.0), "r2l − l2r": diff(0.5)}, {"l2r": 1, "r2l": 1, "bi": 1}, planned)
+    assert early == "supported (provisional: seeds finished l2r 1 of 3, bi 1 of 3)"

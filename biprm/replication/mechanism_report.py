@@ -219,18 +219,20 @@ def summarise(cfg: MechanismConfig) -> dict:
     return {"data": data, "groups": {g: [name for name, _ in runs] for g, runs in groups.items()}, "first_error": table,
             "first_error_baselines": base, "differences": diffs, "s1": s1, "sigma": sigma, "sigma_curves": curves,
             "auc": auc_table, "auc_baselines": auc_base, "processbench": pb_table, "processbench_baselines": pb_base, "bon": bon,
-            "verdict": verdict(diffs)}
+            "verdict": verdict(diffs, {g: len(runs) for g, runs in groups.items()}, cfg.seeds)}
 
 
-def verdict(diffs: dict) -> str:
-    """The pre-registered rule (docs/MECHANISM.md) applied to the P1 and P2 differences."""
+def verdict(diffs: dict, finished: dict[str, int], planned: dict[str, int]) -> str:
+    """The pre-registered rule (docs/MECHANISM.md) applied to the P1 and P2 differences; until every
+    planned seed of l2r, r2l and bi has finished, the rule's outcome is only provisional."""
     need = ("bi − l2r", "r2l − l2r")
     if not all(d in diffs for d in need):
         return "not yet decidable: the runs for bi, r2l and l2r have not all finished"
     p1 = [diffs[d]["P1: F rows, first error exact"] for d in need]
     p2 = diffs["bi − l2r"]["P2: L rows, first error exact"]
-    supported = all(d["low"] > 0 for d in p1) and p2["high"] >= 0
-    return "supported" if supported else "not supported"
+    outcome = "supported" if all(d["low"] > 0 for d in p1) and p2["high"] >= 0 else "not supported"
+    missing = [f"{m} {finished.get(m, 0)} of {planned[m]}" for m in ("l2r", "r2l", "bi") if finished.get(m, 0) < planned.get(m, 0)]
+    return f"{outcome} (provisional: seeds finished {', '.join(missing)})" if missing else outcome
 
 
 def format_report(r: dict) -> str:
