@@ -139,7 +139,8 @@ class TrunkCache:
     """
 
     def __init__(self, root: str | Path, model: BiPRMModel, top_layers: int, encs: list[Encoded], dtype: torch.dtype | None = None):
-        self.model, self.top_layers = model, top_layers
+        self.model: BiPRMModel | None = model
+        self.top_layers = top_layers
         self.dtype = dtype or model.dtype
         self.autocast = dtype is not None and dtype != model.dtype
         self.layout = Layout.of(encs)
@@ -157,8 +158,14 @@ class TrunkCache:
         return (self.dir / "done").exists()
 
     def build(self, tokens_per_batch: int = 8192, progress: bool = True) -> "TrunkCache":
-        if self.complete:
-            return self
+        """Compute the features not yet on disk. Only this needs the model: the cache lets go of it
+        afterwards, so that a caller who drops the model frees its memory while the cache stays in use."""
+        if not self.complete:
+            self._build(tokens_per_batch, progress)
+        self.model = None
+        return self
+
+    def _build(self, tokens_per_batch: int, progress: bool) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         layout = self.layout
         path, state = self.dir / "features.bin", self.dir / "progress.json"
@@ -182,7 +189,6 @@ class TrunkCache:
                 _atomic_text(state, json.dumps({"done": b}))
                 bar.update(b - a)
         (self.dir / "done").write_text("ok\n")
-        return self
 
     @property
     def features(self) -> np.memmap:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from biprm.replication.config import DataRecipe, ReplicateConfig
-from biprm.replication.recipe import replicate, report_only, runs_of
+from biprm.replication.recipe import replicate, report_only, run_folder, runs_of
 
 
 def test_runs_cover_every_mode_before_repeating_seeds():
@@ -43,9 +43,16 @@ def test_toy_replication_runs_resumes_and_reports(data_dir, tmp_path):
     replicate(cfg)
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == stamp
 
-    # the report alone, from what has finished
+    # every run keeps its final model and its per-item logits in the work dir
+    folder = run_folder(cfg, tmp_path / "work", "bi-seed1106")
+    assert (folder / "model.safetensors").is_file() and (folder / "scores.npz").is_file()
+
+    # the report alone, from what has finished: each run's metrics are recomputed from its logits
+    path = out / "runs" / "bi-seed1106.json"
+    path.write_text(json.dumps(bi | {"bon": None, "processbench": None}))
     (out / "report.md").unlink()
     assert report_only(cfg)["summary"]["modes"]["bi"]["seeds"] == [1106, 1107] and (out / "report.md").is_file()
+    assert json.loads(path.read_text()) == bi
 
 
 def test_a_results_folder_of_another_study_is_refused(tmp_path):

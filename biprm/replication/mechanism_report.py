@@ -33,6 +33,12 @@ from biprm.scores import StepScores
 GROUPS = ("l2r", "r2l", "bi-static", "bi", "2×L2R", "probe-l2r", "probe-r2l", "probe-bi-static", "probe-bi")
 BON_NS = (2, 3)
 BON_AGGS = ("min", "mean", "last")
+ENDPOINTS = ("P1: F rows, first error exact", "P2: L rows, first error exact")
+# P1 and P2 with the columns that read them: where the F rows' flags fall, and how often clean rows pass.
+# "flagged before t", "not flagged" and "lowest step is t" were added after the first seed's report, as
+# diagnostics of where P1's misses go; they decide nothing.
+FIRST_ERROR_COLUMNS = ("P1: F rows, first error exact", "F rows flagged before t", "F rows flagged one step late", "F rows not flagged",
+                       "F rows: lowest step is t (no threshold)", "P2: L rows, first error exact", "R rows: no error", "C rows: no error")
 DIFFERENCES = (("bi", "l2r"), ("r2l", "l2r"), ("bi", "2×L2R"), ("bi-static", "l2r"), ("bi", "r2l"), ("probe-r2l", "probe-l2r"))
 
 
@@ -56,15 +62,26 @@ def _streams(s: StepScores) -> list[str]:
     return ["fused"] + [k for k in ("l2r", "r2l") if getattr(s, k) is not None]
 
 
+def first_error_columns(pred: dict[str, np.ndarray], t: np.ndarray, lowest: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """FIRST_ERROR_COLUMNS per question, from the predicted first error of each row kind (-1: none) and the
+    F rows' lowest-scored step (a rule that reads no text has one guess, its prediction)."""
+    f = pred["F"]
+    lowest = f if lowest is None else lowest
+    return {"P1: F rows, first error exact": f == t, "F rows flagged before t": (f >= 0) & (f < t),
+            "F rows flagged one step late": f == t + 1, "F rows not flagged": f == -1,
+            "F rows: lowest step is t (no threshold)": lowest == t, "P2: L rows, first error exact": pred["L"] == t,
+            "R rows: no error": pred["R"] == -1, "C rows: no error": pred["C"] == -1}
+
+
 def run_metrics(sets: dict[str, list[Trajectory]], s: dict[str, StepScores]) -> dict:
     """Per-question arrays ("questions") and per-run values ("values") of one model."""
     test, valid = sets["test"], sets["valid"]
     rows, t = _rows(test), np.array([x.meta["step"] for x in test if x.meta["kind"] == "F"])
     threshold, _ = tuned_threshold(valid, s["valid"])
     pred = predict_first_error(s["test"].prob(), s["test"].offsets, threshold)
-    q = {"P1: F rows, first error exact": pred[rows["F"]] == t, "F rows flagged one step late": pred[rows["F"]] == t + 1,
-         "P2: L rows, first error exact": pred[rows["L"]] == t, "R rows: no error": pred[rows["R"]] == -1,
-         "C rows: no error": pred[rows["C"]] == -1}
+    prob, offsets = s["test"].prob(), s["test"].offsets
+    lowest = np.array([np.argmin(prob[offsets[r] : offsets[r + 1]]) for r in rows["F"]])
+    q = first_error_columns({k: pred[rows[k]] for k in KINDS}, t, lowest)
     for stream in _streams(s["test"]):
         at = {k: _at(s["test"], stream, rows[k], t) for k in KINDS}
         q[f"S1 C > F at t ({stream})"] = paired_win(at["C"], at["F"])
@@ -120,13 +137,11 @@ def baselines(sets: dict[str, list[Trajectory]]) -> dict[str, dict[str, np.ndarr
             by_length.setdefault(len(x.steps), Counter())[x.meta["step"]] += 1
     overall = Counter(x.meta["step"] for x in sets["train"] if x.meta["kind"] == "F").most_common(1)[0][0]
     prior = np.array([by_length[n].most_common(1)[0][0] if n in by_length else overall for n in n_steps])
-    rule = flag_step(n_steps, k)
-    out = {f"flag step k when there are more than k steps (k = {k}, tuned on validation)": rule == t,
-           "most frequent error step for the step count (fitted on training rows)": prior == t,
-           "always 'no error'": np.zeros(len(t), dtype=bool)}
-    return {name: {"P1: F rows, first error exact": v, "P2: L rows, first error exact": v,
-                   "R rows: no error": np.full(len(t), name.startswith("always")), "C rows: no error": np.full(len(t), name.startswith("always"))}
-            for name, v in out.items()}
+    rules = {f"flag step k when there are more than k steps (k = {k}, tuned on validation)": flag_step(n_steps, k),
+             "most frequent error step for the step count (fitted on training rows)": prior,
+             "always 'no error'": np.full(len(t), -1)}
+    # the four rows of a question have the same step count, so a rule that reads no text flags them alike
+    return {name: first_error_columns(dict.fromkeys(KINDS, pred), t) for name, pred in rules.items()}
 
 
 def _collect(cfg: MechanismConfig) -> dict[str, list[tuple[str, dict[str, StepScores]]]]:
@@ -160,7 +175,7 @@ def summarise(cfg: MechanismConfig) -> dict:
     sets, pools, data = load_sets(cfg)
     groups = _collect(cfg)
     metrics = {g: [run_metrics(sets, s) for _, s in runs] for g, runs in groups.items()}
-    keys = ["P1: F rows, first error exact", "F rows flagged one step late", "P2: L rows, first error exact", "R rows: no error", "C rows: no error"]
+    keys = list(FIRST_ERROR_COLUMNS)
     table = {g: {k: _interval(_stack(ms, k)) for k in keys} for g, ms in metrics.items()}
     for g, ms in metrics.items():
         table[g]["seeds"] = len(ms)
@@ -170,7 +185,7 @@ def summarise(cfg: MechanismConfig) -> dict:
     for a, b in DIFFERENCES:
         if a in metrics and b in metrics:
             diffs[f"{a} − {b}"] = {k: paired_difference(100 * _stack(metrics[a], k), 100 * _stack(metrics[b], k))
-                                   for k in ("P1: F rows, first error exact", "P2: L rows, first error exact")}
+                                   for k in ENDPOINTS}
     s1 = {g: {k: _interval(_stack(ms, k)) for k in ms[0]["questions"] if k.startswith("S1")} for g, ms in metrics.items()}
     sigma = {g: {k: _interval(_stack(ms, k), 1.0) for k in ms[0]["questions"] if k.startswith("σ")} for g, ms in metrics.items()
              if any(k.startswith("σ") for k in ms[0]["questions"]) and not g.endswith("bi-static")}  # bi-static's σ is 0.5 by design
@@ -237,12 +252,11 @@ def verdict(diffs: dict, finished: dict[str, int], planned: dict[str, int]) -> s
 
 def format_report(r: dict) -> str:
     groups = r["groups"]
-    cols = ["P1: F rows, first error exact", "F rows flagged one step late", "P2: L rows, first error exact", "R rows: no error", "C rows: no error"]
+    cols = list(FIRST_ERROR_COLUMNS)
     fe = [[f"{g} ({r['first_error'][g]['seeds']})", *(_cell(r["first_error"][g][c]) for c in cols), f"{r['first_error'][g]['threshold']:.3f}"]
           for g in groups]
-    fe += [[f"baseline: {name}", _cell(v[cols[0]]), "–", _cell(v[cols[2]]), _cell(v[cols[3]]), _cell(v[cols[4]]), "–"]
-           for name, v in r["first_error_baselines"].items()]
-    diff_rows = [[name, *(_cell(d[c]) + (" (within noise)" if d[c]["within_noise"] else "") for c in (cols[0], cols[2]))]
+    fe += [[f"baseline: {name}", *(_cell(v[c]) for c in cols), "–"] for name, v in r["first_error_baselines"].items()]
+    diff_rows = [[name, *(_cell(d[c]) + (" (within noise)" if d[c]["within_noise"] else "") for c in ENDPOINTS)]
                  for name, d in r["differences"].items()]
     s1_cols = sorted({c for v in r["s1"].values() for c in v})
     s1_rows = [[g, *(_cell(r["s1"][g].get(c)) for c in s1_cols)] for g in groups]
@@ -261,7 +275,7 @@ def format_report(r: dict) -> str:
         "questions, seeds resampled]; (n) = seeds.",
         "## P1, P2: first-error exact match at the validation threshold (%)",
         markdown_table(["model (seeds)", *cols, "threshold"], fe),
-        "### Paired differences (points)", markdown_table(["difference", cols[0], cols[2]], diff_rows),
+        "### Paired differences (points)", markdown_table(["difference", *ENDPOINTS], diff_rows),
         "## S1: paired discrimination at step t (% of questions; ties half)", markdown_table(["model", *s1_cols], s1_rows),
         "## S2: clean (R, C) vs corrupted (F, L) AUC of the min solution score (%)", markdown_table(["model", "validation", "test"], auc_rows),
     ]

@@ -34,7 +34,7 @@ from biprm.modeling import from_backbone
 from biprm.replication.config import MechanismConfig
 from biprm.replication.mechanism import load_sets, scores_path
 from biprm.replication.mechanism_report import write_report
-from biprm.replication.recipe import save_scores, start, study_key, train_run
+from biprm.replication.recipe import release_memory, save_scores, start, study_key, train_run
 from biprm.trunk import TrunkCache, cached_scores
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,8 @@ def run_study(cfg: MechanismConfig) -> None:
     for name, cache in caches.items():
         log.info("trunk cache %s: %d trajectories, %d feature rows", name, len(encs[name]), cache.layout.n_rows)
         cache.build(progress=True)
-    del base
+    del base  # the caches no longer hold it
+    release_memory()
     write_json(out / "meta.json", {"config": asdict(cfg), "bf16": fast, "sizes": {n: len(t) for n, t in sets.items()}})
 
     for run in runs_of(cfg):
@@ -96,5 +97,7 @@ def run_study(cfg: MechanismConfig) -> None:
         result = {"run": run.name, **asdict(run), "train": train_log, "seconds": round(time.perf_counter() - started, 1)}
         write_json(path, result)
         log.info("%s done in %.0f s", run.name, result["seconds"])
+        del model, scores  # before the next run builds its own
+        release_memory()
         write_report(cfg)
 

@@ -18,6 +18,8 @@ multiplies bf16 natively or a GPU is present, fp32 elsewhere.
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import hashlib
 import json
 import logging
@@ -26,19 +28,19 @@ import shutil
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
-from biprm.data.encoding import Encoder
+from biprm.data.encoding import Encoded, Encoder, add_step_tag
 from biprm.evaluation.common import write_json
 from biprm.config import TrainConfig
 from biprm.modeling import BiPRMModel, from_backbone
 from biprm.replication.config import NOT_STUDIED, VARIANTS, ReplicateConfig
 from biprm.replication.data import build
-from biprm.replication.evaluate import evaluate_run, load_eval_sets
+from biprm.replication.evaluate import EvalSets, evaluate_run, load_eval_sets
 from biprm.replication.report import write_report
 from biprm.run_folder import changes
 from biprm.scores import StepScores
@@ -95,6 +97,7 @@ def start(cfg: ReplicateConfig | Any) -> tuple[Path, Path, bool]:
     every core is used, and bf16 is picked where the machine multiplies it natively."""
     check_study(cfg)
     torch.set_num_threads(os.cpu_count() or 1)
+    _malloc(lambda libc: libc.mallopt(M_MMAP_THRESHOLD, 1 << 20))
     out, work = Path(cfg.out), Path(cfg.work_dir)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     fast = {"auto": bf16_is_fast(), "yes": True, "no": False}[cfg.bf16]
@@ -102,28 +105,63 @@ def start(cfg: ReplicateConfig | Any) -> tuple[Path, Path, bool]:
     return out, work, fast
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def _malloc(call: Callable[[ctypes.CDLL], Any]) -> None:
+    """A glibc allocator setting, where the C library is glibc; elsewhere nothing."""
+    try:
+        call(ctypes.CDLL("libc.so.6"))
+    except (OSError, AttributeError):
+        pass
+
+
+def release_memory() -> None:
+    """Give the memory of what a study has dropped (a backbone, a run's models) back to the system.
+
+    A study builds and drops a model per run. glibc keeps freed blocks for reuse, and by default it
+    raises its mmap threshold after each large free, so every run's tensors come from a heap that
+    never shrinks: the quick preset grew by about 0.7 GB per run. `start` fixes the threshold at
+    1 MiB, so large tensors are unmapped when freed, and this trims what the heap still holds.
+    """
+    gc.collect()
+    _malloc(lambda libc: libc.malloc_trim(0))
+
+
+def prepare(cfg: ReplicateConfig, tokenizer, step_tag_id: int) -> tuple[list[Trajectory], EvalSets, dict[str, list[Encoded]], dict]:
+    """(training rows, evaluation sets, every set's encodings, the data report): what a run trains on and is read on."""
+    train_trajs, valid_trajs, report = build(cfg.data_root, cfg.data)
+    sets = load_eval_sets(cfg, valid_trajs)
+    encoder = Encoder(tokenizer, step_tag_id, cfg.max_length)
+    named = {"train": train_trajs, **sets.trajectories()}
+    encs = {name: [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)] for name, trajs in named.items()}
+    return train_trajs, sets, encs, asdict(report)
+
+
+def run_folder(cfg: ReplicateConfig, work: Path, name: str) -> Path:
+    """A run's checkpoints, final model and logits (never committed); another study never resumes these."""
+    return work / "runs" / cfg.preset / study_key(cfg) / name
+
+
 def replicate(cfg: ReplicateConfig) -> dict:
     out, work, fast = start(cfg)
     dtype = torch.bfloat16 if fast else None
 
-    # 1. data
-    train_trajs, valid_trajs, report = build(cfg.data_root, cfg.data)
-    write_json(out / "data_report.json", asdict(report))
-    sets = load_eval_sets(cfg, valid_trajs)
-
-    # 2. the trunk, cached once for every set
+    # 1. data, encoded once with the step tag the model gets
     backbone_dir = resolve_backbone(cfg.backbone)
     tokenizer = load_tokenizer(backbone_dir)
+    train_trajs, sets, encs, report = prepare(cfg, tokenizer, add_step_tag(tokenizer))
+    write_json(out / "data_report.json", report)
+
+    # 2. the trunk, cached once for every set
     base = from_backbone(backbone_dir, tokenizer, mode="bi")
-    encoder = Encoder(tokenizer, base.config.step_tag_id, cfg.max_length)
-    encs = {"train": [encoder.encode(t, f"train row {i + 1}") for i, t in enumerate(train_trajs)]}
-    encs |= {name: [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)] for name, trajs in sets.trajectories().items()}
     caches = {name: TrunkCache(work / "trunk", base, cfg.top_layers, e, dtype=dtype) for name, e in encs.items()}
     started = time.perf_counter()
     for name, cache in caches.items():
         log.info("trunk cache %s: %d trajectories, %d feature rows", name, len(encs[name]), cache.layout.n_rows)
         cache.build(progress=True)
-    del base
+    del base  # the caches no longer hold it
+    release_memory()
     meta = {
         "config": asdict(cfg), "bf16": fast, "trunk_cache_seconds_this_session": round(time.perf_counter() - started, 1),
         "sizes": {name: len(e) for name, e in encs.items()}, "torch_threads": torch.get_num_threads(),
@@ -141,27 +179,41 @@ def replicate(cfg: ReplicateConfig) -> dict:
         run_cfg = replace(cfg, **overrides)
         options = {"detach_gate_inputs": run_cfg.detach_gate_inputs, "aux_loss_weight": run_cfg.aux_loss_weight,
                    "gate_lr_scale": run_cfg.gate_lr_scale}
-        checkpoints = work / "runs" / cfg.preset / study_key(cfg) / name  # another study never resumes these
-        model, train_log = train_run(run_cfg, base_mode, seed, checkpoints, fast, train_trajs)
+        folder = run_folder(cfg, work, name)
+        model, train_log = train_run(run_cfg, base_mode, seed, folder, fast, train_trajs)
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
             scores = {set_name: cached_scores(model, caches[set_name]) for set_name in sets.trajectories()}
-        save_scores(checkpoints / "scores.npz", scores)
+        save_scores(folder / "scores.npz", scores)
         result = {"run": name, "mode": mode, "seed": seed, "options": options, "train": train_log, **evaluate_run(cfg, base_mode, sets, scores, encs)}
         result["seconds"] = round(time.perf_counter() - started, 1)
         write_json(path, result)
         log.info("%s done in %.0f s", name, result["seconds"])
         del model, scores  # before the next run builds its own
+        release_memory()
 
     # 4. summary of whatever has finished
     return write_report(out, meta)
 
 
 def report_only(cfg: ReplicateConfig) -> dict:
-    """The report of the runs finished so far, without training (e.g. while the study goes on elsewhere)."""
-    path = Path(cfg.out) / "meta.json"
+    """The report of the runs finished so far, without training. A run whose logits are in the work dir
+    has its metrics recomputed from them first; runs without (older ones) are read from their JSON."""
+    out = Path(cfg.out)
+    path = out / "meta.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run `biprm replicate --preset {cfg.preset}` first (it writes it once the caches are built)")
-    return write_report(Path(cfg.out), json.loads(path.read_text()))
+    runs = {p: json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))}
+    logits = {p: run_folder(cfg, Path(cfg.work_dir), run["run"]) / "scores.npz" for p, run in runs.items()}
+    logits = {p: npz for p, npz in logits.items() if npz.is_file()}
+    if logits:
+        tokenizer = load_tokenizer(resolve_backbone(cfg.backbone))
+        _, sets, encs, _ = prepare(cfg, tokenizer, add_step_tag(tokenizer))
+        for p, npz in logits.items():
+            run = runs[p]
+            base_mode = VARIANTS.get(run["mode"], (run["mode"], {}))[0]
+            write_json(p, run | evaluate_run(cfg, base_mode, sets, load_scores(npz), encs))
+        log.info("recomputed %d of %d runs from their logits", len(logits), len(runs))
+    return write_report(out, json.loads(path.read_text()))
 
 
 def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, bf16: bool, trajs: list[Trajectory],
@@ -185,6 +237,7 @@ def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, b
         ), trajectories=trajs)
         for checkpoint in run_dir.glob("checkpoint-*"):
             shutil.rmtree(checkpoint)
+        release_memory()  # the Trainer's copy goes before the final model loads
     history = json.loads((run_dir / "train_log.json").read_text())
     losses = [e["loss"] for e in history if "loss" in e]
     seconds = next((e["train_runtime"] for e in history if "train_runtime" in e), None)
