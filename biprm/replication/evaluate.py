@@ -51,11 +51,23 @@ class EvalSets:
 def load_eval_sets(cfg: ReplicateConfig, valid: list[Trajectory]) -> EvalSets:
     root = cfg.data_root
     processbench = load_processbench(root, cfg.processbench_subsets, cfg.processbench_rows)
+    bon = load_pool("gsm8k_bon_small", root, cfg.bon_questions)
+    return EvalSets(valid, processbench, load_prmbench(root, cfg.prmbench_rows), bon)
+
+
+def load_prmbench(root: str, rows: int | None) -> list[Trajectory]:
+    """PRMBench's own test subset, malformed processes left out, cut to `rows` evenly spaced over the classes."""
     prmbench = load_trajectories(str(data_file(root, PRMBENCH_SUBSET)), fmt="prmbench")
     prmbench = [t for t, keep in zip(prmbench, prmbench_keep(prmbench)) if keep]
-    prmbench = [prmbench[i] for i in spread(len(prmbench), cfg.prmbench_rows)]
-    bon = load_pool("gsm8k_bon_small", root, cfg.bon_questions)
-    return EvalSets(valid, processbench, prmbench, bon)
+    return [prmbench[i] for i in spread(len(prmbench), rows)]
+
+
+def prmbench_report(trajs: list[Trajectory], s: StepScores) -> dict:
+    """PRMScore per class and category; steps cut off by max_length are not counted."""
+    n_steps = np.array([len(t.steps) for t in trajs])
+    labels = scored_part(prmbench_step_labels(trajs), n_steps, s.offsets)
+    by_class = prm_score_by_class(s.prob(), s.offsets, labels, prmbench_classes(trajs))
+    return {"classes": by_class, "categories": prmbench_category_scores(by_class), "steps_not_scored": int(n_steps.sum() - len(labels))}
 
 
 def sigma_histograms(scores: StepScores, position_bins: int = 5, sigma_bins: int = 10) -> dict:
@@ -81,14 +93,10 @@ def evaluate_run(cfg: ReplicateConfig, mode: str, sets: EvalSets, scores: dict[s
     pb, bon = scores["processbench"], scores["bon"]
     one = lambda s: {mode: s}  # noqa: E731  the shared evaluators take {mode: scores}
     lengths = {name: np.array([e.n_tokens for e in encs[name]]) for name in ("processbench", "bon")}
-    prm = scores["prmbench"]
-    n_steps = np.array([len(t.steps) for t in sets.prmbench])
-    labels = scored_part(prmbench_step_labels(sets.prmbench), n_steps, prm.offsets)  # steps past max_length are not counted
-    by_class = prm_score_by_class(prm.prob(), prm.offsets, labels, prmbench_classes(sets.prmbench))
     result = {
         "valid": _valid_report(sets.valid, scores["valid"]),
         "processbench": evaluate_processbench(sets.processbench, one(pb), 0.5, tune="gsm8k" in cfg.processbench_subsets)["modes"][mode],
-        "prmbench": {"classes": by_class, "categories": prmbench_category_scores(by_class), "steps_not_scored": int(n_steps.sum() - len(labels))},
+        "prmbench": prmbench_report(sets.prmbench, scores["prmbench"]),
         "bon": evaluate_bon(sets.bon, one(bon), "min", BON_NS)["modes"][mode],
         "mae_by_position": mae_by_position(sets.processbench, one(pb))["curves"][mode],
         "long_chain": {

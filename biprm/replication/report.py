@@ -78,24 +78,32 @@ def _tables(s: dict) -> list[str]:
             "### Validation split", val]
 
 
-def position_prior_bce(train: list, valid: list) -> float:
-    """Validation BCE (mean over steps) of a table of P(label | source, step index, step count) fitted on the
-    training labels, backing off to P(label | source, step index): a step-label model that reads no text."""
+def position_prior(train: list, trajs: list, source: str | None = None) -> np.ndarray:
+    """P(step correct | source, step index, step count) for every step of `trajs`, fitted on the training
+    labels and backing off to P(correct | source, step index): a step scorer that reads no text. `source`
+    overrides the rows' own (for evaluation rows that carry none)."""
     fine: dict[tuple, list[float]] = {}
     coarse: dict[tuple, list[float]] = {}
     for t in train:
         for i, y in enumerate(t.labels):
             for table, key in ((fine, (t.meta["source"], i, len(t.steps))), (coarse, (t.meta["source"], i))):
                 table.setdefault(key, []).append(y)
-    losses = []
-    for t in valid:
-        for i, y in enumerate(t.labels):
-            back = coarse.get((t.meta["source"], i), [])
+    probs = []
+    for t in trajs:
+        src = source or t.meta["source"]
+        for i in range(len(t.steps)):
+            back = coarse.get((src, i), [])
             prior = (sum(back) + 1) / (len(back) + 2)
-            seen = fine.get((t.meta["source"], i, len(t.steps)), [])
-            p = (sum(seen) + 2 * prior) / (len(seen) + 2)
-            losses.append(-(y * np.log(p) + (1 - y) * np.log(1 - p)))
-    return float(np.mean(losses))
+            seen = fine.get((src, i, len(t.steps)), [])
+            probs.append((sum(seen) + 2 * prior) / (len(seen) + 2))
+    return np.array(probs)
+
+
+def position_prior_bce(train: list, valid: list) -> float:
+    """Validation BCE (mean over steps) of `position_prior`."""
+    p = position_prior(train, valid)
+    y = np.array([y for t in valid for y in t.labels])
+    return float(np.mean(-(y * np.log(p) + (1 - y) * np.log(1 - p))))
 
 
 def content_free(cfg: dict) -> tuple[dict, list[str]]:
@@ -105,7 +113,9 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
     from biprm.evaluation.data import load_pool, load_processbench
     from biprm.evaluation.processbench import evaluate_processbench
     from biprm.replication.data import DataRecipe, build
-    from biprm.replication.evaluate import BON_NS
+    from biprm.replication.evaluate import BON_NS, load_prmbench, prmbench_report
+    from biprm.scores import StepScores, offsets_of
+    from biprm.aggregate import logit
 
     if not Path(cfg["data_root"]).is_dir():
         return {}, [f"(content-free rows not computed: data folder {cfg['data_root']} not found)"]
@@ -114,8 +124,14 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
     bon = summarise_bon(bon_rows(pool, {}, "min", BON_NS, "first"), [])["rows"]
     train, valid, _ = build(cfg["data_root"], DataRecipe(**cfg["data"]))
     prior = position_prior_bce(train, valid)
+    prm_trajs = load_prmbench(cfg["data_root"], cfg["prmbench_rows"])
+    offsets = offsets_of([len(t.steps) for t in prm_trajs])
+    prm_free = {name: prmbench_report(prm_trajs, StepScores(offsets, logit(p))) for name, p in {
+        "P(step correct | step index, step count), fitted on the PRMBench training labels": position_prior(train, prm_trajs, "prmbench"),
+        "every step correct (constant score)": np.full(offsets[-1], 0.75)}.items()}
     cell = lambda c: f"{c['mean']:.1f} [{c['low']:.1f}, {c['high']:.1f}]"  # noqa: E731
     subsets = pb["subsets"]
+    cats = list(next(iter(prm_free.values()))["categories"])
     pb_rows = [[name, *(f"{b['subsets'][x]['f1']:.1f}" for x in subsets), f"{b['average_f1']:.1f}"] for name, b in pb["baselines"].items()]
     bon_md = [[name, *(cell(r[n]) for n in BON_NS), cell(r["mean"])] for name, r in bon.items()]
     md = ["### Content-free rows on the same items",
@@ -123,8 +139,10 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
           "with 95 % bootstrap intervals over questions. A model inside these intervals has shown nothing.",
           markdown_table(["rule", *(f"{x} F1" for x in subsets), "avg F1"], pb_rows),
           markdown_table(["scorer", *(f"BoN@{n}" for n in BON_NS), "mean"], bon_md),
+          markdown_table(["PRMBench scorer", "PRMScore overall", *cats],
+                         [[name, f"{r['classes']['overall']['prm_score']:.1f}", *(f"{r['categories'][c]:.1f}" for c in cats)] for name, r in prm_free.items()]),
           f"Validation BCE of a table of P(label | source, step index, step count) fitted on the training labels: {prior:.4f}."]
-    return {"processbench": pb["baselines"], "bon": bon, "valid_bce_position_prior": prior}, md
+    return {"processbench": pb["baselines"], "bon": bon, "prmbench": prm_free, "valid_bce_position_prior": prior}, md
 
 
 def _figures(out: Path, runs: list[dict]) -> list[str]:
