@@ -44,7 +44,7 @@ def test_toy_replication_runs_resumes_and_reports(data_dir, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == stamp
 
     # every run keeps its final model and its per-item logits in the work dir
-    folder = run_folder(cfg, tmp_path / "work", "bi-seed1106")
+    folder = run_folder(cfg, "bi-seed1106")
     assert (folder / "model.safetensors").is_file() and (folder / "scores.npz").is_file()
 
     # the report alone, from what has finished: each run's metrics are recomputed from its logits

@@ -138,9 +138,9 @@ def prepare(cfg: ReplicateConfig, tokenizer, step_tag_id: int) -> tuple[list[Tra
     return train_trajs, sets, encs, asdict(report)
 
 
-def run_folder(cfg: ReplicateConfig, work: Path, name: str) -> Path:
+def run_folder(cfg: ReplicateConfig, name: str) -> Path:
     """A run's checkpoints, final model and logits (never committed); another study never resumes these."""
-    return work / "runs" / cfg.preset / study_key(cfg) / name
+    return Path(cfg.work_dir) / "runs" / cfg.preset / study_key(cfg) / name
 
 
 def replicate(cfg: ReplicateConfig) -> dict:
@@ -179,7 +179,7 @@ def replicate(cfg: ReplicateConfig) -> dict:
         run_cfg = replace(cfg, **overrides)
         options = {"detach_gate_inputs": run_cfg.detach_gate_inputs, "aux_loss_weight": run_cfg.aux_loss_weight,
                    "gate_lr_scale": run_cfg.gate_lr_scale}
-        folder = run_folder(cfg, work, name)
+        folder = run_folder(cfg, name)
         model, train_log = train_run(run_cfg, base_mode, seed, folder, fast, train_trajs)
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
             scores = {set_name: cached_scores(model, caches[set_name]) for set_name in sets.trajectories()}
@@ -203,7 +203,7 @@ def report_only(cfg: ReplicateConfig) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run `biprm replicate --preset {cfg.preset}` first (it writes it once the caches are built)")
     runs = {p: json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))}
-    logits = {p: run_folder(cfg, Path(cfg.work_dir), run["run"]) / "scores.npz" for p, run in runs.items()}
+    logits = {p: run_folder(cfg, run["run"]) / "scores.npz" for p, run in runs.items()}
     logits = {p: npz for p, npz in logits.items() if npz.is_file()}
     if logits:
         tokenizer = load_tokenizer(resolve_backbone(cfg.backbone))
