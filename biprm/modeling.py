@@ -12,10 +12,13 @@ logits are ever computed.
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from transformers import AutoConfig, AutoModel, DynamicCache, PreTrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
@@ -25,6 +28,7 @@ from biprm.data.encoding import add_step_tag
 from biprm.losses import objective_loss
 from biprm.packing import attention_mask, cached_attention_mask
 
+HEADS = ("value_head.", "gate.")  # the state-dict prefixes of the parts biprm adds to the body
 
 
 class BiPRMConfig(PreTrainedConfig):
@@ -56,6 +60,21 @@ class BiPRMConfig(PreTrainedConfig):
         super().__init__(**kwargs)
 
 
+class Float32Linear(nn.Linear):
+    """A linear layer that computes in fp32 whatever dtype an engine casts its weights to.
+
+    DeepSpeed's bf16 mode and FSDP's mixed precision cast every weight to bf16, and autocast
+    would run the product in bf16: a bf16 logit near 10 moves in steps of 0.06, which ties
+    Best-of-N candidates and rounds the gate. Called as a module, so ZeRO-3 still gathers
+    the weights in its hooks before `forward` runs.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(x.float(), self.weight.float(), bias)
+
+
 @dataclass
 class BiPRMOutput(ModelOutput):
     """Per-step logits in forward step order, flat over the batch (see `step_offsets`)."""
@@ -81,8 +100,8 @@ class BiPRMModel(PreTrainedModel):
             raise ValueError("BiPRM packs streams with a custom attention mask: use attn_implementation 'sdpa' or 'eager'")
         self.backbone = backbone if backbone is not None else AutoModel.from_config(config.backbone_config)
         H = config.backbone_config.hidden_size
-        self.value_head = nn.Linear(H, 1)
-        self.gate = nn.Sequential(nn.Linear(2 * H, H), nn.ReLU(), nn.Linear(H, 1)) if MODE_TABLE[config.mode].fusion == "gate" else None
+        self.value_head = Float32Linear(H, 1)
+        self.gate = nn.Sequential(Float32Linear(2 * H, H), nn.ReLU(), Float32Linear(H, 1)) if MODE_TABLE[config.mode].fusion == "gate" else None
         self.post_init()
 
     @classmethod
@@ -90,6 +109,13 @@ class BiPRMModel(PreTrainedModel):
         """transformers' loader, after `check_checkpoint`: a wrong local folder is named in one line, a missing one never goes to the Hub."""
         check_checkpoint(str(pretrained_model_name_or_path))
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, state_dict: dict | None = None, **kwargs) -> None:
+        """transformers' save, with the heads in fp32 whatever an engine cast them to: a ZeRO-3
+        16-bit save gathers bf16 copies of them, and a bf16-cast model holds bf16 ones."""
+        state_dict = self.state_dict() if state_dict is None else state_dict
+        state_dict = {k: v.float() if k.startswith(HEADS) and v.is_floating_point() else v for k, v in state_dict.items()}
+        super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
         """Only the heads are ours to initialise; the backbone keeps its own scheme."""
@@ -176,12 +202,11 @@ class BiPRMModel(PreTrainedModel):
     ) -> BiPRMOutput:
         """Value head, gate, fusion and loss on the step-tag hidden states of each stream (forward step order).
 
-        They run in the heads' own dtype (fp32: see `_keep_in_fp32_modules_strict`) on upcast hidden
-        states, outside autocast: a bf16 logit near 10 moves in steps of 0.06, which ties candidates.
+        All of it runs in fp32 on upcast hidden states, outside autocast, whatever the dtype of the body
+        or of the heads' weights (`Float32Linear`).
         """
-        device, dtype = self.value_head.weight.device, self.value_head.weight.dtype
-        h_l2r, h_r2l = (None if h is None else h.to(dtype) for h in (h_l2r, h_r2l))
-        with torch.autocast(device.type, enabled=False):
+        h_l2r, h_r2l = (None if h is None else h.float() for h in (h_l2r, h_r2l))
+        with torch.autocast(self.value_head.weight.device.type, enabled=False):
             return self._heads(h_l2r, h_r2l, step_offsets, labels)
 
     def _heads(
@@ -297,21 +322,50 @@ def from_backbone(
     attn_implementation: str = "sdpa",
     **config_kwargs,
 ) -> BiPRMModel:
-    """A fresh BiPRM on a pretrained body; adds the step tag to `tokenizer` and resizes embeddings."""
+    """A fresh BiPRM on a pretrained body; adds the step tag to `tokenizer` and gives it a row (`init_new_rows`)."""
     backbone = AutoModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    known = len(tokenizer)
     step_tag_id = add_step_tag(tokenizer)
-    old = backbone.get_input_embeddings().num_embeddings
-    if len(tokenizer) > old:  # new rows start at the mean embedding, the same for every seed
+    if len(tokenizer) > backbone.get_input_embeddings().num_embeddings:
         backbone.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-        with torch.no_grad():
-            table = backbone.get_input_embeddings().weight
-            table[old:] = table[:old].mean(0)
+    init_new_rows(backbone.get_input_embeddings().weight, known, len(tokenizer))
     config = BiPRMConfig(
         backbone_config=backbone.config, mode=mode, objective=objective, step_tag_id=step_tag_id, **config_kwargs
     )
     model = BiPRMModel(config, backbone=backbone).to(dtype)
     model.set_attn_implementation(attn_implementation)  # wrapping resets the body's setting
     return model
+
+
+def init_new_rows(table: nn.Parameter, known: int, total: int) -> None:
+    """Rows [known, total) of the embedding table (the tokens biprm added) start at the mean of the known
+    tokens' rows, the same for every seed.
+
+    Whether the table had to grow or not: Qwen2.5's is padded past its tokenizer (151,936 rows for
+    151,665 tokens), so an added token lands on a row that was never trained, and with a frozen trunk
+    it would stay so.
+    """
+    if total <= known:
+        return
+    with whole(table) as weight, torch.no_grad():
+        weight[known:total] = weight[: min(known, len(weight))].mean(0)
+
+
+@contextmanager
+def whole(param: nn.Parameter) -> Iterator[torch.Tensor]:
+    """The full tensor of a parameter that DeepSpeed ZeRO-3 may have partitioned, for writing: gathered
+    on entry, and rank 0's values partitioned back on exit. An empty parameter that cannot be gathered is
+    refused, since writing into it would change nothing."""
+    if getattr(param, "ds_id", None) is not None:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+            yield param
+    elif param.numel() == 0:
+        raise RuntimeError(f"a parameter of shape {tuple(param.shape)} is partitioned by an engine biprm cannot gather "
+                           "(only DeepSpeed ZeRO-3 is known); load the backbone whole to initialise the step tag's row")
+    else:
+        yield param
 
 
 AutoConfig.register("biprm", BiPRMConfig)

@@ -309,3 +309,78 @@ def test_step_probabilities_keep_float64_resolution():
     collect(np.array([0, 1]), type("Out", (), {"fused": logits, "l2r": logits, "r2l": None, "sigma": None})())
     fused = collect.scores().fused
     assert fused.dtype == np.float64 and fused[1] > fused[0]  # float32 sigmoids would both round to 0.99999386
+
+
+def test_heads_compute_in_fp32_when_an_engine_casts_every_weight_to_bf16(backbone, tmp_path):
+    """DeepSpeed's bf16 mode and FSDP's mixed precision cast the heads' weights too; logits, sigma and the
+    fusion must stay fp32, equal to the fp32 model's within the bf16 body's noise, and save in fp32."""
+    import copy
+
+    from safetensors import safe_open
+
+    model, tok = make(backbone, "bi")
+    cast = copy.deepcopy(model).bfloat16()
+    encoder = Encoder(tok, model.config.step_tag_id)
+    batch = pack([encoder.encode(t) for t in TRAJS], "bi")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = cast(**batch)
+    want = model(**batch)
+    for key in ("fused", "l2r", "r2l", "sigma"):
+        assert getattr(got, key).dtype == torch.float32
+        torch.testing.assert_close(getattr(got, key), getattr(want, key).detach(), atol=0.05, rtol=0.05)
+    cast.save_pretrained(tmp_path)
+    with safe_open(str(next(tmp_path.glob("*.safetensors"))), "pt") as f:
+        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    assert {dtypes[k] for k in dtypes if k.startswith(("value_head.", "gate."))} == {"F32"}
+    assert dtypes["backbone.norm.weight"] == "BF16"
+
+
+def test_step_tag_row_starts_at_the_mean_when_the_table_is_padded_past_the_tokenizer(backbone, tmp_path):
+    """Qwen2.5's table has rows past its tokenizer, so the tag lands on an existing, never-trained row
+    without a resize; that row must still start at the mean of the known tokens' rows."""
+    from transformers import AutoModel
+
+    tok = load_tokenizer(backbone)
+    body = AutoModel.from_pretrained(backbone)
+    known = len(tok)
+    body.resize_token_embeddings(known + 16, mean_resizing=False)
+    with torch.no_grad():
+        body.get_input_embeddings().weight[known:] = 7.0  # padding rows far from the mean
+    body.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model = from_backbone(str(tmp_path), tok, mode="bi")
+    table = model.backbone.get_input_embeddings().weight
+    assert table.shape[0] == known + 16 and model.config.step_tag_id == known
+    torch.testing.assert_close(table[known], table[:known].mean(0))
+    assert bool((table[known + 1 :] == 7.0).all())  # rows no token uses are left alone
+
+
+def test_new_rows_are_gathered_under_zero3_and_refused_when_they_cannot_be(monkeypatch):
+    """Under ZeRO-3 a parameter is an empty shard until gathered: writing into it would silently do nothing."""
+    import sys
+    import types
+    from contextlib import contextmanager
+
+    from biprm.modeling import init_new_rows
+
+    full = torch.randn(6, 3)
+    table = torch.nn.Parameter(torch.empty(0))
+    table.ds_id = 0
+
+    @contextmanager
+    def gathered(params, modifier_rank=None):  # a stand-in for deepspeed.zero.GatheredParameters
+        assert modifier_rank == 0
+        params[0].data = full.clone()
+        yield
+        full.copy_(params[0].data)
+        params[0].data = torch.empty(0)
+
+    fake = types.ModuleType("deepspeed")
+    fake.zero = types.SimpleNamespace(GatheredParameters=gathered)
+    monkeypatch.setitem(sys.modules, "deepspeed", fake)
+    known_mean = full[:4].mean(0)
+    init_new_rows(table, known=4, total=5)
+    torch.testing.assert_close(full[4], known_mean)
+    assert table.numel() == 0  # partitioned again
+    with pytest.raises(RuntimeError, match="partitioned"):
+        init_new_rows(torch.nn.Parameter(torch.empty(0)), known=4, total=5)
