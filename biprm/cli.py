@@ -36,8 +36,8 @@ def cmd_train(cfg: TrainConfig) -> None:
 def cmd_score(cfg: ScoreConfig) -> None:
     from biprm.score_file import score_file
 
-    n = score_file(cfg.model, cfg.input, cfg.output, fmt=cfg.format, skip_invalid=cfg.skip_invalid, device=cfg.device,
-                   tokens_per_batch=cfg.tokens_per_batch, chunk=cfg.chunk, resume=cfg.resume)
+    n = score_file(cfg.model, cfg.input, cfg.output, fmt=cfg.format, skip_invalid=cfg.skip_invalid, settings=cfg, chunk=cfg.chunk,
+                   resume=cfg.resume)
     print(f"scored {n} trajectories into {'stdout' if cfg.output == '-' else cfg.output}", file=sys.stderr)
 
 

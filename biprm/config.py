@@ -37,6 +37,9 @@ PROCESSBENCH_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
 CHECKPOINT_ROLES = ("l2r", "r2l", "bi-static", "bi", "l2r-2", "r2l-2")  # what `eval ablations` takes
 TOKENS_PER_ROW = 512  # longer tree rows pay more in masked attention than the shared prompt saves (benchmarks/)
 MAX_LENGTH = 4096  # tokens per stream when scoring (score, eval, serve) unless set; trailing steps past it are not scored
+# attention kernels that take biprm's per-stream mask; flash-attention 2 takes none (docs/PERFORMANCE.md)
+ATTENTION = ("sdpa", "eager")
+Attention = Literal[ATTENTION]
 
 
 def default_data_root() -> str:
@@ -119,6 +122,7 @@ class TrainConfig:
     streaming: bool = arg(False, "read and encode the data as training consumes it (huge Hub sets); needs --max-steps")
     report_to: str = arg("none", "none, or trackers separated by commas: tensorboard,wandb")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass (less memory, more time)")
+    attn_implementation: Attention = arg("sdpa", "the backbone's attention kernel (both take the per-stream mask)")
     deepspeed: str | None = arg(None, "a DeepSpeed JSON config, e.g. configs/ds_zero3.json (launch with accelerate or deepspeed)")
     show_progress: bool = arg(True, "a progress bar")
     training_args: dict[str, Any] = arg(help="any other transformers.TrainingArguments option, by its name; in a --config "
@@ -134,6 +138,21 @@ class TrainConfig:
         trackers = {t.strip() for t in self.report_to.split(",")} - {"", "none"}
         check_extras({t: f"--report-to {t}" for t in sorted(trackers & EXTRAS.keys())}
                      | ({"deepspeed": f"--deepspeed {self.deepspeed}"} if self.deepspeed else {}) | ({"peft": "--lora-r"} if self.lora_r else {}))
+
+
+@dataclass(kw_only=True)
+class ScorerSettings:
+    """How a checkpoint is run when scoring (`Scorer.from_settings`): score, eval and serve take these flags."""
+
+    device: str | None = arg(None, "cuda, cuda:1, cpu (default: cuda if present)")
+    max_length: int = arg(MAX_LENGTH, "tokens per stream; trailing steps past it are not scored")
+    tokens_per_batch: int | None = arg(None, "tokens per backbone batch (default: sized to the device, see docs/PERFORMANCE.md)")
+    tokens_per_call: int | None = arg(None, "with the prompt cache: continuation tokens per backbone call (default: sized to the device)")
+    tokens_per_row: int = arg(TOKENS_PER_ROW, "packed row length; 0 gives every question its own row")
+    attn_implementation: Attention = arg("sdpa", "the backbone's attention kernel (both take the per-stream mask)")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
 
 
 @dataclass
@@ -154,13 +173,11 @@ class DemoConfig:
 
 
 @dataclass
-class ScoreConfig:
+class ScoreConfig(ScorerSettings):
     model: str = arg(help="checkpoint folder written by `biprm train`")
     input: str = arg(help="data file, Hub dataset name or synthetic[:N]")
     output: str = arg("scores.jsonl", "JSONL file, or - for stdout")
     format: Format = arg("auto", "the input's layout; auto detects it from the first row")
-    device: str | None = arg(None, "cuda, cuda:1, cpu (default: cuda if present)")
-    tokens_per_batch: int | None = arg(None, "tokens per backbone batch (default: the Scorer's, by layout)")
     skip_invalid: bool = arg(False, "skip bad rows (reported with file, row and field) instead of stopping")
     chunk: int = arg(1024, "rows scored and written to disk at a time; a kill loses at most one")
     resume: bool = arg(False, "continue a killed run from its OUTPUT.parts folder")

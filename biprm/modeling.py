@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoModel, DynamicCache, PreTrainedConfig, 
 from transformers.utils import ModelOutput
 
 from biprm.checkpoint import check_checkpoint
-from biprm.config import MODE_TABLE, MODES
+from biprm.config import ATTENTION, MODE_TABLE, MODES
 from biprm.data.encoding import add_step_tag
 from biprm.losses import objective_loss
 from biprm.packing import attention_mask, cached_attention_mask
@@ -96,8 +96,7 @@ class BiPRMModel(PreTrainedModel):
 
     def __init__(self, config: BiPRMConfig, backbone: PreTrainedModel | None = None):
         super().__init__(config)
-        if config._attn_implementation not in (None, "sdpa", "eager"):
-            raise ValueError("BiPRM packs streams with a custom attention mask: use attn_implementation 'sdpa' or 'eager'")
+        check_attention(config._attn_implementation)
         self.backbone = backbone if backbone is not None else AutoModel.from_config(config.backbone_config)
         H = config.backbone_config.hidden_size
         self.value_head = Float32Linear(H, 1)
@@ -255,12 +254,13 @@ class BiPRMModel(PreTrainedModel):
         """
         cache = self.backbone(input_ids=prefix_ids, use_cache=True).past_key_values
         layers = [(k, v) for k, v, *_ in cache]
-        width = (unit_ids >= 0).sum(1)
+        starts = chunks[:-1].tolist()  # `chunks` and the widths are read once, not once per chunk: each read waits on a GPU
+        widths = (unit_ids >= 0).sum(1)[starts].tolist()
         L = input_ids.shape[1]
         row, col = flat_index // L, flat_index % L
         tags = torch.empty(len(flat_index), self.config.backbone_config.hidden_size, dtype=self.dtype, device=input_ids.device)
-        for a, b in zip(chunks[:-1].tolist(), chunks[1:].tolist()):
-            w, rows = int(width[a]), prefix_rows[a:b]
+        for a, b, w in zip(starts, chunks[1:].tolist(), widths):
+            rows = prefix_rows[a:b]
             mask = cached_attention_mask(unit_ids[a:b, :w], prefix_lengths[rows], prefix_ids.shape[1])
             hidden = self.backbone(
                 input_ids=input_ids[a:b, :w], attention_mask=self._for_backend(mask), position_ids=position_ids[a:b, :w],
@@ -323,6 +323,7 @@ def from_backbone(
     **config_kwargs,
 ) -> BiPRMModel:
     """A fresh BiPRM on a pretrained body; adds the step tag to `tokenizer` and gives it a row (`init_new_rows`)."""
+    check_attention(attn_implementation)
     backbone = AutoModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     known = len(tokenizer)
     step_tag_id = add_step_tag(tokenizer)
@@ -335,6 +336,12 @@ def from_backbone(
     model = BiPRMModel(config, backbone=backbone).to(dtype)
     model.set_attn_implementation(attn_implementation)  # wrapping resets the body's setting
     return model
+
+
+def check_attention(kernel: str | None) -> None:
+    if kernel not in (None, *ATTENTION):
+        raise ValueError(f"attn_implementation {kernel!r}: BiPRM packs both streams of a trajectory into one row under "
+                         f"a mask of its own, which only {' and '.join(ATTENTION)} take")
 
 
 def init_new_rows(table: nn.Parameter, known: int, total: int) -> None:

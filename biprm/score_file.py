@@ -20,6 +20,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from biprm.checkpoint import check_checkpoint
+from biprm.config import ScorerSettings
 from biprm.data.readers import load_trajectories, skip_report
 from biprm.data.trajectory import DataError
 from biprm.processes import process_state
@@ -50,8 +51,8 @@ def complete_lines(path: Path) -> int:
 
 
 def score_file(
-    model: str, source: str, output: str, fmt: str = "auto", skip_invalid: bool = False, device: str | None = None,
-    tokens_per_batch: int | None = None, chunk: int = 1024, resume: bool = False,
+    model: str, source: str, output: str, fmt: str = "auto", skip_invalid: bool = False, settings: ScorerSettings | None = None,
+    chunk: int = 1024, resume: bool = False,
 ) -> int:
     check_checkpoint(model)
     trajs = load_trajectories(source, fmt=fmt, skip_invalid=skip_invalid)  # bad rows fail before the model loads
@@ -69,7 +70,8 @@ def score_file(
 
     begin, end = len(trajs) * rank // world, len(trajs) * (rank + 1) // world
     log.info("process %d of %d scores rows %d-%d", rank + 1, world, begin + 1, end)
-    scorer = Scorer.from_pretrained(model, device=device or state.device, tokens_per_batch=tokens_per_batch)
+    settings = settings or ScorerSettings()
+    scorer = Scorer.from_settings(model, settings, settings.device or state.device)
     mine, names = trajs[begin:end], [f"{source} trajectory {k + 1}" for k in range(begin, end)]
     encs, problems = scorer.encode(mine, names, skip_invalid=True)  # step-tag text, a first step past max_length
     first = _first_everywhere([error for _, error in problems[:1]], world)

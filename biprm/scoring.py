@@ -4,20 +4,24 @@ Batches are filled up to a token budget in length order so padding stays small;
 outputs come back in input order as a flat `StepScores`. Two layouts (measured in
 benchmarks/, explained in docs/PERFORMANCE.md):
 - default, one backbone call per batch of about `tokens_per_batch` tokens counted with
-  padding (4096 unless set): each trajectory's prompt once, then both of its streams,
+  padding: each trajectory's prompt once, then both of its streams,
   in rows of about `tokens_per_row` tokens. Rows stay short because the custom mask
   makes attention cost quadratic in the row; a trajectory too long for one row gets a
   plain causal row per stream instead.
-- prompt cache: batches hold whole questions (16384 tokens unless set); one call
+- prompt cache: batches hold whole questions; one call
   encodes every distinct prompt of the batch once, then calls of about
   `tokens_per_call` tokens run the continuations of both streams,
   longest first, attending to their prompt through its KV cache. Cheapest for
   Best-of-N pools, where many candidates share a question, so `prefix_cache=None`
   (the default) picks it when the questions have CACHE_FROM candidates on average.
+
+Unless set, the token budgets follow the device (`device_budgets`): on a CPU the ones
+measured on 2 cores, on a GPU what a share of its free memory holds.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,7 +29,7 @@ from tqdm.auto import tqdm
 
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_layout
-from biprm.config import MAX_LENGTH, MODE_TABLE, TOKENS_PER_ROW
+from biprm.config import MAX_LENGTH, MODE_TABLE, TOKENS_PER_ROW, ScorerSettings
 from biprm.data.encoding import Encoded, Encoder
 from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.modeling import BiPRMModel, BiPRMOutput
@@ -40,6 +44,42 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+@dataclass(frozen=True)
+class Budgets:
+    """Tokens per backbone batch: one-pass (counted with padding), with the prompt cache (whole
+    questions, real tokens), and per call of the prompt cache's continuations."""
+
+    one_pass: int
+    cached: int
+    per_call: int
+
+
+CPU_BUDGETS = Budgets(4096, 16384, 1024)  # measured on 2 cores (benchmarks/): larger batches only cost memory there
+GPU_MEMORY_SHARE = 0.25  # of the memory free when the scorer starts; the rest is headroom for long rows and other work
+
+
+def budgets_for_memory(free_bytes: int, backbone_config, dtype: torch.dtype) -> Budgets:
+    """Budgets that fit a share of `free_bytes`, from what one token costs at inference: the widest
+    layer's activations (only one layer's live at a time), its cached keys and values in every layer,
+    and its row of the per-stream attention mask, broadcast over heads."""
+    c = backbone_config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    width = 6 * c.hidden_size + 3 * c.intermediate_size + 2 * c.num_hidden_layers * kv_heads * head_dim
+    per_token = dtype.itemsize * (width + TOKENS_PER_ROW * c.num_attention_heads)
+    tokens = int(free_bytes * GPU_MEMORY_SHARE / per_token) // 1024 * 1024
+    one = min(max(tokens, CPU_BUDGETS.one_pass), 1 << 18)
+    return Budgets(one, 4 * one, one)
+
+
+def device_budgets(model: BiPRMModel) -> Budgets:
+    """The budgets of the device the model is on: a GPU's are read from its free memory at start."""
+    if model.device.type != "cuda":
+        return CPU_BUDGETS
+    free, _ = torch.cuda.mem_get_info(model.device)
+    return budgets_for_memory(free, model.config.backbone_config, model.dtype)
+
+
 class Scorer:
     def __init__(
         self,
@@ -50,25 +90,35 @@ class Scorer:
         tokens_per_row: int | None = TOKENS_PER_ROW,
         share_prefix: bool = True,
         prefix_cache: bool | None = None,
-        tokens_per_call: int = 1024,
+        tokens_per_call: int | None = None,
     ):
+        """`tokens_per_batch` and `tokens_per_call` default to the budgets of the model's device (`device_budgets`)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.encoder = Encoder(tokenizer, model.config.step_tag_id, max_length)
+        self.budgets = device_budgets(model)
         self.tokens_per_batch = tokens_per_batch
         self.tokens_per_row = tokens_per_row
         self.share_prefix = share_prefix
         self.prefix_cache = prefix_cache
-        self.tokens_per_call = tokens_per_call
+        self.tokens_per_call = tokens_per_call or self.budgets.per_call
 
     @classmethod
     def from_pretrained(cls, path: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-                        max_length: int = MAX_LENGTH, **kwargs) -> "Scorer":
+                        max_length: int = MAX_LENGTH, attn_implementation: str = "sdpa", **kwargs) -> "Scorer":
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        model = BiPRMModel.from_pretrained(path, dtype=dtype).to(device)
+        model = BiPRMModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation).to(device)
         check_layout(model.config, path)
         return cls(model, load_tokenizer(path), max_length, **kwargs)
+
+    @classmethod
+    def from_settings(cls, path: str, settings: ScorerSettings, device: str | torch.device | None = None) -> "Scorer":
+        """The scorer the flags of `score`, `eval` and `serve` describe; `device` overrides theirs."""
+        return cls.from_pretrained(
+            path, device=device or settings.device, max_length=settings.max_length, attn_implementation=settings.attn_implementation,
+            tokens_per_batch=settings.tokens_per_batch, tokens_per_call=settings.tokens_per_call, tokens_per_row=settings.tokens_per_row or None,
+        )
 
     @property
     def mode(self) -> str:
@@ -82,7 +132,7 @@ class Scorer:
         so each prompt is encoded once, and the budget counts real tokens: the calls inside
         a batch sort rows by length themselves.
         """
-        budget = self.tokens_per_batch or (16384 if cached else 4096)
+        budget = self.tokens_per_batch or (self.budgets.cached if cached else self.budgets.one_pass)
         cost = np.array([e.n_tokens * len(self.model.streams) for e in encs])
         if cached:
             groups: dict[tuple[int, ...], list[int]] = {}
@@ -158,8 +208,16 @@ class Scorer:
                 batch = pack(items, self.mode, self.share_prefix, self.tokens_per_row, pad)
             check_tags(batch, self.model.config.step_tag_id)
             run = self.model.score_with_prefix if cached else self.model
-            collect(idx, run(**{k: v.to(device) for k, v in batch.items()}))
+            collect(idx, run(**to_device(batch, device)))
         return collect.scores()
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The batch on `device`, copied from pinned memory without waiting on a GPU. `chunks` stays on the host:
+    the prompt cache loops over it, and reading it from a GPU would wait for every call before."""
+    if device.type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: v if k == "chunks" else v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
 
 
 class Collector:
@@ -167,21 +225,29 @@ class Collector:
 
     Logits are kept rather than probabilities: in float32, sigmoids of logits above about
     9 round to a few values, and Best-of-N would then choose among tied candidates by pool order.
+    The outputs stay on the model's device until `scores`, so a GPU is never waited on per batch.
     """
+
+    KEYS = ("fused", "l2r", "r2l", "sigma")
 
     def __init__(self, offsets: np.ndarray, mode: str):
         self.offsets, self.mode = offsets, mode
-        self.out = {k: np.zeros(offsets[-1]) for k in ("fused", "l2r", "r2l", "sigma")}
+        self.dest: list[np.ndarray] = []
+        self.parts: dict[str, list[torch.Tensor]] = {k: [] for k in self.KEYS}
 
     def __call__(self, idx: np.ndarray, result: BiPRMOutput) -> None:
-        dest = step_positions(self.offsets, idx)
-        for key, buf in self.out.items():
+        self.dest.append(step_positions(self.offsets, idx))
+        for key, parts in self.parts.items():
             value = getattr(result, key)
             if value is not None:
-                buf[dest] = value.double().cpu().numpy()
+                parts.append(value.detach())
 
     def scores(self) -> StepScores:
-        spec, out = MODE_TABLE[self.mode], self.out
+        spec, dest, out = MODE_TABLE[self.mode], np.concatenate([[], *self.dest]).astype(np.int64), {}
+        for key, parts in self.parts.items():
+            out[key] = np.zeros(self.offsets[-1])
+            if parts:
+                out[key][dest] = torch.cat(parts).double().cpu().numpy()
         return StepScores(
             offsets=self.offsets,
             fused=out["fused"],

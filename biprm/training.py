@@ -233,6 +233,7 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, traj
     # which would round most updates at the paper's lr away (0.02 + 3e-5 == 0.02 in bf16)
     model = from_backbone(
         backbone_dir, tokenizer, mode=cfg.mode, objective=cfg.objective, zeta=cfg.zeta, dtype=torch.float32,
+        attn_implementation=cfg.attn_implementation,
         detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight,
     )
     if cfg.lora_r and (args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"):

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from biprm.data.trajectory import Trajectory
-from biprm.evaluation.config import ScorerSettings
+from biprm.config import ScorerSettings
 from biprm.evaluation.sharing import score_shared
 from biprm.processes import process_state
 from biprm.scores import OPTIONAL_OUTPUTS, StepScores
@@ -37,8 +37,7 @@ def load_scorer(settings: ScorerSettings, ckpt: str) -> Scorer:
     own = process_state().device
     device = torch.device(settings.device) if settings.device else own
     device = own if device.type == own.type and device.index is None else device
-    return Scorer.from_pretrained(ckpt, device=device, max_length=settings.max_length, tokens_per_batch=settings.tokens_per_batch,
-                                  tokens_per_row=settings.tokens_per_row or None)
+    return Scorer.from_settings(ckpt, settings, device)
 
 
 def scorer_loader(settings: ScorerSettings) -> Callable[[str], Scorer]:
@@ -125,7 +124,8 @@ class ScoreCache:
 
     def scores(self, ckpt: str, trajs: list[Trajectory]) -> StepScores:
         device = torch.device(self.settings.device) if self.settings.device else default_device()
-        path = self._path("scores", ckpt, trajs, f"logits-{device.type}-len{self.settings.max_length}")
+        kernel = "" if self.settings.attn_implementation == "sdpa" else f"-{self.settings.attn_implementation}"  # sdpa: the keys before the choice
+        path = self._path("scores", ckpt, trajs, f"logits-{device.type}-len{self.settings.max_length}{kernel}")
         if (z := _read(path)) is not None:
             return StepScores(z["offsets"], z["fused"], *(z.get(k) for k in OPTIONAL_OUTPUTS))
         scores = score_shared(self.scorer, ckpt, trajs)  # on every process of the launch, if there are several

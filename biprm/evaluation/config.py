@@ -10,21 +10,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from biprm.aggregate import AGGREGATIONS
-from biprm.config import CHECKPOINT_ROLES, MAX_LENGTH, PROCESSBENCH_SUBSETS, TOKENS_PER_ROW, arg, check_choices, default_data_root
+from biprm.config import CHECKPOINT_ROLES, PROCESSBENCH_SUBSETS, ScorerSettings, arg, check_choices, default_data_root
 from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS
 
 AGGS = ("min", "mean", "last", "prod")  # the aggregations `eval bon` reports side by side unless told
 POOL = "gsm8k_bon_small, a candidates file (ours or PQM's layout) or hf://OWNER/REPO/FILE; append @QUESTIONS for gold answers"
-
-
-@dataclass(kw_only=True)
-class ScorerSettings:
-    """How checkpoints are run (see `Scorer`)."""
-
-    device: str | None = arg(None, "cuda if available, else cpu")
-    tokens_per_batch: int | None = arg(None, "tokens per backbone batch (default: the Scorer's, by layout)")
-    tokens_per_row: int = arg(TOKENS_PER_ROW, "packed row length; 0 gives every question its own row")
-    max_length: int = arg(MAX_LENGTH, "tokens per stream; trailing steps past it are not scored")
 
 
 @dataclass(kw_only=True)

@@ -285,6 +285,6 @@ def serve(cfg: ServeConfig) -> None:
     if cfg.engine == "vllm":
         scorer = VLLMScorer.from_pretrained(cfg.model, cfg.max_length, **json.loads(cfg.engine_args))
     else:
-        scorer = Scorer.from_pretrained(cfg.model, device=cfg.device, max_length=cfg.max_length)
+        scorer = Scorer.from_settings(cfg.model, cfg)
     log.info("serving %s (%s) on http://%s:%d", cfg.model, scorer.mode, cfg.host, cfg.port)
     uvicorn.run(build_app(scorer, cfg, owns_scorer=True), host=cfg.host, port=cfg.port, log_level="info")

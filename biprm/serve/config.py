@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from biprm.aggregate import AGGREGATIONS
-from biprm.config import MAX_LENGTH, arg, check_choices, default_data_root
+from biprm.config import ScorerSettings, arg, check_choices, default_data_root
 from biprm.data.readers import SPLIT_RULES
 
 Aggregation = Literal[AGGREGATIONS]
@@ -13,17 +13,15 @@ SplitRule = Literal[SPLIT_RULES]
 
 
 @dataclass
-class ServeConfig:
+class ServeConfig(ScorerSettings):
     model: str = arg(help="checkpoint folder written by `biprm train` (or its `biprm export --format vllm`)")
     engine: Literal["biprm", "vllm"] = arg("biprm", "what scores: biprm's own Scorer, or a vLLM engine running biprm's plugin (extra [vllm])")
     engine_args: str = arg("{}", "--engine vllm: JSON of vLLM engine arguments, e.g. '{\"tensor_parallel_size\": 2}'")
     host: str = arg("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
     port: int = arg(8000, "TCP port")
-    device: str | None = arg(None, "cuda, cuda:1, cpu (default: cuda if present)")
     max_wait_ms: float = arg(5.0, "how long the first request of a batch waits for others to join")
     max_batch_tokens: int = arg(16384, "stop gathering a batch at this many tokens (both streams)")
     max_queue: int = arg(1024, "solutions waiting at most; past it requests get 503 at once")
-    max_length: int = arg(MAX_LENGTH, "tokens per stream; trailing steps past it are not scored")
     on_overlength: Literal["flag", "refuse"] = arg("flag", "flag: score the steps that fit and say so; refuse: answer 413")
     aggregation: Aggregation = arg("min", "solution score of /get_reward")
     split: SplitRule = arg("auto", "how free text is cut into steps")
