@@ -20,7 +20,7 @@ from typing import Any, get_origin
 from transformers import HfArgumentParser
 
 from biprm import __version__
-from biprm.bench.config import BenchConfig, DataBenchConfig
+from biprm.bench.config import BenchConfig, CheckConfig, DataBenchConfig
 from biprm.config import DemoConfig, ScoreConfig, TrainConfig
 from biprm.evaluation import cli as evaluation
 from biprm.replication.config import ReplicateConfig
@@ -91,6 +91,15 @@ def cmd_bench(cfg: BenchConfig) -> None:
     run(cfg)
 
 
+def cmd_check(cfg: CheckConfig) -> None:
+    from biprm.bench.check import run_check, write
+
+    items = run_check(cfg)
+    print(Path(write(items, cfg.out)).read_text())
+    if any(i.status == "fail" for i in items):
+        raise SystemExit(1)
+
+
 def cmd_bench_data(cfg: DataBenchConfig) -> None:
     from biprm.bench.data import run, write
 
@@ -106,6 +115,7 @@ COMMANDS = {  # name: (settings, recipe, one-line help)
     "export": (ExportConfig, cmd_export, "write a checkpoint in the layout another engine loads (vllm: for `vllm serve` with biprm's plugin)"),
     "loadtest": (LoadTestConfig, cmd_loadtest, "benchmark `biprm serve` on loopback: batched vs one-at-a-time, latency by concurrency, overload"),
     "bench": (BenchConfig, cmd_bench, "time and measure BiPRM against the reference pattern and L2R, side by side"),
+    "check": (CheckConfig, cmd_check, "try the cluster path once on this machine (train, resume, score, latency, vLLM dtype): a pass/fail table"),
     "bench-data": (DataBenchConfig, cmd_bench_data, "time to the first training step and peak RSS per rank on a Math-Shepherd-size file"),
 }
 
