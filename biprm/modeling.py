@@ -12,6 +12,7 @@ logits are ever computed.
 from __future__ import annotations
 
 import copy
+import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
@@ -252,7 +253,8 @@ class BiPRMModel(PreTrainedModel):
         row, attends to its prompts' cached keys and values, so padding and attention
         stay proportional to each row's own length.
         """
-        cache = self.backbone(input_ids=prefix_ids, use_cache=True).past_key_values
+        name = cache_argument(self.backbone)
+        cache = getattr(self.backbone(input_ids=prefix_ids, use_cache=True), name)
         layers = [(k, v) for k, v, *_ in cache]
         starts = chunks[:-1].tolist()  # `chunks` and the widths are read once, not once per chunk: each read waits on a GPU
         widths = (unit_ids >= 0).sum(1)[starts].tolist()
@@ -264,7 +266,7 @@ class BiPRMModel(PreTrainedModel):
             mask = cached_attention_mask(unit_ids[a:b, :w], prefix_lengths[rows], prefix_ids.shape[1])
             hidden = self.backbone(
                 input_ids=input_ids[a:b, :w], attention_mask=self._for_backend(mask), position_ids=position_ids[a:b, :w],
-                past_key_values=DynamicCache([(k[rows], v[rows]) for k, v in layers]), use_cache=True,
+                **{name: DynamicCache([(k[rows], v[rows]) for k, v in layers])}, use_cache=True,
             ).last_hidden_state
             here = (row >= a) & (row < b)
             tags[here] = hidden[row[here] - a, col[here]]
@@ -336,6 +338,12 @@ def from_backbone(
     model = BiPRMModel(config, backbone=backbone).to(dtype)
     model.set_attn_implementation(attn_implementation)  # wrapping resets the body's setting
     return model
+
+
+def cache_argument(body: nn.Module) -> str:
+    """What the body calls its KV cache, as an argument and as an output: `cache` since transformers 5.2x
+    (the old name warns, and goes in 5.40), `past_key_values` before (vLLM pins transformers < 5.20)."""
+    return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
 
 
 def check_attention(kernel: str | None) -> None:

@@ -43,7 +43,7 @@ def counting_flops(model: nn.Module) -> Iterator[list[int]]:
         total[0] += 2 * out.numel() * m.in_features * (3 if out.requires_grad else 1)
 
     def attention(m: nn.Module, args, kwargs, out) -> None:
-        h, cache = out[0], kwargs.get("past_key_values")
+        h, cache = out[0], kwargs.get("cache", kwargs.get("past_key_values"))
         keys = cache.get_seq_length(m.layer_idx) if cache is not None else h.shape[1]
         heads = m.config.num_attention_heads
         total[0] += 4 * h.shape[0] * h.shape[1] * keys * heads * m.head_dim * (3 if h.requires_grad else 1)
