@@ -156,6 +156,7 @@ def test_get_reward_through_the_server_equals_the_engine(bi_scorer):
 
 
 def test_the_io_processor_refuses_token_ids_outside_the_vocabulary(bi_scorer):
+    """Named by item and field (vLLM's renderer refuses an id past the table too, naming neither); 1.5 used to become 1."""
     vocab, tag = bi_scorer.llm.llm_engine.model_config.get_vocab_size(), bi_scorer.encoder.step_tag_id
     for prompt, steps, message in (([vocab], [[tag]], f"item 0: field 'prompt_ids': {vocab} is not a token id of this model (integers from 0 to {vocab - 1})"),
                                    ([1], [[-1, tag]], "item 0: field 'step_ids' [0]: -1 is not a token id"),
