@@ -38,6 +38,7 @@ def vllm_folder(path: str) -> str:
 
 
 def one_line(error: BaseException) -> str:
+    """vLLM's message (pydantic's run over many lines) as one line, for the command line's error."""
     return " ".join(str(error).split())
 
 
