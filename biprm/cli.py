@@ -76,7 +76,7 @@ def cmd_serve(cfg: ServeConfig) -> None:
 def cmd_export(cfg: ExportConfig) -> None:
     from biprm.vllm_plugin.export import export_for_vllm
 
-    print(f"exported to {export_for_vllm(cfg.model, cfg.out)}; serve it with: vllm serve {cfg.out}")
+    print(f"exported to {export_for_vllm(cfg.model, cfg.out, dtype=cfg.dtype)} in {cfg.dtype}; serve it with: vllm serve {cfg.out}")
 
 
 def cmd_loadtest(cfg: LoadTestConfig) -> None:

@@ -3,6 +3,7 @@ and TRL's GRPOTrainer trains with a BiPRM reward."""
 import socket
 import threading
 import time
+import urllib.error
 
 import numpy as np
 import pytest
@@ -62,7 +63,7 @@ def test_each_completion_is_encoded_once(bi_scorer, monkeypatch):
     assert calls == ["completion 0", "completion 2", "completion 3"]  # the empty completion never reaches the encoder
 
 
-def test_remote_reward_equals_local(bi_scorer):
+def test_remote_reward_equals_local_and_sends_the_api_key(bi_scorer, monkeypatch):
     pytest.importorskip("fastapi")
     import uvicorn
 
@@ -72,7 +73,7 @@ def test_remote_reward_equals_local(bi_scorer):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(bi_scorer, ServeConfig(model="tiny")), port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(build_app(bi_scorer, ServeConfig(model="tiny", api_key="k")), port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -81,13 +82,19 @@ def test_remote_reward_equals_local(bi_scorer):
         tag = bi_scorer.tokenizer.convert_ids_to_tokens(bi_scorer.model.config.step_tag_id)
         completions = [*COMPLETIONS, f"2 + 2 = 4 {tag}", "2 + 2 = 4.\n\nThe answer is 4."]
         prompts = [*PROMPTS, PROMPTS[1], PROMPTS[1]]
-        remote = BiPRMReward(url=f"http://127.0.0.1:{port}/", request_size=2, invalid_reward=-1.0)(prompts=prompts, completions=completions)
+        remote = BiPRMReward(url=f"http://127.0.0.1:{port}/", request_size=2, invalid_reward=-1.0, api_key="k")(prompts=prompts, completions=completions)
+        monkeypatch.setenv("BIPRM_API_KEY", "k")
+        from_env = BiPRMReward(url=f"http://127.0.0.1:{port}/", request_size=2, invalid_reward=-1.0)(prompts=prompts, completions=completions)
+        monkeypatch.delenv("BIPRM_API_KEY")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            BiPRMReward(url=f"http://127.0.0.1:{port}/")(prompts=prompts, completions=completions)
     finally:
         server.should_exit = True
         thread.join(10)
     local = BiPRMReward(scorer=bi_scorer, invalid_reward=-1.0)(prompts=prompts, completions=completions)
     # equal up to float32 rounding (the server scores in other batches); the tagged one is refused, its neighbour scored
     assert remote == pytest.approx(local, abs=1e-6) and remote[1] == remote[2] == -1.0 and 0 < remote[3] < 1
+    assert from_env == remote and refused.value.code == 401
 
 
 def test_remote_reward_retries_a_busy_server():

@@ -129,9 +129,27 @@ def test_health_and_metrics(bi_scorer):
         c.post("/v1/score", json={"question": Q, "steps": STEPS})
         health = c.get("/health").json()
         metrics = c.get("/metrics").text
-    assert health["status"] == "ok" and health["mode"] == "bi" and health["queued"] == 0
+    assert health == {"status": "ok", "mode": "bi", "queued": 0}  # no model path: /health answers without the API key
     assert "biprm_requests_total 1" in metrics and "biprm_solutions_total 1" in metrics
     assert 'biprm_latency_seconds{quantile="0.99"}' in metrics and "biprm_queue_solutions 0" in metrics
+
+
+def test_an_api_key_guards_every_endpoint_but_health(bi_scorer, monkeypatch):
+    body = {"question": Q, "steps": STEPS}
+    with client(bi_scorer, api_key="s3cret") as c:
+        refused = [c.post("/v1/score", json=body), c.post("/v1/score", json=body, headers={"Authorization": "Bearer wrong"}),
+                   c.post("/v1/score", json=body, headers={"Authorization": "s3cret"}), c.post("/get_reward", json={"query": [Q], "prompts": [Q]}),
+                   c.get("/metrics"), c.get("/docs"), c.get("/openapi.json"), c.get("/no-such-page")]
+        health = c.get("/health")
+        ok = c.post("/v1/score", json=body, headers={"Authorization": "Bearer s3cret"})
+    for r in refused:
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and "Authorization: Bearer" in r.json()["error"], r.request.url
+    assert health.status_code == 200 and ok.status_code == 200
+    assert ok.json()["fused"] == pytest.approx(scored(bi_scorer, [Trajectory(Q, STEPS)]).prob().tolist(), abs=1e-6)
+    monkeypatch.setenv("BIPRM_API_KEY", "from-env")
+    assert ServeConfig(model="tiny").api_key == "from-env" and ServeConfig(model="tiny", api_key="flag").api_key == "flag"
+    with pytest.raises(ValueError, match="--api-key is empty"):
+        ServeConfig(model="tiny", api_key="")
 
 
 def fake_scores(trajs: list[Trajectory]) -> StepScores:

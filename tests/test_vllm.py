@@ -1,12 +1,15 @@
 """biprm inside vLLM, on CPU in fp32: the plugin's scores equal Scorer.score for every mode (long and
 over-length solutions too), `biprm serve --engine vllm` passes the default engine's endpoint tests,
-and `vllm serve` of an export answers a step-scoring request. Engines are few and start once per module."""
+refuses a checkpoint its engine cannot run and answers 503 once its engine has died, and `vllm serve`
+of an export answers a step-scoring request in the dtype the export names. Engines are few and start
+once per module."""
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -150,6 +153,75 @@ def test_get_reward_through_the_server_equals_the_engine(bi_scorer):
     assert body["rewards"] == pytest.approx(want.solution_scores("mean").tolist(), abs=1e-6)
     for got, i in zip(body["step_rewards"], (0, 1)):
         assert got == pytest.approx(want.of(i).tolist(), abs=1e-6)
+
+
+def test_the_io_processor_refuses_token_ids_outside_the_vocabulary(bi_scorer):
+    """Named by item and field (vLLM's renderer refuses an id past the table too, naming neither); 1.5 used to become 1."""
+    vocab, tag = bi_scorer.llm.llm_engine.model_config.get_vocab_size(), bi_scorer.encoder.step_tag_id
+    for prompt, steps, message in (([vocab], [[tag]], f"item 0: field 'prompt_ids': {vocab} is not a token id of this model (integers from 0 to {vocab - 1})"),
+                                   ([1], [[-1, tag]], "item 0: field 'step_ids' [0]: -1 is not a token id"),
+                                   ([1.5], [[tag]], "field 'prompt_ids': 1.5 is not a token id"),
+                                   ([1], "ab", "field 'step_ids' must be a list")):
+        with pytest.raises(ValueError) as error:
+            bi_scorer.llm.encode({"data": [{"prompt_ids": prompt, "step_ids": steps}]}, pooling_task="plugin")
+        assert message in str(error.value)
+    assert len(scored(bi_scorer, [Trajectory(Q, STEPS)])) == 1  # the engine still scores
+
+
+@pytest.mark.slow
+def test_a_dead_engine_makes_health_and_every_request_a_503_naming_the_cause(engines):
+    """The engine is killed under a request in flight: that request, /health and the next request say why."""
+    scorer = engines("bi")
+    long = {"question": Q, "steps": [f"Adding {k} gives {k * (k + 1) // 2}." for k in range(1, 150)]}
+    with client(scorer) as c:
+        assert c.get("/health").status_code == 200
+        answers = []
+        flight = threading.Thread(target=lambda: answers.append(c.post("/v1/score", json=[long] * 32)))
+        flight.start()
+        while not c.app.state.service.batcher.busy:
+            time.sleep(0.01)
+        pid = scorer.processes()[0].pid
+        os.kill(pid, signal.SIGKILL)
+        flight.join(60)
+        assert not flight.is_alive(), "the request in flight when the engine died never got an answer"
+        health, later = c.get("/health"), c.post("/v1/score", json={"question": Q, "steps": STEPS})
+    engines.close()
+    cause = f"the vLLM engine process EngineCore (pid {pid}) was killed by SIGKILL"
+    for r in (answers[0], later):
+        assert r.status_code == 503 and cause in r.json()["error"] and "retry-after" not in r.headers, r.text
+    assert health.status_code == 503 and health.json()["status"] == "down" and cause in health.json()["error"]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_the_engine_cannot_run_is_refused_at_start_in_one_line(checkpoints, tmp_path):
+    """The README's first checkpoint (the built-in tiny backbone, head size 24) under `biprm serve --engine vllm`."""
+    tiny = train(TrainConfig(backbone="tiny", data="synthetic:8", output_dir=str(tmp_path / "tiny"), mode="l2r", per_device_train_batch_size=4,
+                             gradient_accumulation_steps=1, max_steps=1, save_steps=100, show_progress=False))
+    before = _engine_processes()
+    run = subprocess.run([sys.executable, "-m", "biprm.cli", "serve", "--model", str(tiny), "--port", str(_free_port()), "--engine", "vllm"],
+                         capture_output=True, text=True, timeout=300)
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert last.startswith(f"biprm serve: error: {tiny}: vLLM's CPU_ATTN attention cannot run this checkpoint: head size 24 (it takes 32, 64")
+    assert not _engine_processes() - before
+    for bad, message in (({"no_such_argument": 1}, "no_such_argument"), ({"dtype": "float64"}, "float64")):
+        with pytest.raises(ValueError) as error:
+            VLLMScorer.from_pretrained(str(checkpoints["l2r"]), max_length=512, **bad)
+        assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+def test_an_export_names_a_dtype_vllm_keeps(checkpoints, tmp_path):
+    """vLLM's `--dtype auto` serves a pooling model whose config says float32 in float16; the export's dtype is kept."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    for dtype, want in ((None, torch.bfloat16), ("float16", torch.float16)):
+        export = export_for_vllm(str(checkpoints["bi"]), str(tmp_path / str(dtype)), **({"dtype": dtype} if dtype else {}))
+        assert EngineArgs(model=str(export)).create_model_config().dtype == want
+    with pytest.raises(ValueError, match="pass --dtype float32 to vllm serve"):
+        export_for_vllm(str(checkpoints["bi"]), str(tmp_path / "fp32"), dtype="float32")
 
 
 def _free_port() -> int:

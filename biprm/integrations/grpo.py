@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +23,7 @@ from biprm.aggregate import AGGREGATIONS
 from biprm.data.readers import split_steps
 from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.scoring import Scorer
+from biprm.serve.config import API_KEY_ENV
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +44,14 @@ class BiPRMReward:
     A completion that cannot be scored (no step text, step-tag text in it, a prompt longer
     than the model's max_length) gets `invalid_reward` and a warning, instead of stopping
     the training step. Against a server, requests go in slices of `request_size`
-    solutions, and a busy server (503) is retried with backoff.
+    solutions, a busy server (503) is retried with backoff, and `api_key` (default:
+    $BIPRM_API_KEY) is sent as a bearer token.
     """
 
     __name__ = "biprm"
 
     def __init__(self, scorer: Scorer | None = None, url: str | None = None, aggregation: str = "min", split: str = "auto",
-                 invalid_reward: float = 0.0, request_size: int = 64, retries: int = 8, timeout: float = 600.0):
+                 invalid_reward: float = 0.0, request_size: int = 64, retries: int = 8, timeout: float = 600.0, api_key: str | None = None):
         if (scorer is None) == (url is None):
             raise ValueError("give exactly one of `scorer` (score in this process) and `url` (a running `biprm serve`)")
         if aggregation not in AGGREGATIONS:
@@ -56,6 +59,8 @@ class BiPRMReward:
         split_steps("", split)  # an unknown rule fails here, not at the first training step
         self.scorer, self.url, self.aggregation, self.split = scorer, url and url.rstrip("/"), aggregation, split
         self.invalid_reward, self.request_size, self.retries, self.timeout = invalid_reward, request_size, retries, timeout
+        key = api_key or os.environ.get(API_KEY_ENV)
+        self.headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
 
     def trajectories(self, prompts: list, completions: list) -> list[Trajectory]:
         """One trajectory per completion (a completion with no step text has no steps)."""
@@ -111,7 +116,7 @@ class BiPRMReward:
     def _post(self, trajs: list[Trajectory]) -> list[dict]:
         body = json.dumps([{"question": t.question, "steps": t.steps} for t in trajs]).encode()
         for attempt in range(self.retries + 1):
-            req = urllib.request.Request(f"{self.url}/v1/score", body, {"content-type": "application/json"})
+            req = urllib.request.Request(f"{self.url}/v1/score", body, self.headers)
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as r:
                     return json.loads(r.read())

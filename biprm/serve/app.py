@@ -10,6 +10,9 @@ Endpoints:
   aggregation, split rule and the policy's chat template are server flags.
 - GET /health, GET /metrics (Prometheus text: queue depth, batch sizes, latencies).
 
+With --api-key (or BIPRM_API_KEY) every endpoint but /health wants `Authorization: Bearer KEY`.
+A vLLM engine that has died makes /health and every request a 503 naming the cause.
+
 Requests are bounded before any work: bodies by --max-body-bytes, each solution's text by
 --max-text-chars. Tokenizing runs on a thread pool, so one large request never holds up
 the event loop that accepts, refuses and answers the others.
@@ -21,6 +24,7 @@ running biprm's plugin (`biprm.vllm_plugin`); the endpoints are the same.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +44,7 @@ from biprm.scores import STEP_OUTPUTS, StepScores, score_rows
 from biprm.scoring import Scorer
 from biprm.serve.batcher import Batcher, Overloaded
 from biprm.serve.chat import ChatPrompt
-from biprm.serve.config import ServeConfig
+from biprm.serve.config import API_KEY_ENV, ServeConfig
 from biprm.vllm_plugin.engine import VLLMScorer
 
 log = logging.getLogger(__name__)
@@ -69,9 +73,11 @@ class RewardRequest(BaseModel):
 
 
 class ServiceError(Exception):
-    def __init__(self, status: int, message: str):
+    """An answer with `status` and {"error": message}; a 503 says when to retry unless retrying here is pointless."""
+
+    def __init__(self, status: int, message: str, retry: bool = True):
         super().__init__(message)
-        self.status = status
+        self.status, self.retry = status, retry
 
 
 def _steps(text: str, rule: str, where: str) -> list[str]:
@@ -102,6 +108,14 @@ class Service:
     def _score(self, encs: list[Encoded]) -> StepScores:
         return self.scorer.score(encs, progress=False)
 
+    def failure(self) -> str | None:
+        """Why the scorer can no longer score (its vLLM engine has died); None while it can."""
+        return self.scorer.failure() if isinstance(self.scorer, VLLMScorer) else None
+
+    def check_alive(self) -> None:
+        if why := self.failure():
+            raise ServiceError(503, f"this server cannot score until it is restarted: {why}", retry=False)
+
     async def run(self, trajs: list[Trajectory], names: list[str]) -> tuple[StepScores, np.ndarray]:
         """(scores, steps dropped per trajectory); bad text is a 400 naming the item, over-long a flag or 413."""
         if len(trajs) > self.cfg.max_queue:
@@ -111,10 +125,14 @@ class Service:
         if self.cfg.on_overlength == "refuse" and dropped.any():
             i = int(np.flatnonzero(dropped)[0])
             raise ServiceError(413, f"{names[i]}: longer than max_length={self.cfg.max_length} tokens ({dropped[i]} trailing steps would not be scored)")
+        self.check_alive()
         try:
             scores = await self.batcher.submit(encs, sum(e.n_tokens for e in encs) * len(MODE_TABLE[self.scorer.mode].streams))
         except Overloaded as error:
             raise ServiceError(503, str(error)) from None
+        except Exception:
+            self.check_alive()  # the engine died under this request: a 503 naming why; any other failure stays a 500
+            raise
         return scores, dropped
 
     def _encode(self, trajs: list[Trajectory], names: list[str]) -> list[Encoded]:
@@ -218,6 +236,11 @@ async def _json(request: Request, limit: int):
         raise ServiceError(400, "the body is not valid JSON") from None
 
 
+def _bearer_matches(request: Request, key: str) -> bool:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())  # in constant time
+
+
 def _body_schema(schema: dict) -> dict:
     """The request body's schema for the OpenAPI page (the endpoints parse the body themselves, to word errors)."""
     return {"requestBody": {"content": {"application/json": {"schema": schema}}, "required": True}}
@@ -242,7 +265,15 @@ def build_app(scorer: Scorer | VLLMScorer, cfg: ServeConfig, owns_scorer: bool =
 
     @app.exception_handler(ServiceError)
     async def refused(request: Request, error: ServiceError) -> JSONResponse:
-        return JSONResponse({"error": str(error)}, status_code=error.status, headers={"Retry-After": "1"} if error.status == 503 else None)
+        return JSONResponse({"error": str(error)}, status_code=error.status, headers={"Retry-After": "1"} if error.status == 503 and error.retry else None)
+
+    if cfg.api_key is not None:
+        @app.middleware("http")
+        async def authorize(request: Request, call_next):
+            if request.url.path == "/health" or _bearer_matches(request, cfg.api_key):
+                return await call_next(request)
+            return JSONResponse({"error": f"this server wants an API key: send 'Authorization: Bearer <key>' (--api-key or {API_KEY_ENV} of the server)"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
     @app.post("/v1/score", openapi_extra=_body_schema({"oneOf": [ScoreItem.model_json_schema(), _ITEMS.json_schema()]}))
     async def score(request: Request) -> dict | list[dict]:
@@ -268,8 +299,11 @@ def build_app(scorer: Scorer | VLLMScorer, cfg: ServeConfig, owns_scorer: bool =
         return await service.reward(body)
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "model": cfg.model, "mode": scorer.mode, "queued": service.batcher.queued}
+    async def health() -> JSONResponse:
+        """Up or down for a load balancer; it names no path, since it answers without the API key."""
+        if why := service.failure():
+            return JSONResponse({"status": "down", "error": why, "mode": scorer.mode}, status_code=503)
+        return JSONResponse({"status": "ok", "mode": scorer.mode, "queued": service.batcher.queued})
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> str:
@@ -287,4 +321,6 @@ def serve(cfg: ServeConfig) -> None:
     else:
         scorer = Scorer.from_settings(cfg.model, cfg)
     log.info("serving %s (%s) on http://%s:%d", cfg.model, scorer.mode, cfg.host, cfg.port)
+    if cfg.api_key is None and cfg.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("serving on %s without an API key: anyone who reaches port %d can use this model (set %s)", cfg.host, cfg.port, API_KEY_ENV)
     uvicorn.run(build_app(scorer, cfg, owns_scorer=True), host=cfg.host, port=cfg.port, log_level="info")

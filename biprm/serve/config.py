@@ -1,15 +1,19 @@
 """Flags of `biprm serve` and `biprm loadtest`: plain dataclasses, so the CLI lists them without importing the server stack."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
 from biprm.aggregate import AGGREGATIONS
 from biprm.config import ScorerSettings, arg, check_choices, default_data_root
 from biprm.data.readers import SPLIT_RULES
+from biprm.vllm_plugin import SERVED_DTYPES
 
 Aggregation = Literal[AGGREGATIONS]
 SplitRule = Literal[SPLIT_RULES]
+ServedDtype = Literal[SERVED_DTYPES]
+API_KEY_ENV = "BIPRM_API_KEY"  # where the server (and biprm's client) read the API key when no flag names it
 
 
 @dataclass
@@ -17,7 +21,9 @@ class ServeConfig(ScorerSettings):
     model: str = arg(help="checkpoint folder written by `biprm train` (or its `biprm export --format vllm`)")
     engine: Literal["biprm", "vllm"] = arg("biprm", "what scores: biprm's own Scorer, or a vLLM engine running biprm's plugin (extra [vllm])")
     engine_args: str = arg("{}", "--engine vllm: JSON of vLLM engine arguments, e.g. '{\"tensor_parallel_size\": 2}'")
-    host: str = arg("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
+    host: str = arg("127.0.0.1", "address to listen on (0.0.0.0 for every interface: set an API key first)")
+    api_key: str | None = arg(None, f"a key that every endpoint but /health wants as 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; "
+                                    "prefer the variable: a flag shows in the process list)")
     port: int = arg(8000, "TCP port")
     max_wait_ms: float = arg(5.0, "how long the first request of a batch waits for others to join")
     max_batch_tokens: int = arg(16384, "stop gathering a batch at this many tokens (both streams)")
@@ -32,6 +38,10 @@ class ServeConfig(ScorerSettings):
 
     def __post_init__(self) -> None:
         check_choices(self)
+        if self.api_key == "":
+            raise ValueError("--api-key is empty: give a key, or leave the flag out to serve without one")
+        if self.api_key is None:
+            self.api_key = os.environ.get(API_KEY_ENV) or None
 
 
 @dataclass
@@ -39,6 +49,8 @@ class ExportConfig:
     model: str = arg(help="checkpoint folder written by `biprm train`")
     out: str = arg(help="folder to write the export into")
     format: Literal["vllm"] = arg("vllm", "vllm: the backbone's flat config naming biprm's vLLM architecture, for `vllm serve`")
+    dtype: ServedDtype = arg("bfloat16", "the dtype `vllm serve` runs the backbone in (the heads stay fp32); vLLM would turn a float32 "
+                                         "config into float16, so for fp32 (CPU, or scores equal to biprm's) pass --dtype float32 to vllm serve")
 
     def __post_init__(self) -> None:
         check_choices(self)

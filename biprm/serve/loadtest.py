@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from biprm.bench.workload import build
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.data import gsm8k_bon_small
 from biprm.scoring import Scorer
-from biprm.serve.config import LoadTestConfig
+from biprm.serve.config import API_KEY_ENV, LoadTestConfig
 
 
 async def _one(client, url: str, traj: Trajectory, vllm_model: str | None) -> tuple[int, float, dict | None]:
@@ -84,7 +85,8 @@ class Server:
                    "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", *flags]
         else:
             cmd = [sys.executable, "-m", "biprm.cli", "serve", "--model", str(ckpt), "--port", str(self.port), "--device", "cpu", *flags]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}  # loopback servers of a benchmark: its clients send no key
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         for _ in range(3000):
             try:
                 urllib.request.urlopen(self.url + "/health", timeout=1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 ARCHITECTURE = "BiPRMForStepScoring"
 PLUGIN = "biprm"  # the IO processor's name, which the exported config asks for
+SERVED_DTYPES = ("bfloat16", "float16")  # what vLLM's `--dtype auto` keeps from a pooling model's config (float32 becomes float16)
 
 
 def register() -> None:

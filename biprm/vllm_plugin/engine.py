@@ -3,12 +3,19 @@
 The server keeps its endpoints, validation and batching; each batch becomes one
 `LLM.encode` call through the IO processor, so vLLM schedules the stream prompts of every
 solution in the batch together (continuous batching, its kernels, tensor parallelism).
+
+The engine is checked before it starts (vLLM's CPU build starts with attention kernels that
+cannot run the checkpoint and dies on the first request) and watched while it runs: when its
+process ends, `failure` says why and a call waiting on it is woken with vLLM's EngineDeadError.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
+import threading
+from multiprocessing.connection import wait
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +37,38 @@ def vllm_folder(path: str) -> str:
     return str(export_for_vllm(path, tempfile.mkdtemp(prefix="biprm-vllm-"), link=True))
 
 
+def one_line(error: BaseException) -> str:
+    """vLLM's message (pydantic's run over many lines) as one line, for the command line's error."""
+    return " ".join(str(error).split())
+
+
+def check_engine(path: str, engine_args: dict) -> None:
+    """Refuse settings vLLM rejects and a checkpoint whose head size or dtype the platform's attention cannot run,
+    in one line and before any engine process starts."""
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.attention.selector import get_attn_backend
+
+    load_general_plugins()  # the architecture must be known in this process too
+    try:
+        config = EngineArgs(**engine_args).create_engine_config()
+        model = config.model_config
+        head, dtype = model.get_head_size(), model.dtype
+        with set_current_vllm_config(config):
+            backend = get_attn_backend(head, dtype, config.cache_config.cache_dtype)
+    except (TypeError, ValueError) as error:  # an unknown engine argument, a dtype the device lacks, no attention backend
+        raise ValueError(f"{path}: vLLM cannot run it with the engine arguments {engine_args}: {one_line(error)}") from None
+    problems = []
+    if not backend.supports_head_size(head):
+        problems.append(f"head size {head} (it takes {', '.join(map(str, backend.get_supported_head_sizes()))})")
+    if not backend.supports_dtype(dtype):
+        problems.append(f"dtype {dtype} (it takes {', '.join(map(str, backend.supported_dtypes))})")
+    if problems:
+        raise ValueError(f"{path}: vLLM's {backend.get_name()} attention cannot run this checkpoint: {'; '.join(problems)}; "
+                         "serve it with --engine biprm")
+
+
 class VLLMScorer:
     """`Scorer`'s interface (`encode`, then `score`) with a vLLM engine doing the model's work."""
 
@@ -41,15 +80,52 @@ class VLLMScorer:
         self.mode = spec["mode"]
         self.tokenizer = load_tokenizer(folder)
         self.encoder = Encoder(self.tokenizer, spec["step_tag_id"], llm.llm_engine.model_config.max_model_len)
+        self.closing = False
+        if self.processes():
+            threading.Thread(target=self._watch, name="biprm-vllm-watch", daemon=True).start()
 
     @classmethod
     def from_pretrained(cls, path: str, max_length: int, **engine_args) -> "VLLMScorer":
+        """The engine over `path`; a checkpoint it cannot run is a ValueError in one line, before the engine starts."""
         from vllm import LLM
 
         folder = vllm_folder(path)
-        engine_args = {"dtype": "bfloat16" if torch.cuda.is_available() else "float32", **engine_args}
+        engine_args = {"dtype": "bfloat16" if torch.cuda.is_available() else "float32", "model": folder, "max_model_len": max_length, **engine_args}
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # CPU builds pin threads to cores otherwise
-        return cls(LLM(model=folder, max_model_len=max_length, **engine_args), folder)
+        check_engine(path, engine_args)
+        try:
+            return cls(LLM(**engine_args), folder)
+        except RuntimeError as error:  # "Engine core initialization failed. See root cause above."
+            raise ValueError(f"{path}: the vLLM engine did not start: {one_line(error)}") from error
+
+    def _resources(self):
+        """vLLM's record of the engine's processes and of a fatal error it saw (None when the engine runs in this process)."""
+        return getattr(self.llm.llm_engine.engine_core, "resources", None)
+
+    def processes(self) -> list:
+        """The engine's own processes."""
+        resources = self._resources()
+        return list(getattr(resources and resources.engine_manager, "processes", None) or [])
+
+    def failure(self) -> str | None:
+        """Why the engine can no longer score, in one line; None while it can."""
+        ended = [p for p in self.processes() if p.exitcode is not None]
+        if ended:
+            p = ended[0]
+            how = f"was killed by {signal.Signals(-p.exitcode).name}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
+            return f"the vLLM engine process {p.name} (pid {p.pid}) {how}; vLLM's log says more"
+        if getattr(self._resources(), "engine_dead", False):
+            return "the vLLM engine reported a fatal error; vLLM's log has its traceback"
+        return None
+
+    def _watch(self) -> None:
+        """Wait for an engine process to end; unless we stopped it, wake the call blocked on its output (vLLM leaves
+        that call waiting forever when the process is killed)."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        wait([p.sentinel for p in self.processes()])
+        if not self.closing:
+            self.llm.llm_engine.engine_core.outputs_queue.put_nowait(EngineDeadError())
 
     @property
     def max_length(self) -> int:
@@ -57,6 +133,7 @@ class VLLMScorer:
 
     def close(self) -> None:
         """Stop the engine's processes now rather than at exit."""
+        self.closing = True
         self.llm.llm_engine.engine_core.shutdown()
 
     def score(self, encs: list[Encoded], progress: bool = False) -> StepScores:

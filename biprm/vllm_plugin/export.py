@@ -5,6 +5,11 @@ vLLM sizes the KV cache and the layers from a flat config (hidden_size, num_hidd
 backbone's config with `architectures = ["BiPRMForStepScoring"]`, the BiPRM settings under
 `biprm`, and `io_processor_plugin = "biprm"` so `vllm serve` picks the IO processor itself.
 Weights and tokenizer files are copied (or linked) as they are; the model maps `backbone.` to its body.
+
+The config names the dtype `vllm serve` runs the body in. Under vLLM's `--dtype auto` a pooling
+model whose config says float32 runs in float16 (`_get_and_verify_dtype`), which can overflow and
+does not give biprm's scores, so the export names bfloat16 (or float16) and fp32 is asked for on
+vLLM's command line. The heads run in fp32 whatever the body's dtype.
 """
 from __future__ import annotations
 
@@ -13,13 +18,16 @@ import shutil
 from pathlib import Path
 
 from biprm.checkpoint import check_checkpoint
-from biprm.vllm_plugin import ARCHITECTURE, PLUGIN
+from biprm.vllm_plugin import ARCHITECTURE, PLUGIN, SERVED_DTYPES
 
 
-def export_for_vllm(checkpoint: str, out: str, link: bool = False) -> Path:
-    """The export folder; with `link` its files are symbolic links to the checkpoint's (a scratch export)."""
+def export_for_vllm(checkpoint: str, out: str, link: bool = False, dtype: str = "bfloat16") -> Path:
+    """The export folder, whose config asks vLLM for `dtype`; with `link` its files are symbolic links to the
+    checkpoint's (a scratch export)."""
     from biprm.modeling import BiPRMConfig
 
+    if dtype not in SERVED_DTYPES:
+        raise ValueError(f"--dtype {dtype}: vLLM keeps only {' or '.join(SERVED_DTYPES)} from an export; for float32 pass --dtype float32 to vllm serve")
     check_checkpoint(checkpoint)
     src, dst = Path(checkpoint), Path(out)
     if dst.resolve() == src.resolve():
@@ -29,6 +37,7 @@ def export_for_vllm(checkpoint: str, out: str, link: bool = False) -> Path:
     flat = config.backbone_config.to_dict()
     flat.update(
         architectures=[ARCHITECTURE],
+        dtype=dtype,
         io_processor_plugin=PLUGIN,
         biprm={"mode": config.mode, "step_tag_id": config.step_tag_id},
     )

@@ -1,7 +1,8 @@
 """vLLM's IO processor for biprm: one request in, its stream prompts to the model, one fused answer out.
 
 Request `data`: {"question": str, "steps": [str, ...]} or a list of them (or the same already
-tokenized: {"prompt_ids": [int, ...], "step_ids": [[int, ...], ...]}). Answer: for each
+tokenized: {"prompt_ids": [int, ...], "step_ids": [[int, ...], ...]}, each id inside the model's
+vocabulary). Answer: for each
 solution, the per-step probabilities `fused`, `l2r`, `r2l`, the gate weight `sigma` (null
 where the mode lacks them), the logits they come from, and `steps_scored`. A solution
 longer than the engine's max_model_len keeps the steps that fit, as biprm's Scorer does
@@ -10,6 +11,7 @@ with its max_length, so `steps_scored` is then below the number of steps sent.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +46,7 @@ class BiPRMIOProcessor(IOProcessor):
         spec = model.hf_config.biprm
         self.mode, self.streams = spec["mode"], MODE_TABLE[spec["mode"]].streams
         self.encoder = Encoder(load_tokenizer(model.tokenizer), spec["step_tag_id"], model.max_model_len)
+        self.vocab_size = model.get_vocab_size()
         self.w2, self.b2 = _second_gate_layer(Path(model.model)) if self.mode == "bi" else (None, 0.0)
 
     def parse_data(self, data: object) -> list[Encoded]:
@@ -57,13 +60,25 @@ class BiPRMIOProcessor(IOProcessor):
     def encode(self, item: dict, where: str) -> Encoded:
         if "question" in item:
             return self.encoder.encode(validate(Trajectory(item["question"], list(item["steps"])), where), where)
-        enc = Encoded([int(t) for t in item["prompt_ids"]], [[int(t) for t in s] for s in item["step_ids"]], None)
+        if not isinstance(item["step_ids"], list):
+            raise ValueError(f"{where}: field 'step_ids' must be a list of lists of token ids")
+        steps = [self.token_ids(s, f"{where}: field 'step_ids' [{j}]") for j, s in enumerate(item["step_ids"])]
+        enc = Encoded(self.token_ids(item["prompt_ids"], f"{where}: field 'prompt_ids'"), steps, None)
         tag = self.encoder.step_tag_id
         if not enc.steps or any(not s or s[-1] != tag or s.count(tag) != 1 for s in enc.steps) or tag in enc.prompt:
             raise ValueError(f"{where}: every step must end with the step tag {tag} and hold no other")
         if enc.n_tokens > self.encoder.max_length:
             raise ValueError(f"{where}: {enc.n_tokens} tokens per stream; this engine takes at most {self.encoder.max_length}")
         return enc
+
+    def token_ids(self, ids: object, where: str) -> list[int]:
+        """`ids` if it is a list of integers inside the embedding table: an id outside it would crash the engine."""
+        if not isinstance(ids, list):
+            raise ValueError(f"{where} must be a list of token ids")
+        for t in ids:
+            if not isinstance(t, Integral) or isinstance(t, bool) or not 0 <= t < self.vocab_size:
+                raise ValueError(f"{where}: {t!r} is not a token id of this model (integers from 0 to {self.vocab_size - 1})")
+        return [int(t) for t in ids]
 
     def pre_process(self, prompt: list[Encoded], request_id: str | None = None, **kwargs) -> list[TokensPrompt]:
         return [TokensPrompt(prompt_token_ids=stream_tokens(e, s)) for e in prompt for s in self.streams]
