@@ -45,7 +45,7 @@ def run_check(cfg: CheckConfig) -> list[Item]:
     if items[0].status != "pass":
         return items + [Item(n, "skip", "needs the trained model") for n in ("resume", "score", "latency bi/l2r", "vllm export dtype")]
     items += [resumed(cfg, command, run, out), scored(cfg, run, command[command.index("--data") + 1]), latency(cfg),
-              vllm_dtype(run, out, device(cfg))]
+              vllm_dtype(run, out)]
     return items
 
 
@@ -182,15 +182,26 @@ def latency(cfg: CheckConfig) -> Item:
                                           f"median of {len(trajs)} on {where}, {dtype}); the paper reports 1.05")
 
 
-def vllm_dtype(run: Path, out: Path, where: torch.device) -> Item:
+def vllm_dtype(run: Path, out: Path) -> Item:
+    """The dtype `vllm serve EXPORT` picks under `--dtype auto`: asked of vLLM where it is installed, else its rule
+    (a pooling model's float32 config is served in float16; what the export names is what it gets)."""
+    import importlib.util
+
+    from biprm.vllm_plugin import SERVED_DTYPES
     from biprm.vllm_plugin.export import export_for_vllm
 
-    config = json.loads((export_for_vllm(str(run), str(out / "vllm-export"), link=True) / "config.json").read_text())
-    named = config.get("dtype") or config.get("torch_dtype")
-    # vLLM serves a pooling model whose config says float32 in float16 where the platform has it (a GPU)
-    served = "float16" if named == "float32" and where.type == "cuda" else named
-    ok = served in ("bfloat16", "float32")
-    return Item("vllm export dtype", "pass" if ok else "fail", f"the export names {named}; vLLM on {where.type} serves it in {served}")
+    export = export_for_vllm(str(run), str(out / "vllm-export"), link=True)
+    named = json.loads((export / "config.json").read_text()).get("dtype")
+    if importlib.util.find_spec("vllm") is None:
+        served, source = (named if named in SERVED_DTYPES else "float16"), "vLLM's rule (vLLM is not installed here)"
+    else:
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()
+        served, source = str(EngineArgs(model=str(export)).create_model_config().dtype).removeprefix("torch."), "asked of vLLM"
+    return Item("vllm export dtype", "pass" if served == named == "bfloat16" else "fail",
+                f"the export names {named}; `vllm serve` picks {served} ({source})")
 
 
 def write(items: list[Item], out: str | Path) -> Path:
