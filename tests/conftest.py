@@ -1,6 +1,11 @@
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +36,18 @@ def scored(scorer, trajs):
     """Scores of `trajs`, encoded through the scorer first (as every caller does)."""
     encs, _ = scorer.encode(trajs)
     return scorer.score(encs, progress=False)
+
+
+def weights(path: Path) -> dict:
+    """The tensors of `path`/model.safetensors."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def launch(args: list[str], processes: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m <args>` in one plain process, or in `processes` CPU processes (gloo) under torchrun on a free port;
+    one thread each, as the machine's cores are shared. Asserts nothing: callers check the return code."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)] if processes > 1 else []
+    return subprocess.run([sys.executable, *launcher, "-m", *args], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=timeout)

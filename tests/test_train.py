@@ -1,6 +1,5 @@
-"""Training recipe: runs, resumes to the same result, runs data-parallel, trains a real backbone."""
+"""Training recipe: runs, resumes to the same result, trains a real backbone (several processes: test_distributed.py)."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,14 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 from transformers import TrainerCallback, TrainingArguments
 
 from biprm.training import TrainConfig, train
 from biprm.data.trajectory import DataError
-from conftest import scored
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, scored, weights
 
 
 def tiny_config(out: Path, **kw) -> TrainConfig:
@@ -34,10 +30,6 @@ class StopAt(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= self.step:
             control.should_training_stop = True
-
-
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(path / "model.safetensors"))
 
 
 @pytest.mark.parametrize("mode", ["bi", "l2r"])
@@ -78,20 +70,6 @@ def test_training_rejects_unlabelled_rows(tmp_path):
     rows.write_text(json.dumps({"prompt": "What is 1+1?", "completions": ["1+1=2"]}) + "\n")
     with pytest.raises(DataError, match=r"unlabelled.jsonl row 1: field 'labels'"):
         train(tiny_config(tmp_path / "x", data=str(rows)))
-
-
-def test_two_process_data_parallel_run(tmp_path):
-    """`torchrun` with 2 CPU processes (gloo) trains a few steps on both and saves one checkpoint."""
-    out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "biprm.cli", "-v", "train",
-           "--backbone", "tiny", "--data", "synthetic:32", "--max-steps", "3", "--batch-size", "2", "--grad-accum", "1",
-           "--output-dir", str(out), "--no-show-progress"]
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((out / "biprm_train.json").read_text())["world_size"] == 2  # one gloo group, not two lone runs
-    log = json.loads((out / "train_log.json").read_text())
-    assert max(e.get("step", 0) for e in log) == 3
-    assert (out / "model.safetensors").exists()
 
 
 @pytest.mark.slow
@@ -394,7 +372,7 @@ def test_resume_skips_an_incomplete_checkpoint_and_says_which_it_takes(tmp_path,
     cfg.resume = True
     with caplog.at_level(logging.WARNING):
         out = Path(train(cfg))
-    assert "skipping" in caplog.text and "checkpoint-4: missing optimizer.pt" in caplog.text
+    assert "skipping" in caplog.text and "checkpoint-4: no optimizer state" in caplog.text
     assert "resuming from" in caplog.text and caplog.text.count("checkpoint-2") >= 1
     assert max(e.get("step", 0) for e in json.loads((out / "train_log.json").read_text())) == 6
 
