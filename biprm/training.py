@@ -126,15 +126,20 @@ class BiPRMTrainer(Trainer):
         return total
 
 
-def backend(args: TrainingArguments) -> str:
-    """What the launch asked to train with: deepspeed (--deepspeed, or `accelerate launch` with a DeepSpeed config),
-    fsdp (TrainingArguments' fsdp, or `accelerate launch` with an FSDP config), else plain (one process or DDP)."""
+def backend(cfg: TrainConfig) -> str:
+    """What the run asked to train with: deepspeed (--deepspeed, or `accelerate launch` with a DeepSpeed config),
+    fsdp (training_args' fsdp, or `accelerate launch` with an FSDP config), else plain (one process or DDP)."""
     def launched_with(name: str) -> bool:
         return os.environ.get(f"ACCELERATE_USE_{name}", "").lower() == "true"
 
-    if args.deepspeed or launched_with("DEEPSPEED"):
+    if cfg.deepspeed or launched_with("DEEPSPEED"):
         return "deepspeed"
-    return "fsdp" if args.fsdp or launched_with("FSDP") else "plain"
+    return "fsdp" if cfg.training_args.get("fsdp") or launched_with("FSDP") else "plain"
+
+
+def cpu_only() -> bool:
+    """No CUDA or MPS device: the Trainer runs on the CPU (gloo between processes, CPU autocast for --bf16)."""
+    return not (torch.cuda.is_available() or torch.backends.mps.is_available())
 
 
 def default_collator(model: BiPRMModel, data, tokenizer=None):
@@ -185,8 +190,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         optim="adamw_torch",
         seed=cfg.seed,
         bf16=cfg.bf16,
-        # on a machine with no accelerator: CPU autocast for --bf16, and gloo between torchrun's processes
-        use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()),
+        use_cpu=cpu_only(),
         save_strategy="steps",
         save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit,
@@ -244,13 +248,13 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, traj
         check_source(cfg.data)
     if cfg.deepspeed:
         check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r)
+    engine = backend(cfg)
+    if engine != "plain" and cpu_only():
+        raise ValueError(f"{engine} needs a GPU: accelerate starts it only on accelerator devices (on a CPU, DeepSpeed fails to start "
+                         "and FSDP trains as plain DDP); train on a CPU without it (one process, or DDP: torchrun --nproc_per_node N)")
     # The arguments come first: with a ZeRO-3 config they switch on partitioned init, so the
     # backbone below is loaded straight into shards instead of whole into every rank's RAM.
     args = training_arguments(cfg)
-    engine = backend(args)
-    if engine != "plain" and args.device.type == "cpu":
-        raise ValueError(f"{engine} needs a GPU: accelerate starts it only on accelerator devices (on a CPU, DeepSpeed fails to start "
-                         "and FSDP trains as plain DDP); train on a CPU without it (one process, or DDP: torchrun --nproc_per_node N)")
     if cfg.train_top_layers and cfg.trunk_cache and (args.world_size > 1 or engine != "plain"):
         raise ValueError(TRUNK_ALONE)  # before any rank builds the cache
     backbone_dir = resolve_backbone(cfg.backbone)

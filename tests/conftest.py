@@ -45,9 +45,16 @@ def weights(path: Path) -> dict:
     return load_file(str(path / "model.safetensors"))
 
 
-def launch(args: list[str], processes: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`python -m <args>` in one plain process, or in `processes` CPU processes (gloo) under torchrun on a free port;
-    one thread each, as the machine's cores are shared. Asserts nothing: callers check the return code."""
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)] if processes > 1 else []
-    return subprocess.run([sys.executable, *launcher, "-m", *args], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+LAUNCHERS = {  # several CPU processes (gloo), each on a free port
+    "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node"],
+    # on a CPU, accelerate starts several processes only with --multi_gpu (else one, whatever --num_processes says)
+    "accelerate": ["-m", "accelerate.commands.launch", "--multi_gpu", "--main_process_port", "0", "--num_processes"],
+}
+
+
+def launch(args: list[str], processes: int = 1, launcher: str = "torchrun", timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m <args>` in one plain process, or in `processes` through `launcher`; one thread each, as the
+    machine's cores are shared. Asserts nothing: callers check the return code."""
+    start = [*LAUNCHERS[launcher], str(processes)] if processes > 1 else []
+    return subprocess.run([sys.executable, *start, "-m", *args], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=timeout)

@@ -289,6 +289,70 @@ def test_shipped_deepspeed_configs_pass_the_checks():
         check_deepspeed_config(str(ROOT / "configs" / name), gate_lr_scale=0.1)
 
 
+@pytest.mark.parametrize("flags, launched_with, name", [
+    ({"deepspeed": str(ROOT / "configs" / "ds_zero3.json")}, None, "deepspeed"),
+    ({}, "ACCELERATE_USE_FSDP", "fsdp"),  # accelerate launch --config_file configs/fsdp.yaml
+    ({}, "ACCELERATE_USE_DEEPSPEED", "deepspeed"),  # accelerate launch with a DeepSpeed accelerate config
+])
+def test_deepspeed_and_fsdp_are_refused_on_a_cpu_before_the_backbone_loads(tmp_path, monkeypatch, flags, launched_with, name):
+    """accelerate starts neither without a GPU: DeepSpeed would fail in its batch-size check, FSDP would train as DDP."""
+    recipe = sys.modules["biprm.training"]
+
+    monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)
+    monkeypatch.setattr(recipe, "cpu_only", lambda: True)
+    monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the backend was checked"))
+    if launched_with:
+        monkeypatch.setenv(launched_with, "true")
+    with pytest.raises(ValueError, match=f"^{name} needs a GPU: accelerate starts it only on accelerator devices"):
+        train(tiny_config(tmp_path / "d", **flags))
+    assert not (tmp_path / "d").exists()
+
+
+class GradientsSeen(TrainerCallback):
+    """The trainable parameters that got no gradient in a step: what DDP's unused-parameter search would find."""
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        self.trainable = sum(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("flags", [
+    {"mode": "bi"}, {"mode": "bi-static"}, {"mode": "l2r"}, {"mode": "r2l", "objective": "qrank"},
+    {"mode": "bi", "detach_gate_inputs": True, "aux_loss_weight": 0.5},
+    {"mode": "bi", "train_top_layers": 1, "trunk_cache": False},  # frozen layers are no DDP parameters
+    {"mode": "bi-static", "train_top_layers": 1, "trunk_cache": False, "heads_only": True},
+    {"mode": "bi", "lora_r": 2},
+])
+def test_ddp_searches_no_unused_parameters_as_every_trainable_one_gets_a_gradient(tmp_path, flags):
+    from biprm.training import training_arguments
+
+    if flags.get("lora_r"):
+        pytest.importorskip("peft")
+    cfg = tiny_config(tmp_path / "u", max_steps=1, save_steps=10, **flags)
+    assert training_arguments(cfg).ddp_find_unused_parameters is False
+    seen = GradientsSeen()
+    train(cfg, callbacks=[seen])
+    assert seen.trainable and seen.unused == []
+
+
+def test_the_trunk_cache_is_computed_on_the_training_device(tmp_path, monkeypatch):
+    """Where the Trainer trains (a GPU on a GPU node), not on the CPU the backbone loads onto; "meta" stands in for the GPU."""
+    recipe = sys.modules["biprm.training"]
+
+    device = TrainingArguments.device  # still run: it sets up the process state
+    monkeypatch.setattr(TrainingArguments, "device", property(lambda self: device.__get__(self) and torch.device("meta")))
+    built_on = []
+
+    def trunk_set(cfg, model, *rest):
+        built_on.append(model.device)
+        raise InterruptedError("stop before building")
+
+    monkeypatch.setattr(recipe, "trunk_set", trunk_set)
+    with pytest.raises(InterruptedError):
+        train(tiny_config(tmp_path / "t", train_top_layers=1, trunk_cache_dir=str(tmp_path / "trunk")))
+    assert built_on == [torch.device("meta")]
+
+
 def test_lora_trains_adapters_heads_and_the_step_tag_row_and_saves_a_scoreable_merged_model(tmp_path):
     pytest.importorskip("peft")
     from biprm.data.trajectory import Trajectory
