@@ -39,8 +39,8 @@ from biprm.packing import pack
 from biprm.trunk import TrunkCache, TrunkCollator, TrunkData, freeze_bottom
 
 log = logging.getLogger(__name__)
-# BiPRMTrainer runs trunk-cache steps through the model's forward_features, around the DDP, DeepSpeed or FSDP wrapper,
-# whose gradient sync arms only in the wrapper's own forward: several processes would each train alone, unsynced
+# BiPRMTrainer runs trunk-cache steps through the model's own forward_features, around the DDP wrapper, whose gradient
+# sync arms only in the wrapper's forward: several processes would each train alone. DeepSpeed and FSDP also expect theirs.
 TRUNK_ALONE = ("--train-top-layers trains on the trunk cache in one process, without DeepSpeed or FSDP; launch one process, "
                "or add --no-trunk-cache to train the top layers in several")
 
@@ -101,7 +101,7 @@ class BiPRMTrainer(Trainer):
         if self.args.train_sampling_strategy != "group_by_length" or not isinstance(data, datasets.Dataset) or column not in data.column_names:
             return super()._get_train_sampler(train_dataset)
         lengths = data.select_columns([column]).with_format("numpy")[:][column].tolist()
-        # grouped by the global batch, so the order is the same in any number of processes (and a resume may change it)
+        # grouped by the global batch: the same order in any number of processes, so a resume may change that number
         global_batch = self.args.train_batch_size * self.args.world_size * self.args.gradient_accumulation_steps
         return LengthGroupedSampler(global_batch, lengths=lengths)
 
