@@ -39,6 +39,10 @@ from biprm.packing import pack
 from biprm.trunk import TrunkCache, TrunkCollator, TrunkData, freeze_bottom
 
 log = logging.getLogger(__name__)
+# BiPRMTrainer runs trunk-cache steps through the model's own forward_features, around the DDP wrapper, whose gradient
+# sync arms only in the wrapper's forward: several processes would each train alone. DeepSpeed and FSDP also expect theirs.
+TRUNK_ALONE = ("--train-top-layers trains on the trunk cache in one process, without DeepSpeed or FSDP; launch one process, "
+               "or add --no-trunk-cache to train the top layers in several")
 
 
 class BiPRMTrainer(Trainer):
@@ -63,7 +67,7 @@ class BiPRMTrainer(Trainer):
         self.gate_lr_scale = gate_lr_scale
         if isinstance(self.train_dataset, TrunkData):
             if self.args.world_size > 1:
-                raise ValueError("training on the trunk cache runs in one process; launch one, or pass --no-trunk-cache")
+                raise ValueError(TRUNK_ALONE)
             self.batches = self.train_dataset.batches(self.args.per_device_train_batch_size, self.args.num_train_epochs, self.args.seed)
             if self.args.max_steps <= 0:
                 self.args.max_steps = len(self.batches) // self.args.gradient_accumulation_steps
@@ -97,7 +101,9 @@ class BiPRMTrainer(Trainer):
         if self.args.train_sampling_strategy != "group_by_length" or not isinstance(data, datasets.Dataset) or column not in data.column_names:
             return super()._get_train_sampler(train_dataset)
         lengths = data.select_columns([column]).with_format("numpy")[:][column].tolist()
-        return LengthGroupedSampler(self.args.train_batch_size * self.args.gradient_accumulation_steps, lengths=lengths)
+        # grouped by the global batch: the same order in any number of processes, so a resume may change that number
+        global_batch = self.args.train_batch_size * self.args.world_size * self.args.gradient_accumulation_steps
+        return LengthGroupedSampler(global_batch, lengths=lengths)
 
     def get_train_dataloader(self) -> DataLoader:
         if not isinstance(self.train_dataset, TrunkData):
@@ -118,6 +124,22 @@ class BiPRMTrainer(Trainer):
             self.accelerator.backward(loss)
             total += loss.detach()
         return total
+
+
+def backend(cfg: TrainConfig) -> str:
+    """What the run asked to train with: deepspeed (--deepspeed, or `accelerate launch` with a DeepSpeed config),
+    fsdp (training_args' fsdp, or `accelerate launch` with an FSDP config), else plain (one process or DDP)."""
+    def launched_with(name: str) -> bool:
+        return os.environ.get(f"ACCELERATE_USE_{name}", "").lower() == "true"
+
+    if cfg.deepspeed or launched_with("DEEPSPEED"):
+        return "deepspeed"
+    return "fsdp" if cfg.training_args.get("fsdp") or launched_with("FSDP") else "plain"
+
+
+def cpu_only() -> bool:
+    """No CUDA or MPS device: the Trainer runs on the CPU (gloo between processes, CPU autocast for --bf16)."""
+    return not (torch.cuda.is_available() or torch.backends.mps.is_available())
 
 
 def default_collator(model: BiPRMModel, data, tokenizer=None):
@@ -168,8 +190,7 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         optim="adamw_torch",
         seed=cfg.seed,
         bf16=cfg.bf16,
-        # on a machine with no accelerator: CPU autocast for --bf16, and gloo between torchrun's processes
-        use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()),
+        use_cpu=cpu_only(),
         save_strategy="steps",
         save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit,
@@ -180,6 +201,9 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         prediction_loss_only=True,
         report_to=[t.strip() for t in cfg.report_to.split(",") if t.strip() and t.strip() != "none"],
         remove_unused_columns=False,
+        # every trainable parameter gets a gradient at every step in every mode (a frozen one is no DDP parameter,
+        # and a mode without the gate has none), so DDP's search for unused ones would only cost a graph walk
+        ddp_find_unused_parameters=False,
         dataloader_drop_last=False,
         **{CHECKPOINTING: cfg.gradient_checkpointing},
         dataloader_pin_memory=torch.cuda.is_available(),
@@ -224,9 +248,15 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, traj
         check_source(cfg.data)
     if cfg.deepspeed:
         check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r)
+    engine = backend(cfg)
+    if engine != "plain" and cpu_only():
+        raise ValueError(f"{engine} needs a GPU: accelerate starts it only on accelerator devices (on a CPU, DeepSpeed fails to start "
+                         "and FSDP trains as plain DDP); train on a CPU without it (one process, or DDP: torchrun --nproc_per_node N)")
     # The arguments come first: with a ZeRO-3 config they switch on partitioned init, so the
     # backbone below is loaded straight into shards instead of whole into every rank's RAM.
     args = training_arguments(cfg)
+    if cfg.train_top_layers and cfg.trunk_cache and (args.world_size > 1 or engine != "plain"):
+        raise ValueError(TRUNK_ALONE)  # before any rank builds the cache
     backbone_dir = resolve_backbone(cfg.backbone)
     tokenizer = load_tokenizer(backbone_dir)
     # fp32 master weights everywhere; --bf16 is autocast (CUDA or CPU), never bf16 weights,
@@ -236,7 +266,7 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, traj
         attn_implementation=cfg.attn_implementation,
         detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight,
     )
-    if cfg.lora_r and (args.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"):
+    if cfg.lora_r and engine == "fsdp":
         raise ValueError("--lora-r with FSDP is not supported (the merged save needs the full weights on one process); use DDP or ZeRO-2")
     if cfg.lora_r and cfg.train_top_layers:
         raise ValueError("--lora-r and --train-top-layers are two ways to train part of the backbone; choose one")
@@ -252,7 +282,8 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, traj
         log.info("training the top %d layers, value head and gate: %d of %d parameters", cfg.train_top_layers, trainable, model.num_parameters())
     encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
     if cfg.train_top_layers and cfg.trunk_cache:
-        train_set, fingerprint = trunk_set(cfg, model, encoder, trajectories)
+        # computed where training runs (the Trainer would move the model there next), not on the CPU of a GPU node
+        train_set, fingerprint = trunk_set(cfg, model.to(args.device), encoder, trajectories)
         eval_set = None
     elif trajectories is not None:
         raise ValueError("training on trajectories given in Python needs the trunk cache (--train-top-layers K)")
@@ -270,8 +301,8 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, traj
         data_collator=None if isinstance(train_set, TrunkData) else partial(collate, **options),
         processing_class=tokenizer, callbacks=callbacks, gate_lr_scale=cfg.gate_lr_scale,
     )
-    record = run_record(asdict(cfg), fingerprint)
-    resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite)
+    record = run_record(asdict(cfg), fingerprint, args.world_size)
+    resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite, engine)
     if finished(cfg.output_dir, resume_from):  # the Trainer would run one more step at lr 0 and log it over the real run
         log.warning("%s: this run has finished; its model and train_log.json stay as they are", cfg.output_dir)
         return cfg.output_dir

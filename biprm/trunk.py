@@ -199,8 +199,9 @@ class TrunkCache:
             self._features = np.memmap(self.dir / "features.bin", dtype=_STORE[self.dtype], mode="r", shape=shape)
         return self._features
 
-    def batch(self, idx: np.ndarray, streams: tuple[str, ...], labels: list[list[float]] | None = None) -> dict[str, torch.Tensor]:
-        """`model.forward_features` inputs for trajectories `idx`: one plain row per stream, features gathered from the file."""
+    def batch(self, idx: np.ndarray, streams: tuple[str, ...], labels: list[list[float]] | None = None,
+              device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """`model.forward_features` inputs for trajectories `idx` on `device`: one plain row per stream, features gathered from the file."""
         pieces = [(s, self.layout.rows(int(i), s)) for s in streams for i in idx]
         width = max(len(r) for _, (r, _) in pieces)
         feats = np.zeros((len(pieces), width, self.hidden), dtype=self.features.dtype)
@@ -219,7 +220,7 @@ class TrunkCache:
             )
         if labels is not None:
             batch["labels"] = torch.tensor([y for i in idx for y in labels[int(i)]], dtype=torch.float32)
-        return batch
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 @torch.inference_mode()
@@ -229,7 +230,7 @@ def cached_scores(model: BiPRMModel, cache: TrunkCache, tokens_per_batch: int = 
     collect = Collector(layout.step_offsets.copy(), model.config.mode)
     for a, b in tqdm(_runs(layout.sizes[layout.order], 0, tokens_per_batch), desc="scoring", disable=not progress, unit="batch"):
         idx = layout.order[a:b]
-        collect(idx, model.forward_features(**cache.batch(idx, streams)))
+        collect(idx, model.forward_features(**cache.batch(idx, streams, device=model.device)))
     return collect.scores()
 
 

@@ -1,6 +1,11 @@
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +36,25 @@ def scored(scorer, trajs):
     """Scores of `trajs`, encoded through the scorer first (as every caller does)."""
     encs, _ = scorer.encode(trajs)
     return scorer.score(encs, progress=False)
+
+
+def weights(path: Path) -> dict:
+    """The tensors of `path`/model.safetensors."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+LAUNCHERS = {  # several CPU processes (gloo), each on a free port
+    "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node"],
+    # on a CPU, accelerate starts several processes only with --multi_gpu (else one, whatever --num_processes says)
+    "accelerate": ["-m", "accelerate.commands.launch", "--multi_gpu", "--main_process_port", "0", "--num_processes"],
+}
+
+
+def launch(args: list[str], processes: int = 1, launcher: str = "torchrun", timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m <args>` in one plain process, or in `processes` through `launcher`; one thread each, as the
+    machine's cores are shared. Asserts nothing: callers check the return code."""
+    start = [*LAUNCHERS[launcher], str(processes)] if processes > 1 else []
+    return subprocess.run([sys.executable, *start, "-m", *args], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=timeout)

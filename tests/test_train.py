@@ -1,6 +1,5 @@
-"""Training recipe: runs, resumes to the same result, runs data-parallel, trains a real backbone."""
+"""Training recipe: runs, resumes to the same result, trains a real backbone (several processes: test_distributed.py)."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,14 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 from transformers import TrainerCallback, TrainingArguments
 
 from biprm.training import TrainConfig, train
 from biprm.data.trajectory import DataError
-from conftest import scored
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, scored, weights
 
 
 def tiny_config(out: Path, **kw) -> TrainConfig:
@@ -34,10 +30,6 @@ class StopAt(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= self.step:
             control.should_training_stop = True
-
-
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(path / "model.safetensors"))
 
 
 @pytest.mark.parametrize("mode", ["bi", "l2r"])
@@ -78,20 +70,6 @@ def test_training_rejects_unlabelled_rows(tmp_path):
     rows.write_text(json.dumps({"prompt": "What is 1+1?", "completions": ["1+1=2"]}) + "\n")
     with pytest.raises(DataError, match=r"unlabelled.jsonl row 1: field 'labels'"):
         train(tiny_config(tmp_path / "x", data=str(rows)))
-
-
-def test_two_process_data_parallel_run(tmp_path):
-    """`torchrun` with 2 CPU processes (gloo) trains a few steps on both and saves one checkpoint."""
-    out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "biprm.cli", "-v", "train",
-           "--backbone", "tiny", "--data", "synthetic:32", "--max-steps", "3", "--batch-size", "2", "--grad-accum", "1",
-           "--output-dir", str(out), "--no-show-progress"]
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((out / "biprm_train.json").read_text())["world_size"] == 2  # one gloo group, not two lone runs
-    log = json.loads((out / "train_log.json").read_text())
-    assert max(e.get("step", 0) for e in log) == 3
-    assert (out / "model.safetensors").exists()
 
 
 @pytest.mark.slow
@@ -311,6 +289,70 @@ def test_shipped_deepspeed_configs_pass_the_checks():
         check_deepspeed_config(str(ROOT / "configs" / name), gate_lr_scale=0.1)
 
 
+@pytest.mark.parametrize("flags, launched_with, name", [
+    ({"deepspeed": str(ROOT / "configs" / "ds_zero3.json")}, None, "deepspeed"),
+    ({}, "ACCELERATE_USE_FSDP", "fsdp"),  # accelerate launch --config_file configs/fsdp.yaml
+    ({}, "ACCELERATE_USE_DEEPSPEED", "deepspeed"),  # accelerate launch with a DeepSpeed accelerate config
+])
+def test_deepspeed_and_fsdp_are_refused_on_a_cpu_before_the_backbone_loads(tmp_path, monkeypatch, flags, launched_with, name):
+    """accelerate starts neither without a GPU: DeepSpeed would fail in its batch-size check, FSDP would train as DDP."""
+    recipe = sys.modules["biprm.training"]
+
+    monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)
+    monkeypatch.setattr(recipe, "cpu_only", lambda: True)
+    monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the backend was checked"))
+    if launched_with:
+        monkeypatch.setenv(launched_with, "true")
+    with pytest.raises(ValueError, match=f"^{name} needs a GPU: accelerate starts it only on accelerator devices"):
+        train(tiny_config(tmp_path / "d", **flags))
+    assert not (tmp_path / "d").exists()
+
+
+class GradientsSeen(TrainerCallback):
+    """The trainable parameters that got no gradient in a step: what DDP's unused-parameter search would find."""
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        self.trainable = sum(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("flags", [
+    {"mode": "bi"}, {"mode": "bi-static"}, {"mode": "l2r"}, {"mode": "r2l", "objective": "qrank"},
+    {"mode": "bi", "detach_gate_inputs": True, "aux_loss_weight": 0.5},
+    {"mode": "bi", "train_top_layers": 1, "trunk_cache": False},  # frozen layers are no DDP parameters
+    {"mode": "bi-static", "train_top_layers": 1, "trunk_cache": False, "heads_only": True},
+    {"mode": "bi", "lora_r": 2},
+])
+def test_ddp_searches_no_unused_parameters_as_every_trainable_one_gets_a_gradient(tmp_path, flags):
+    from biprm.training import training_arguments
+
+    if flags.get("lora_r"):
+        pytest.importorskip("peft")
+    cfg = tiny_config(tmp_path / "u", max_steps=1, save_steps=10, **flags)
+    assert training_arguments(cfg).ddp_find_unused_parameters is False
+    seen = GradientsSeen()
+    train(cfg, callbacks=[seen])
+    assert seen.trainable and seen.unused == []
+
+
+def test_the_trunk_cache_is_computed_on_the_training_device(tmp_path, monkeypatch):
+    """Where the Trainer trains (a GPU on a GPU node), not on the CPU the backbone loads onto; "meta" stands in for the GPU."""
+    recipe = sys.modules["biprm.training"]
+
+    device = TrainingArguments.device  # still run: it sets up the process state
+    monkeypatch.setattr(TrainingArguments, "device", property(lambda self: device.__get__(self) and torch.device("meta")))
+    built_on = []
+
+    def trunk_set(cfg, model, *rest):
+        built_on.append(model.device)
+        raise InterruptedError("stop before building")
+
+    monkeypatch.setattr(recipe, "trunk_set", trunk_set)
+    with pytest.raises(InterruptedError):
+        train(tiny_config(tmp_path / "t", train_top_layers=1, trunk_cache_dir=str(tmp_path / "trunk")))
+    assert built_on == [torch.device("meta")]
+
+
 def test_lora_trains_adapters_heads_and_the_step_tag_row_and_saves_a_scoreable_merged_model(tmp_path):
     pytest.importorskip("peft")
     from biprm.data.trajectory import Trajectory
@@ -394,7 +436,7 @@ def test_resume_skips_an_incomplete_checkpoint_and_says_which_it_takes(tmp_path,
     cfg.resume = True
     with caplog.at_level(logging.WARNING):
         out = Path(train(cfg))
-    assert "skipping" in caplog.text and "checkpoint-4: missing optimizer.pt" in caplog.text
+    assert "skipping" in caplog.text and "checkpoint-4: no optimizer state" in caplog.text
     assert "resuming from" in caplog.text and caplog.text.count("checkpoint-2") >= 1
     assert max(e.get("step", 0) for e in json.loads((out / "train_log.json").read_text())) == 6
 

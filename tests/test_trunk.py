@@ -180,6 +180,19 @@ def test_cached_scores_equal_the_scorer(tokenizer, tmp_path, mode):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_cached_scores_send_their_batches_to_the_models_device(tokenizer, tmp_path, monkeypatch):
+    """A model on a GPU gets its batches there; "meta" stands in for the GPU."""
+    model = build(tokenizer, "qwen2", "bi").eval()
+    cache = TrunkCache(tmp_path, model, 2, encodings(tokenizer)).build(progress=False)
+    on_meta = cache.batch(np.arange(2), model.streams, device="meta")
+    assert all(v.device.type == "meta" for v in on_meta.values() if isinstance(v, torch.Tensor))
+    asked, batch = [], TrunkCache.batch
+    monkeypatch.setattr(TrunkCache, "batch", lambda self, idx, streams, labels=None, device="cpu": asked.append(device) or batch(self, idx, streams))
+    monkeypatch.setattr(BiPRMModel, "device", property(lambda self: torch.device("meta")))
+    cached_scores(model, cache, tokens_per_batch=128)  # runs on the CPU batches the stand-in hands back
+    assert asked and set(asked) == {torch.device("meta")}
+
+
 def test_batches_are_seeded_cover_every_row_once_per_epoch_and_group_lengths():
     lengths = np.arange(100)
     a, b = grouped_batches(lengths, 8, 1.0, seed=3), grouped_batches(lengths, 8, 1.0, seed=3)

@@ -1,0 +1,70 @@
+"""Training in several CPU processes (torchrun, gloo), as on a GPU node: DDP reaches one process's weights at the
+same global batch without searching for unused parameters, a checkpoint resumes in another number of processes,
+and the trunk cache refuses several processes before anything is built."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import launch, weights
+
+# global batch 4 (4 x 1 process or 2 x 2 processes); 40 rows, so that grouping batches by length per process
+# instead of per global batch would change the order
+RUN = ["--backbone", "tiny", "--data", "synthetic:40", "--max-steps", "4", "--save-steps", "2", "--grad-accum", "1",
+       "--lr", "1e-3", "--logging-steps", "1", "--no-show-progress"]
+
+
+def train_in(processes: int, out: Path, *flags: str, launcher: str = "torchrun") -> str:
+    """`biprm train` at global batch 4 in `processes` processes; its stderr."""
+    done = launch(["biprm.cli", "-v", "train", *RUN, "--batch-size", str(4 // processes), "--output-dir", str(out), *flags], processes, launcher)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict[int, Path]:
+    """The same run trained straight through in 1 process, and in 2 started by accelerate's launcher
+    (the resumes below start theirs with torchrun)."""
+    root = tmp_path_factory.mktemp("straight")
+    train_in(1, root / "in1")
+    train_in(2, root / "in2", launcher="accelerate")
+    return {n: root / f"in{n}" for n in (1, 2)}
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:  # float tolerance: two processes sum the gradient in another order
+        torch.testing.assert_close(wa[key], wb[key], rtol=0, atol=1e-5, msg=key)
+
+
+@pytest.mark.slow
+def test_two_processes_reach_the_weights_of_one_at_the_same_global_batch(straight):
+    assert json.loads((straight[2] / "biprm_train.json").read_text())["world_size"] == 2  # one gloo group, not two lone runs
+    for run in straight.values():
+        assert max(e.get("step", 0) for e in json.loads((run / "train_log.json").read_text())) == 4
+    assert_same_weights(straight[1], straight[2])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved_in, resumed_in", [(2, 1), (1, 2)])
+def test_a_checkpoint_resumes_in_another_number_of_processes(straight, tmp_path, saved_in, resumed_in):
+    """The run killed after its step-2 checkpoint, then resumed with the global batch split otherwise."""
+    out = tmp_path / "run"
+    shutil.copytree(straight[saved_in] / "checkpoint-2", out / "checkpoint-2")
+    record = json.loads((straight[saved_in] / "biprm_run.json").read_text())
+    record["config"]["output_dir"] = str(out)  # the record names its folder
+    (out / "biprm_run.json").write_text(json.dumps(record))
+    log = train_in(resumed_in, out, "--resume")
+    assert "resuming from" in log and "checkpoint-2" in log
+    assert_same_weights(out, straight[saved_in])
+
+
+@pytest.mark.slow
+def test_the_trunk_cache_refuses_several_processes_before_anything_is_built(tmp_path):
+    done = launch(["biprm.cli", "train", *RUN, "--batch-size", "2", "--output-dir", str(tmp_path / "run"),
+                   "--train-top-layers", "1", "--trunk-cache-dir", str(tmp_path / "trunk")], 2)
+    assert done.returncode != 0 and "in one process" in done.stderr and "--no-trunk-cache" in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "trunk").exists() and not (tmp_path / "run").exists()
