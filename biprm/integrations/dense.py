@@ -6,6 +6,7 @@ the text into steps must be the one that produced `steps` (e.g. `split_steps`).
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,6 +31,28 @@ def step_end_tokens(offsets: Sequence[tuple[int, int]], ends: Sequence[int]) -> 
     if len(ends) and index.max() >= len(offsets):
         raise ValueError("a step ends past the last token: the offsets do not cover the completion text")
     return index.tolist()
+
+
+def decoded_offsets(tokenizer, ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]]:
+    """The text of a policy's own tokens and each token's (start, end) characters in it.
+
+    Offsets come from decoding `ids`, not from tokenizing the text again: a sampled sequence
+    need not be the tokenizer's encoding of its own text. Tokens decoded one by one give the
+    offsets when their pieces add up to the text (the common case); a character split over
+    tokens (byte fallback) does not, and then every prefix is decoded (quadratic), a token
+    ending where its prefix's decoded text stops agreeing with the text (a partial character
+    decodes to a replacement character, not yet to its own).
+    Special tokens decode to nothing, as in the text a trainer hands its reward functions.
+    """
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    pieces = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=True)
+    if "".join(pieces) == text:
+        ends = np.cumsum([len(p) for p in pieces], dtype=np.int64)
+    else:
+        prefixes = tokenizer.batch_decode([ids[: k + 1] for k in range(len(ids))], skip_special_tokens=True)
+        ends = np.array([len(os.path.commonprefix([p, text])) for p in prefixes], dtype=np.int64)
+    starts = np.concatenate([[0], ends[:-1]]) if len(ends) else ends
+    return text, list(zip(starts.tolist(), ends.tolist()))
 
 
 def token_rewards(text: str, steps: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]]) -> np.ndarray:
