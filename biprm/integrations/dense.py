@@ -55,15 +55,27 @@ def decoded_offsets(tokenizer, ids: Sequence[int]) -> tuple[str, list[tuple[int,
     return text, list(zip(starts.tolist(), ends.tolist()))
 
 
+def stream_scores(row: dict, stream: str) -> list[float]:
+    """One stream's step scores from a score row (`biprm score`'s or the server's); a stream the model lacks is an error."""
+    if row.get(stream) is None:
+        raise LookupError(f"stream {stream!r}: the reward model does not output it (its score rows have it null)")
+    return row[stream]
+
+
+def placed_step_rewards(text: str, steps: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]]) -> tuple[list[int], list[float]]:
+    """(token ending each scored step, that step's score). A scorer may return fewer scores than
+    steps (steps past its max_length); only those steps are placed."""
+    placed = step_end_tokens(offsets, step_end_chars(text, steps)[: len(scores)])
+    return placed, [float(x) for x in scores[: len(placed)]]
+
+
 def token_rewards(text: str, steps: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]]) -> np.ndarray:
     """Per-token rewards for a completion: scores[k] on the token ending step k, 0 elsewhere.
 
     `offsets` are the (start, end) characters of the completion's tokens, as
-    `tokenizer(text, return_offsets_mapping=True)["offset_mapping"]` gives them. A
-    scorer may return fewer scores than steps (steps past its max_length); only those
-    steps are placed.
+    `tokenizer(text, return_offsets_mapping=True)["offset_mapping"]` gives them.
     """
     out = np.zeros(len(offsets))
-    placed = step_end_tokens(offsets, step_end_chars(text, steps)[: len(scores)])
-    out[placed] = np.asarray(scores, dtype=float)[: len(placed)]
+    placed, values = placed_step_rewards(text, steps, scores, offsets)
+    out[placed] = values
     return out

@@ -22,7 +22,7 @@ from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from biprm.integrations.advantages import process_advantages
-from biprm.integrations.dense import decoded_offsets, step_end_chars, step_end_tokens
+from biprm.integrations.dense import decoded_offsets, placed_step_rewards, stream_scores
 from biprm.integrations.grpo import BiPRMReward
 
 log = logging.getLogger(__name__)
@@ -66,14 +66,12 @@ class ProcessGRPOTrainer(GRPOTrainer):
         rows, why = self.process_reward.rows(prompts, [text for text, _ in decoded])
         steps = []
         for i, ((text, offsets), row) in enumerate(zip(decoded, rows)):
-            if row is not None and row[self.stream] is None:
-                raise ValueError(f"stream {self.stream!r}: the reward model does not output it (its rows have it null)")
             try:
-                ends = [] if row is None else step_end_tokens(offsets, step_end_chars(text, row["steps"])[: len(row[self.stream])])
-            except ValueError as error:
-                rows[i], ends = None, []
+                steps.append(([], []) if row is None else placed_step_rewards(text, row["steps"], stream_scores(row, self.stream), offsets))
+            except ValueError as error:  # a step not found in the text
+                rows[i] = None
+                steps.append(([], []))
                 why.append(f"completion {i}: {error}")
-            steps.append((ends, [] if row is None else row[self.stream][: len(ends)]))
         if why:
             log.warning("%d of %d completions could not be scored and get advantage 0; first: %s", len(why), len(rows), why[0])
         eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
