@@ -119,7 +119,7 @@ class BiPRMModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         """Only the heads are ours to initialise; the backbone keeps its own scheme."""
-        if module is self.value_head or (self.gate is not None and module in self.gate):
+        if module is self.value_head or (self.gate is not None and isinstance(module, nn.Linear) and module in self.gate):
             nn.init.normal_(module.weight, std=0.02)
             nn.init.zeros_(module.bias)
 

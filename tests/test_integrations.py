@@ -88,6 +88,7 @@ def test_remote_reward_equals_local_and_sends_the_api_key(bi_scorer, monkeypatch
         monkeypatch.delenv("BIPRM_API_KEY")
         with pytest.raises(urllib.error.HTTPError) as refused:
             BiPRMReward(url=f"http://127.0.0.1:{port}/")(prompts=prompts, completions=completions)
+        remote_rows, why = BiPRMReward(url=f"http://127.0.0.1:{port}/", request_size=2, api_key="k").rows(prompts, completions)
     finally:
         server.should_exit = True
         thread.join(10)
@@ -95,6 +96,11 @@ def test_remote_reward_equals_local_and_sends_the_api_key(bi_scorer, monkeypatch
     # equal up to float32 rounding (the server scores in other batches); the tagged one is refused, its neighbour scored
     assert remote == pytest.approx(local, abs=1e-6) and remote[1] == remote[2] == -1.0 and 0 < remote[3] < 1
     assert from_env == remote and refused.value.code == 401
+    local_rows, _ = BiPRMReward(scorer=bi_scorer).rows(prompts, completions)  # the step scores ProcessGRPOTrainer reads
+    assert [r is None for r in remote_rows] == [r is None for r in local_rows] == [False, True, True, False] and len(why) == 2
+    for got, want in zip(remote_rows, local_rows):
+        if want is not None:
+            assert got["steps"] == want["steps"] and got["fused"] == pytest.approx(want["fused"], abs=1e-6)
 
 
 def test_remote_reward_retries_a_busy_server():

@@ -22,6 +22,8 @@ from typing import Any
 from biprm.aggregate import AGGREGATIONS
 from biprm.data.readers import split_steps
 from biprm.data.trajectory import DataError, Trajectory, validate
+from biprm.evaluation.grading import extract_answer, grade_many
+from biprm.scores import score_rows
 from biprm.scoring import Scorer
 from biprm.serve.config import API_KEY_ENV
 
@@ -68,21 +70,27 @@ class BiPRMReward:
                 for p, c in zip(prompts, completions, strict=True)]
 
     def __call__(self, prompts: list, completions: list, **kwargs) -> list[float]:
-        trajs = self.trajectories(prompts, completions)
-        scores, why = self._local(trajs) if self.scorer is not None else self._remote(trajs)
-        rewards = [scores.get(i, self.invalid_reward) for i in range(len(trajs))]
+        rows, why = self.rows(prompts, completions)
         if why:
-            log.warning("%d of %d completions could not be scored and get reward %g; first: %s", len(why), len(trajs), self.invalid_reward, why[0])
-        return rewards
+            log.warning("%d of %d completions could not be scored and get reward %g; first: %s", len(why), len(rows), self.invalid_reward, why[0])
+        return [self.invalid_reward if row is None else row["solution"][self.aggregation] for row in rows]
 
-    def _local(self, trajs: list[Trajectory]) -> tuple[dict[int, float], list[str]]:
-        """({completion: reward}, why the others got none): each completion is encoded once, then scored from its encoding."""
+    def rows(self, prompts: list, completions: list) -> tuple[list[dict | None], list[str]]:
+        """One score row per completion (`biprm score`'s keys: steps, l2r, r2l, sigma, fused, solution, ...),
+        None for one that cannot be scored, and why each of those could not."""
+        trajs = self.trajectories(prompts, completions)
+        rows, why = self._local(trajs) if self.scorer is not None else self._remote(trajs)
+        return [rows.get(i) for i in range(len(trajs))], why
+
+    def _local(self, trajs: list[Trajectory]) -> tuple[dict[int, dict], list[str]]:
+        """({completion: row}, why the others got none): each completion is encoded once, then scored from its encoding."""
         encs, problems = self.scorer.encode(trajs, [f"completion {i}" for i in range(len(trajs))], skip_invalid=True)
         bad = {i for i, _ in problems}
-        scores = self.scorer.score(encs, progress=False).solution_scores(self.aggregation).tolist() if encs else []
-        return dict(zip((i for i in range(len(trajs)) if i not in bad), scores)), [error for _, error in problems]
+        ok = [i for i in range(len(trajs)) if i not in bad]
+        rows = score_rows([trajs[i] for i in ok], self.scorer.score(encs, progress=False), digits=None) if encs else []
+        return dict(zip(ok, rows)), [error for _, error in problems]
 
-    def _remote(self, trajs: list[Trajectory]) -> tuple[dict[int, float], list[str]]:
+    def _remote(self, trajs: list[Trajectory]) -> tuple[dict[int, dict], list[str]]:
         """`_local` through the server, which encodes; what it would refuse as a 400 is caught here first."""
         ok, why, out = [], [], {}
         for i, traj in enumerate(trajs):
@@ -95,18 +103,18 @@ class BiPRMReward:
         for a in range(0, len(ok), self.request_size):
             part = ok[a : a + self.request_size]
             try:
-                out |= dict(zip(part, (row["solution"][self.aggregation] for row in self._post([trajs[i] for i in part]))))
+                out |= dict(zip(part, self._post([trajs[i] for i in part])))
             except urllib.error.HTTPError as error:
                 if error.code not in (400, 413):
                     raise
                 for i in part:  # one refused solution refuses its request: find it
-                    if (score := self._one(trajs[i], why)) is not None:
-                        out[i] = score
+                    if (row := self._one(trajs[i], why)) is not None:
+                        out[i] = row
         return out, why
 
-    def _one(self, traj: Trajectory, why: list[str]) -> float | None:
+    def _one(self, traj: Trajectory, why: list[str]) -> dict | None:
         try:
-            return self._post([traj])[0]["solution"][self.aggregation]
+            return self._post([traj])[0]
         except urllib.error.HTTPError as error:
             if error.code not in (400, 413):
                 raise
@@ -125,3 +133,22 @@ class BiPRMReward:
                     raise
                 time.sleep(min(30.0, float(error.headers.get("Retry-After", 1)) * 2**attempt))
         raise AssertionError("unreachable")
+
+
+class AnswerReward:
+    """An outcome reward in TRL's signature: 1.0 when a completion's final answer equals the dataset's answer
+    column under math-verify (gold first), 0.0 when not, None when grading timed out (TRL leaves it out).
+
+    Grading runs in `workers` processes, each answer bounded by `timeout` seconds (workers=0: inline).
+    """
+
+    __name__ = "correct"
+
+    def __init__(self, column: str = "answer", workers: int = 2, timeout: float = 5.0):
+        self.column, self.workers, self.timeout = column, workers, timeout
+
+    def __call__(self, prompts: list, completions: list, **kwargs) -> list[float | None]:
+        if self.column not in kwargs:
+            raise ValueError(f"the training dataset has no {self.column!r} column for AnswerReward to grade against (AnswerReward(column=...))")
+        pairs = [(str(gold), extract_answer(message_text(c, "assistant"))) for gold, c in zip(kwargs[self.column], completions, strict=True)]
+        return [None if v is None else float(v) for v in grade_many(pairs, self.workers, self.timeout)]
