@@ -1,6 +1,7 @@
-"""BiPRM in verl 0.9.1: the `biprm` reward manager (step rewards from `biprm serve`) and the
-`process_grpo` advantage estimator. Importing this module registers both in verl's registries;
-configs/verl-biprm.yaml shows the settings that make verl import it.
+"""BiPRM in verl 0.9.1: the `biprm` reward manager and the `process_grpo` advantage estimator.
+
+The manager's step rewards come from `biprm serve`. Importing this module registers both in
+verl's registries; configs/verl-biprm.yaml shows the settings that make verl import it.
 
 The manager scores a response's steps and its `assemble_rm_scores` puts each step's reward
 on the response token where the step ends. `process_grpo` reads those token rewards back
