@@ -97,15 +97,11 @@ def start(cfg: ReplicateConfig | Any) -> tuple[Path, Path, bool]:
     every core is used, and bf16 is picked where the machine multiplies it natively."""
     check_study(cfg)
     torch.set_num_threads(os.cpu_count() or 1)
-    _malloc(lambda libc: libc.mallopt(M_MMAP_THRESHOLD, 1 << 20))
     out, work = Path(cfg.out), Path(cfg.work_dir)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     fast = {"auto": bf16_is_fast(), "yes": True, "no": False}[cfg.bf16]
     log.info("precision: %s", "bf16 autocast, fp32 master weights" if fast else "fp32")
     return out, work, fast
-
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
 def _malloc(call: Callable[[ctypes.CDLL], Any]) -> None:
@@ -119,10 +115,12 @@ def _malloc(call: Callable[[ctypes.CDLL], Any]) -> None:
 def release_memory() -> None:
     """Give the memory of what a study has dropped (a backbone, a run's models) back to the system.
 
-    A study builds and drops a model per run. glibc keeps freed blocks for reuse, and by default it
-    raises its mmap threshold after each large free, so every run's tensors come from a heap that
-    never shrinks: the quick preset grew by about 0.7 GB per run. `start` fixes the threshold at
-    1 MiB, so large tensors are unmapped when freed, and this trims what the heap still holds.
+    A study builds and drops a model per run. glibc keeps freed blocks for reuse, and it raises its
+    mmap threshold after each large free, so every run's tensors come from a heap that never shrinks
+    by itself: the quick preset grew by about 0.7 GB per run. malloc_trim, between runs, hands the
+    heap's free pages back. Pinning the threshold low instead (1 MiB, as this once did) maps every
+    tensor of 1-32 MiB fresh and faults it in page by page: a third of a study's CPU time went to the
+    kernel (docs/REPLICATION.md).
     """
     gc.collect()
     _malloc(lambda libc: libc.malloc_trim(0))
