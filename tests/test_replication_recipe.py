@@ -79,3 +79,16 @@ def test_a_study_keeps_glibcs_mmap_threshold_and_trims_between_runs(tmp_path, mo
     assert calls == []
     recipe.release_memory()
     assert calls == [("malloc_trim", 0)]
+
+
+def test_a_setting_added_since_a_study_ran_is_no_change_at_its_default(tmp_path):
+    # mechanism version 1 recorded its config before `labels` and `keep_roundness` existed
+    from biprm.replication.config import MechanismConfig
+    from biprm.replication.recipe import check_study
+
+    cfg = MechanismConfig(out=str(tmp_path), work_dir=str(tmp_path / "w"))
+    recorded = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("labels", "keep_roundness")}
+    (tmp_path / "meta.json").write_text(json.dumps({"config": recorded}))
+    check_study(cfg)
+    with pytest.raises(ValueError, match="keep_roundness: None then, True now"):
+        check_study(dataclasses.replace(cfg, keep_roundness=True))

@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -87,7 +87,10 @@ def check_study(cfg: ReplicateConfig | Any) -> None:
     path = Path(cfg.out) / "meta.json"
     if not path.is_file():
         return
-    diff = changes(study(json.loads(path.read_text())["config"]), study(asdict(cfg)))
+    recorded = study(json.loads(path.read_text())["config"])
+    defaults = {f.name: f.default for f in fields(cfg)}
+    now = {k: v for k, v in study(asdict(cfg)).items() if k in recorded or v != defaults.get(k)}  # a setting added since, at its default, is no change
+    diff = changes(recorded, now)
     if diff:
         raise ValueError(f"{cfg.out} holds the runs of another study ({'; '.join(diff)}); pass another --out, or remove it to start over")
 
@@ -215,7 +218,7 @@ def report_only(cfg: ReplicateConfig) -> dict:
 
 
 def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, bf16: bool, trajs: list[Trajectory],
-              heads_only: bool = False) -> tuple[BiPRMModel, dict]:
+              heads_only: bool = False, callbacks: list | None = None) -> tuple[BiPRMModel, dict]:
     """(the trained model, its log) of one run, trained by `biprm train` on the study's trunk cache.
 
     The seed is set before the model is built, so it fixes the value head's and the gate's
@@ -232,7 +235,7 @@ def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, b
             resume=run_dir.is_dir(), gate_lr_scale=cfg.gate_lr_scale, detach_gate_inputs=getattr(cfg, "detach_gate_inputs", False),
             aux_loss_weight=getattr(cfg, "aux_loss_weight", 0.0), train_top_layers=cfg.top_layers, heads_only=heads_only,
             trunk_cache_dir=str(Path(cfg.work_dir) / "trunk"),
-        ), trajectories=trajs)
+        ), callbacks=callbacks, trajectories=trajs)
         for checkpoint in run_dir.glob("checkpoint-*"):
             shutil.rmtree(checkpoint)
         release_memory()  # the Trainer's copy goes before the final model loads
