@@ -108,11 +108,13 @@ def diffs(**lows: float) -> dict:
 
 
 def test_the_verdict_rule_is_the_papers_predictions():
-    everything = dict(F=2.0, L=-4.0, better=-4.9, static=-1.0, sigma=0.01)
+    everything = dict(F=2.0, L=-4.0, better=-4.9, static=-1.0, sigma=0.01)  # each interval's low end, its high end 2 above
     assert v2.verdict(diffs(**everything), ("bi",), "r2l")["outcome"] == "supported (bi)"
     for key, low in (("F", 0.0), ("L", -5.0), ("better", -6.0), ("static", -5.5), ("sigma", -0.01)):
         v = v2.verdict(diffs(**everything | {key: low}), ("bi",), "r2l")
-        assert v["outcome"] == "not supported" and sum(not ok for ok in v["held"].values()) == 1
+        assert v["outcome"] == "not decided at this power" and list(v["predictions"].values()).count("undecided") == 1
+    worse = v2.verdict(diffs(**everything | {"better": -8.0}), ("bi",), "r2l")  # high end -6: clearly worse than r2l
+    assert worse["outcome"] == "contradicted" and worse["predictions"]["bi is at least as good as the better single stream (r2l)"] == "contradicted"
     partial = v2.verdict(diffs(F=2.0), ("bi",), "r2l")
     assert partial["outcome"] == "not yet decidable" and len(partial["missing"]) == 4
 
@@ -137,7 +139,7 @@ def test_toy_mechanism_v2_study_pilots_runs_resumes_and_reports(data_dir, tmp_pa
     assert gate["gate_lr_scale"] == 0.1 and gate["mode"] == "bi-gate-lr0.1"
     assert sorted(p.name for p in (out / "runs").glob("*.sigma.jsonl")) == ["bi-gate-lr0.1-seed1106.sigma.jsonl", "bi-seed1106.sigma.jsonl"]
     result = json.loads((out / "results.json").read_text())
-    assert result["verdict"]["outcome"].startswith(("supported", "not supported"))
+    assert result["verdict"]["outcome"].startswith(("supported", "contradicted", "not decided at this power"))
     assert result["loss_floors"]["version 1 (first error)"]["r2l"] > result["loss_floors"]["version 2 (own)"]["r2l"]
     report = (out / "report.md").read_text()
     for row in ("format rule", "rounder-number rule", "position: flag step", "chance: i.i.d. normal", "2×L2R"):

@@ -159,21 +159,30 @@ def predictions(arm: str, better: str) -> dict[str, tuple[str, str, float]]:
 
 
 def verdict(differences: dict[str, dict[str, dict]], arms: tuple[str, ...], better: str) -> dict:
-    """The pre-registered rule: the mechanism is supported when every prediction holds for one bi arm
-    (each interval at LEVEL); each prediction's outcome is reported either way.
+    """The pre-registered rule. Each prediction is "held" (its interval's low end passes its bound),
+    "contradicted" (its high end is below the bound) or "undecided" (the interval holds the bound).
+    The mechanism is supported when every prediction holds for one bi arm, contradicted when every arm
+    has a contradicted prediction, and otherwise not decided at this power.
 
-    `differences[endpoint][difference]` holds {"mean", "low", "high"} in points (σ in its own units).
+    `differences[endpoint][difference]` holds {"mean", "low", "high"} (intervals at LEVEL), in points
+    for the endpoints and in σ's own units for σ.
     """
-    held, missing = {}, []
+    outcomes, missing = {}, []
     for arm in arms:
         for name, (endpoint, diff, bound) in predictions(arm, better).items():
             interval = differences.get(endpoint, {}).get(diff)
             if interval is None:
                 missing.append(name)
             else:
-                held[name] = interval["low"] > bound
+                outcomes[name] = "held" if interval["low"] > bound else "contradicted" if interval["high"] < bound else "undecided"
     if missing:
-        return {"outcome": "not yet decidable", "held": held, "missing": missing}
-    supported = [a for a in arms if all(held[name] for name in predictions(a, better))]
-    outcome = f"supported ({', '.join(supported)})" if supported else "not supported"
-    return {"outcome": outcome, "held": held, "missing": []}
+        return {"outcome": "not yet decidable", "predictions": outcomes, "missing": missing}
+    by_arm = {a: [outcomes[name] for name in predictions(a, better)] for a in arms}
+    supported = [a for a, o in by_arm.items() if all(x == "held" for x in o)]
+    if supported:
+        outcome = f"supported ({', '.join(supported)})"
+    elif all("contradicted" in o for o in by_arm.values()):
+        outcome = "contradicted"
+    else:
+        outcome = "not decided at this power"
+    return {"outcome": outcome, "predictions": outcomes, "missing": []}

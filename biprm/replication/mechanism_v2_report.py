@@ -171,7 +171,7 @@ def format_report(r: dict) -> str:
     sig_cols = [f"σ at t, {k} rows" for k in KINDS]
     sig_rows = [[g, *(_cell(v.get(c), 3) for c in sig_cols)] for g, v in r["sigma"].items()]
     sig_rows += [[name, _cell(v, 3), "", "", ""] for name, v in r["differences"]["σ at t"].items()]
-    held = [[name, "yes" if ok else "no"] for name, ok in r["verdict"]["held"].items()] + [[n, "not yet run"] for n in r["verdict"]["missing"]]
+    held = [[name, o] for name, o in r["verdict"]["predictions"].items()] + [[n, "not yet run"] for n in r["verdict"]["missing"]]
     floors = [[labels, *(f"{v[s]:.3f}" for s in ("l2r", "r2l", "bi"))] for labels, v in r["loss_floors"].items()]
     pb_rows = [[g, _cell(v)] for g, v in r["processbench"].items()] + [[f"baseline: {n}", _cell(v)] for n, v in r["processbench_baselines"].items()]
     md = [
@@ -189,7 +189,7 @@ def format_report(r: dict) -> str:
         f"the better single stream on the primary endpoint: {r['better_single_stream']}",
         markdown_table(["difference", *VERDICT_ENDPOINTS], diff_rows),
         "## The gate at step t (σ = weight on L2R)", markdown_table(["arm", *sig_cols], sig_rows),
-        "## The verdict rule, prediction by prediction (97.5 % intervals)", markdown_table(["prediction", "held"], held),
+        "## The verdict rule, prediction by prediction (97.5 % intervals)", markdown_table(["prediction", "outcome"], held),
         "## T1: ProcessBench GSM8K, F1 at the validation threshold (%)", markdown_table(["model", "F1"], pb_rows),
         "## T2: Best-of-N on one-style sub-pools, random n-subsets, mean over n ∈ {2, 3} (%)",
     ]
