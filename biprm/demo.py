@@ -60,6 +60,12 @@ def exact_by_kind(pred: np.ndarray, trajs: list) -> dict[str, float]:
     return {k: 100.0 * float(np.mean(pred[kind == k] == first[kind == k])) for k in ("claim", "calc") if (kind == k).any()}
 
 
+# Best-of-N pools where a random pick is far from pass@n: at most half the candidates right, the errors
+# mostly calc (a claim error recovers, so its answer is right).
+BON_ERRORS = (0.7, 0.3)
+BON_CORRECT_SHARE = (0.0, 0.5)
+
+
 def run_demo(cfg: DemoConfig) -> dict:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,7 +73,8 @@ def run_demo(cfg: DemoConfig) -> dict:
     data = write_trajectories(out / "train.jsonl", make_dataset(cfg.n_train, cfg.seed, **task))
     test = make_dataset(cfg.n_test, seed=cfg.seed + 1, **task)
     dev = make_dataset(cfg.n_test, seed=cfg.seed + 3, **task)
-    pools = make_bon_pools(cfg.bon_questions, cfg.bon_candidates, seed=cfg.seed + 2, errors=cfg.mix[1:], events=cfg.events)
+    pools = make_bon_pools(cfg.bon_questions, cfg.bon_candidates, seed=cfg.seed + 2, errors=BON_ERRORS, events=cfg.events,
+                           correct_share=BON_CORRECT_SHARE)
     k, _ = tune_flag_step(np.array([len(t.steps) for t in dev]), first_errors(dev))
     results = {}
     for mode in cfg.modes.split(","):
@@ -83,8 +90,9 @@ def run_demo(cfg: DemoConfig) -> dict:
         results[mode]["seconds"] = round(time.perf_counter() - start, 1)
     rule = exact_by_kind(flag_step(np.array([len(t.steps) for t in test]), k), test)
     print("\n" + table(results, {f"flag step {k} (reads no text)": rule}))
+    print("\n" + verdict_line(results, rule))
     print(
-        "\nA tiny random backbone on a synthetic task: this shows every mode training and being evaluated end to end;"
+        "A tiny random backbone on a synthetic task: this shows every mode training and being evaluated end to end;"
         "\nits ordering moves with the seed, CPU and thread count and is not evidence for or against BiPRM."
         "\nFor that, run `biprm replicate` (a real backbone on real data; docs/REPLICATION.md)."
     )
@@ -93,6 +101,19 @@ def run_demo(cfg: DemoConfig) -> dict:
         plot_sigma_by_position(results["bi"]["sigma_by_position"], str(out / "sigma_by_position.png"))
     print(f"\nwrote {out / 'results.json'}" + (f" and {out / 'sigma_by_position.png'}" if "bi" in results else ""))
     return results
+
+
+def above_text_free(r: dict, rule: dict[str, float]) -> bool:
+    """Above every row that reads no text: both exact-match columns over the position rule, BoN over majority vote and random pick."""
+    bon = r["bon"]["mean"]
+    return all(r["exact"].get(k, 0.0) > rule.get(k, 0.0) for k in ("claim", "calc")) and bon["bon"] > max(bon["majority"], bon["chance"])
+
+
+def verdict_line(results: dict, rule: dict[str, float]) -> str:
+    above = [mode for mode, r in results.items() if above_text_free(r, rule)]
+    if not above:
+        return "No mode is above every row that reads no text on this table."
+    return f"Above every row that reads no text on this table (first error by kind, and Best-of-N): {', '.join(above)}."
 
 
 def table(results: dict, rules: dict[str, dict[str, float]]) -> str:

@@ -530,3 +530,15 @@ def test_loading_a_checkpoints_tokenizer_gives_no_type_warning(checkpoint):
     code = f"from biprm.backbones import load_tokenizer; load_tokenizer({checkpoint!r})"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "model of type" not in run.stderr
+
+
+def test_the_demo_says_which_modes_are_above_every_row_that_reads_no_text():
+    from biprm.demo import verdict_line
+
+    bon = lambda mine: {"mean": {"bon": mine, "majority": 60.0, "chance": 45.0}}  # noqa: E731
+    results = {"l2r": {"exact": {"claim": 20.0, "calc": 90.0}, "bon": bon(70.0)},   # claim exact below the rule
+               "bi": {"exact": {"claim": 60.0, "calc": 90.0}, "bon": bon(70.0)},
+               "r2l": {"exact": {"claim": 60.0, "calc": 90.0}, "bon": bon(55.0)}}   # BoN below majority vote
+    rule = {"claim": 30.0, "calc": 10.0}
+    assert verdict_line(results, rule).endswith(": bi.")
+    assert verdict_line({"l2r": results["l2r"]}, rule).startswith("No mode is above")

@@ -1,4 +1,5 @@
 import json
+import logging
 import os
 import re
 import shutil
@@ -331,3 +332,19 @@ def test_gsm8k_bon_small_checks_alignment(data_dir, monkeypatch):
     monkeypatch.setattr(evaluation_data, "read_rows", shuffled)
     with pytest.raises(DataError, match=r"abel_13b\.json\.gz row 1: field 'question' does not match question 1"):
         gsm8k_bon_small(str(data_dir))
+
+
+def test_the_grader_overrules_stored_flags_where_the_gold_is_known(tmp_path, caplog):
+    # gsm8k_bon_small's MetaMath flags were set on answers rounded to integers, and its GSM-Plus flags against
+    # golds stored as 'None' (questions 144 and 364 of GSM8K test); a question without a gold keeps its flags.
+    rows = [
+        {"question": "Q1", "answer": "16", "candidates": [{"text": "The total is $15 + $1.50 = $16.50.\nThe answer is 16.5.", "correct": True},
+                                                          {"text": "It costs 16 dollars.\n#### 16", "correct": False}]},
+        {"question": "Q2", "candidates": [{"text": "The answer is 3.", "correct": True}, {"text": "The answer is 4.", "correct": False}]},
+    ]
+    pool_file = tmp_path / "pool.json"
+    pool_file.write_text(json.dumps(rows))
+    with caplog.at_level(logging.WARNING):
+        pool = load_pool(str(pool_file), str(tmp_path), grade_workers=0)
+    assert pool.correct.tolist() == [False, True, True, False]
+    assert "overrules 2 stored correctness flags" in caplog.text

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from biprm.evaluation import grading
+from biprm.data.readers import solution_steps
 from biprm.evaluation.grading import extract_answer, grade, grade_many, grade_solution
 
 # (gold, prediction, verdict)
@@ -192,3 +193,34 @@ def test_extract_answer_is_linear_time_on_hostile_text(piece):
 
     small, large = cost(2_000), cost(16_000)
     assert large < 30 * small + 0.05  # 8x the text: about 8x the time when linear, 64x when quadratic
+
+
+# Real gsm8k_bon_small candidates (question index, policy) as the pool reads them: each ends in prose after
+# "####", which the pool's reader turns into a last step "The answer is ...", often after a step that ends
+# in "answer is" itself. (gold, raw candidate tail, extracted answer)
+POOL_CASES = [
+    # 18, GPT-3.5: math-verify reads the last number of the prose (4)
+    ("7", "we divide 84 eggs by 12 to get 7 dozen eggs.\n\nTherefore, Claire will eat #### 7 dozen eggs in 4 weeks.", "7"),
+    # 1174, GPT-3.5 and 107, GPT-3.5: a number right after the answer
+    ("240", "So he has 60 * (20/5) = 240 5 dollar bills.\n\nTherefore, Thomas has #### 240 5 dollar bills.", "240"),
+    ("3", "1.5 hours / 0.5 hours = 3 episodes.\n\nTherefore, Frankie watched #### 3 30-minute episodes on Wednesday.", "3"),
+    # 324, GPT-4: "answer is" closes one line and opens the next; the match must not run across the newline
+    ("14", "the 5 people must have brought in 14 old records. So, the answer is #### 14.", "14"),
+    # 9, GPT-3.5 (its stored flag is False: the GSM-Plus file stores its gold as 'None')
+    ("460", "$400 + $60 = $460.\n\nTherefore, Eliza's earnings for this week are #### 460.", "460"),
+]
+
+
+@pytest.mark.parametrize("gold,raw,expected", POOL_CASES)
+def test_prose_answers_of_the_pool_are_cut_to_their_number(gold, raw, expected):
+    answer = extract_answer("\n".join(solution_steps(raw)))
+    assert answer == expected
+    assert grade(gold, answer)
+
+
+@pytest.mark.parametrize("gold,pred,expected", [
+    ("7", "7 dozen eggs in 4 weeks", True), ("80", "80cm", True), ("10000", "$10,000/day from these visits", True),
+    ("480", "480 a week", True), ("9", "9i + 6", False), ("2", "2 \\sqrt{5}", False),  # maths after a number is not prose
+])
+def test_grade_cuts_a_number_before_prose(gold, pred, expected):
+    assert grade(gold, pred) is expected

@@ -63,3 +63,32 @@ def test_a_results_folder_of_another_study_is_refused(tmp_path):
     check_study(dataclasses.replace(cfg, work_dir="/elsewhere", data_root="/other"))  # paths are not the study
     with pytest.raises(ValueError, match=r"holds the runs of another study \(processbench_rows: 6 then, 30 now\)"):
         check_study(dataclasses.replace(cfg, processbench_rows=30))
+
+
+def test_a_study_keeps_glibcs_mmap_threshold_and_trims_between_runs(tmp_path, monkeypatch):
+    # A threshold pinned at 1 MiB mapped every 1-32 MiB tensor fresh: 30 % of the quick preset's CPU time in the kernel.
+    from biprm.replication import recipe
+
+    class Libc:
+        def __getattr__(self, name):
+            return lambda *args: calls.append((name, *args))
+
+    calls = []
+    monkeypatch.setattr(recipe, "_malloc", lambda call: call(Libc()))
+    recipe.start(ReplicateConfig(preset="toy", out=str(tmp_path), work_dir=str(tmp_path / "w"), data_root="/data"))
+    assert calls == []
+    recipe.release_memory()
+    assert calls == [("malloc_trim", 0)]
+
+
+def test_a_setting_added_since_a_study_ran_is_no_change_at_its_default(tmp_path):
+    # mechanism version 1 recorded its config before `labels` and `keep_roundness` existed
+    from biprm.replication.config import MechanismConfig
+    from biprm.replication.recipe import check_study
+
+    cfg = MechanismConfig(out=str(tmp_path), work_dir=str(tmp_path / "w"))
+    recorded = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("labels", "keep_roundness")}
+    (tmp_path / "meta.json").write_text(json.dumps({"config": recorded}))
+    check_study(cfg)
+    with pytest.raises(ValueError, match="keep_roundness: None then, True now"):
+        check_study(dataclasses.replace(cfg, keep_roundness=True))

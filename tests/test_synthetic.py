@@ -3,6 +3,7 @@ import re
 import time
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from biprm.data.synthetic import KINDS, make_bon_pools, make_dataset, make_problem, make_solution
@@ -53,7 +54,11 @@ def test_shape_labels_and_text(data):
     for i, t in enumerate(data):
         validate(t, f"synthetic {i}")
         assert 3 <= len(t.steps) <= 7 and t.meta["qid"] == i
-        assert t.labels == labels_from_first_error(t.meta["first_error"], len(t.steps)) and t.first_error == t.meta["first_error"]
+        if t.meta["kind"] == "claim":  # the solution recovers: only the claim's own step is wrong
+            assert t.labels == [0.0 if k == t.meta["first_error"] else 1.0 for k in range(len(t.steps))]
+        else:
+            assert t.labels == labels_from_first_error(t.meta["first_error"], len(t.steps))
+        assert t.first_error == t.meta["first_error"]
         assert (t.meta["first_error"] == -1) == (t.meta["kind"] == "correct")
         assert t.question.isascii() and all(s.isascii() for s in t.steps)
         assert all(int(x) < 1000 for x in re.findall(r"\d+", " ".join([t.question, *t.steps])))
@@ -126,3 +131,10 @@ def test_fast():
     start = time.process_time()
     make_dataset(10_000, seed=0)
     assert time.process_time() - start < 3.0
+
+
+def test_bon_pools_with_few_right_answers_leave_random_pick_far_from_the_ceiling():
+    # the demo's pools: at most half right, the errors mostly calc (a claim's answer is right)
+    pools = make_bon_pools(200, 16, seed=0, errors=(0.7, 0.3), correct_share=(0.0, 0.5))
+    right = np.array([t.correct for t in pools]).reshape(200, 16)
+    assert 0.4 < right.mean() < 0.55 and right.any(1).mean() > 0.9  # random pick about half, pass@16 above 90 %

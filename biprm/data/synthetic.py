@@ -1,9 +1,11 @@
 """A seeded arithmetic word-problem task with exact step labels: no downloads, any tokenizer.
 
 It gives tests and CPU-sized experiments a task where the direction of evidence is known.
-A "calc" error is visible where it happens (a wrong equation). A "claim" error is a bare
-statement of a wrong value: the next step uses the true value, so the contradiction sits
-in a later step, which only the right-to-left stream sees when it scores the wrong one.
+A "calc" error is visible where it happens (a wrong equation), and every later result and
+the answer carry it: 0 from its step on. A "claim" error is a bare statement of a wrong
+value: the next step uses the true value, so the contradiction sits in a later step, which
+only the right-to-left stream sees when it scores the wrong one. The solution recovers (the
+later steps and the answer are right), so a claim is 0 at its own step only.
 Correct steps are also written as bare claims at random, so a missing equation alone
 never marks an error.
 """
@@ -149,10 +151,13 @@ def make_solution(problem: Problem, rng: random.Random, kind: str) -> Trajectory
         operands[first + 1] = problem.values[first]
     steps = [_step(problem, t, operands[t], stated[t], bare[t]) for t in range(n_events)]
     steps.append(f"The answer is {stated[-1]}.")
+    labels = labels_from_first_error(first, len(steps))
+    if kind == "claim":
+        labels = [0.0 if k == first else 1.0 for k in range(len(steps))]
     return Trajectory(
         problem.question,
         steps,
-        labels_from_first_error(first, len(steps)),
+        labels,
         answer=str(problem.answer),
         correct=stated[-1] == problem.answer,
         meta={"kind": kind, "first_error": first},
@@ -174,15 +179,16 @@ def make_dataset(
 
 
 def make_bon_pools(
-    n_questions: int, n_candidates: int, seed: int, errors: tuple[float, float] = (0.5, 0.5), events: tuple[int, int] = (2, 6)
+    n_questions: int, n_candidates: int, seed: int, errors: tuple[float, float] = (0.5, 0.5), events: tuple[int, int] = (2, 6),
+    correct_share: tuple[float, float] = (0.0, 1.0),
 ) -> list[Trajectory]:
-    """Best-of-N pools: per question a random share of correct candidates, the rest calc or
-    claim errors drawn with weights `errors`."""
+    """Best-of-N pools: per question a share of correct candidates drawn uniformly from `correct_share`,
+    the rest calc or claim errors drawn with weights `errors` (a claim's answer is right)."""
     rng = random.Random(seed)
     trajs = []
     for qid in range(n_questions):
         problem = make_problem(rng, events)
-        share = rng.random()
+        share = rng.uniform(*correct_share)
         for cand in range(n_candidates):
             kind = "correct" if rng.random() < share else rng.choices(KINDS[1:], weights=errors)[0]
             traj = make_solution(problem, rng, kind)

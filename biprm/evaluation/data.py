@@ -177,10 +177,13 @@ def load_pool(
     spec: str, data_root: str, limit: int | None = None, questions: str | None = None, questions_split: str = "test",
     split_rule: str = "auto", cache: ScoreCache | None = None, grade_workers: int = 2, grade_timeout: float = 5.0,
 ) -> Pool:
-    """A pool with correctness per candidate: the stored flag when present, else math-verify against the gold.
+    """A pool with correctness per candidate: math-verify against the gold wherever the gold is known,
+    the stored flag only where it is not.
 
-    A grade that timed out counts as incorrect in this run, is reported, and is graded again
-    on the next run (the cache keeps -1 for it, never a verdict)."""
+    Stored flags can be wrong (27 of gsm8k_bon_small's: golds stored as 'None', rounded MetaMath answers,
+    docs/EVALUATION.md), so a flag the grader disagrees with is overruled, and the count is logged. A grade
+    that timed out falls back to the stored flag (else counts as incorrect) in this run, is reported, and is
+    graded again on the next run (the cache keeps -1 for it, never a verdict)."""
     spec, _, at = spec.partition("@")
     questions = questions or at or None
     if spec.split(":")[0] == "gsm8k_bon_small":
@@ -199,22 +202,27 @@ def load_pool(
     trajs = [t for t in trajs if t.meta["qid"] in keep]
 
     preds = [extract_answer("\n".join(t.steps)) for t in trajs]
-    missing = [i for i, t in enumerate(trajs) if t.correct is None]
-    if any(trajs[i].answer is None for i in missing):
+    if any(t.answer is None and t.correct is None for t in trajs):
         raise DataError(f"{spec}: candidates have no stored 'correct' flag and no gold answer; name the questions as {spec}@QUESTIONS")
-    pairs = [(trajs[i].answer, preds[i]) for i in missing]
+    known = np.array([i for i, t in enumerate(trajs) if t.answer is not None], dtype=np.int64)
+    pairs = [(trajs[i].answer, preds[i]) for i in known]
     graded = np.zeros(0, dtype=np.int8)
     if pairs:
         grade = lambda: np.array([-1 if v is None else int(v) for v in grade_many(pairs, grade_workers, grade_timeout)], dtype=np.int8)  # noqa: E731
         if cache is None:
             graded = grade()
         else:
-            graded = cache.array("grades", None, [trajs[i] for i in missing], repr(pairs), grade, retry=lambda v: bool((v == -1).any()))
+            graded = cache.array("grades", None, [trajs[i] for i in known], repr(pairs), grade, retry=lambda v: bool((v == -1).any()))
         if (timed_out := int((graded == -1).sum())):
-            logger.warning("%s: %d candidates could not be graded within %g s; counted incorrect in this run and graded again "
-                           "on the next (raise --grade-timeout to give them longer)", name, timed_out, grade_timeout)
+            logger.warning("%s: %d candidates could not be graded within %g s; their stored flag (else 'incorrect') is used in this "
+                           "run and they are graded again on the next (raise --grade-timeout to give them longer)", name, timed_out, grade_timeout)
     correct = np.array([bool(t.correct) for t in trajs])
-    correct[missing] = graded == 1
+    done = known[graded != -1]
+    verdicts = graded[graded != -1] == 1
+    overruled = sum(trajs[i].correct is not None and trajs[i].correct != v for i, v in zip(done, verdicts))
+    if overruled:
+        logger.warning("%s: the grader overrules %d stored correctness flags (docs/EVALUATION.md)", name, overruled)
+    correct[done] = verdicts
     keys = np.array([answer_key(a, i) for i, a in enumerate(preds)])
     return Pool(name, trajs, np.array([t.meta["qid"] for t in trajs]), correct, keys)
 

@@ -39,9 +39,11 @@ _NUM_FULL = re.compile(_NUM)
 _NUM_IN_TEXT = re.compile(r"(?<![\w.])" + _NUM)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE = re.compile(r"[{}]")
-_ANSWER_IS = re.compile(r"\banswer is\b\s*:?\s*([^\n]+)", re.IGNORECASE)
+_ANSWER_IS = re.compile(r"\banswer is\b[ \t]*:?[ \t]*([^\n]+)", re.IGNORECASE)  # one line: "answer is:\n\nThe answer is 3" is not an answer
 _HASHES = re.compile(r"^[ \t]*####[ \t]*(.+?)[ \t]*$", re.MULTILINE)  # within one line: no backtracking over blank lines
 _SENTENCE_END = re.compile(r"\.\s")
+# A number, then words: "7 dozen eggs in 4 weeks", "80cm", "$10,000/day", "480 a week", "240 5 dollar bills".
+_PROSE_AFTER_NUMBER = re.compile(r"(?:\s*/)?\s*[A-Za-z]{2,}|\s+[A-Za-z]\b|\s+\d+[- ][A-Za-z]{2,}")
 _MATH_WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _TEXT_CMD = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{(.*)\}$")
 _WORD_ONLY = re.compile(r"\(?[A-Za-z][A-Za-z ]*\)?")
@@ -68,6 +70,17 @@ def _canonical_number(text: str) -> str | None:
     return f"{sign}{body}{den}{'%' if m['pct'] else ''}"
 
 
+def _number_before_prose(text: str) -> str | None:
+    """The number a prose answer opens with ("7 dozen eggs in 4 weeks" -> "7"), else None.
+
+    math-verify reads the last number of prose, 4 here, and would grade a right answer wrong.
+    """
+    m = _NUM_FULL.match(text)
+    if m is None or not _PROSE_AFTER_NUMBER.match(text, m.end()):
+        return None
+    return _canonical_number(m[0])
+
+
 def _strip_math(text: str) -> str:
     """Drop whitespace, a trailing period and $...$-style delimiters around an answer."""
     text = text.strip().rstrip(".").strip()
@@ -81,7 +94,7 @@ def _clean(answer: str) -> str | None:
     text = _strip_math(answer).replace("\u2212", "-")
     if not text:
         return None
-    return _canonical_number(text) or text
+    return _canonical_number(text) or _number_before_prose(text) or text
 
 
 def _last_boxed(text: str) -> str | None:
@@ -128,14 +141,14 @@ def _says_none(answer: str) -> bool:
 def _to_parsable(answer: str) -> str:
     """Wrap an answer so that math-verify reads all of it.
 
-    Bare LaTeX is not seen at all ("\\sqrt{2}" parses to nothing) or only in part
-    ("10\\sqrt{2}" parses to 10), so LaTeX goes inside $...$. Prose with units
-    ("5 dollars") is left bare: math-verify finds the number in it, whereas in math mode
-    the words would become a product of symbols. Lone words become \\text{} so that
-    "Evelyn" matches a gold "\\text{Evelyn}".
+    A number followed by words is cut to the number. Bare LaTeX is not seen at all
+    ("\\sqrt{2}" parses to nothing) or only in part ("10\\sqrt{2}" parses to 10), so LaTeX
+    goes inside $...$. Other prose is left bare: in math mode its words would become a
+    product of symbols. Lone words become \\text{} so that "Evelyn" matches a gold
+    "\\text{Evelyn}".
     """
     text = _strip_math(answer).replace("\u2212", "-")
-    if (number := _canonical_number(text)) is not None:
+    if (number := _canonical_number(text) or _number_before_prose(text)) is not None:
         return number
     if "\\" in text or any(c in text for c in "^_{}"):
         return f"${text}$"

@@ -48,10 +48,11 @@ NOT_STUDIED = ("out", "work_dir", "data_root", "report_only")  # where the study
 class ReplicateConfig:
     """Every number of the study; fields left None take the preset's value."""
 
-    preset: Literal["quick", "full", "mechanism"] = arg(
+    preset: Literal["quick", "full", "mechanism", "mechanism-v2"] = arg(
         "quick", "quick: 1 seed per mode, a smoke test of the recipe (docs/REPLICATION.md gives its wall clock); "
         "full: 3 seeds for l2r and bi, hours on a CPU; mechanism: the controlled future-only-error test (docs/MECHANISM.md), "
-        "which takes only the folders, --bf16 and --top-layers from these settings")
+        "which takes only the folders, --bf16 and --top-layers from these settings; mechanism-v2: its second version, "
+        "pre-registered in docs/MECHANISM.md, which takes the same")
     out: str = arg("", "results folder (default results/replication/<preset>; results/mechanism for mechanism)")
     work_dir: str = arg("", "trunk caches and run checkpoints (default <biprm cache>/replicate)")
     data_root: str = arg(help="folder holding processbench/, prmbench/, gsm8k/ ... (default $BIPRM_DATA or ../shared/data)",
@@ -79,7 +80,7 @@ class ReplicateConfig:
     save_every: int | None = arg(None, "optimizer steps between checkpoints (preset's if unset)")
 
     def __post_init__(self) -> None:
-        if self.preset == "mechanism":
+        if self.preset.startswith("mechanism"):
             return  # its own study: the mechanism settings fill what is unset
         for f in fields(self):
             if getattr(self, f.name) is None and f.name in PRESETS.get(self.preset, {}):
@@ -115,8 +116,22 @@ class MechanismConfig:
     processbench_rows: int | None = None  # ProcessBench GSM8K rows; None = all 400
     bon_questions: int = 100  # gsm8k_bon_small questions, evenly spaced
     bf16: str = "auto"
+    version: int = 1
+    labels: str = "first-error"  # "own" (version 2): each step labelled by whether it is itself correct
+    keep_roundness: bool = False  # version 2: the wrong value keeps the right one's roundness class
+    # version 2: trained at (lr, epochs) unless the pilot finds no learning there; then at these (docs/MECHANISM.md)
+    fallback_lr: float = 1e-4
+    fallback_epochs: float = 3.0
 
     def __post_init__(self) -> None:
         from biprm.backbones import cache_root  # here, not at import: the CLI lists settings without torch
 
-        self.work_dir = self.work_dir or str(cache_root() / "mechanism")
+        self.work_dir = self.work_dir or str(cache_root() / ("mechanism" if self.version == 1 else f"mechanism-v{self.version}"))
+
+
+# Version 2 (docs/MECHANISM.md, pre-registered): labels each stream can fit, no roundness cue, the paper's lr and
+# epochs (pilot permitting), 3 seeds of every arm, the gate arm `bi-gate-lr0.1` (VARIANTS), no probes.
+MECHANISM_V2 = dict(
+    version=2, out="results/mechanism-v2", labels="own", keep_roundness=True, lr=3e-5, epochs=1.0, probe_seeds=0, test_questions=400,
+    seeds={"l2r": 3, "r2l": 3, "bi-static": 3, "bi": 3, "bi-gate-lr0.1": 3},
+)

@@ -11,10 +11,14 @@ in explicit arithmetic, four rows that differ only at step t (and, for L, after 
     L  a visible slip ("48/2 = 30") that later steps carry consistently ("48+30 = 78"):
        step t is wrong on its own, and the future adds nothing.
 
-Labels follow the first-error convention: 1 before t, 0 from t on (F and L), 1 everywhere
-(R and C). t is drawn uniformly over the eligible steps of each solution, and the wrong
-value has as many characters as the right one, so neither position nor length can tell
-a corrupted row from its clean twin. The paper's mechanism predicts that on F rows the
+Labels (`labels`): version 1 used the first-error convention, 1 before t and 0 from t on
+(F and L), which R2L cannot fit on F rows: after t it reads exactly what it reads in the C
+twin, labelled 1. Version 2 labels each step by whether it is itself correct ("own"): F is
+0 at t only (the later steps are right and reach the right answer), L is 0 from t on (the
+slip is carried into every later result). R and C are 1 everywhere in both. t is drawn
+uniformly over the eligible steps of each solution, and the wrong value has as many
+characters as the right one (version 2: and its roundness class, `roundness`), so neither
+position, length nor roundness can tell a corrupted row from its clean twin. The paper's mechanism predicts that on F rows the
 R2L stream (and so BiPRM) finds step t while L2R can at best flag t+1; on L rows, that
 L2R is enough.
 """
@@ -82,13 +86,25 @@ def _reused_in_arithmetic(later: list[str], value: Decimal) -> bool:
     return False
 
 
-def _same_width_wrong(value: Decimal, like: str, rng: random.Random, taken: set[Decimal]) -> str | None:
+def roundness(value: Decimal) -> tuple[int, int, bool]:
+    """(decimal places, trailing zeros, last non-zero digit is 5) of a value: 24 (0, 0, False), 150 (0, 1, True),
+    12.5 (1, 0, True). Version 1 drew wrong values less round than right ones, which a "rounder number" rule read."""
+    sign, digits, exponent = abs(value).normalize().as_tuple()
+    last = next((d for d in reversed(digits) if d), 0)
+    return max(0, -exponent), max(0, exponent), last == 5
+
+
+def _same_width_wrong(value: Decimal, like: str, rng: random.Random, taken: set[Decimal], keep_roundness: bool = False) -> str | None:
     """A wrong value written with as many characters as `like` (no length cue), or None; a whole
-    value written with decimals ("25.00") stays whole, so the cents give nothing away."""
+    value written with decimals ("25.00") stays whole, so the cents give nothing away. With
+    `keep_roundness` it also has the right value's `roundness`, drawn in steps of its last digit."""
     places = 0 if value == value.to_integral_value() else _places(like)
+    if keep_roundness and places == 0:
+        places = -roundness(value)[1]  # 150 moves in tens
     for _ in range(50):
-        text = _format(_wrong(value, places, rng, taken), like)
-        if len(text) == len(like):
+        wrong = _wrong(value, places, rng, taken)
+        text = _format(wrong, like)
+        if len(text) == len(like) and (not keep_roundness or roundness(wrong) == roundness(value)):
             return text
     return None
 
@@ -102,7 +118,16 @@ def eligible_steps(ref: Trajectory) -> dict[int, list[re.Match[str]]]:
     return out
 
 
-def quadruple(ref: Trajectory, rng: random.Random) -> list[Trajectory] | None:
+def row_labels(kind: str, t: int, n: int, labels: str) -> list[float]:
+    """Step labels of a row of `kind` with its error at step t of n: "first-error" (version 1) or "own" (version 2)."""
+    if kind in "RC":
+        return [1.0] * n
+    if kind == "F" and labels == "own":
+        return [0.0 if k == t else 1.0 for k in range(n)]
+    return labels_from_first_error(t, n)
+
+
+def quadruple(ref: Trajectory, rng: random.Random, labels: str = "first-error", keep_roundness: bool = False) -> list[Trajectory] | None:
     """The R, C, F and L rows of one reference (meta: kind, step, from, to), or None if no step fits."""
     steps = eligible_steps(ref)
     if not steps:
@@ -112,7 +137,7 @@ def quadruple(ref: Trajectory, rng: random.Random) -> list[Trajectory] | None:
     taken = set(_values(ref.question)).union(*map(_values, ref.steps))
     right = _value(m.group())
     for _ in range(10):
-        wrong = _same_width_wrong(right, m.group(), rng, taken)
+        wrong = _same_width_wrong(right, m.group(), rng, taken, keep_roundness)
         if wrong is None:
             return None
         mapping = {right: _value(wrong)}  # grows as each later result is recomputed
@@ -133,19 +158,17 @@ def quadruple(ref: Trajectory, rng: random.Random) -> list[Trajectory] | None:
     n = len(ref.steps)
     rows = []
     for kind in KINDS:
-        first = t if kind in "FL" else -1
-        labels = labels_from_first_error(first, n) if first >= 0 else [1.0] * n
-        meta = {**ref.meta, "kind": kind, "first_error": first, "step": t, "from": m.group(), "to": wrong}
-        rows.append(replace(ref, steps=list(text[kind]), labels=labels, meta=meta))
+        meta = {**ref.meta, "kind": kind, "first_error": t if kind in "FL" else -1, "step": t, "from": m.group(), "to": wrong}
+        rows.append(replace(ref, steps=list(text[kind]), labels=row_labels(kind, t, n, labels), meta=meta))
     return rows
 
 
-def _build(rows: list[dict], name: str, chosen: list[int], seed: int, split: str) -> tuple[list[Trajectory], int]:
+def _build(rows: list[dict], name: str, chosen: list[int], seed: int, split: str, **options) -> tuple[list[Trajectory], int]:
     out, missing = [], 0
     for i in chosen:
         ref = gsm8k_reference(rows[i].get("question"), rows[i].get("answer"), f"{name} row {i + 1}")
         ref.meta |= {"index": i, "group": f"{split}:{i}", "split": split}
-        made = quadruple(ref, random.Random(mix_seed(seed, i)))
+        made = quadruple(ref, random.Random(mix_seed(seed, i)), **options)
         if made is None:
             missing += 1
             continue
@@ -154,7 +177,7 @@ def _build(rows: list[dict], name: str, chosen: list[int], seed: int, split: str
 
 
 def build_mechanism(
-    data_root: str, train_questions: int, valid_questions: int, test_questions: int, seed: int = 1106
+    data_root: str, train_questions: int, valid_questions: int, test_questions: int, seed: int = 1106, **options
 ) -> tuple[dict[str, list[Trajectory]], dict]:
     """{"train", "valid", "test"} rows and a report of the counts.
 
@@ -175,7 +198,7 @@ def build_mechanism(
     sets, report = {}, {"gsm8k_train_removed_as_evaluation": len(train_rows) - len(clean), "seed": seed}
     for split, rows, name, idx in (("train", train_rows, train_name, train_idx), ("valid", train_rows, train_name, valid_idx),
                                    ("test", test_rows, test_name, test_idx)):
-        sets[split], missing = _build(rows, name, idx, mix_seed(seed, ("train", "valid", "test").index(split)), split)
+        sets[split], missing = _build(rows, name, idx, mix_seed(seed, ("train", "valid", "test").index(split)), split, **options)
         steps = [r.meta["step"] for r in sets[split] if r.meta["kind"] == "F"]
         report[split] = {"questions_tried": len(idx), "questions_without_eligible_step": missing, "questions": len(steps),
                          "rows": len(sets[split]), "error_step_histogram": {str(k): steps.count(k) for k in sorted(set(steps))},
@@ -204,7 +227,8 @@ def scores_path(cfg: MechanismConfig, name: str) -> Path:
 
 def load_sets(cfg: MechanismConfig) -> tuple[dict[str, list[Trajectory]], dict[str, Pool], dict]:
     """(trajectories per set, the BoN sub-pools, the data report); the set "bon" holds every sub-pool's candidates."""
-    rows, report = build_mechanism(cfg.data_root, cfg.train_questions, cfg.valid_questions, cfg.test_questions, cfg.data_seed)
+    rows, report = build_mechanism(cfg.data_root, cfg.train_questions, cfg.valid_questions, cfg.test_questions, cfg.data_seed,
+                                   labels=cfg.labels, keep_roundness=cfg.keep_roundness)
     pool = load_pool("gsm8k_bon_small", cfg.data_root, cfg.bon_questions)
     keep = np.isin([t.meta["cand"] for t in pool.trajs], sum(SUBPOOLS.values(), ()))
     pool = Pool(pool.name, [t for t, k in zip(pool.trajs, keep) if k], pool.qid[keep], pool.correct[keep], pool.answer_key[keep])

@@ -30,7 +30,7 @@ from biprm.replication.mechanism import KINDS, load_sets, scores_path
 from biprm.replication.recipe import load_scores
 from biprm.scores import StepScores
 
-GROUPS = ("l2r", "r2l", "bi-static", "bi", "2×L2R", "probe-l2r", "probe-r2l", "probe-bi-static", "probe-bi")
+GROUPS = ("l2r", "r2l", "bi-static", "bi", "bi-gate-lr0.1", "2×L2R", "probe-l2r", "probe-r2l", "probe-bi-static", "probe-bi")
 BON_NS = (2, 3)
 BON_AGGS = ("min", "mean", "last")
 ENDPOINTS = ("P1: F rows, first error exact", "P2: L rows, first error exact")
@@ -42,14 +42,14 @@ FIRST_ERROR_COLUMNS = ("P1: F rows, first error exact", "F rows flagged before t
 DIFFERENCES = (("bi", "l2r"), ("r2l", "l2r"), ("bi", "2×L2R"), ("bi-static", "l2r"), ("bi", "r2l"), ("probe-r2l", "probe-l2r"))
 
 
-def _rows(test: list[Trajectory]) -> dict[str, np.ndarray]:
-    """Row indices of each kind, aligned by question (the builder writes R, C, F, L per question)."""
-    kinds = np.array([t.meta["kind"] for t in test])
+def rows_by_kind(trajs: list[Trajectory]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """({kind: row indices}, step t per question), aligned by question (the builder writes R, C, F, L per question)."""
+    kinds = np.array([t.meta["kind"] for t in trajs])
     rows = {k: np.flatnonzero(kinds == k) for k in KINDS}
-    steps = np.array([t.meta["step"] for t in test])
+    steps = np.array([t.meta["step"] for t in trajs])
     if len({len(r) for r in rows.values()}) != 1 or not all(np.array_equal(steps[rows["R"]], steps[rows[k]]) for k in KINDS):
-        raise ValueError("the test rows are not in R, C, F, L quadruples")
-    return rows
+        raise ValueError("the rows are not in R, C, F, L quadruples")
+    return rows, steps[rows["F"]]
 
 
 def _at(s: StepScores, stream: str, rows: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -76,7 +76,7 @@ def first_error_columns(pred: dict[str, np.ndarray], t: np.ndarray, lowest: np.n
 def run_metrics(sets: dict[str, list[Trajectory]], s: dict[str, StepScores]) -> dict:
     """Per-question arrays ("questions") and per-run values ("values") of one model."""
     test, valid = sets["test"], sets["valid"]
-    rows, t = _rows(test), np.array([x.meta["step"] for x in test if x.meta["kind"] == "F"])
+    rows, t = rows_by_kind(test)
     threshold, _ = tuned_threshold(valid, s["valid"])
     pred = predict_first_error(s["test"].prob(), s["test"].offsets, threshold)
     prob, offsets = s["test"].prob(), s["test"].offsets
@@ -124,19 +124,24 @@ def _ensemble(scores: list[dict[str, StepScores]]) -> dict[str, StepScores]:
     return out
 
 
+def most_frequent_step(train: list[Trajectory], trajs: list[Trajectory]) -> np.ndarray:
+    """Per row, the error step most frequent among the training F rows with its step count (a rule that reads no text)."""
+    by_length: dict[int, Counter] = {}
+    for x in train:
+        if x.meta["kind"] == "F":
+            by_length.setdefault(len(x.steps), Counter())[x.meta["step"]] += 1
+    overall = sum(by_length.values(), Counter()).most_common(1)[0][0]
+    return np.array([by_length[len(t.steps)].most_common(1)[0][0] if len(t.steps) in by_length else overall for t in trajs])
+
+
 def baselines(sets: dict[str, list[Trajectory]]) -> dict[str, dict[str, np.ndarray]]:
     """Per-question values of the rules that read no text, on the test F and L rows."""
-    test, rows = sets["test"], _rows(sets["test"])
-    t = np.array([x.meta["step"] for x in test if x.meta["kind"] == "F"])
+    test = sets["test"]
+    rows, t = rows_by_kind(test)
     n_steps = np.array([len(x.steps) for x in test])[rows["F"]]
     valid = sets["valid"]
     k, _ = tune_flag_step(np.array([len(x.steps) for x in valid]), first_errors(valid))
-    by_length: dict[int, Counter] = {}
-    for x in sets["train"]:
-        if x.meta["kind"] == "F":
-            by_length.setdefault(len(x.steps), Counter())[x.meta["step"]] += 1
-    overall = Counter(x.meta["step"] for x in sets["train"] if x.meta["kind"] == "F").most_common(1)[0][0]
-    prior = np.array([by_length[n].most_common(1)[0][0] if n in by_length else overall for n in n_steps])
+    prior = most_frequent_step(sets["train"], [test[r] for r in rows["F"]])
     rules = {f"flag step k when there are more than k steps (k = {k}, tuned on validation)": flag_step(n_steps, k),
              "most frequent error step for the step count (fitted on training rows)": prior,
              "always 'no error'": np.full(len(t), -1)}
@@ -153,8 +158,11 @@ def _collect(cfg: MechanismConfig) -> dict[str, list[tuple[str, dict[str, StepSc
         if npz.is_file():
             key = ("probe-" if run["heads_only"] else "") + run["mode"]
             groups.setdefault(key, []).append((run["run"], load_scores(npz)))
-    if len(groups.get("l2r", [])) >= 2:
-        groups["2×L2R"] = [("l2r seeds 1106+1107", _ensemble([s for _, s in groups["l2r"][:2]]))]
+    l2r = groups.get("l2r", [])
+    # version 1: l2r seeds 1106 + 1107; version 2: each l2r seed with the next, round the circle, as three seeds
+    pairs = [(0, 1)] if cfg.version == 1 or len(l2r) == 2 else [(i, (i + 1) % len(l2r)) for i in range(len(l2r))]
+    if len(l2r) >= 2:
+        groups["2×L2R"] = [(f"{l2r[i][0]} + {l2r[j][0]}", _ensemble([l2r[i][1], l2r[j][1]])) for i, j in pairs]
     return {g: groups[g] for g in GROUPS if g in groups}
 
 
@@ -198,19 +206,34 @@ def summarise(cfg: MechanismConfig) -> dict:
     lengths = np.array([len("\n".join(t.steps)) for t in test], dtype=float)
     auc_base = {"shorter text is cleaner": separation([-lengths], test)}
 
-    # T1: ProcessBench GSM8K at the validation threshold.
-    pb_trajs = sets["processbench"]
+    pb_table, pb_base = processbench_tables(sets, metrics)
+    bon = bon_tables(pools, groups)
+
+    return {"data": data, "groups": {g: [name for name, _ in runs] for g, runs in groups.items()}, "first_error": table,
+            "first_error_baselines": base, "differences": diffs, "s1": s1, "sigma": sigma, "sigma_curves": curves,
+            "auc": auc_table, "auc_baselines": auc_base, "processbench": pb_table, "processbench_baselines": pb_base, "bon": bon,
+            "verdict": verdict(diffs, {g: len(runs) for g, runs in groups.items()}, cfg.seeds)}
+
+
+def processbench_tables(sets: dict[str, list[Trajectory]], metrics: dict[str, list[dict]]) -> tuple[dict, dict]:
+    """T1: ProcessBench GSM8K F1 at each run's validation threshold, and the rules that read no text."""
+    pb_trajs, valid = sets["processbench"], sets["valid"]
     label = first_errors(pb_trajs)
+
     def f1_of(preds: list[np.ndarray]) -> dict:
         return bootstrap_statistic(lambda idx: float(np.nanmean([processbench_scores(p[idx], label[idx])["f1"] for p in preds])),
                                    len(label), resamples=300)
+
     pb_table = {g: f1_of([m["values"]["pb_pred"] for m in ms]) for g, ms in metrics.items()}
     n_steps = np.array([len(t.steps) for t in pb_trajs])
     k = flag_step_rule(pb_trajs, valid)["k"]
     pb_base = {"always 'no error'": f1_of([np.full(len(label), -1)]), "always step 0": f1_of([np.zeros(len(label), dtype=np.int64)]),
                f"flag step k when there are more than k steps (k = {k}, tuned on validation)": f1_of([flag_step(n_steps, k)])}
+    return pb_table, pb_base
 
-    # T2: Best-of-N on the one-style sub-pools, random n-subsets.
+
+def bon_tables(pools: dict[str, Pool], groups: dict[str, list]) -> dict:
+    """T2: Best-of-N on the one-style sub-pools, random n-subsets, beside the scorers that read no text."""
     bon = {}
     all_pool = pools["all"]
     cand = np.array([t.meta["cand"] for t in all_pool.trajs])
@@ -230,11 +253,7 @@ def summarise(cfg: MechanismConfig) -> dict:
             if "bi" in rows_by_group and "l2r" in rows_by_group:
                 per_style[how]["bi − l2r"] = paired_difference(100 * rows_by_group["bi"], 100 * rows_by_group["l2r"])
         bon[style] = {"questions": int(len(np.unique(pool.qid))), "candidates": len(pool.trajs), "by_aggregation": per_style}
-
-    return {"data": data, "groups": {g: [name for name, _ in runs] for g, runs in groups.items()}, "first_error": table,
-            "first_error_baselines": base, "differences": diffs, "s1": s1, "sigma": sigma, "sigma_curves": curves,
-            "auc": auc_table, "auc_baselines": auc_base, "processbench": pb_table, "processbench_baselines": pb_base, "bon": bon,
-            "verdict": verdict(diffs, {g: len(runs) for g, runs in groups.items()}, cfg.seeds)}
+    return bon
 
 
 def verdict(diffs: dict, finished: dict[str, int], planned: dict[str, int]) -> str:
@@ -295,7 +314,14 @@ def format_report(r: dict) -> str:
 def write_report(cfg: MechanismConfig) -> dict:
     out = Path(cfg.out)
     if not (out / "meta.json").is_file():
-        raise FileNotFoundError(f"{out}/meta.json not found: run `biprm replicate --preset mechanism` first")
+        raise FileNotFoundError(f"{out}/meta.json not found: run `biprm replicate --preset mechanism{'' if cfg.version == 1 else '-v2'}` first")
+    if cfg.version >= 2:
+        from biprm.replication import mechanism_v2_report  # it builds on this module's tables
+
+        result = mechanism_v2_report.summarise(cfg)
+        write_json(out / "results.json", result)
+        (out / "report.md").write_text(mechanism_v2_report.format_report(result))
+        return result
     result = summarise(cfg)
     if result["sigma_curves"]:
         plot_curves(str(out / "sigma_by_position.png"), result["sigma_curves"], "σ (weight on L2R)",

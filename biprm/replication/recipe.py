@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -87,7 +87,10 @@ def check_study(cfg: ReplicateConfig | Any) -> None:
     path = Path(cfg.out) / "meta.json"
     if not path.is_file():
         return
-    diff = changes(study(json.loads(path.read_text())["config"]), study(asdict(cfg)))
+    recorded = study(json.loads(path.read_text())["config"])
+    defaults = {f.name: f.default for f in fields(cfg)}
+    now = {k: v for k, v in study(asdict(cfg)).items() if k in recorded or v != defaults.get(k)}  # a setting added since, at its default, is no change
+    diff = changes(recorded, now)
     if diff:
         raise ValueError(f"{cfg.out} holds the runs of another study ({'; '.join(diff)}); pass another --out, or remove it to start over")
 
@@ -97,15 +100,11 @@ def start(cfg: ReplicateConfig | Any) -> tuple[Path, Path, bool]:
     every core is used, and bf16 is picked where the machine multiplies it natively."""
     check_study(cfg)
     torch.set_num_threads(os.cpu_count() or 1)
-    _malloc(lambda libc: libc.mallopt(M_MMAP_THRESHOLD, 1 << 20))
     out, work = Path(cfg.out), Path(cfg.work_dir)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     fast = {"auto": bf16_is_fast(), "yes": True, "no": False}[cfg.bf16]
     log.info("precision: %s", "bf16 autocast, fp32 master weights" if fast else "fp32")
     return out, work, fast
-
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
 def _malloc(call: Callable[[ctypes.CDLL], Any]) -> None:
@@ -119,10 +118,12 @@ def _malloc(call: Callable[[ctypes.CDLL], Any]) -> None:
 def release_memory() -> None:
     """Give the memory of what a study has dropped (a backbone, a run's models) back to the system.
 
-    A study builds and drops a model per run. glibc keeps freed blocks for reuse, and by default it
-    raises its mmap threshold after each large free, so every run's tensors come from a heap that
-    never shrinks: the quick preset grew by about 0.7 GB per run. `start` fixes the threshold at
-    1 MiB, so large tensors are unmapped when freed, and this trims what the heap still holds.
+    A study builds and drops a model per run. glibc keeps freed blocks for reuse, and it raises its
+    mmap threshold after each large free, so every run's tensors come from a heap that never shrinks
+    by itself: the quick preset grew by about 0.7 GB per run. malloc_trim, between runs, hands the
+    heap's free pages back. Pinning the threshold low instead (1 MiB, as this once did) maps every
+    tensor of 1-32 MiB fresh and faults it in page by page: a third of a study's CPU time went to the
+    kernel (docs/REPLICATION.md).
     """
     gc.collect()
     _malloc(lambda libc: libc.malloc_trim(0))
@@ -217,7 +218,7 @@ def report_only(cfg: ReplicateConfig) -> dict:
 
 
 def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, bf16: bool, trajs: list[Trajectory],
-              heads_only: bool = False) -> tuple[BiPRMModel, dict]:
+              heads_only: bool = False, callbacks: list | None = None) -> tuple[BiPRMModel, dict]:
     """(the trained model, its log) of one run, trained by `biprm train` on the study's trunk cache.
 
     The seed is set before the model is built, so it fixes the value head's and the gate's
@@ -234,7 +235,7 @@ def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, b
             resume=run_dir.is_dir(), gate_lr_scale=cfg.gate_lr_scale, detach_gate_inputs=getattr(cfg, "detach_gate_inputs", False),
             aux_loss_weight=getattr(cfg, "aux_loss_weight", 0.0), train_top_layers=cfg.top_layers, heads_only=heads_only,
             trunk_cache_dir=str(Path(cfg.work_dir) / "trunk"),
-        ), trajectories=trajs)
+        ), callbacks=callbacks, trajectories=trajs)
         for checkpoint in run_dir.glob("checkpoint-*"):
             shutil.rmtree(checkpoint)
         release_memory()  # the Trainer's copy goes before the final model loads
