@@ -49,9 +49,8 @@ def cmd_demo(cfg: DemoConfig) -> None:
 
 def cmd_replicate(cfg: ReplicateConfig) -> None:
     if cfg.preset.startswith("mechanism"):
-        from biprm.replication.mechanism_report import write_report
         from biprm.replication.config import MECHANISM_V2, MechanismConfig
-        from biprm.replication.mechanism_study import run_study
+        from biprm.replication.mechanism_study import run_study, write_report
 
         given = dict(out=cfg.out, work_dir=cfg.work_dir, data_root=cfg.data_root, bf16=cfg.bf16, top_layers=cfg.top_layers)
         preset = MECHANISM_V2 if cfg.preset == "mechanism-v2" else {}

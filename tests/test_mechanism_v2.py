@@ -122,7 +122,7 @@ def test_the_verdict_rule_is_the_papers_predictions():
 @pytest.mark.slow
 def test_toy_mechanism_v2_study_pilots_runs_resumes_and_reports(data_dir, tmp_path):
     from biprm.replication.config import MECHANISM_V2, MechanismConfig
-    from biprm.replication.mechanism_report import write_report
+    from biprm.replication.mechanism_study import write_report
     from biprm.replication.mechanism_study import run_study
 
     cfg = MechanismConfig(**MECHANISM_V2 | dict(

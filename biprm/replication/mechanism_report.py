@@ -311,17 +311,17 @@ def format_report(r: dict) -> str:
     return "\n\n".join(md) + "\n"
 
 
-def write_report(cfg: MechanismConfig) -> dict:
+def check_meta(cfg: MechanismConfig) -> Path:
+    """The study's output folder, once a run has written what every report reads."""
     out = Path(cfg.out)
     if not (out / "meta.json").is_file():
         raise FileNotFoundError(f"{out}/meta.json not found: run `biprm replicate --preset mechanism{'' if cfg.version == 1 else '-v2'}` first")
-    if cfg.version >= 2:
-        from biprm.replication import mechanism_v2_report  # it builds on this module's tables
+    return out
 
-        result = mechanism_v2_report.summarise(cfg)
-        write_json(out / "results.json", result)
-        (out / "report.md").write_text(mechanism_v2_report.format_report(result))
-        return result
+
+def write_report(cfg: MechanismConfig) -> dict:
+    """Version 1's report (version 2's is `mechanism_v2_report.write_report`, which builds on this module's tables)."""
+    out = check_meta(cfg)
     result = summarise(cfg)
     if result["sigma_curves"]:
         plot_curves(str(out / "sigma_by_position.png"), result["sigma_curves"], "σ (weight on L2R)",

@@ -43,7 +43,8 @@ from biprm.modeling import from_backbone
 from biprm.analysis.plots import position_curve
 from biprm.replication.config import VARIANTS, MechanismConfig
 from biprm.replication.mechanism import load_sets, scores_path
-from biprm.replication.mechanism_report import rows_by_kind, write_report
+from biprm.replication import mechanism_report, mechanism_v2_report
+from biprm.replication.mechanism_report import rows_by_kind
 from biprm.replication.mechanism_v2 import below_every_clean_step, chance_below_every_clean_step
 from biprm.replication.recipe import load_scores, release_memory, save_scores, start, study_key, train_run
 from biprm.scores import StepScores
@@ -191,3 +192,8 @@ def run_study(cfg: MechanismConfig) -> None:
         if not ((out / "runs" / f"{run.name}.json").exists() and scores_path(cfg, run.name).exists()):
             train_and_score(cfg, run, sets, caches, fast)
             write_report(cfg)
+
+
+def write_report(cfg: MechanismConfig) -> dict:
+    """The report of the study's version, from the logits in its output folder."""
+    return (mechanism_v2_report if cfg.version >= 2 else mechanism_report).write_report(cfg)

@@ -18,6 +18,7 @@ from biprm.analysis.common import first_errors, markdown_table
 from biprm.data.trajectory import Trajectory
 from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
 from biprm.metrics.processbench import flag_step, tune_flag_step
+from biprm.evaluation.common import write_json
 from biprm.replication.config import MechanismConfig
 from biprm.replication.mechanism import KINDS, load_sets, row_labels
 from biprm.replication.mechanism_report import (
@@ -25,6 +26,7 @@ from biprm.replication.mechanism_report import (
     _cell,
     _collect,
     bon_tables,
+    check_meta,
     most_frequent_step,
     processbench_tables,
     rows_by_kind,
@@ -204,3 +206,11 @@ def format_report(r: dict) -> str:
                               [[run, str(e["step"]), *(("–" if m is None else f"{m:.3f}") for m in e["mean"])] for e in (lines[0], lines[-1])])
                for run, lines in r["sigma_during_training"].items()]
     return "\n\n".join(md) + "\n"
+
+
+def write_report(cfg: MechanismConfig) -> dict:
+    out = check_meta(cfg)
+    result = summarise(cfg)
+    write_json(out / "results.json", result)
+    (out / "report.md").write_text(format_report(result))
+    return result
