@@ -243,7 +243,8 @@ class Collector:
                 parts.append(value.detach())
 
     def scores(self) -> StepScores:
-        spec, dest, out = MODE_TABLE[self.mode], np.concatenate([[], *self.dest]).astype(np.int64), {}
+        spec, out = MODE_TABLE[self.mode], {}
+        dest = np.concatenate(self.dest) if self.dest else np.zeros(0, dtype=np.int64)
         for key, parts in self.parts.items():
             out[key] = np.zeros(self.offsets[-1])
             if parts:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -106,8 +107,6 @@ def head_dtypes(folder: Path) -> set[str]:
 
 def resumed(cfg: CheckConfig, command: list[str], run: Path, out: Path) -> Item:
     """Delete the last checkpoint and the final model, resume, and compare with the uninterrupted weights."""
-    import shutil
-
     before = weights(run)
     shutil.rmtree(run / "checkpoint-3")
     for f in [run / "config.json", *run.glob("*.safetensors")]:
