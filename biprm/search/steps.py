@@ -1,0 +1,22 @@
+"""The one splitter between a policy's text and a PRM's steps.
+
+The policy writes steps separated by the search's step token (kept in the text it
+generates, so a continued prefix reads as the policy wrote it); the PRM reads the
+same text cut at that token, with the token itself stripped. Generation and scoring
+both go through these two functions, so they can never cut a solution differently.
+"""
+from __future__ import annotations
+
+STEP_TOKEN = "\n\n"
+
+
+def split_steps(text: str, step_token: str = STEP_TOKEN) -> list[str]:
+    """Steps of a (partial) solution; pieces that hold only whitespace are not steps."""
+    if not step_token:
+        raise ValueError("the step token must not be empty")
+    return [piece.strip() for piece in text.split(step_token) if piece.strip()]
+
+
+def join_steps(steps: list[str], step_token: str = STEP_TOKEN) -> str:
+    """The text of a partial solution as the policy continues it: every step closed by the token."""
+    return "".join(step + step_token for step in steps)
