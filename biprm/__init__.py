@@ -2,7 +2,7 @@
 
 Data flows one way: raw rows -> Trajectory -> encoded L2R/R2L pieces (the `data`
 wing) -> one packed batch (packing) -> per-step outputs (modeling) -> solution
-scores (aggregate) -> metrics and reports (metrics, analysis, evaluation).
+scores (the `scoring` wing) -> metrics and reports (metrics, analysis, evaluation).
 
 The names below load on first use, so `biprm --help` does not pay for torch.
 `import biprm.modeling` registers the architecture with `AutoModel`. The training
@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "BiPRMConfig": "biprm.modeling", "BiPRMModel": "biprm.modeling", "from_backbone": "biprm.modeling",
-    "StepScores": "biprm.scores", "Scorer": "biprm.scoring", "TrainConfig": "biprm.config", "train": "biprm.training",
+    "StepScores": "biprm.scoring.step_scores", "Scorer": "biprm.scoring.scorer", "TrainConfig": "biprm.config", "train": "biprm.training",
     "BiPRMTrainer": "biprm.training",
     "DataError": "biprm.data.trajectory", "Trajectory": "biprm.data.trajectory",
 }

@@ -34,7 +34,7 @@ def cmd_train(cfg: TrainConfig) -> None:
 
 
 def cmd_score(cfg: ScoreConfig) -> None:
-    from biprm.score_file import score_file
+    from biprm.scoring.score_file import score_file
 
     n = score_file(cfg.model, cfg.input, cfg.output, fmt=cfg.format, skip_invalid=cfg.skip_invalid, settings=cfg, chunk=cfg.chunk,
                    resume=cfg.resume)

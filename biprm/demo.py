@@ -23,8 +23,8 @@ from biprm.data.synthetic import make_bon_pools, make_dataset
 from biprm.data.writer import write_trajectories
 from biprm.metrics.bon import bon_table
 from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step, tune_threshold
-from biprm.scores import StepScores
-from biprm.scoring import Scorer
+from biprm.scoring.step_scores import StepScores
+from biprm.scoring.scorer import Scorer
 from biprm.data.trajectory import Trajectory
 from biprm.training import train
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from biprm.config import OBJECTIVES
 
 
-def _segments(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _step_index(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Trajectory id and in-trajectory position of every flat step."""
     lengths = offsets[1:] - offsets[:-1]
     traj = torch.repeat_interleave(torch.arange(len(lengths), device=offsets.device), lengths)
@@ -21,7 +21,7 @@ def _segments(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _trajectory_mean(per_step: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    traj, _ = _segments(offsets)
+    traj, _ = _step_index(offsets)
     sums = torch.zeros(len(offsets) - 1, device=per_step.device).index_add(0, traj, per_step)
     return (sums / (offsets[1:] - offsets[:-1])).mean()
 
@@ -52,7 +52,7 @@ def qrank_loss(
     """
     r = logits.float()
     correct = labels >= 0.5
-    traj, pos = _segments(offsets)
+    traj, pos = _step_index(offsets)
     B, T = len(offsets) - 1, int((offsets[1:] - offsets[:-1]).max())
     # A finite stand-in for -inf: exp() of it is exactly 0, and no gradient turns into NaN.
     absent = torch.full_like(r, _ABSENT)

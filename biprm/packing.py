@@ -23,6 +23,7 @@ index: `r2l_index[n]` is the tag of the same step as `l2r_index[n]`.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -30,8 +31,8 @@ import numpy as np
 import torch
 
 from biprm.config import MODE_TABLE
-from biprm.data.encoding import Encoded
-from biprm.scores import offsets_of
+from biprm.data.encoding import Encoded, tag_ends
+from biprm.scoring.step_scores import offsets_of
 
 @dataclass
 class _Unit:
@@ -54,11 +55,9 @@ class _Segment(NamedTuple):
 
 def _continuation(enc: Encoded, stream: str, shared: bool) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of one stream after the prefix, and the offset of each step's tag (forward order)."""
-    order = enc.steps if stream == "l2r" else enc.steps[::-1]
     head = [] if shared else enc.prompt
-    ids = np.array(head + [i for s in order for i in s], dtype=np.int64)
-    ends = len(head) + np.cumsum([len(s) for s in order]) - 1
-    return ids, ends if stream == "l2r" else ends[::-1]
+    ids = np.array(head + enc.continuation(stream), dtype=np.int64)
+    return ids, tag_ends([len(s) for s in enc.steps], stream, len(head))
 
 
 def _units(encs: list[Encoded], streams: tuple[str, ...], share_prefix: bool, max_tokens: int | None) -> list[_Unit]:
@@ -87,8 +86,25 @@ def _units(encs: list[Encoded], streams: tuple[str, ...], share_prefix: bool, ma
     return units
 
 
+def token_runs(sizes: Sequence[int], budget: int | None, padded: bool = True, start: int = 0) -> list[tuple[int, int]]:
+    """[a, b) runs of consecutive items from `start`, each within `budget` tokens and at least one item long;
+    None: one run. A run costs its items times its widest item when `padded` (rows padded to one width), else
+    the sum of its sizes (real tokens). Callers sort the items by length first, so little is padding.
+
+    The one batching rule of scoring, the prompt cache's calls and the trunk cache (build, scoring, micro-batches).
+    `_bins` is the other shape: it fills rows with units in any order, which consecutive runs cannot."""
+    runs, a, used, widest = [], start, 0, 0
+    for b in range(start, len(sizes)):
+        used, widest = used + sizes[b], max(widest, sizes[b])
+        if b > a and budget is not None and ((b - a + 1) * widest if padded else used) > budget:
+            runs.append((a, b))
+            a, used, widest = b, sizes[b], sizes[b]
+    return runs + [(a, len(sizes))] if a < len(sizes) else runs
+
+
 def _bins(sizes: list[int], capacity: int | None) -> list[list[int]]:
-    """First-fit-decreasing bin packing of item indices; one item per bin when capacity is None."""
+    """First-fit-decreasing bin packing of item indices; one item per bin when capacity is None. Units of
+    every length share a row here, so a row is filled by whatever fits its gap, not by the next in order."""
     if capacity is None:
         return [[k] for k in range(len(sizes))]
     bins: list[list[int]] = []
@@ -186,11 +202,7 @@ def pack_cached(
     batch = _layout([[seg] for _, seg in conts], encs, streams, pad_id)
     del batch["stream_ids"]  # one continuation per row: the unit ids say all
     widths = [len(seg.ids) for _, seg in conts]
-    chunks = [0]
-    for r in range(1, len(widths)):
-        if max_tokens is not None and (r - chunks[-1] + 1) * widths[chunks[-1]] > max_tokens:
-            chunks.append(r)
-    chunks.append(len(widths))
+    chunks = [a for a, _ in token_runs(widths, max_tokens)] + [len(widths)]
     lengths = [len(p) for p in prompts]
     prefix_ids = np.full((len(prompts), max(lengths)), pad_id, dtype=np.int64)
     for prompt, q in prompts.items():

@@ -30,10 +30,9 @@ from biprm.config import TrainConfig
 from biprm.checkpoint import share, stamp, write_model_card
 from biprm.data.arrow import encoded_dataset, streamed_dataset, to_encoded
 from biprm.run_folder import RECORD, finished, plan, publish, run_record, start, undone_if_nothing_trained
-from biprm.data.encoding import Encoder
+from biprm.data.encoding import Encoded, Encoder
 from biprm.lora import save_merged, with_lora
 from biprm.data.readers import check_source
-from biprm.data.trajectory import Trajectory
 from biprm.modeling import BiPRMModel, from_backbone
 from biprm.packing import pack
 from biprm.trunk import TrunkCache, TrunkCollator, TrunkData, freeze_bottom
@@ -240,11 +239,11 @@ def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0) -> 
         )
 
 
-def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, trajectories: list[Trajectory] | None = None) -> str:
-    """Train one model into `cfg.output_dir`; `trajectories`, if given, are the data instead of `cfg.data`
-    (they need the trunk cache: --train-top-layers)."""
+def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, encoded: list[Encoded] | None = None) -> str:
+    """Train one model into `cfg.output_dir`; `encoded`, if given, is the data instead of `cfg.data`: a study's
+    training set, encoded once for all its runs with this backbone's tokenizer (it needs the trunk cache: --train-top-layers)."""
     set_seed(cfg.seed)  # before the model is built: the seed fixes every new weight
-    if trajectories is None:
+    if encoded is None:
         check_source(cfg.data)
     if cfg.deepspeed:
         check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r)
@@ -283,10 +282,10 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, traj
     encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
     if cfg.train_top_layers and cfg.trunk_cache:
         # computed where training runs (the Trainer would move the model there next), not on the CPU of a GPU node
-        train_set, fingerprint = trunk_set(cfg, model.to(args.device), encoder, trajectories)
+        train_set, fingerprint = trunk_set(cfg, model.to(args.device), encoder, encoded)
         eval_set = None
-    elif trajectories is not None:
-        raise ValueError("training on trajectories given in Python needs the trunk cache (--train-top-layers K)")
+    elif encoded is not None:
+        raise ValueError("training on encodings given in Python needs the trunk cache (--train-top-layers K)")
     elif cfg.streaming:
         data = streamed_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid)
         train_set, eval_set, fingerprint = data, None, f"stream:{cfg.data}"
@@ -332,15 +331,18 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, traj
     return cfg.output_dir
 
 
-def trunk_set(cfg: TrainConfig, model: BiPRMModel, encoder: Encoder, trajectories: list[Trajectory] | None) -> tuple[TrunkData, str]:
+def trunk_set(cfg: TrainConfig, model: BiPRMModel, encoder: Encoder, encoded: list[Encoded] | None) -> tuple[TrunkData, str]:
     """(the training rows as features of the frozen trunk, their fingerprint). The features are computed
     once into the on-disk cache, which every run cutting the same weights at the same layer shares."""
     if cfg.eval_fraction or cfg.streaming:
         raise ValueError("--train-top-layers trains on the trunk cache, which takes no --eval-fraction or --streaming; add --no-trunk-cache")
-    if trajectories is None:
+    if encoded is None:
         encs = [to_encoded(r) for r in encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)]
     else:
-        encs = [encoder.encode(t, f"row {i + 1}") for i, t in enumerate(trajectories)]
+        encs = encoded
+        bad = next((i for i, e in enumerate(encs) if e.n_tokens > encoder.max_length or any(s[-1] != encoder.step_tag_id for s in e.steps)), None)
+        if bad is not None:
+            raise ValueError(f"encoded row {bad + 1} was not encoded for this model (step tag {encoder.step_tag_id}, max_length {encoder.max_length})")
     root = cfg.trunk_cache_dir or cache_root() / "trunk"
     cache = TrunkCache(root, model, cfg.train_top_layers, encs, dtype=torch.bfloat16 if cfg.bf16 else None).build(progress=cfg.show_progress)
     labels = [e.labels for e in encs]

@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,10 +37,12 @@ import torch
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from biprm.data.encoding import Encoded
+from biprm.data.encoding import Encoded, tag_ends
+from biprm.data.writer import atomic_write
 from biprm.modeling import BiPRMModel, split
-from biprm.scores import StepScores, offsets_of
-from biprm.scoring import Collector
+from biprm.packing import token_runs
+from biprm.scoring.step_scores import StepScores, offsets_of
+from biprm.scoring.scorer import Collector
 
 _STORE = {torch.float32: np.float32, torch.bfloat16: np.uint16, torch.float16: np.float16}  # bf16 kept as raw bits
 
@@ -93,9 +94,7 @@ class Layout:
         order = np.argsort(sizes, kind="stable")
         starts = np.empty(len(encs), dtype=np.int64)
         starts[order] = np.concatenate([[0], np.cumsum(sizes[order])[:-1]])
-        tokens = np.fromiter(
-            (t for i in order for piece in (encs[i].prompt, *encs[i].steps, *encs[i].steps[::-1]) for t in piece), dtype=np.int64
-        )
+        tokens = np.fromiter((t for i in order for t in encs[i].stream("l2r") + encs[i].continuation("r2l")), dtype=np.int64)
         return cls(
             tokens=tokens,
             starts=starts,
@@ -122,9 +121,7 @@ class Layout:
         C = int(lengths.sum())
         start = o + P if stream == "l2r" else o + P + C
         rows = np.concatenate([np.arange(o, o + P), np.arange(start, start + C)])
-        order = lengths if stream == "l2r" else lengths[::-1]
-        ends = P + np.cumsum(order) - 1
-        return rows, ends if stream == "l2r" else ends[::-1]
+        return rows, tag_ends(lengths, stream, P)
 
 
 class TrunkCache:
@@ -186,7 +183,7 @@ class TrunkCache:
                 for k, (r, _) in enumerate(rows):
                     out[r] = _to_store(hidden[k, : len(r)].to(self.dtype))
                 out.flush()
-                _atomic_text(state, json.dumps({"done": b}))
+                atomic_write(state, lambda f: f.write(json.dumps({"done": b}).encode()))
                 bar.update(b - a)
         (self.dir / "done").write_text("ok\n")
 
@@ -272,12 +269,7 @@ MICRO_TOKENS = 4096  # feature rows (both streams, padded) per backward pass: bo
 
 def micro_batches(sizes: np.ndarray, batch: np.ndarray, budget: int = MICRO_TOKENS) -> list[np.ndarray]:
     """`batch` cut into consecutive parts of at most `budget` padded feature rows (at least one trajectory each)."""
-    parts, start = [], 0
-    for end in range(1, len(batch) + 1):
-        if end - start > 1 and (end - start) * sizes[batch[start:end]].max() > budget:
-            parts.append(batch[start : end - 1])
-            start = end - 1
-    return parts + [batch[start:]]
+    return [batch[a:b] for a, b in token_runs(sizes[batch], budget)]
 
 
 @dataclass
@@ -301,13 +293,8 @@ class TrunkCollator:
 
 
 def _runs(sizes: np.ndarray, start: int, budget: int) -> list[tuple[int, int]]:
-    """[a, b) runs of the (ascending) `sizes` from `start`, each within `budget` tokens counted with padding."""
-    runs, a = [], start
-    for b in range(start + 1, len(sizes) + 1):
-        if b - a > 1 and 2 * (b - a) * sizes[b - 1] > budget:
-            runs.append((a, b - 1))
-            a = b - 1
-    return runs + [(a, len(sizes))] if a < len(sizes) else runs
+    """[a, b) runs of the (ascending) `sizes` from `start` within `budget` tokens: two padded rows per trajectory."""
+    return token_runs(2 * sizes, budget, start=start)
 
 
 def _pad(rows: list[np.ndarray]) -> torch.Tensor:
@@ -331,10 +318,3 @@ def _to_store(x: torch.Tensor) -> np.ndarray:
 def _from_store(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     t = torch.from_numpy(np.ascontiguousarray(a))
     return t.view(torch.int16).view(torch.bfloat16) if dtype == torch.bfloat16 else t
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-

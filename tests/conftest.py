@@ -38,6 +38,16 @@ def scored(scorer, trajs):
     return scorer.score(encs, progress=False)
 
 
+def study_encoder(max_length: int):
+    """The encoder a study builds once for all its runs (`replication.recipe.prepare`): the tiny backbone's
+    tokenizer with the step tag added."""
+    from biprm.backbones import load_tokenizer, resolve_backbone
+    from biprm.data.encoding import Encoder, add_step_tag
+
+    tokenizer = load_tokenizer(resolve_backbone("tiny"))
+    return Encoder(tokenizer, add_step_tag(tokenizer), max_length)
+
+
 def weights(path: Path) -> dict:
     """The tensors of `path`/model.safetensors."""
     from safetensors.torch import load_file

@@ -2,8 +2,7 @@
 import numpy as np
 import pytest
 
-from biprm.aggregate import aggregate, log_sigmoid, logit, mean_of_probabilities, sigmoid
-from biprm.scores import StepScores, step_positions
+from biprm.scoring.aggregate import aggregate, log_sigmoid, logit, mean_of_probabilities, sigmoid
 
 # step probabilities: trajectory 0: [0.9, 0.2, 0.8]; trajectory 1: [0.5]; trajectory 2: [0.6, 0.7]
 VALUES = np.array([0.9, 0.2, 0.8, 0.5, 0.6, 0.7])
@@ -56,14 +55,5 @@ def test_bad_inputs():
         aggregate(VALUES, OFFSETS, "median")
     with pytest.raises(ValueError, match="at least one step"):
         aggregate(VALUES, np.array([0, 3, 3, 6]), "min")
-
-
-def test_step_scores_select_and_positions():
-    scores = StepScores.from_probs(OFFSETS, VALUES, sigma=VALUES * 0)
-    np.testing.assert_array_equal(step_positions(OFFSETS, [2, 0]), [4, 5, 0, 1, 2])
-    sub = scores.select([2, 0])
-    np.testing.assert_array_equal(sub.offsets, [0, 2, 5])
-    np.testing.assert_allclose(sub.prob(), [0.6, 0.7, 0.9, 0.2, 0.8])
-    np.testing.assert_allclose(sub.of(1), [0.9, 0.2, 0.8])
-    np.testing.assert_allclose(sub.solution_scores("min"), [0.6, 0.2])
-    assert sub.l2r is None and len(sub.sigma) == 5
+    with pytest.raises(ValueError, match=r"offsets must run from 0 to len\(values\)=6"):  # steps no trajectory owns
+        aggregate(VALUES, np.array([0, 3, 4]), "min")

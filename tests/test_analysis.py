@@ -19,7 +19,7 @@ from biprm.analysis import (
     sigma_by_position,
 )
 from biprm.data.trajectory import Trajectory
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 
 def scores(*streams):

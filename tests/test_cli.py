@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from biprm.aggregate import AGGREGATIONS
+from biprm.scoring.aggregate import AGGREGATIONS
 from biprm.cli import main
 from biprm.training import TrainConfig, train
 
@@ -59,8 +59,8 @@ def test_score_to_stdout_carries_every_input_field(checkpoint, tmp_path, capsys)
 
 def test_score_schema_is_the_same_for_every_mode(tmp_path):
     from biprm.data.trajectory import Trajectory
-    from biprm.scores import StepScores
-    from biprm.scores import score_rows
+    from biprm.scoring.step_scores import StepScores
+    from biprm.scoring.step_scores import score_rows
 
     trajs = [Trajectory("q", ["a", "b"])]
     l2r = StepScores(offsets=[0, 2], fused=[0.5, 0.25], l2r=[0.5, 0.25])

@@ -21,7 +21,7 @@ from biprm.data.template import STEP_TAG
 from biprm.data.trajectory import DataError
 from biprm.evaluation.data import balanced_slice, gsm8k_bon_small, load_pool, spread
 from biprm.evaluation.models import ScoreSource, ablation_sources, checkpoint_sources, score_sources
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 from biprm.scoring import Scorer
 from biprm.training import TrainConfig, train
 

@@ -12,6 +12,7 @@ from biprm.replication.data import gsm8k_reference
 from biprm.replication.mechanism import KINDS, eligible_steps, quadruple
 from biprm.replication.recipe import train_run
 from biprm.trunk import TrunkCache
+from conftest import study_encoder
 
 ANSWER = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
 QUESTION = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did she sell altogether?"
@@ -67,7 +68,8 @@ def _trained_weights(seed: int, tmp_path) -> dict[str, torch.Tensor]:
              Trajectory("What is 2+3?", ["2+3 = 6", "The answer is 6."], [0.0, 0.0])] * 4
     cfg = MechanismConfig(work_dir=str(tmp_path / "work"), backbone="tiny", top_layers=1, lr=1e-3, epochs=1.0, batch_size=2,
                           warmup_ratio=0.0, save_every=100)
-    model, _ = train_run(cfg, "bi", seed, tmp_path / f"run{seed}-{len(list(tmp_path.glob('run*')))}", False, trajs)
+    encs = [study_encoder(cfg.max_length).encode(t) for t in trajs]
+    model, _ = train_run(cfg, "bi", seed, tmp_path / f"run{seed}-{len(list(tmp_path.glob('run*')))}", False, encs)
     freeze_bottom(model, 1)  # what the run trained: the top layer, the value head and the gate
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 

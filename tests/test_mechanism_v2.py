@@ -11,7 +11,7 @@ import pytest
 from biprm.data.trajectory import Trajectory
 from biprm.replication.mechanism import quadruple, roundness, row_labels
 from biprm.replication import mechanism_v2 as v2
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 from test_mechanism import natalia
 
 

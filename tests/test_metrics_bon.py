@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from biprm.aggregate import logit, sigmoid
+from biprm.scoring.aggregate import logit, sigmoid
 from biprm.metrics.bon import (
     best_of,
     bon_at_n,

@@ -79,15 +79,6 @@ def test_prefix_sharing_and_packing_preserve_scores(backbone, mode):
     np.testing.assert_allclose(alone.prob(), plain.of(3), atol=1e-4)
 
 
-@pytest.mark.parametrize("mode", ["l2r", "r2l", "bi", "bi-static"])
-def test_prefix_cache_matches_plain_scoring(backbone, mode):
-    """Prompts encoded once into a KV cache, continuations in length-sorted chunks: same scores in fp32."""
-    model, tok = make(backbone, mode)
-    plain = scored(Scorer(model, tok, share_prefix=False, tokens_per_row=None), CANDIDATES)
-    for kw in [{}, {"tokens_per_call": 40}, {"tokens_per_call": 1, "tokens_per_batch": 60}]:
-        assert_same_scores(plain, scored(Scorer(model, tok, prefix_cache=True, **kw), CANDIDATES))
-
-
 def test_prefix_cache_calls_the_backbone_once_for_prompts_then_once_per_chunk(backbone):
     model, tok = make(backbone, "bi")
     encs = [Encoder(tok, model.config.step_tag_id).encode(t) for t in CANDIDATES]
@@ -100,17 +91,6 @@ def test_prefix_cache_calls_the_backbone_once_for_prompts_then_once_per_chunk(ba
         model.score_with_prefix(**batch)
     handle.remove()
     assert len(batch["chunks"]) > 2 and len(calls) == 1 + len(batch["chunks"]) - 1
-
-
-def test_prompt_cache_is_picked_for_pools_with_many_candidates_per_question(backbone):
-    model, tok = make(backbone, "bi")
-    pool = [TRAJS[0], TRAJS[1], CANDIDATES[4], Trajectory(TRAJS[0].question, ["21 - 2 = 19.", "The answer is 19."])]
-    calls, handle = count_backbone_calls(model)
-    for trajs, expected in [(pool, 2), (CANDIDATES, 1)]:  # 4 candidates of one question; 7 of 3
-        calls.clear()
-        scored(Scorer(model, tok, tokens_per_batch=10**6, tokens_per_call=10**6), trajs)
-        assert len(calls) == expected
-    handle.remove()
 
 
 def test_pack_cached_layout(backbone):
@@ -126,18 +106,6 @@ def test_pack_cached_layout(backbone):
     assert bounds[0] == 0 and bounds[-1] == len(width)
     assert all(b - a == 1 or (b - a) * int(width[a]) <= 60 for a, b in zip(bounds[:-1], bounds[1:]))
     assert bool((batch["position_ids"][:, 0] == batch["prefix_lengths"][batch["prefix_rows"]]).all())
-
-
-@pytest.mark.parametrize("prefix_cache", [False, True])
-def test_length_bucketing_does_not_change_scores(backbone, prefix_cache):
-    """All trajectories in one length-sorted batch, or each (question, with the cache) alone: the same scores."""
-    model, tok = make(backbone, "bi")
-    bucketed = Scorer(model, tok, prefix_cache=prefix_cache, tokens_per_batch=10**6)
-    alone = Scorer(model, tok, prefix_cache=prefix_cache, tokens_per_batch=1)
-    encs = [bucketed.encoder.encode(t) for t in CANDIDATES]
-    n_alone = len({t.question for t in CANDIDATES}) if prefix_cache else len(CANDIDATES)  # a question's prompt is never split
-    assert len(bucketed.batches(encs, prefix_cache)) == 1 and len(alone.batches(encs, prefix_cache)) == n_alone
-    assert_same_scores(scored(bucketed, CANDIDATES), scored(alone, CANDIDATES), atol=1e-5)
 
 
 def test_one_sequence_rows_take_the_plain_causal_path(backbone):
@@ -258,30 +226,6 @@ def test_truncation_drops_whole_trailing_steps_in_both_streams(backbone):
     assert len(batch["l2r_index"]) == len(batch["r2l_index"]) == 3
 
 
-def test_identical_candidates_are_scored_once(backbone):
-    model, tok = make(backbone, "bi")
-    pool = [CANDIDATES[1], CANDIDATES[0], CANDIDATES[1], CANDIDATES[4], CANDIDATES[0]]
-    scorer = Scorer(model, tok)
-    seen = []
-    encode = scorer.encoder.encode
-    scorer.encoder.encode = lambda t, where: seen.append(where) or encode(t, where)
-    scores = scored(scorer, pool)
-    assert seen == ["trajectory 0", "trajectory 1", "trajectory 3"]
-    one_each = scored(Scorer(model, tok), [CANDIDATES[1], CANDIDATES[0], CANDIDATES[4]])
-    assert_same_scores(scores, one_each.select(np.array([0, 1, 0, 2, 1])), atol=1e-6)
-    assert len(scored(scorer, [])) == 0
-
-
-def test_scorer_warns_when_trailing_steps_are_not_scored(backbone, caplog):
-    model, tok = make(backbone, "bi")
-    full = Encoder(tok, model.config.step_tag_id).encode(TRAJS[3])
-    scorer = Scorer(model, tok, max_length=full.n_tokens - len(full.steps[-1]))
-    with caplog.at_level("WARNING", logger="biprm.scoring"):
-        scores = scored(scorer, TRAJS[2:])
-    assert np.diff(scores.offsets).tolist() == [2, 3]
-    assert "1 of 2 trajectories exceed max_length" in caplog.text
-
-
 def test_heads_run_in_fp32_under_a_bf16_backbone_and_autocast(backbone, tmp_path):
     """A bf16 logit near 10 moves in steps of 0.06 and ties Best-of-N candidates; the heads keep fp32."""
     from biprm.modeling import BiPRMModel
@@ -299,16 +243,6 @@ def test_heads_run_in_fp32_under_a_bf16_backbone_and_autocast(backbone, tmp_path
     assert out.fused.dtype == out.l2r.dtype == out.sigma.dtype == torch.float32
     expected = h.float() @ loaded.value_head.weight.T + loaded.value_head.bias
     torch.testing.assert_close(out.l2r, expected.squeeze(-1), rtol=1e-6, atol=1e-6)
-
-
-def test_step_probabilities_keep_float64_resolution():
-    from biprm.scoring import Collector
-
-    collect = Collector(np.array([0, 1, 2]), "l2r")
-    logits = torch.tensor([12.0, 12.0001], dtype=torch.float32)
-    collect(np.array([0, 1]), type("Out", (), {"fused": logits, "l2r": logits, "r2l": None, "sigma": None})())
-    fused = collect.scores().fused
-    assert fused.dtype == np.float64 and fused[1] > fused[0]  # float32 sigmoids would both round to 0.99999386
 
 
 def test_heads_compute_in_fp32_when_an_engine_casts_every_weight_to_bf16(backbone, tmp_path):

@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from biprm.data.readers import split_steps  # noqa: E402
 from biprm.data.trajectory import Trajectory  # noqa: E402
-from biprm.scores import StepScores  # noqa: E402
+from biprm.scoring.step_scores import StepScores  # noqa: E402
 from biprm.serve.app import build_app  # noqa: E402
 from biprm.serve.batcher import Batcher, Overloaded  # noqa: E402
 from biprm.serve.config import ServeConfig  # noqa: E402

@@ -10,8 +10,8 @@ import torch
 from transformers import TrainerCallback, TrainingArguments
 
 from biprm.training import TrainConfig, train
-from biprm.data.trajectory import DataError
-from conftest import ROOT, scored, weights
+from biprm.data.trajectory import DataError, Trajectory
+from conftest import ROOT, scored, study_encoder, weights
 
 
 def tiny_config(out: Path, **kw) -> TrainConfig:
@@ -225,10 +225,21 @@ def test_replicate_and_train_top_layers_reach_the_same_weights(tmp_path):
     train(trunk_config(tmp_path / "train"))
     study = ReplicateConfig(work_dir=str(tmp_path), backbone="tiny", top_layers=1, lr=1e-3, epochs=2.0, batch_size=4, warmup_ratio=0.25,
                             gate_lr_scale=0.5, save_every=3, max_length=2048)
-    model, log = train_run(study, "bi", 5, tmp_path / "replicate", False, load_trajectories("synthetic:12", labelled=True))
+    encs = [study_encoder(2048).encode(t) for t in load_trajectories("synthetic:12", labelled=True)]  # as the study encodes them, once
+    model, log = train_run(study, "bi", 5, tmp_path / "replicate", False, encs)
     a, b = weights(tmp_path / "train"), weights(tmp_path / "replicate")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert log["steps"] == 6 and len(list((tmp_path / "trunk").iterdir())) == 1
+
+
+def test_encodings_for_another_model_are_refused_before_training(tmp_path):
+    from biprm.data.encoding import Encoded
+
+    enc = study_encoder(2048).encode(Trajectory("What is 2+3?", ["2+3 = 5.", "The answer is 5."], [1.0, 1.0]))
+    foreign = Encoded(enc.prompt, [s[:-1] + [s[-1] + 1] for s in enc.steps], enc.labels)  # another tokenizer's step tag
+    with pytest.raises(ValueError, match="encoded row 2 was not encoded for this model"):
+        train(trunk_config(tmp_path / "t"), encoded=[enc, foreign])
+    assert not (tmp_path / "t").exists()
 
 
 def test_train_top_layers_out_of_range_is_refused_before_training(tmp_path):

@@ -9,12 +9,12 @@ from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.config import MODE_TABLE
-from biprm.data.encoding import Encoder, add_step_tag
+from biprm.data.encoding import Encoded, Encoder, add_step_tag
 from biprm.data.template import STEP_TAG
 from biprm.data.trajectory import Trajectory
 from biprm.modeling import BiPRMConfig, BiPRMModel, split
 from biprm.packing import pack
-from biprm.trunk import TrunkCache, cached_scores, freeze_bottom, grouped_batches
+from biprm.trunk import Layout, TrunkCache, _digest, cached_scores, freeze_bottom, grouped_batches
 from conftest import scored
 
 TRAJS = [
@@ -120,6 +120,17 @@ def test_cache_is_keyed_by_weights_cut_and_data(tokenizer, tmp_path):
     with torch.no_grad():
         model.backbone.layers[0].mlp.down_proj.weight.add_(1.0)
     assert TrunkCache(tmp_path, model, 2, encs).dir != base
+
+
+def test_the_layout_part_of_the_key_is_the_one_built_caches_have():
+    """The feature rows and their digest, pinned: a change in how the layout is laid out would orphan every built
+    cache, and a resumed study would compute its trunk again (the value is the one biprm computed before this test)."""
+    encs = [Encoded([1, 2, 3], [[4, 9], [5, 6, 9]], [1.0, 0.0]), Encoded([1, 2], [[7, 9]], [1.0]), Encoded([8], [[4, 4, 9], [9], [5, 9]], [1.0, 1.0, 0.0])]
+    layout = Layout.of(encs)
+    # shortest first; each: prompt, L2R continuation, R2L continuation
+    assert layout.tokens.tolist() == [1, 2, 7, 9, 7, 9, 1, 2, 3, 4, 9, 5, 6, 9, 5, 6, 9, 4, 9, 8, 4, 4, 9, 9, 5, 9, 5, 9, 9, 4, 4, 9]
+    digest = _digest(layout.tokens, layout.starts, layout.prompt_lengths, layout.step_lengths, layout.step_offsets)
+    assert digest == "70ba59b1eb73058ec12bf82d916b770cdabf9dc5979402a6321af826cf687234"
 
 
 def test_a_killed_build_resumes_where_it_stopped(tokenizer, tmp_path):

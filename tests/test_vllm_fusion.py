@@ -3,10 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from biprm.data.encoding import Encoded
 from biprm.modeling import BiPRMModel
 from biprm.config import MODE_TABLE
-from biprm.vllm_plugin.fusion import fuse, stream_rows, stream_tokens
+from biprm.vllm_plugin.fusion import fuse, stream_rows
 
 
 @pytest.mark.parametrize("mode", ["bi", "bi-static", "l2r", "r2l"])
@@ -28,9 +27,3 @@ def test_rows_then_fusion_equal_the_models_heads(bi_scorer, mode):
         assert (got[key] is None) == (expected is None), key
         if expected is not None:
             np.testing.assert_allclose(got[key], expected.double().numpy(), atol=1e-6, err_msg=key)
-
-
-def test_stream_tokens_put_the_steps_in_each_streams_order():
-    enc = Encoded(prompt=[1, 2], steps=[[3, 9], [4, 5, 9]], labels=None)
-    assert stream_tokens(enc, "l2r") == [1, 2, 3, 9, 4, 5, 9]
-    assert stream_tokens(enc, "r2l") == [1, 2, 4, 5, 9, 3, 9]

@@ -5,10 +5,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from biprm.aggregate import AGGREGATIONS
+from biprm.scoring.aggregate import AGGREGATIONS
 from biprm.analysis.common import markdown_table
 from biprm.metrics.bon import DEFAULT_NS, bon_at_n, pool_bounds
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 
 def bon_by_n(qid: np.ndarray, score: np.ndarray, correct: np.ndarray, ns: Sequence[int]) -> dict:

@@ -22,7 +22,7 @@ import numpy as np
 from biprm.analysis.common import first_errors, markdown_table
 from biprm.analysis.plots import NAMES
 from biprm.data.trajectory import Trajectory
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 STREAM_COLUMNS = (("L2R", "l2r"), ("R2L", "r2l"), ("σ", "sigma"))
 STYLE = """body{font-family:system-ui,sans-serif;max-width:64em;margin:2em auto;line-height:1.45}

@@ -8,7 +8,7 @@ import numpy as np
 
 from biprm.data.trajectory import Trajectory
 from biprm.metrics.processbench import first_error_f1_by_subset, predict_first_error
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 TITLES = {"gsm8k": "GSM8K", "math": "MATH", "olympiadbench": "OlympiadBench", "omnimath": "Omni-MATH"}  # subset -> table heading
 

@@ -21,7 +21,7 @@ from biprm.analysis.aggregation import bon_by_n, fitting_ns
 from biprm.analysis.common import first_error_report, threshold_of
 from biprm.data.trajectory import Trajectory
 from biprm.metrics.bon import DEFAULT_NS
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 
 def _split(lengths: np.ndarray, threshold: int) -> tuple[np.ndarray, dict]:

@@ -12,7 +12,7 @@ import numpy as np
 from biprm.analysis.common import first_errors, step_labels
 from biprm.analysis.plots import position_curve
 from biprm.data.trajectory import Trajectory
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 
 def error_onset(trajs: Sequence[Trajectory]) -> float:

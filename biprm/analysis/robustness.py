@@ -11,7 +11,7 @@ import numpy as np
 
 from biprm.analysis.common import TITLES, first_error_report, markdown_table, threshold_of
 from biprm.data.trajectory import Trajectory
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 
 def _f1_row(report: dict) -> dict[str, float]:

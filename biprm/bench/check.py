@@ -132,7 +132,7 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
 def scored(cfg: CheckConfig, run: Path, source: str) -> Item:
     """Score the training slice (a Hub set is not read again: the synthetic task stands in)."""
     from biprm.data.readers import load_trajectories, synthetic_spec
-    from biprm.scoring import Scorer
+    from biprm.scoring.scorer import Scorer
 
     scorer = Scorer.from_pretrained(str(run), device=device(cfg))
     trajs = load_trajectories(source)[: cfg.rows] if Path(source).is_file() or synthetic_spec(source) else synthetic(cfg.rows)
@@ -155,7 +155,7 @@ def latency(cfg: CheckConfig) -> Item:
     """Median time to score one solution, bi against l2r, on the same body and the same solutions."""
     from biprm.backbones import load_tokenizer, resolve_backbone
     from biprm.modeling import from_backbone
-    from biprm.scoring import Scorer
+    from biprm.scoring.scorer import Scorer
 
     where = device(cfg)
     dtype = torch.bfloat16 if where.type == "cuda" else torch.float32

@@ -34,7 +34,7 @@ from biprm.bench.workload import CANDIDATES, Bench, build, question_pool, train_
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.data import gsm8k_bon_small
 from biprm.modeling import BiPRMConfig, BiPRMModel
-from biprm.scoring import Scorer
+from biprm.scoring.scorer import Scorer
 
 # (what the targets need, what the full run adds)
 TRAIN = ("ref-bi", "l2r:plain", "bi:tree"), ("ref-l2r", "bi:plain", "bi:packed1024")

@@ -8,12 +8,28 @@ step tag a single, known id whatever text surrounds it.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from biprm.data.template import STEP_TAG, render_prompt, render_step
 from biprm.data.trajectory import DataError, Trajectory
+
+T = TypeVar("T", bound=Sequence)
+
+
+def stream_order(steps: T, stream: str) -> T:
+    """Per-step items in the order `stream` reads the steps: L2R s_1..s_T, R2L s_T..s_1. Applied to a
+    stream's per-step outputs it turns them back into forward step order (the reversal is its own inverse)."""
+    return steps if stream == "l2r" else steps[::-1]
+
+
+def tag_ends(step_lengths: Sequence[int], stream: str, start: int = 0) -> np.ndarray:
+    """Where each step's tag (its last token) sits in `stream`'s row, whose steps begin at `start`; forward step order."""
+    return stream_order(start + np.cumsum(stream_order(step_lengths, stream)) - 1, stream)
 
 
 @dataclass
@@ -27,6 +43,14 @@ class Encoded:
     def n_tokens(self) -> int:
         """Tokens of one stream (prompt + all steps)."""
         return len(self.prompt) + sum(len(s) for s in self.steps)
+
+    def continuation(self, stream: str) -> list[int]:
+        """The tokens `stream` reads after the prompt: its steps, in its order."""
+        return [t for step in stream_order(self.steps, stream) for t in step]
+
+    def stream(self, stream: str) -> list[int]:
+        """The whole row `stream` reads: the prompt, then its continuation."""
+        return self.prompt + self.continuation(stream)
 
 
 def add_step_tag(tokenizer: PreTrainedTokenizerBase, tag: str = STEP_TAG) -> int:

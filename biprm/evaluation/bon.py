@@ -16,7 +16,7 @@ from itertools import combinations
 
 import numpy as np
 
-from biprm.aggregate import sigmoid
+from biprm.scoring.aggregate import sigmoid
 from biprm.analysis.common import markdown_table
 from biprm.evaluation.common import fmt, open_cache, write_outputs
 from biprm.evaluation.config import BonConfig
@@ -24,7 +24,7 @@ from biprm.evaluation.data import Pool, load_pool
 from biprm.evaluation.models import sources_of, score_sources
 from biprm.metrics.bon import DEFAULT_NS, best_of, bon_table, content_free, pool_bounds, subsets, vote
 from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
-from biprm.scores import StepScores, offsets_of
+from biprm.scoring.step_scores import StepScores, offsets_of
 
 
 

@@ -12,20 +12,20 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
 
-from biprm.data.trajectory import Trajectory
 from biprm.config import ScorerSettings
+from biprm.data.trajectory import Trajectory
+from biprm.data.writer import atomic_write
 from biprm.evaluation.sharing import score_shared
-from biprm.processes import process_state
-from biprm.scores import OPTIONAL_OUTPUTS, StepScores
-from biprm.scoring import Scorer, default_device
+from biprm.scoring.process_group import process_state
+from biprm.scoring.scorer import Scorer, default_device
+from biprm.scoring.step_scores import StepScores, load_scores, save_scores
 
 log = logging.getLogger(__name__)
 
@@ -52,19 +52,6 @@ def scorer_loader(settings: ScorerSettings) -> Callable[[str], Scorer]:
     return scorer
 
 
-def _atomic_write(path: Path, write: Callable) -> None:
-    """Write through a temporary file, so an interrupted run never leaves a half file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def dataset_key(trajs: list[Trajectory]) -> str:
     """Hash of questions and steps: what the scorer reads (labels and metadata do not change scores)."""
     h = hashlib.sha256()
@@ -72,17 +59,24 @@ def dataset_key(trajs: list[Trajectory]) -> str:
     return h.hexdigest()
 
 
-def _read(path: Path) -> dict[str, np.ndarray] | None:
-    """The arrays of a cache file; None when it is absent, or damaged (then it is named, removed and rebuilt)."""
+T = TypeVar("T")
+
+
+def _read(path: Path, load: Callable[[Path], T]) -> T | None:
+    """What `load` reads from a cache file; None when it is absent, or damaged (then it is named, removed and rebuilt)."""
     if not path.is_file():
         return None
     try:
-        with np.load(path) as z:
-            return {k: z[k] for k in z.files}
-    except Exception as error:  # a torn or corrupted .npz: zipfile.BadZipFile, EOFError, ValueError ...
+        return load(path)
+    except Exception as error:  # a torn or corrupted .npz: zipfile.BadZipFile, EOFError, ValueError, a missing array ...
         log.warning("cache file %s is damaged (%s: %s); removing it and computing it again", path, type(error).__name__, error)
         path.unlink(missing_ok=True)
         return None
+
+
+def _value(path: Path) -> np.ndarray:
+    with np.load(path) as z:
+        return z["value"]
 
 
 class ScoreCache:
@@ -103,7 +97,7 @@ class ScoreCache:
                 while chunk := f.read(CHUNK):
                     h.update(chunk)
             self._memo[memo] = h.hexdigest()
-            _atomic_write(self._memo_path, lambda f: f.write(json.dumps(self._memo, indent=0).encode()))
+            atomic_write(self._memo_path, lambda f: f.write(json.dumps(self._memo, indent=0).encode()))
         return self._memo[memo]
 
     def model_key(self, ckpt: str) -> str:
@@ -126,12 +120,10 @@ class ScoreCache:
         device = torch.device(self.settings.device) if self.settings.device else default_device()
         kernel = "" if self.settings.attn_implementation == "sdpa" else f"-{self.settings.attn_implementation}"  # sdpa: the keys before the choice
         path = self._path("scores", ckpt, trajs, f"logits-{device.type}-len{self.settings.max_length}{kernel}")
-        if (z := _read(path)) is not None:
-            return StepScores(z["offsets"], z["fused"], *(z.get(k) for k in OPTIONAL_OUTPUTS))
+        if (cached := _read(path, lambda p: load_scores(p)[""])) is not None:
+            return cached
         scores = score_shared(self.scorer, ckpt, trajs)  # on every process of the launch, if there are several
-        arrays = {"offsets": scores.offsets, "fused": scores.fused}
-        arrays |= {k: getattr(scores, k) for k in OPTIONAL_OUTPUTS if getattr(scores, k) is not None}
-        _atomic_write(path, lambda f: np.savez(f, **arrays))
+        save_scores(path, {"": scores})
         return scores
 
     def array(self, kind: str, ckpt: str | None, trajs: list[Trajectory], extra: str, compute: Callable[[], np.ndarray],
@@ -139,9 +131,9 @@ class ScoreCache:
         """Any other per-trajectory array worth keeping (grades, token lengths), keyed like scores plus `extra`;
         a cached value for which `retry` is true (e.g. it holds timeouts) is computed again."""
         path = self._path(kind, ckpt, trajs, hashlib.sha256(extra.encode()).hexdigest()[:12])
-        cached = _read(path)
-        if cached is not None and not (retry and retry(cached["value"])):
-            return cached["value"]
+        cached = _read(path, _value)
+        if cached is not None and not (retry and retry(cached)):
+            return cached
         value = np.asarray(compute())
-        _atomic_write(path, lambda f: np.savez(f, value=value))
+        atomic_write(path, lambda f: np.savez(f, value=value))
         return value

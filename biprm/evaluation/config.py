@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from biprm.aggregate import AGGREGATIONS
+from biprm.scoring.aggregate import AGGREGATIONS
 from biprm.config import CHECKPOINT_ROLES, PROCESSBENCH_SUBSETS, ScorerSettings, arg, check_choices, default_data_root
 from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from biprm.aggregate import mean_of_probabilities
+from biprm.scoring.aggregate import mean_of_probabilities
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_checkpoint
 from biprm.config import CHECKPOINT_ROLES, MODE_TABLE
 from biprm.data.encoding import Encoder
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.cache import ScoreCache
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 # Ablation rows in the paper's order: (role, expected checkpoint mode, row label).
 ROLES = (

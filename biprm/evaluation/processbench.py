@@ -26,7 +26,7 @@ from biprm.evaluation.config import ProcessBenchConfig
 from biprm.evaluation.data import load_processbench
 from biprm.evaluation.models import score_sources, sources_of
 from biprm.metrics.processbench import first_error_f1_by_subset, flag_step, predict_first_error, tune_flag_step, tune_threshold
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 TUNE_ON = "gsm8k"
 

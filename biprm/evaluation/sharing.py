@@ -17,9 +17,9 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from biprm.data.trajectory import Trajectory
-from biprm.processes import WAIT, process_state
-from biprm.scores import StepScores, concat
-from biprm.scoring import Scorer
+from biprm.scoring.process_group import WAIT, process_state
+from biprm.scoring.step_scores import StepScores, concat
+from biprm.scoring.scorer import Scorer
 
 log = logging.getLogger(__name__)
 Job = tuple[str, list[Trajectory]] | None  # (checkpoint, block of trajectories); None: stop

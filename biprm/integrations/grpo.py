@@ -19,12 +19,12 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from biprm.aggregate import AGGREGATIONS
+from biprm.scoring.aggregate import AGGREGATIONS
 from biprm.data.readers import split_steps
 from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.evaluation.grading import extract_answer, grade_many
-from biprm.scores import score_rows
-from biprm.scoring import Scorer
+from biprm.scoring.step_scores import score_rows
+from biprm.scoring.scorer import Scorer
 from biprm.serve.config import API_KEY_ENV
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from biprm.aggregate import aggregate, sigmoid
+from biprm.scoring.aggregate import aggregate, sigmoid
 
 DEFAULT_NS = (8, 16, 32, 64, 128)
 PROTOCOLS = ("first", "random")

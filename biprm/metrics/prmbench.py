@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from biprm.data.trajectory import Trajectory
-from biprm.metrics.processbench import _segments
+from biprm.scoring.aggregate import segments
 
 CORRECT_CLASS = "correct"
 OVERALL = "overall"
@@ -115,7 +115,7 @@ def prm_score_by_class(
 ) -> dict[str, dict]:
     """`prm_score` of every class (one label per trajectory, in order of first appearance),
     then "overall": the pooled steps of all classes but `exclude_from_overall`."""
-    probs, starts, lengths = _segments(probs, offsets)
+    probs, starts, lengths = segments(probs, offsets)
     classes = np.asarray(classes).astype(str)
     if len(classes) != len(starts):
         raise ValueError(f"classes needs one entry per trajectory ({len(starts)}), got {len(classes)}")

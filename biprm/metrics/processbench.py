@@ -1,30 +1,21 @@
 """ProcessBench first-error detection: predict the first wrong step, score it, tune the threshold.
 
 Labels and predictions are 0-based step indices, -1 meaning "no wrong step". Step
-probabilities are flat with `offsets` (see biprm.scores), so predictions and the whole
+probabilities are flat with `offsets` (see biprm.scoring.step_scores), so predictions and the whole
 threshold sweep are vectorised reduces, never a loop over trajectories.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from biprm.scoring.aggregate import segments
+
 _NONE = np.iinfo(np.int64).max
-
-
-def _segments(probs: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    probs = np.asarray(probs, dtype=np.float64)
-    offsets = np.asarray(offsets, dtype=np.int64)
-    if offsets[0] != 0 or offsets[-1] != len(probs):
-        raise ValueError(f"offsets must run from 0 to len(probs)={len(probs)}")
-    lengths = np.diff(offsets)
-    if np.any(lengths <= 0):
-        raise ValueError("every trajectory needs at least one step probability")
-    return probs, offsets[:-1], lengths
 
 
 def predict_first_error(probs: np.ndarray, offsets: np.ndarray, threshold: float) -> np.ndarray:
     """Per trajectory, the first step with probability < threshold, else -1."""
-    probs, starts, lengths = _segments(probs, offsets)
+    probs, starts, lengths = segments(probs, offsets)
     local = np.arange(len(probs)) - np.repeat(starts, lengths)
     first = np.minimum.reduceat(np.where(probs < threshold, local, _NONE), starts)
     return np.where(first == _NONE, -1, first)
@@ -64,7 +55,7 @@ def f1_over_grid(probs: np.ndarray, offsets: np.ndarray, label: np.ndarray, grid
     An erroneous row with first error e is right exactly when p_e < θ <= min(p_0..p_{e-1});
     a clean row when θ <= min(p). Counting rows whose interval holds θ is two searchsorted calls.
     """
-    probs, starts, lengths = _segments(probs, offsets)
+    probs, starts, lengths = segments(probs, offsets)
     label = np.asarray(label, dtype=np.int64)
     if len(label) != len(starts) or np.any(label < -1) or np.any(label >= lengths):
         raise ValueError("label needs one entry per trajectory, each -1 or a step index")

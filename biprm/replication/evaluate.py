@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from biprm.aggregate import log_sigmoid
+from biprm.scoring.aggregate import log_sigmoid
 from biprm.analysis import long_chain_bon, long_chain_processbench, mae_by_position, sigma_by_position
 from biprm.analysis.common import judged_rows, scored_part, step_labels
 from biprm.data.encoding import Encoded
@@ -30,7 +30,7 @@ from biprm.analysis.plots import normalised_position
 from biprm.data.readers import load_trajectories
 from biprm.data.trajectory import Trajectory
 from biprm.replication.config import ReplicateConfig
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 
 PRMBENCH_SUBSET = "prmbench/subset400_target_data.jsonl.gz"

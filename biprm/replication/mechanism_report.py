@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from biprm.aggregate import mean_of_probabilities
+from biprm.scoring.aggregate import mean_of_probabilities
 from biprm.analysis.common import first_errors, markdown_table
 from biprm.analysis.plots import plot_curves, position_curve
 from biprm.data.trajectory import Trajectory
@@ -27,8 +27,7 @@ from biprm.metrics.processbench import flag_step, predict_first_error, processbe
 from biprm.metrics.ranking import auc, paired_win
 from biprm.replication.config import MechanismConfig
 from biprm.replication.mechanism import KINDS, load_sets, scores_path
-from biprm.replication.recipe import load_scores
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores, load_scores
 
 GROUPS = ("l2r", "r2l", "bi-static", "bi", "bi-gate-lr0.1", "2×L2R", "probe-l2r", "probe-r2l", "probe-bi-static", "probe-bi")
 BON_NS = (2, 3)

@@ -37,7 +37,7 @@ import torch
 from transformers import TrainerCallback
 
 from biprm.backbones import load_tokenizer, resolve_backbone
-from biprm.data.encoding import Encoder
+from biprm.data.encoding import Encoded, Encoder
 from biprm.evaluation.common import write_json
 from biprm.modeling import from_backbone
 from biprm.analysis.plots import position_curve
@@ -46,8 +46,8 @@ from biprm.replication.mechanism import load_sets, scores_path
 from biprm.replication import mechanism_report, mechanism_v2_report
 from biprm.replication.mechanism_report import rows_by_kind
 from biprm.replication.mechanism_v2 import below_every_clean_step, chance_below_every_clean_step
-from biprm.replication.recipe import load_scores, release_memory, save_scores, start, study_key, train_run
-from biprm.scores import StepScores
+from biprm.replication.recipe import release_memory, start, study_key, train_run
+from biprm.scoring.step_scores import StepScores, load_scores, save_scores
 from biprm.trunk import TrunkCache, cached_scores
 
 log = logging.getLogger(__name__)
@@ -106,19 +106,19 @@ def sigma_during_training(cfg: MechanismConfig, name: str) -> Path:
     return Path(cfg.out) / "runs" / f"{name}.sigma.jsonl"
 
 
-def train_and_score(cfg: MechanismConfig, run: Run, sets: dict, caches: dict, fast: bool) -> dict[str, StepScores]:
-    """Train one run (or load it, if finished), score every set, and write its logits and JSON."""
+def train_and_score(cfg: MechanismConfig, run: Run, sets: dict, encs: dict[str, list[Encoded]], caches: dict, fast: bool) -> dict[str, StepScores]:
+    """Train one run (or load it, if finished) on the study's encodings, score every set, and write its logits and JSON."""
     started = time.perf_counter()
     base_mode, overrides = VARIANTS.get(run.mode, (run.mode, {}))
     run_cfg = replace(cfg, **overrides)
     callbacks = None
     if cfg.version >= 2 and base_mode == "bi" and not run.heads_only:
         callbacks = [SigmaByPosition(caches["valid"], cfg.save_every, sigma_during_training(cfg, run.name), fast)]
-    model, train_log = train_run(run_cfg, base_mode, run.seed, run_dir(cfg, run.name), fast, sets["train"],
+    model, train_log = train_run(run_cfg, base_mode, run.seed, run_dir(cfg, run.name), fast, encs["train"],
                                  heads_only=run.heads_only, callbacks=callbacks)
     with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
         scores = {name: cached_scores(model, caches[name]) for name in sets if name != "train"}
-    save_scores(scores_path(cfg, run.name), scores)
+    save_scores(scores_path(cfg, run.name), scores, compress=True)
     result = {"run": run.name, **asdict(run), "lr": cfg.lr, "epochs": cfg.epochs, "gate_lr_scale": run_cfg.gate_lr_scale,
               "train": train_log, "seconds": round(time.perf_counter() - started, 1)}
     write_json(Path(cfg.out) / "runs" / f"{run.name}.json", result)
@@ -137,7 +137,7 @@ def pilot_passes(valid: list, scores: StepScores) -> dict:
     return {"primary": primary, "chance": chance, "learns": primary >= 2 * chance}
 
 
-def pilot_budget(cfg: MechanismConfig, sets: dict, caches: dict, fast: bool) -> MechanismConfig:
+def pilot_budget(cfg: MechanismConfig, sets: dict, encs: dict[str, list[Encoded]], caches: dict, fast: bool) -> MechanismConfig:
     """The study's config after version 2's pilot (docs/MECHANISM.md): `l2r` and `r2l` seed 1106 at the
     paper's lr and epochs; if either learns (`pilot_passes`) they are the study's first runs, else they
     move to OUT/pilot/ and every run trains at (fallback_lr, fallback_epochs). Decided once (OUT/pilot.json)."""
@@ -151,7 +151,7 @@ def pilot_budget(cfg: MechanismConfig, sets: dict, caches: dict, fast: bool) -> 
             if json_path.exists() and scores_path(cfg, run.name).exists():
                 valid = load_scores(scores_path(cfg, run.name))["valid"]
             else:
-                valid = train_and_score(cfg, run, sets, caches, fast)["valid"]
+                valid = train_and_score(cfg, run, sets, encs, caches, fast)["valid"]
             values[mode] = pilot_passes(sets["valid"], valid)
         go = any(v["learns"] for v in values.values())
         if not go:
@@ -187,10 +187,10 @@ def run_study(cfg: MechanismConfig) -> None:
     write_json(out / "meta.json", {"config": asdict(cfg), "bf16": fast, "sizes": {n: len(t) for n, t in sets.items()}})
 
     if cfg.version >= 2:
-        cfg = pilot_budget(cfg, sets, caches, fast)
+        cfg = pilot_budget(cfg, sets, encs, caches, fast)
     for run in runs_of(cfg):
         if not ((out / "runs" / f"{run.name}.json").exists() and scores_path(cfg, run.name).exists()):
-            train_and_score(cfg, run, sets, caches, fast)
+            train_and_score(cfg, run, sets, encs, caches, fast)
             write_report(cfg)
 
 

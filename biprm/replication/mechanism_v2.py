@@ -18,7 +18,7 @@ from biprm.metrics.ranking import paired_win
 from biprm.replication.data import _results, _value
 from biprm.replication.mechanism import KINDS, roundness
 from biprm.replication.mechanism_report import _at, rows_by_kind
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 CLEAN_PASS = 0.9  # P1's threshold lets this share of clean validation rows (R and C) through unflagged
 MARGIN = 5.0  # points: "not worse than" means a paired interval whose low end is above -MARGIN

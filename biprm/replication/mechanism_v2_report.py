@@ -46,7 +46,7 @@ from biprm.replication.mechanism_v2 import (
     rounder_number_rule,
     verdict,
 )
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 ARMS = ("bi", "bi-gate-lr0.1")
 PRIMARY = "primary: F's step t below every step of C"

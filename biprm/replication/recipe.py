@@ -30,7 +30,6 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
@@ -43,9 +42,8 @@ from biprm.replication.data import build
 from biprm.replication.evaluate import EvalSets, evaluate_run, load_eval_sets
 from biprm.replication.report import write_report
 from biprm.run_folder import changes
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import load_scores, save_scores
 from biprm.training import train
-from biprm.data.trajectory import Trajectory
 from biprm.trunk import TrunkCache, cached_scores
 
 log = logging.getLogger(__name__)
@@ -129,14 +127,14 @@ def release_memory() -> None:
     _malloc(lambda libc: libc.malloc_trim(0))
 
 
-def prepare(cfg: ReplicateConfig, tokenizer, step_tag_id: int) -> tuple[list[Trajectory], EvalSets, dict[str, list[Encoded]], dict]:
-    """(training rows, evaluation sets, every set's encodings, the data report): what a run trains on and is read on."""
+def prepare(cfg: ReplicateConfig, tokenizer, step_tag_id: int) -> tuple[EvalSets, dict[str, list[Encoded]], dict]:
+    """(evaluation sets, every set's encodings, the data report): what a run trains on and is read on, encoded once for the study."""
     train_trajs, valid_trajs, report = build(cfg.data_root, cfg.data)
     sets = load_eval_sets(cfg, valid_trajs)
     encoder = Encoder(tokenizer, step_tag_id, cfg.max_length)
     named = {"train": train_trajs, **sets.trajectories()}
     encs = {name: [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)] for name, trajs in named.items()}
-    return train_trajs, sets, encs, asdict(report)
+    return sets, encs, asdict(report)
 
 
 def run_folder(cfg: ReplicateConfig, name: str) -> Path:
@@ -151,7 +149,7 @@ def replicate(cfg: ReplicateConfig) -> dict:
     # 1. data, encoded once with the step tag the model gets
     backbone_dir = resolve_backbone(cfg.backbone)
     tokenizer = load_tokenizer(backbone_dir)
-    train_trajs, sets, encs, report = prepare(cfg, tokenizer, add_step_tag(tokenizer))
+    sets, encs, report = prepare(cfg, tokenizer, add_step_tag(tokenizer))
     write_json(out / "data_report.json", report)
 
     # 2. the trunk, cached once for every set
@@ -181,10 +179,10 @@ def replicate(cfg: ReplicateConfig) -> dict:
         options = {"detach_gate_inputs": run_cfg.detach_gate_inputs, "aux_loss_weight": run_cfg.aux_loss_weight,
                    "gate_lr_scale": run_cfg.gate_lr_scale}
         folder = run_folder(cfg, name)
-        model, train_log = train_run(run_cfg, base_mode, seed, folder, fast, train_trajs)
+        model, train_log = train_run(run_cfg, base_mode, seed, folder, fast, encs["train"])
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
             scores = {set_name: cached_scores(model, caches[set_name]) for set_name in sets.trajectories()}
-        save_scores(folder / "scores.npz", scores)
+        save_scores(folder / "scores.npz", scores, compress=True)
         result = {"run": name, "mode": mode, "seed": seed, "options": options, "train": train_log, **evaluate_run(cfg, base_mode, sets, scores, encs)}
         result["seconds"] = round(time.perf_counter() - started, 1)
         write_json(path, result)
@@ -208,7 +206,7 @@ def report_only(cfg: ReplicateConfig) -> dict:
     logits = {p: npz for p, npz in logits.items() if npz.is_file()}
     if logits:
         tokenizer = load_tokenizer(resolve_backbone(cfg.backbone))
-        _, sets, encs, _ = prepare(cfg, tokenizer, add_step_tag(tokenizer))
+        sets, encs, _ = prepare(cfg, tokenizer, add_step_tag(tokenizer))
         for p, npz in logits.items():
             run = runs[p]
             base_mode = VARIANTS.get(run["mode"], (run["mode"], {}))[0]
@@ -217,7 +215,7 @@ def report_only(cfg: ReplicateConfig) -> dict:
     return write_report(out, json.loads(path.read_text()))
 
 
-def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, bf16: bool, trajs: list[Trajectory],
+def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, bf16: bool, encs: list[Encoded],
               heads_only: bool = False, callbacks: list | None = None) -> tuple[BiPRMModel, dict]:
     """(the trained model, its log) of one run, trained by `biprm train` on the study's trunk cache.
 
@@ -228,35 +226,18 @@ def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, b
     """
     if not (run_dir / "config.json").is_file():  # run_folder.publish moves config.json in last
         train(TrainConfig(
-            backbone=cfg.backbone, data=f"{len(trajs)} training trajectories of the study", output_dir=str(run_dir), mode=mode,
+            backbone=cfg.backbone, data=f"{len(encs)} training trajectories of the study", output_dir=str(run_dir), mode=mode,
             learning_rate=cfg.lr, num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=1,
             warmup_ratio=cfg.warmup_ratio, seed=seed,
             max_length=cfg.max_length, bf16=bf16, save_steps=cfg.save_every, save_total_limit=1, logging_steps=1,
             resume=run_dir.is_dir(), gate_lr_scale=cfg.gate_lr_scale, detach_gate_inputs=getattr(cfg, "detach_gate_inputs", False),
             aux_loss_weight=getattr(cfg, "aux_loss_weight", 0.0), train_top_layers=cfg.top_layers, heads_only=heads_only,
             trunk_cache_dir=str(Path(cfg.work_dir) / "trunk"),
-        ), callbacks=callbacks, trajectories=trajs)
+        ), callbacks=callbacks, encoded=encs)
         for checkpoint in run_dir.glob("checkpoint-*"):
             shutil.rmtree(checkpoint)
         release_memory()  # the Trainer's copy goes before the final model loads
     history = json.loads((run_dir / "train_log.json").read_text())
     losses = [e["loss"] for e in history if "loss" in e]
     seconds = next((e["train_runtime"] for e in history if "train_runtime" in e), None)
-    return BiPRMModel.from_pretrained(run_dir).eval(), {"steps": len(losses), "trajectories": len(trajs), "losses": losses, "seconds": seconds}
-
-
-def save_scores(path: Path, scores: dict[str, StepScores]) -> None:
-    """Per-item step logits of one run, per evaluation set, so its metrics can be recomputed without training."""
-    arrays = {f"{name}/{field}": value for name, s in scores.items() for field in ("offsets", "fused", "l2r", "r2l", "sigma")
-              if (value := getattr(s, field)) is not None}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".tmp"), "wb") as f:
-        np.savez_compressed(f, **arrays)
-    os.replace(path.with_suffix(".tmp"), path)
-
-
-def load_scores(path: Path) -> dict[str, StepScores]:
-    with np.load(path) as data:
-        names = {key.split("/")[0] for key in data.files}
-        get = lambda name, field: data[f"{name}/{field}"] if f"{name}/{field}" in data.files else None  # noqa: E731
-        return {n: StepScores(get(n, "offsets"), get(n, "fused"), get(n, "l2r"), get(n, "r2l"), get(n, "sigma")) for n in names}
+    return BiPRMModel.from_pretrained(run_dir).eval(), {"steps": len(losses), "trajectories": len(encs), "losses": losses, "seconds": seconds}

@@ -114,8 +114,8 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
     from biprm.evaluation.processbench import evaluate_processbench
     from biprm.replication.data import DataRecipe, build
     from biprm.replication.evaluate import BON_NS, load_prmbench, prmbench_report
-    from biprm.scores import StepScores, offsets_of
-    from biprm.aggregate import logit
+    from biprm.scoring.step_scores import StepScores, offsets_of
+    from biprm.scoring.aggregate import logit
 
     if not Path(cfg["data_root"]).is_dir():
         return {}, [f"(content-free rows not computed: data folder {cfg['data_root']} not found)"]

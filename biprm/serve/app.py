@@ -40,8 +40,8 @@ from biprm.data.encoding import Encoded
 from biprm.data.readers import SPLIT_RULES, split_steps
 from biprm.data.trajectory import DataError, Trajectory
 from biprm.metrics.processbench import predict_first_error
-from biprm.scores import STEP_OUTPUTS, StepScores, score_rows
-from biprm.scoring import Scorer
+from biprm.scoring.step_scores import STEP_OUTPUTS, StepScores, score_rows
+from biprm.scoring.scorer import Scorer
 from biprm.serve.batcher import Batcher, Overloaded
 from biprm.serve.chat import ChatPrompt
 from biprm.serve.config import API_KEY_ENV, ServeConfig

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from biprm.data.encoding import Encoded
-from biprm.scores import StepScores
+from biprm.scoring.step_scores import StepScores
 
 
 class Overloaded(RuntimeError):

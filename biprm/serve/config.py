@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from biprm.aggregate import AGGREGATIONS
+from biprm.scoring.aggregate import AGGREGATIONS
 from biprm.config import ScorerSettings, arg, check_choices, default_data_root
 from biprm.data.readers import SPLIT_RULES
 from biprm.vllm_plugin import SERVED_DTYPES

@@ -31,7 +31,7 @@ from biprm.bench.measure import machine
 from biprm.bench.workload import build
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.data import gsm8k_bon_small
-from biprm.scoring import Scorer
+from biprm.scoring.scorer import Scorer
 from biprm.serve.config import API_KEY_ENV, LoadTestConfig
 
 

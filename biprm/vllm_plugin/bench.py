@@ -28,7 +28,7 @@ from biprm.bench.measure import machine
 from biprm.bench.workload import build
 from biprm.config import MAX_LENGTH, arg, default_data_root
 from biprm.evaluation.data import gsm8k_bon_small
-from biprm.scoring import Scorer
+from biprm.scoring.scorer import Scorer
 from biprm.serve.loadtest import Server, _drive, save_json
 from biprm.vllm_plugin.engine import VLLMScorer
 from biprm.vllm_plugin.export import export_for_vllm

@@ -23,8 +23,8 @@ import torch
 
 from biprm.backbones import load_tokenizer
 from biprm.data.encoding import Encoded, Encoder
-from biprm.scores import StepScores, offsets_of
-from biprm.scoring import Scorer
+from biprm.scoring.step_scores import StepScores, offsets_of
+from biprm.scoring.scorer import Scorer
 from biprm.vllm_plugin import ARCHITECTURE
 from biprm.vllm_plugin.export import export_for_vllm
 

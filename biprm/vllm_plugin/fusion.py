@@ -11,14 +11,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from biprm.aggregate import sigmoid
-from biprm.data.encoding import Encoded
+from biprm.scoring.aggregate import sigmoid
+from biprm.data.encoding import stream_order
 from biprm.config import MODE_TABLE
-
-
-def stream_tokens(enc: Encoded, stream: str) -> list[int]:
-    steps = enc.steps if stream == "l2r" else enc.steps[::-1]
-    return enc.prompt + [t for step in steps for t in step]
 
 
 def stream_rows(h: torch.Tensor, value_head: nn.Linear, gate: nn.Sequential | None) -> torch.Tensor:
@@ -33,17 +28,17 @@ def stream_rows(h: torch.Tensor, value_head: nn.Linear, gate: nn.Sequential | No
 
 def fuse(rows: dict[str, np.ndarray], mode: str, w2: np.ndarray | None = None, b2: float = 0.0) -> dict[str, np.ndarray | None]:
     """Per-step logits (l2r, r2l, fused) and the gate weight sigma, in forward step order."""
-    l2r = rows["l2r"] if "l2r" in rows else None
-    r2l = rows["r2l"][::-1] if "r2l" in rows else None
+    l2r, r2l = (stream_order(rows[s], s) if s in rows else None for s in ("l2r", "r2l"))
     out = {"l2r": None if l2r is None else l2r[:, 0], "r2l": None if r2l is None else r2l[:, 0], "sigma": None}
-    if mode == "bi":
+    spec = MODE_TABLE[mode]
+    if spec.fusion == "gate":
         H = (l2r.shape[1] - 1) // 2
         first = l2r[:, 1 : 1 + H] + r2l[:, 1 + H :]
         out["sigma"] = sigmoid(np.maximum(first, 0) @ w2 + b2)
-    elif mode == "bi-static":
+    elif spec.fusion == "static":
         out["sigma"] = np.full(len(l2r), 0.5)
     if out["sigma"] is None:
-        out["fused"] = out[MODE_TABLE[mode].streams[0]]
+        out["fused"] = out[spec.streams[0]]
     else:
         out["fused"] = out["sigma"] * out["l2r"] + (1 - out["sigma"]) * out["r2l"]
     return out

@@ -22,12 +22,12 @@ from vllm.outputs import PoolingRequestOutput
 from vllm.plugins.io_processors.interface import IOProcessor
 from vllm.renderers import BaseRenderer
 
-from biprm.aggregate import sigmoid
+from biprm.scoring.aggregate import sigmoid
 from biprm.backbones import load_tokenizer
 from biprm.data.encoding import Encoded, Encoder
 from biprm.config import MODE_TABLE
 from biprm.data.trajectory import Trajectory, validate
-from biprm.vllm_plugin.fusion import fuse, stream_tokens
+from biprm.vllm_plugin.fusion import fuse
 
 
 def _second_gate_layer(folder: Path) -> tuple[np.ndarray, float]:
@@ -47,7 +47,7 @@ class BiPRMIOProcessor(IOProcessor):
         self.mode, self.streams = spec["mode"], MODE_TABLE[spec["mode"]].streams
         self.encoder = Encoder(load_tokenizer(model.tokenizer), spec["step_tag_id"], model.max_model_len)
         self.vocab_size = model.get_vocab_size()
-        self.w2, self.b2 = _second_gate_layer(Path(model.model)) if self.mode == "bi" else (None, 0.0)
+        self.w2, self.b2 = _second_gate_layer(Path(model.model)) if MODE_TABLE[self.mode].fusion == "gate" else (None, 0.0)
 
     def parse_data(self, data: object) -> list[Encoded]:
         """Text items are tokenized here; token items (what `biprm serve --engine vllm` sends, already encoded
@@ -81,7 +81,7 @@ class BiPRMIOProcessor(IOProcessor):
         return [int(t) for t in ids]
 
     def pre_process(self, prompt: list[Encoded], request_id: str | None = None, **kwargs) -> list[TokensPrompt]:
-        return [TokensPrompt(prompt_token_ids=stream_tokens(e, s)) for e in prompt for s in self.streams]
+        return [TokensPrompt(prompt_token_ids=e.stream(s)) for e in prompt for s in self.streams]
 
     def post_process(self, model_output: Sequence[PoolingRequestOutput], request_id: str | None = None, **kwargs) -> list[dict]:
         outs = [o.outputs.data.double().cpu().numpy() for o in model_output]

@@ -21,6 +21,7 @@ from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, m
 from vllm.sequence import IntermediateTensors
 from vllm.v1.pool.metadata import PoolingMetadata
 
+from biprm.config import MODE_TABLE
 from biprm.vllm_plugin.fusion import stream_rows
 
 BODIES = {"llama": "llama:LlamaModel", "qwen2": "qwen2:Qwen2Model", "qwen3": "qwen3:Qwen3Model", "mistral": "llama:LlamaModel"}
@@ -74,7 +75,8 @@ class BiPRMForStepScoring(nn.Module):
         self.model = body_class(config.model_type)(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         H = config.hidden_size
         self.value_head = nn.Linear(H, 1, dtype=torch.float32)
-        self.gate = nn.Sequential(nn.Linear(2 * H, H, dtype=torch.float32), nn.ReLU(), nn.Linear(H, 1, dtype=torch.float32)) if self.mode == "bi" else None
+        gated = MODE_TABLE[self.mode].fusion == "gate"
+        self.gate = nn.Sequential(nn.Linear(2 * H, H, dtype=torch.float32), nn.ReLU(), nn.Linear(H, 1, dtype=torch.float32)) if gated else None
         self.pooler = StepHeads(self, config.biprm["step_tag_id"])
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
 

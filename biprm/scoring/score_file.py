@@ -23,10 +23,11 @@ from biprm.checkpoint import check_checkpoint
 from biprm.config import ScorerSettings
 from biprm.data.readers import load_trajectories, skip_report
 from biprm.data.trajectory import DataError
-from biprm.processes import process_state
+from biprm.data.writer import atomic_write
 from biprm.run_folder import changes
-from biprm.scores import score_rows
-from biprm.scoring import Scorer
+from biprm.scoring.process_group import process_state
+from biprm.scoring.scorer import Scorer
+from biprm.scoring.step_scores import score_rows
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +146,4 @@ def _check_run(scratch: Path, run: dict, resume: bool) -> None:
 def _join(parts: list[Path], target: Path, world: int) -> None:
     if len(parts) != world:
         raise RuntimeError(f"expected {world} part files, found {len(parts)}: a process did not finish")
-    partial = target.with_name(target.name + ".partial")
-    with open(partial, "wb") as out:
-        for p in parts:
-            out.write(p.read_bytes())
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(partial, target)
+    atomic_write(target, lambda out: out.writelines(p.read_bytes() for p in parts))

@@ -43,19 +43,28 @@ def logit_of_log(log_p: np.ndarray) -> np.ndarray:
         return log_p - np.log(-np.expm1(log_p))
 
 
+def segments(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values in float64, where each trajectory starts, its length) of flat per-step `values`: what every
+    reduce over trajectories needs. Offsets that do not run from 0 to len(values), or an empty trajectory, are refused."""
+    values = np.asarray(values, dtype=np.float64)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if offsets[0] != 0 or offsets[-1] != len(values):
+        raise ValueError(f"offsets must run from 0 to len(values)={len(values)}")
+    lengths = np.diff(offsets)
+    if np.any(lengths <= 0):
+        raise ValueError("every trajectory needs at least one step score")
+    return values, offsets[:-1], lengths
+
+
 def aggregate(logits: np.ndarray, offsets: np.ndarray, how: str = "min") -> np.ndarray:
     """The logit of R(tau) for every trajectory: min (the paper's default), mean, prod, max or last step."""
-    x = np.asarray(logits, dtype=np.float64)
-    offsets = np.asarray(offsets, dtype=np.int64)
-    starts, ends = offsets[:-1], offsets[1:]
-    if np.any(ends <= starts):
-        raise ValueError("every trajectory needs at least one step score")
+    x, starts, lengths = segments(logits, offsets)
     if how == "min":
         return np.minimum.reduceat(x, starts)
     if how == "max":
         return np.maximum.reduceat(x, starts)
     if how == "last":
-        return x[ends - 1]
+        return x[starts + lengths - 1]
     if how == "prod":
         return logit_of_log(np.add.reduceat(log_sigmoid(x), starts))
     if how == "mean":

@@ -4,20 +4,24 @@ Trajectory i owns positions offsets[i]:offsets[i+1] of every array, in forward s
 order (the R2L stream is already re-aligned). `fused`, `l2r` and `r2l` hold float64
 logits, as the model outputs them; `prob()` gives probabilities. `sigma` is the gate
 weight on the L2R stream. A stream the model does not run is None. `score_rows` turns
-them into the JSON lines that `biprm score` writes and the server returns.
+them into the JSON lines that `biprm score` writes and the server returns; `save_scores`
+and `load_scores` keep them in npz files (the score cache's, a study's per-run logits).
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from biprm.aggregate import AGGREGATIONS, aggregate, logit, sigmoid
 from biprm.data.trajectory import Trajectory
+from biprm.data.writer import atomic_write
+from biprm.scoring.aggregate import AGGREGATIONS, aggregate, logit, sigmoid
 
 OPTIONAL_OUTPUTS = ("l2r", "r2l", "sigma")  # in StepScores' field order; None where the model lacks them
 STEP_OUTPUTS = (*OPTIONAL_OUTPUTS, "fused")  # every per-step array, as score rows name them
+FIELDS = ("offsets", "fused", *OPTIONAL_OUTPUTS)  # what an npz file keeps of a StepScores
 
 
 @dataclass
@@ -47,7 +51,7 @@ class StepScores:
         return values if stream == "sigma" else sigmoid(values)
 
     def solution_logits(self, how: str = "min", stream: str = "fused") -> np.ndarray:
-        """One logit per trajectory: what ranks candidates (see biprm.aggregate)."""
+        """One logit per trajectory: what ranks candidates (see biprm.scoring.aggregate)."""
         return aggregate(getattr(self, stream), self.offsets, how)
 
     def solution_scores(self, how: str = "min", stream: str = "fused") -> np.ndarray:
@@ -102,3 +106,21 @@ def score_rows(trajs: list[Trajectory], scores: StepScores, digits: int | None =
         row["solution_logit"] = {how: float(logits[how][i]) for how in AGGREGATIONS}
         row["steps_scored"] = int(scores.offsets[i + 1] - scores.offsets[i])
         yield row
+
+
+def save_scores(path: str | Path, scores: dict[str, StepScores], compress: bool = False) -> Path:
+    """Named StepScores in one npz file, written whole or not at all. Keys are `name/field`, with the
+    name "" a bare `field` (the score cache keeps one set per file); a stream the model lacks is left out."""
+    arrays = {f"{name}/{field}" if name else field: value
+              for name, s in scores.items() for field in FIELDS if (value := getattr(s, field)) is not None}
+    return atomic_write(path, lambda f: (np.savez_compressed if compress else np.savez)(f, **arrays))
+
+
+def load_scores(path: str | Path) -> dict[str, StepScores]:
+    """What `save_scores` wrote, by name."""
+    fields: dict[str, dict[str, np.ndarray]] = {}
+    with np.load(path) as data:
+        for key in data.files:
+            name, _, field = key.rpartition("/")
+            fields.setdefault(name, {})[field] = data[key]
+    return {name: StepScores(**arrays) for name, arrays in fields.items()}

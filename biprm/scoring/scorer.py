@@ -33,8 +33,8 @@ from biprm.config import MAX_LENGTH, MODE_TABLE, TOKENS_PER_ROW, ScorerSettings
 from biprm.data.encoding import Encoded, Encoder
 from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.modeling import BiPRMModel, BiPRMOutput
-from biprm.packing import check_tags, pack, pack_cached
-from biprm.scores import StepScores, offsets_of, step_positions
+from biprm.packing import check_tags, pack, pack_cached, token_runs
+from biprm.scoring.step_scores import StepScores, offsets_of, step_positions
 
 log = logging.getLogger(__name__)
 CACHE_FROM = 4  # candidates per question from which the prompt cache wins (benchmarks/, scaling plot)
@@ -134,22 +134,15 @@ class Scorer:
         """
         budget = self.tokens_per_batch or (self.budgets.cached if cached else self.budgets.one_pass)
         cost = np.array([e.n_tokens * len(self.model.streams) for e in encs])
-        if cached:
-            groups: dict[tuple[int, ...], list[int]] = {}
-            for i, e in enumerate(encs):
-                groups.setdefault(tuple(e.prompt), []).append(i)
-            blocks = sorted(groups.values(), key=lambda g: -cost[g].max())
-        else:
-            blocks = [[i] for i in np.argsort(-cost, kind="stable")]
-        batches, current, used, widest = [], [], 0, 0
-        for block in blocks:
-            used, widest = used + cost[block].sum(), max(widest, cost[block].max())
-            size = used if cached else (len(current) + len(block)) * widest
-            if current and size > budget:
-                batches.append(np.array(current))
-                current, used, widest = [], cost[block].sum(), cost[block].max()
-            current += block
-        return batches + [np.array(current)] if current else batches
+        if not cached:
+            order = np.argsort(-cost, kind="stable")
+            return [order[a:b] for a, b in token_runs(cost[order], budget)]
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, e in enumerate(encs):
+            groups.setdefault(tuple(e.prompt), []).append(i)
+        blocks = sorted(groups.values(), key=lambda g: -cost[g].max())
+        runs = token_runs([cost[g].sum() for g in blocks], budget, padded=False)
+        return [np.array([i for g in blocks[a:b] for i in g]) for a, b in runs]
 
     @property
     def max_length(self) -> int:
