@@ -41,7 +41,8 @@ from biprm.evaluation.ablations import ablation_table, format_ablation_table
 from biprm.evaluation.bon import evaluate_bon, format_bon
 from biprm.evaluation.common import fmt, open_cache, write_json
 from biprm.evaluation.config import SuiteConfig
-from biprm.evaluation.data import load_pool, load_processbench
+from biprm.data.benchmarks import load_processbench
+from biprm.evaluation.pools import load_pool
 from biprm.evaluation.models import ScoreSource, ablation_sources, checkpoint_mode, checkpoint_sources, score_sources, token_lengths
 from biprm.evaluation.processbench import TUNE_ON, evaluate_processbench, format_processbench
 from biprm.evaluation.report import format_curves, format_long_chain

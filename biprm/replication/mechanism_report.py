@@ -20,7 +20,8 @@ from biprm.analysis.plots import plot_curves, position_curve
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.bon import bon_rows
 from biprm.evaluation.common import fmt, write_json
-from biprm.evaluation.data import SUBPOOLS, Pool
+from biprm.data.benchmarks import SUBPOOLS
+from biprm.evaluation.pools import Pool
 from biprm.evaluation.processbench import flag_step_rule, out_of_sample, tuned_threshold
 from biprm.metrics.bootstrap import bootstrap_mean, bootstrap_statistic, paired_difference
 from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step
