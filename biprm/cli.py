@@ -132,11 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
+    """Append each flag's default to its help, unless the help already says it: a default computed at run time
+    (None, '') reads better in words, "(default: cuda if present)", than as a second "(default: None)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if "(default:" in (action.help or "") else super()._get_help_string(action)
+
+
 def _add_commands(parser: argparse.ArgumentParser, dest: str, commands: dict) -> None:
     """One sub-command per entry of `commands`, its flags and `--config FILE` made from its settings dataclass."""
     sub = parser.add_subparsers(dest=dest, required=True, parser_class=HfArgumentParser)
     for name, (settings, run, text) in commands.items():
-        p = sub.add_parser(name, dataclass_types=[settings], help=text, description=text)
+        p = sub.add_parser(name, dataclass_types=[settings], help=text, description=text, formatter_class=_DefaultsOnce)
         p.add_argument("--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it")
         _negations_say_so(p)
         for action in p._actions:
