@@ -102,6 +102,8 @@ def test_a_run_sets_the_sizes_it_names_and_takes_the_rest_from_its_preset():
     sizes = BenchConfig(preset="vllm", requests=8, compare_at=2).sizes
     assert sizes == PRESETS["vllm"] | {"requests": 8, "compare_at": 2} and PRESETS["vllm"]["requests"] == 64
     assert BenchConfig(preset="quick", questions=3).sizes["questions"] == 3
+    with pytest.raises(ValueError, match="--overload-clients: the vllm preset has no such size; it takes --questions, --requests"):
+        BenchConfig(preset="vllm", overload_clients=8)
 
 
 def test_bench_presets_run_the_server_benchmarks(monkeypatch):

@@ -14,7 +14,7 @@ PRESETS = {  # smoke: every code path in seconds on the tiny shape (tests)
     "serve": dict(requests=192, concurrency=[1, 8, 32], compare_at=32, overload_clients=256, overload_queue=32, time_limit_s=240.0),
     "vllm": dict(questions=8, requests=64, compare_at=8, time_limit_s=300.0),
 }
-SERVER_PRESETS = ("serve", "vllm")
+SIZES = ("questions", "requests", "concurrency", "compare_at", "overload_clients", "overload_queue", "time_limit_s")  # flags that resize a preset
 
 
 @dataclass
@@ -40,11 +40,16 @@ class BenchConfig:
     overload_queue: int | None = arg(None, "serve: --max-queue of the overloaded server (preset's if unset)")
     time_limit_s: float | None = arg(None, "serve, vllm: seconds per measurement; requests not sent by then are not sent (preset's if unset)")
 
+    def __post_init__(self) -> None:
+        unused = [k for k in SIZES if getattr(self, k) is not None and k not in PRESETS[self.preset]]
+        if unused:
+            raise ValueError(f"--{unused[0].replace('_', '-')}: the {self.preset} preset has no such size; "
+                             f"it takes {', '.join('--' + k.replace('_', '-') for k in SIZES if k in PRESETS[self.preset])}")
+
     @property
     def sizes(self) -> dict:
         """The preset's sizes, with those this run sets."""
-        given = {k: getattr(self, k) for k in ("questions", "requests", "concurrency", "compare_at", "overload_clients", "overload_queue", "time_limit_s")}
-        return PRESETS[self.preset] | {k: v for k, v in given.items() if v is not None}
+        return PRESETS[self.preset] | {k: getattr(self, k) for k in SIZES if getattr(self, k) is not None}
 
     def names(self, pair: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[str, ...]:
         return pair[0] + (pair[1] if self.sizes["extra"] else ())
