@@ -24,7 +24,7 @@ from biprm.bench.config import BenchConfig, CheckConfig, DataBenchConfig
 from biprm.config import DemoConfig, ScoreConfig, TrainConfig
 from biprm.evaluation import cli as evaluation
 from biprm.replication.config import ReplicateConfig
-from biprm.serve.config import ExportConfig, LoadTestConfig, ServeConfig
+from biprm.serve.config import ExportConfig, ServeConfig
 
 
 def cmd_train(cfg: TrainConfig) -> None:
@@ -74,21 +74,21 @@ def cmd_serve(cfg: ServeConfig) -> None:
 
 
 def cmd_export(cfg: ExportConfig) -> None:
-    from biprm.vllm_plugin.export import export_for_vllm
+    from biprm.serve.export import export_for_vllm
 
     print(f"exported to {export_for_vllm(cfg.model, cfg.out, dtype=cfg.dtype)} in {cfg.dtype}; serve it with: vllm serve {cfg.out}")
 
 
-def cmd_loadtest(cfg: LoadTestConfig) -> None:
-    from biprm.serve.loadtest import run, write
-
-    write(run(cfg), cfg.out)
-
-
 def cmd_bench(cfg: BenchConfig) -> None:
-    from biprm.bench.run import main as run
+    if cfg.preset == "serve":
+        from biprm.bench.serve import run, write
+    elif cfg.preset == "vllm":
+        from biprm.bench.vllm import run, write
+    else:
+        from biprm.bench.run import main
 
-    run(cfg)
+        return main(cfg)
+    write(run(cfg), cfg.out)
 
 
 def cmd_check(cfg: CheckConfig) -> None:
@@ -113,8 +113,8 @@ COMMANDS = {  # name: (settings, recipe, one-line help)
     "replicate": (ReplicateConfig, cmd_replicate, "the paper's l2r / r2l / bi-static / bi comparison on SmolLM2-135M and real data (resumable: rerun to continue)"),
     "serve": (ServeConfig, cmd_serve, "serve a checkpoint over HTTP: /v1/score, /get_reward (OpenRLHF), /health, /metrics (extra [serve])"),
     "export": (ExportConfig, cmd_export, "write a checkpoint in the layout another engine loads (vllm: for `vllm serve` with biprm's plugin)"),
-    "loadtest": (LoadTestConfig, cmd_loadtest, "benchmark `biprm serve` on loopback: batched vs one-at-a-time, latency by concurrency, overload"),
-    "bench": (BenchConfig, cmd_bench, "time and measure BiPRM against the reference pattern and L2R, side by side"),
+    "bench": (BenchConfig, cmd_bench, "time and measure BiPRM against the reference pattern and L2R, side by side; "
+                                      "--preset serve|vllm: the servers under load"),
     "check": (CheckConfig, cmd_check, "try the cluster path once on this machine (train, resume, score, latency, vLLM dtype): a pass/fail table"),
     "bench-data": (DataBenchConfig, cmd_bench_data, "time to the first training step and peak RSS per rank on a Math-Shepherd-size file"),
 }
@@ -132,11 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
+    """Append each flag's default to its help, unless the help already says it: a default computed at run time
+    (None, '') reads better in words, "(default: cuda if present)", than as a second "(default: None)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if "(default:" in (action.help or "") else super()._get_help_string(action)
+
+
 def _add_commands(parser: argparse.ArgumentParser, dest: str, commands: dict) -> None:
     """One sub-command per entry of `commands`, its flags and `--config FILE` made from its settings dataclass."""
     sub = parser.add_subparsers(dest=dest, required=True, parser_class=HfArgumentParser)
     for name, (settings, run, text) in commands.items():
-        p = sub.add_parser(name, dataclass_types=[settings], help=text, description=text)
+        p = sub.add_parser(name, dataclass_types=[settings], help=text, description=text, formatter_class=_DefaultsOnce)
         p.add_argument("--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it")
         _negations_say_so(p)
         for action in p._actions:

@@ -324,7 +324,10 @@ def from_backbone(
     attn_implementation: str = "sdpa",
     **config_kwargs,
 ) -> BiPRMModel:
-    """A fresh BiPRM on a pretrained body; adds the step tag to `tokenizer` and gives it a row (`init_new_rows`)."""
+    """A fresh BiPRM on a pretrained body; adds the step tag to `tokenizer` and gives it a row (`init_new_rows`).
+
+    The config takes the tokenizer's pad, bos and eos ids: transformers' Trainer reads them from the top-level
+    config and, finding none there, would set them itself and print a notice on every first run."""
     check_attention(attn_implementation)
     backbone = AutoModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     known = len(tokenizer)
@@ -332,8 +335,9 @@ def from_backbone(
     if len(tokenizer) > backbone.get_input_embeddings().num_embeddings:
         backbone.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     init_new_rows(backbone.get_input_embeddings().weight, known, len(tokenizer))
+    special = {name: getattr(tokenizer, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id") if getattr(tokenizer, name) is not None}
     config = BiPRMConfig(
-        backbone_config=backbone.config, mode=mode, objective=objective, step_tag_id=step_tag_id, **config_kwargs
+        backbone_config=backbone.config, mode=mode, objective=objective, step_tag_id=step_tag_id, **special, **config_kwargs
     )
     model = BiPRMModel(config, backbone=backbone).to(dtype)
     model.set_attn_implementation(attn_implementation)  # wrapping resets the body's setting

@@ -22,7 +22,7 @@ import datasets
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
+from transformers import PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments, set_seed
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
@@ -243,14 +243,7 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, enco
     """Train one model into `cfg.output_dir`; `encoded`, if given, is the data instead of `cfg.data`: a study's
     training set, encoded once for all its runs with this backbone's tokenizer (it needs the trunk cache: --train-top-layers)."""
     set_seed(cfg.seed)  # before the model is built: the seed fixes every new weight
-    if encoded is None:
-        check_source(cfg.data)
-    if cfg.deepspeed:
-        check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r)
-    engine = backend(cfg)
-    if engine != "plain" and cpu_only():
-        raise ValueError(f"{engine} needs a GPU: accelerate starts it only on accelerator devices (on a CPU, DeepSpeed fails to start "
-                         "and FSDP trains as plain DDP); train on a CPU without it (one process, or DDP: torchrun --nproc_per_node N)")
+    engine = check_before_loading(cfg, encoded)
     # The arguments come first: with a ZeRO-3 config they switch on partitioned init, so the
     # backbone below is loaded straight into shards instead of whole into every rank's RAM.
     args = training_arguments(cfg)
@@ -258,42 +251,9 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, enco
         raise ValueError(TRUNK_ALONE)  # before any rank builds the cache
     backbone_dir = resolve_backbone(cfg.backbone)
     tokenizer = load_tokenizer(backbone_dir)
-    # fp32 master weights everywhere; --bf16 is autocast (CUDA or CPU), never bf16 weights,
-    # which would round most updates at the paper's lr away (0.02 + 3e-5 == 0.02 in bf16)
-    model = from_backbone(
-        backbone_dir, tokenizer, mode=cfg.mode, objective=cfg.objective, zeta=cfg.zeta, dtype=torch.float32,
-        attn_implementation=cfg.attn_implementation,
-        detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight,
-    )
-    if cfg.lora_r and engine == "fsdp":
-        raise ValueError("--lora-r with FSDP is not supported (the merged save needs the full weights on one process); use DDP or ZeRO-2")
-    if cfg.lora_r and cfg.train_top_layers:
-        raise ValueError("--lora-r and --train-top-layers are two ways to train part of the backbone; choose one")
-    if cfg.lora_r:
-        model = with_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, tuple(cfg.lora_targets.split(",")))
-        trainable, total = model.get_nb_trainable_parameters()
-        log.info("LoRA r=%d: training %d of %d parameters", cfg.lora_r, trainable, total)
-    if cfg.train_top_layers:
-        freeze_bottom(model, cfg.train_top_layers)
-        if cfg.heads_only:
-            model.backbone.requires_grad_(False)
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        log.info("training the top %d layers, value head and gate: %d of %d parameters", cfg.train_top_layers, trainable, model.num_parameters())
+    model = build_model(cfg, engine, backbone_dir, tokenizer)
     encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
-    if cfg.train_top_layers and cfg.trunk_cache:
-        # computed where training runs (the Trainer would move the model there next), not on the CPU of a GPU node
-        train_set, fingerprint = trunk_set(cfg, model.to(args.device), encoder, encoded)
-        eval_set = None
-    elif encoded is not None:
-        raise ValueError("training on encodings given in Python needs the trunk cache (--train-top-layers K)")
-    elif cfg.streaming:
-        data = streamed_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid)
-        train_set, eval_set, fingerprint = data, None, f"stream:{cfg.data}"
-    else:
-        with args.main_process_first(desc="encoding the training data"):  # rank 0 builds the cache, the others map it
-            data = encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)
-        train_set, eval_set = holdout(data, cfg.eval_fraction, cfg.seed)
-        fingerprint = data._fingerprint
+    train_set, eval_set, fingerprint = training_data(cfg, args, model, encoder, encoded)
     options = dict(mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row, pad_id=tokenizer.pad_token_id)
     trainer = BiPRMTrainer(  # built before the folder is touched: a tracker or launcher that fails here leaves nothing behind
         model=model, args=args, train_dataset=train_set, eval_dataset=eval_set,
@@ -315,6 +275,69 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, enco
                  len(eval_set) if eval_set is not None else 0)
     with undone_if_nothing_trained(cfg.output_dir, created, lambda: trainer.state.global_step):
         trainer.train(resume_from_checkpoint=resume_from)
+    save_final(cfg, trainer, model, tokenizer, args.world_size)
+    return cfg.output_dir
+
+
+def check_before_loading(cfg: TrainConfig, encoded: list[Encoded] | None) -> str:
+    """The distributed engine (plain, deepspeed, fsdp), once the data source and the engine's config are known to work:
+    a mistake there is cheaper to hear before the backbone loads."""
+    if encoded is None:
+        check_source(cfg.data)
+    if cfg.deepspeed:
+        check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r)
+    engine = backend(cfg)
+    if engine != "plain" and cpu_only():
+        raise ValueError(f"{engine} needs a GPU: accelerate starts it only on accelerator devices (on a CPU, DeepSpeed fails to start "
+                         "and FSDP trains as plain DDP); train on a CPU without it (one process, or DDP: torchrun --nproc_per_node N)")
+    return engine
+
+
+def build_model(cfg: TrainConfig, engine: str, backbone_dir: str, tokenizer: PreTrainedTokenizerBase) -> BiPRMModel:
+    """A fresh BiPRM on the backbone, with only the parameters this run trains left trainable (LoRA, top layers, heads)."""
+    # fp32 master weights everywhere; --bf16 is autocast (CUDA or CPU), never bf16 weights,
+    # which would round most updates at the paper's lr away (0.02 + 3e-5 == 0.02 in bf16)
+    model = from_backbone(
+        backbone_dir, tokenizer, mode=cfg.mode, objective=cfg.objective, zeta=cfg.zeta, dtype=torch.float32,
+        attn_implementation=cfg.attn_implementation,
+        detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight,
+    )
+    if cfg.lora_r and engine == "fsdp":
+        raise ValueError("--lora-r with FSDP is not supported (the merged save needs the full weights on one process); use DDP or ZeRO-2")
+    if cfg.lora_r and cfg.train_top_layers:
+        raise ValueError("--lora-r and --train-top-layers are two ways to train part of the backbone; choose one")
+    if cfg.lora_r:
+        model = with_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, tuple(cfg.lora_targets.split(",")))
+        trainable, total = model.get_nb_trainable_parameters()
+        log.info("LoRA r=%d: training %d of %d parameters", cfg.lora_r, trainable, total)
+    if cfg.train_top_layers:
+        freeze_bottom(model, cfg.train_top_layers)
+        if cfg.heads_only:
+            model.backbone.requires_grad_(False)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log.info("training the top %d layers, value head and gate: %d of %d parameters", cfg.train_top_layers, trainable, model.num_parameters())
+    return model
+
+
+def training_data(cfg: TrainConfig, args: TrainingArguments, model: BiPRMModel, encoder: Encoder,
+                  encoded: list[Encoded] | None) -> tuple[object, object | None, str]:
+    """(training rows, held-out rows or None, their fingerprint for the run record): trunk features, a stream, or an encoded file."""
+    if cfg.train_top_layers and cfg.trunk_cache:
+        # computed where training runs (the Trainer would move the model there next), not on the CPU of a GPU node
+        train_set, fingerprint = trunk_set(cfg, model.to(args.device), encoder, encoded)
+        return train_set, None, fingerprint
+    if encoded is not None:
+        raise ValueError("training on encodings given in Python needs the trunk cache (--train-top-layers K)")
+    if cfg.streaming:
+        return streamed_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid), None, f"stream:{cfg.data}"
+    with args.main_process_first(desc="encoding the training data"):  # rank 0 builds the cache, the others map it
+        data = encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)
+    train_set, eval_set = holdout(data, cfg.eval_fraction, cfg.seed)
+    return train_set, eval_set, data._fingerprint
+
+
+def save_final(cfg: TrainConfig, trainer: BiPRMTrainer, model: BiPRMModel, tokenizer: PreTrainedTokenizerBase, world_size: int) -> None:
+    """The final model with its record, log and card, written to a scratch folder and moved into the output folder whole."""
     stamp(model.config)
     scratch = Path(cfg.output_dir, ".final")  # the final save lands here first, then moves in (run_folder.publish)
     if cfg.lora_r:
@@ -323,12 +346,11 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, enco
     else:
         trainer.save_model(str(scratch))
     if trainer.is_world_process_zero():
-        Path(scratch, "biprm_train.json").write_text(json.dumps({**asdict(cfg), "world_size": args.world_size, "fsdp": trainer.is_fsdp_enabled}, indent=2))
+        Path(scratch, "biprm_train.json").write_text(json.dumps({**asdict(cfg), "world_size": world_size, "fsdp": trainer.is_fsdp_enabled}, indent=2))
         Path(scratch, "train_log.json").write_text(json.dumps(trainer.state.log_history, indent=2))
         write_model_card(scratch, asdict(cfg), trainer.state.log_history)
         publish(scratch, cfg.output_dir)
         share(cfg.output_dir)
-    return cfg.output_dir
 
 
 def trunk_set(cfg: TrainConfig, model: BiPRMModel, encoder: Encoder, encoded: list[Encoded] | None) -> tuple[TrunkData, str]:

@@ -3,8 +3,10 @@ import json
 import math
 
 import numpy as np
+import pytest
 import torch
 
+from biprm.bench.config import PRESETS
 from biprm.bench.measure import step_memory
 from biprm.bench.run import BenchConfig, gate_overhead, main
 from biprm.bench.workload import build, training_config
@@ -80,3 +82,40 @@ def test_bench_data_rows_chain_solutions_to_the_asked_length(data_dir, tmp_path)
         steps[per_row] = np.mean([len(t.steps) for t in trajs])
     assert 2.2 < steps[2.5] / steps[1.0] < 2.8  # half the rows chain 2 solutions, half 3
     assert DataBenchConfig(rows=10).name == "data-10" and DataBenchConfig(rows=10, solutions_per_row=2.7).name == "data-10-x2.7"
+
+
+@pytest.mark.slow
+def test_serve_preset_runs_bounded_and_serves_the_scorers_scores(tmp_path, data_dir):
+    from biprm.bench.serve import run, write
+
+    cfg = BenchConfig(preset="serve", shape="tiny", data_root=str(data_dir), requests=8, concurrency=[1, 4], compare_at=4, overload_clients=24,
+                      overload_queue=2)
+    result = run(cfg)
+    assert result["max_abs_diff_vs_scorer"] < 1e-5
+    assert result["runs"]["batched"]["4"]["ok"] == 8 and result["runs"]["one-at-a-time"]["4"]["ok"] == 8
+    assert result["overload"]["rejected_503"] > 0 and result["overload"]["ok"] + result["overload"]["rejected_503"] == result["overload"]["sent"]
+    assert "one-at-a-time" in write(result, str(tmp_path)).with_suffix(".md").read_text()
+
+
+def test_a_run_sets_the_sizes_it_names_and_takes_the_rest_from_its_preset():
+    assert BenchConfig(preset="serve").sizes == PRESETS["serve"]
+    sizes = BenchConfig(preset="vllm", requests=8, compare_at=2).sizes
+    assert sizes == PRESETS["vllm"] | {"requests": 8, "compare_at": 2} and PRESETS["vllm"]["requests"] == 64
+    assert BenchConfig(preset="quick", questions=3).sizes["questions"] == 3
+    with pytest.raises(ValueError, match="--overload-clients: the vllm preset has no such size; it takes --questions, --requests"):
+        BenchConfig(preset="vllm", overload_clients=8)
+
+
+def test_bench_presets_run_the_server_benchmarks(monkeypatch):
+    """`biprm bench --preset serve|vllm` run the load test and the vLLM comparison, with the sizes the flags set."""
+    import biprm.bench.serve
+    import biprm.bench.vllm
+    from biprm.cli import main as cli
+
+    ran = []
+    for module in (biprm.bench.serve, biprm.bench.vllm):
+        monkeypatch.setattr(module, "run", lambda cfg, name=module.__name__: ran.append((name, cfg.sizes)) or {})
+        monkeypatch.setattr(module, "write", lambda result, out: None)
+    cli(["bench", "--preset", "serve", "--requests", "8", "--concurrency", "1", "4"])
+    cli(["bench", "--preset", "vllm"])
+    assert ran == [("biprm.bench.serve", PRESETS["serve"] | {"requests": 8, "concurrency": [1, 4]}), ("biprm.bench.vllm", PRESETS["vllm"])]

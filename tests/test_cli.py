@@ -443,6 +443,20 @@ def test_the_readme_score_section_lists_every_input_layout():
     assert all(f"- `{fmt}`: " in section for fmt in FORMATS), FORMATS
 
 
+def test_no_help_entry_states_its_default_twice():
+    """A help text that says its own default "(default: cuda if present)" gets no second "(default: None)" appended."""
+    from biprm.cli import _subparsers, build_parser
+
+    parser = build_parser()
+    helps = {p.prog: p.format_help() for p in _subparsers(parser) if "settings" in p._defaults}
+    assert {"biprm train", "biprm score", "biprm serve", "biprm eval bon", "biprm bench"} <= set(helps)
+    entries = {prog: [" ".join(entry.split()) for entry in re.split(r"\n  (?=-)", text)] for prog, text in helps.items()}
+    twice = [f"{prog}: {entry}" for prog, found in entries.items() for entry in found if entry.count("(default:") > 1]
+    assert not twice, "\n".join(twice)
+    assert any(e.endswith("score cache (default: OUT/cache)") for e in entries["biprm eval bon"])
+    assert any(e.endswith("(and are reported) (default: 2048)") for e in entries["biprm train"])  # others still show theirs
+
+
 def test_preset_help_describes_every_preset_and_leaves_timings_to_one_doc():
     import dataclasses
     import typing

@@ -15,11 +15,12 @@ from biprm.cli import main
 from biprm.data.readers import EMPTY_RESPONSE
 from biprm.evaluation.ablations import ablation_table, format_ablation_table
 from biprm.evaluation.cache import ScoreCache
-import biprm.evaluation.data as evaluation_data
+import biprm.data.benchmarks as benchmarks
 from biprm.data.synthetic import make_dataset
 from biprm.data.template import STEP_TAG
 from biprm.data.trajectory import DataError
-from biprm.evaluation.data import balanced_slice, gsm8k_bon_small, load_pool, spread
+from biprm.data.benchmarks import balanced_slice, gsm8k_bon_small, spread
+from biprm.evaluation.pools import load_pool
 from biprm.evaluation.models import ScoreSource, ablation_sources, checkpoint_sources, score_sources
 from biprm.scoring.step_scores import StepScores
 from biprm.scoring import Scorer
@@ -222,7 +223,7 @@ def test_eval_all_writes_report_and_reruns_from_cache(ckpt, data_dir, cache_dir,
 
 
 def test_a_missing_data_folder_says_how_to_point_at_the_data(tmp_path):
-    from biprm.evaluation.data import load_processbench
+    from biprm.data.benchmarks import load_processbench
 
     with pytest.raises(FileNotFoundError, match="pass --data-root DIR or set BIPRM_DATA=DIR"):
         load_processbench(str(tmp_path / "nowhere"), ("gsm8k",))
@@ -323,13 +324,13 @@ def test_real_gsm8k_bon_small(bon_small):
 
 
 def test_gsm8k_bon_small_checks_alignment(data_dir, monkeypatch):
-    real = evaluation_data.read_rows
+    real = benchmarks.read_rows
 
     def shuffled(source, split="train"):
         rows, name = real(source, split)
         return (rows[::-1], name) if "abel_13b" in source else (rows, name)
 
-    monkeypatch.setattr(evaluation_data, "read_rows", shuffled)
+    monkeypatch.setattr(benchmarks, "read_rows", shuffled)
     with pytest.raises(DataError, match=r"abel_13b\.json\.gz row 1: field 'question' does not match question 1"):
         gsm8k_bon_small(str(data_dir))
 

@@ -42,6 +42,33 @@ def graph() -> dict[str, set[str]]:
     return {name: biprm_imports(path, known) - {name} for name, path in known.items()}
 
 
+def wing_of(name: str) -> str | None:
+    """The wing (subpackage of biprm) a module belongs to; None for the ground floor (biprm's top-level modules)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (ROOT / "biprm" / parts[1]).is_dir()) else None
+
+
+def wing_graph(edges: dict[str, set[str]]) -> dict[str, dict[str, tuple[str, ...]]]:
+    """wing -> wing it depends on -> one import chain that shows it. A chain may pass through ground-floor modules:
+    a wing that reaches another through `biprm.x` depends on it as much as through a direct import."""
+    wings: dict[str, dict[str, tuple[str, ...]]] = {}
+    for name in sorted(edges):
+        if (wing := wing_of(name)) is None:
+            continue
+        reached = wings.setdefault(wing, {})
+        todo, seen = [(name,)], {name}
+        while todo:
+            chain = todo.pop(0)
+            for dep in sorted(edges[chain[-1]] - seen):
+                seen.add(dep)
+                other = wing_of(dep)
+                if other is None:
+                    todo.append(chain + (dep,))
+                elif other != wing:
+                    reached.setdefault(other, chain + (dep,))
+    return wings
+
+
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     """One import cycle as a path that returns to its start, or None."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -98,6 +125,28 @@ def test_the_data_wing_stands_on_config_alone():
 def test_no_import_cycle():
     cycle = find_cycle(graph())
     assert cycle is None, " -> ".join(cycle)
+
+
+def test_no_cycle_between_wings():
+    """A wing may lean on the ground floor and on wings below it, never on a wing that leans back on it."""
+    wings = wing_graph(graph())
+    cycle = find_cycle({wing: set(deps) for wing, deps in wings.items()})
+    assert cycle is None, "wings import each other: " + " -> ".join(cycle) + "".join(
+        f"\n  {a} -> {b}: {' -> '.join(wings[a][b])}" for a, b in zip(cycle, cycle[1:]))
+
+
+def test_wing_graph_sees_through_the_ground_floor():
+    edges = {"biprm.serve.app": {"biprm.modeling"}, "biprm.modeling": {"biprm.bench.run"}, "biprm.bench.run": {"biprm.serve.app"}}
+    wings = wing_graph(edges)
+    assert wings == {"serve": {"bench": ("biprm.serve.app", "biprm.modeling", "biprm.bench.run")}, "bench": {"serve": ("biprm.bench.run", "biprm.serve.app")}}
+    assert find_cycle({w: set(d) for w, d in wings.items()}) == ["bench", "serve", "bench"]
+
+
+def test_the_vllm_plugin_stands_on_config_and_data_alone():
+    """What vLLM loads imports nothing of the scorer or the server; `biprm serve --engine vllm` and the export sit with serve."""
+    outside = {name: sorted(d for d in deps if not d.startswith(("biprm.vllm_plugin", "biprm.data")) and d != "biprm.config")
+               for name, deps in graph().items() if name.startswith("biprm.vllm_plugin")}
+    assert all(not deps for deps in outside.values()), {n: d for n, d in outside.items() if d}
 
 
 def test_find_cycle_finds_one():

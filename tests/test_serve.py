@@ -268,14 +268,3 @@ def test_cli_server_finishes_accepted_requests_on_sigterm(tmp_path, bi_scorer):
     assert "Finished server process" in log and "Traceback" not in log, log
     assert len(answers) == 6 and all(a["fused"] == pytest.approx(want, abs=1e-6) for a in answers)
 
-
-@pytest.mark.slow
-def test_load_test_runs_bounded_and_serves_the_scorers_scores(tmp_path, data_dir):
-    from biprm.serve.loadtest import LoadTestConfig, run, write
-
-    cfg = LoadTestConfig(shape="tiny", data_root=str(data_dir), requests=8, concurrency=(1, 4), compare_at=4, overload_clients=24, overload_queue=2)
-    result = run(cfg)
-    assert result["max_abs_diff_vs_scorer"] < 1e-5
-    assert result["runs"]["batched"]["4"]["ok"] == 8 and result["runs"]["one-at-a-time"]["4"]["ok"] == 8
-    assert result["overload"]["rejected_503"] > 0 and result["overload"]["ok"] + result["overload"]["rejected_503"] == result["overload"]["sent"]
-    assert "one-at-a-time" in write(result, str(tmp_path)).with_suffix(".md").read_text()

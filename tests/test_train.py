@@ -57,6 +57,18 @@ def test_checkpoint_has_everything_to_score(tmp_path):
     assert any(k.startswith("gate.") for k in weights(out))
 
 
+def test_training_leaves_transformers_no_special_tokens_to_align(tmp_path):
+    """The config carries the tokenizer's pad/bos/eos from the start, so the Trainer has nothing to align or to say."""
+    from transformers import logging as hf_logging
+    from transformers.testing_utils import CaptureLogger
+
+    with CaptureLogger(hf_logging.get_logger("transformers.trainer_utils")) as captured:
+        out = Path(train(tiny_config(tmp_path / "m", max_steps=1, save_steps=10)))
+    assert "aligned accordingly" not in captured.out, captured.out
+    config = json.loads((out / "config.json").read_text())
+    assert (config["pad_token_id"], config["bos_token_id"], config["eos_token_id"]) == (2, 0, 1)  # the tiny tokenizer's
+
+
 @pytest.mark.parametrize("objective", ["bce", "mse", "qrank"])
 def test_every_objective_trains(tmp_path, objective):
     out = Path(train(tiny_config(tmp_path / objective, objective=objective, max_steps=2)))

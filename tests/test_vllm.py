@@ -29,8 +29,8 @@ from biprm.backbones import load_tokenizer, resolve_backbone  # noqa: E402
 from biprm.scoring import Scorer  # noqa: E402
 from biprm.training import TrainConfig, train  # noqa: E402
 from biprm.data.trajectory import Trajectory  # noqa: E402
-from biprm.vllm_plugin.engine import VLLMScorer  # noqa: E402
-from biprm.vllm_plugin.export import export_for_vllm  # noqa: E402
+from biprm.serve.vllm_engine import VLLMScorer  # noqa: E402
+from biprm.serve.export import export_for_vllm  # noqa: E402
 from conftest import scored  # noqa: E402
 MODES = ("l2r", "r2l", "bi-static", "bi")  # `bi` last: the endpoint tests below reuse its engine
 Q = "Tom has 3 apples and buys 4 more. How many apples does he have?"

@@ -187,7 +187,7 @@ def vllm_dtype(run: Path, out: Path) -> Item:
     import importlib.util
 
     from biprm.vllm_plugin import SERVED_DTYPES
-    from biprm.vllm_plugin.export import export_for_vllm
+    from biprm.serve.export import export_for_vllm
 
     export = export_for_vllm(str(run), str(out / "vllm-export"), link=True)
     named = json.loads((export / "config.json").read_text()).get("dtype")

@@ -10,25 +10,46 @@ PRESETS = {  # smoke: every code path in seconds on the tiny shape (tests)
     "full": dict(batch=4, tokens=256, repeats=3, questions=5, bon_repeats=2, ref_sample=12, latency_sample=3, extra=True, scaling=True),
     "quick": dict(batch=2, tokens=128, repeats=2, questions=2, bon_repeats=1, ref_sample=4, latency_sample=2, extra=False, scaling=False),
     "smoke": dict(batch=2, tokens=128, repeats=1, questions=1, bon_repeats=1, ref_sample=2, latency_sample=1, extra=True, scaling=True),
+    # servers on loopback (biprm.bench.serve, biprm.bench.vllm): requests per measurement, clients, seconds per measurement
+    "serve": dict(requests=192, concurrency=[1, 8, 32], compare_at=32, overload_clients=256, overload_queue=32, time_limit_s=240.0),
+    "vllm": dict(questions=8, requests=64, compare_at=8, time_limit_s=300.0),
 }
+SIZES = ("questions", "requests", "concurrency", "compare_at", "overload_clients", "overload_queue", "time_limit_s")  # flags that resize a preset
 
 
 @dataclass
 class BenchConfig:
-    preset: Literal["full", "quick", "smoke"] = arg("full", "quick: the target ratios on small sizes (docs/PERFORMANCE.md gives its "
-                                                      "wall clock); full: adds the reference L2R, more layouts and the scaling curve; "
-                                                      "smoke: every code path once, in seconds, on tiny sizes (what the tests run)")
+    preset: Literal["full", "quick", "smoke", "serve", "vllm"] = arg(
+        "full", "quick: the target ratios on small sizes (docs/PERFORMANCE.md gives its wall clock); full: adds the reference L2R, "
+                "more layouts and the scaling curve; smoke: every code path once, in seconds, on tiny sizes (what the tests run); "
+                "serve: `biprm serve` under concurrent load on loopback (docs/SERVING.md); vllm: biprm's scorer and servers against "
+                "vLLM running biprm's plugin (extra [vllm])")
     shape: str = arg("smollm2-135m", "backbone whose config and tokenizer to use (random weights): smollm2-135m or tiny")
     data_root: str = arg(help="folder holding gsm8k/ and gsm8k_bon_small/", factory=default_data_root)
-    out: str = arg("benchmarks", "where bench-<shape>[-quick].{json,md} and the scaling PNG go")
+    out: str = arg("benchmarks", "where bench-<shape>[-quick].{json,md} and the scaling PNG go (serve-<shape>, vllm-<shape> for those presets)")
     threads: int = arg(0, "torch threads; 0: every core")
     seed: int = arg(0, "seed of the sampled solutions")
     memory: bool = arg(True, "probe the peak memory of each configuration")
     dtypes: str = arg("auto", "auto (fp32, and bf16 where this CPU multiplies it faster), or a list like float32,bfloat16")
+    # sizes a run may set itself; unset (None), they are the preset's
+    questions: int | None = arg(None, "questions of the Best-of-N pool (preset's if unset)")
+    requests: int | None = arg(None, "serve, vllm: single-solution requests per measurement (preset's if unset)")
+    concurrency: list[int] | None = arg(None, "serve: concurrent clients of the batching server's latency table (preset's if unset)")
+    compare_at: int | None = arg(None, "serve, vllm: concurrent clients where the servers are compared side by side (preset's if unset)")
+    overload_clients: int | None = arg(None, "serve: clients of the overload measurement (preset's if unset)")
+    overload_queue: int | None = arg(None, "serve: --max-queue of the overloaded server (preset's if unset)")
+    time_limit_s: float | None = arg(None, "serve, vllm: seconds per measurement; requests not sent by then are not sent (preset's if unset)")
+
+    def __post_init__(self) -> None:
+        unused = [k for k in SIZES if getattr(self, k) is not None and k not in PRESETS[self.preset]]
+        if unused:
+            raise ValueError(f"--{unused[0].replace('_', '-')}: the {self.preset} preset has no such size; "
+                             f"it takes {', '.join('--' + k.replace('_', '-') for k in SIZES if k in PRESETS[self.preset])}")
 
     @property
     def sizes(self) -> dict:
-        return PRESETS[self.preset]
+        """The preset's sizes, with those this run sets."""
+        return PRESETS[self.preset] | {k: getattr(self, k) for k in SIZES if getattr(self, k) is not None}
 
     def names(self, pair: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[str, ...]:
         return pair[0] + (pair[1] if self.sizes["extra"] else ())

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from biprm.bench.config import DataBenchConfig
-from biprm.evaluation.data import data_file
+from biprm.data.benchmarks import data_file
 
 
 def write_rows(path: Path, n: int, data_root: str, per_row: float = 1.0, seed: int = 0) -> None:

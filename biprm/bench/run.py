@@ -32,7 +32,7 @@ from biprm.bench.reference import score_one_at_a_time
 from biprm.bench.report import plot_scaling, targets, write_markdown
 from biprm.bench.workload import CANDIDATES, Bench, build, question_pool, train_step, training_batch, training_config
 from biprm.data.trajectory import Trajectory
-from biprm.evaluation.data import gsm8k_bon_small
+from biprm.data.benchmarks import gsm8k_bon_small
 from biprm.modeling import BiPRMConfig, BiPRMModel
 from biprm.scoring.scorer import Scorer
 

@@ -20,7 +20,7 @@ from biprm.scoring.aggregate import sigmoid
 from biprm.analysis.common import markdown_table
 from biprm.evaluation.common import fmt, open_cache, write_outputs
 from biprm.evaluation.config import BonConfig
-from biprm.evaluation.data import Pool, load_pool
+from biprm.evaluation.pools import Pool, load_pool
 from biprm.evaluation.models import sources_of, score_sources
 from biprm.metrics.bon import DEFAULT_NS, best_of, bon_table, content_free, pool_bounds, subsets, vote
 from biprm.metrics.bootstrap import bootstrap_mean, paired_difference

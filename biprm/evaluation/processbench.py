@@ -23,7 +23,7 @@ from biprm.analysis.common import TITLES, first_error_report, first_errors, judg
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.common import fmt, open_cache, write_outputs
 from biprm.evaluation.config import ProcessBenchConfig
-from biprm.evaluation.data import load_processbench
+from biprm.data.benchmarks import load_processbench
 from biprm.evaluation.models import score_sources, sources_of
 from biprm.metrics.processbench import first_error_f1_by_subset, flag_step, predict_first_error, tune_flag_step, tune_threshold
 from biprm.scoring.step_scores import StepScores

@@ -28,7 +28,7 @@ from biprm.data.perturb import mix_seed
 from biprm.data.readers import load_trajectories, read_rows, solution_steps
 from biprm.data.trajectory import DataError, Trajectory, labels_from_first_error, validate
 from biprm.data.writer import write_trajectories
-from biprm.evaluation.data import QUESTION_SETS, data_file, spread
+from biprm.data.benchmarks import QUESTION_SETS, data_file, spread
 from biprm.replication.config import DataRecipe
 
 # A number as written in a solution: 24, 3.5, .25, 1,250. Never a piece of a longer number

@@ -16,7 +16,8 @@ from biprm.analysis import long_chain_bon, long_chain_processbench, mae_by_posit
 from biprm.analysis.common import judged_rows, scored_part, step_labels
 from biprm.data.encoding import Encoded
 from biprm.evaluation.bon import evaluate_bon
-from biprm.evaluation.data import Pool, data_file, load_pool, load_processbench, spread
+from biprm.data.benchmarks import data_file, load_processbench, spread
+from biprm.evaluation.pools import Pool, load_pool
 from biprm.evaluation.processbench import evaluate_processbench
 from biprm.metrics.processbench import predict_first_error, processbench_scores
 from biprm.metrics.prmbench import (

@@ -34,7 +34,8 @@ import numpy as np
 
 from biprm.data.perturb import mix_seed
 from biprm.data.readers import read_rows
-from biprm.evaluation.data import QUESTION_SETS, SUBPOOLS, Pool, data_file, load_pool, load_processbench, spread
+from biprm.data.benchmarks import QUESTION_SETS, SUBPOOLS, data_file, load_processbench, spread
+from biprm.evaluation.pools import Pool, load_pool
 from biprm.replication.config import MechanismConfig
 from biprm.replication.data import (
     _AFTER_EQUALS,

@@ -20,7 +20,8 @@ from biprm.analysis.plots import plot_curves, position_curve
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.bon import bon_rows
 from biprm.evaluation.common import fmt, write_json
-from biprm.evaluation.data import SUBPOOLS, Pool
+from biprm.data.benchmarks import SUBPOOLS
+from biprm.evaluation.pools import Pool
 from biprm.evaluation.processbench import flag_step_rule, out_of_sample, tuned_threshold
 from biprm.metrics.bootstrap import bootstrap_mean, bootstrap_statistic, paired_difference
 from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step
@@ -182,36 +183,44 @@ def summarise(cfg: MechanismConfig) -> dict:
     sets, pools, data = load_sets(cfg)
     groups = _collect(cfg)
     metrics = {g: [run_metrics(sets, s) for _, s in runs] for g, runs in groups.items()}
-    keys = list(FIRST_ERROR_COLUMNS)
-    table = {g: {k: _interval(_stack(ms, k)) for k in keys} for g, ms in metrics.items()}
-    for g, ms in metrics.items():
-        table[g]["seeds"] = len(ms)
-        table[g]["threshold"] = float(np.mean([m["values"]["threshold"] for m in ms]))
+    diffs = differences(metrics)
+    pb_table, pb_base = processbench_tables(sets, metrics)
+    return {"data": data, "groups": {g: [name for name, _ in runs] for g, runs in groups.items()}, **first_error_tables(sets, metrics),
+            "differences": diffs, **stream_tables(metrics), **auc_tables(sets, metrics), "processbench": pb_table,
+            "processbench_baselines": pb_base, "bon": bon_tables(pools, groups),
+            "verdict": verdict(diffs, {g: len(runs) for g, runs in groups.items()}, cfg.seeds)}
+
+
+def first_error_tables(sets: dict[str, list[Trajectory]], metrics: dict[str, list[dict]]) -> dict:
+    """The first-error endpoints per group, seeds pooled, beside the content-free rules."""
+    table = {g: {k: _interval(_stack(ms, k)) for k in FIRST_ERROR_COLUMNS}
+             | {"seeds": len(ms), "threshold": float(np.mean([m["values"]["threshold"] for m in ms]))} for g, ms in metrics.items()}
     base = {name: {k: _interval(v[k][None].astype(float)) for k in v} for name, v in baselines(sets).items()}
-    diffs = {}
-    for a, b in DIFFERENCES:
-        if a in metrics and b in metrics:
-            diffs[f"{a} − {b}"] = {k: paired_difference(100 * _stack(metrics[a], k), 100 * _stack(metrics[b], k))
-                                   for k in ENDPOINTS}
+    return {"first_error": table, "first_error_baselines": base}
+
+
+def differences(metrics: dict[str, list[dict]]) -> dict:
+    """The pre-registered paired differences (DIFFERENCES) on the endpoints the verdict reads, where both groups ran."""
+    return {f"{a} − {b}": {k: paired_difference(100 * _stack(metrics[a], k), 100 * _stack(metrics[b], k)) for k in ENDPOINTS}
+            for a, b in DIFFERENCES if a in metrics and b in metrics}
+
+
+def stream_tables(metrics: dict[str, list[dict]]) -> dict:
+    """S1 per group, and the gate's σ (table and curve) of the groups whose gate learns."""
     s1 = {g: {k: _interval(_stack(ms, k)) for k in ms[0]["questions"] if k.startswith("S1")} for g, ms in metrics.items()}
     sigma = {g: {k: _interval(_stack(ms, k), 1.0) for k in ms[0]["questions"] if k.startswith("σ")} for g, ms in metrics.items()
              if any(k.startswith("σ") for k in ms[0]["questions"]) and not g.endswith("bi-static")}  # bi-static's σ is 0.5 by design
     curves = {g: ms[0]["values"]["sigma_curve"] for g, ms in metrics.items() if "sigma_curve" in ms[0]["values"]}
+    return {"s1": s1, "sigma": sigma, "sigma_curves": curves}
 
-    # S2: clean-vs-corrupt AUC, resampling whole questions (4 rows each) with the seeds averaged.
+
+def auc_tables(sets: dict[str, list[Trajectory]], metrics: dict[str, list[dict]]) -> dict:
+    """S2: clean-vs-corrupt AUC, resampling whole questions (4 rows each) with the seeds averaged."""
     test, valid = sets["test"], sets["valid"]
-    auc_table = {g: {"test": separation([m["values"]["solution_min"] for m in ms], test),
-                     "valid": separation([m["values"]["valid_solution_min"] for m in ms], valid)} for g, ms in metrics.items()}
+    auc = {g: {"test": separation([m["values"]["solution_min"] for m in ms], test),
+               "valid": separation([m["values"]["valid_solution_min"] for m in ms], valid)} for g, ms in metrics.items()}
     lengths = np.array([len("\n".join(t.steps)) for t in test], dtype=float)
-    auc_base = {"shorter text is cleaner": separation([-lengths], test)}
-
-    pb_table, pb_base = processbench_tables(sets, metrics)
-    bon = bon_tables(pools, groups)
-
-    return {"data": data, "groups": {g: [name for name, _ in runs] for g, runs in groups.items()}, "first_error": table,
-            "first_error_baselines": base, "differences": diffs, "s1": s1, "sigma": sigma, "sigma_curves": curves,
-            "auc": auc_table, "auc_baselines": auc_base, "processbench": pb_table, "processbench_baselines": pb_base, "bon": bon,
-            "verdict": verdict(diffs, {g: len(runs) for g, runs in groups.items()}, cfg.seeds)}
+    return {"auc": auc, "auc_baselines": {"shorter text is cleaner": separation([-lengths], test)}}
 
 
 def processbench_tables(sets: dict[str, list[Trajectory]], metrics: dict[str, list[dict]]) -> tuple[dict, dict]:

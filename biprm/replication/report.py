@@ -110,7 +110,8 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
     """What scorers that read no text get on the study's own ProcessBench rows and BoN questions, with
     95 % intervals over questions: the rows every model number must be read against."""
     from biprm.evaluation.bon import bon_rows, summarise as summarise_bon
-    from biprm.evaluation.data import load_pool, load_processbench
+    from biprm.data.benchmarks import load_processbench
+    from biprm.evaluation.pools import load_pool
     from biprm.evaluation.processbench import evaluate_processbench
     from biprm.replication.data import DataRecipe, build
     from biprm.replication.evaluate import BON_NS, load_prmbench, prmbench_report

@@ -45,7 +45,7 @@ from biprm.scoring.scorer import Scorer
 from biprm.serve.batcher import Batcher, Overloaded
 from biprm.serve.chat import ChatPrompt
 from biprm.serve.config import API_KEY_ENV, ServeConfig
-from biprm.vllm_plugin.engine import VLLMScorer
+from biprm.serve.vllm_engine import VLLMScorer
 
 log = logging.getLogger(__name__)
 TOKENIZE_THREADS = 4  # requests tokenized at once, beside the event loop

@@ -1,4 +1,4 @@
-"""Flags of `biprm serve` and `biprm loadtest`: plain dataclasses, so the CLI lists them without importing the server stack."""
+"""Flags of `biprm serve` and `biprm export`: plain dataclasses, so the CLI lists them without importing the server stack."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from biprm.scoring.aggregate import AGGREGATIONS
-from biprm.config import ScorerSettings, arg, check_choices, default_data_root
+from biprm.config import ScorerSettings, arg, check_choices
 from biprm.data.readers import SPLIT_RULES
 from biprm.vllm_plugin import SERVED_DTYPES
 
@@ -54,16 +54,3 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
-
-
-@dataclass
-class LoadTestConfig:
-    shape: str = arg("smollm2-135m", "backbone shape served with random weights (speed does not depend on them): smollm2-135m or tiny")
-    data_root: str = arg(help="folder holding gsm8k/ and gsm8k_bon_small/", factory=default_data_root)
-    requests: int = arg(192, "single-solution requests per measurement")
-    concurrency: list[int] = arg(help="concurrent clients of the batching server's latency table", factory=lambda: [1, 8, 32])
-    compare_at: int = arg(32, "concurrency of the batched vs one-at-a-time comparison")
-    overload_clients: int = arg(256, "clients of the overload measurement")
-    overload_queue: int = arg(32, "--max-queue of the overloaded server")
-    time_limit_s: float = arg(240.0, "seconds per measurement; requests not sent by then are not sent")
-    out: str = arg("benchmarks", "where serve-<shape>.{json,md} go")

@@ -11,9 +11,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from biprm.scoring.aggregate import sigmoid
 from biprm.data.encoding import stream_order
 from biprm.config import MODE_TABLE
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """sigmoid in float64 through torch, which does not overflow; the plugin leans on nothing of biprm's scoring."""
+    return torch.sigmoid(torch.as_tensor(x, dtype=torch.float64)).numpy()
 
 
 def stream_rows(h: torch.Tensor, value_head: nn.Linear, gate: nn.Sequential | None) -> torch.Tensor:

@@ -16,18 +16,17 @@ from pathlib import Path
 
 import numpy as np
 from safetensors import safe_open
+from transformers import AutoTokenizer
 from vllm.config import VllmConfig
 from vllm.inputs import TokensPrompt
 from vllm.outputs import PoolingRequestOutput
 from vllm.plugins.io_processors.interface import IOProcessor
 from vllm.renderers import BaseRenderer
 
-from biprm.scoring.aggregate import sigmoid
-from biprm.backbones import load_tokenizer
 from biprm.data.encoding import Encoded, Encoder
 from biprm.config import MODE_TABLE
 from biprm.data.trajectory import Trajectory, validate
-from biprm.vllm_plugin.fusion import fuse
+from biprm.vllm_plugin.fusion import fuse, sigmoid
 
 
 def _second_gate_layer(folder: Path) -> tuple[np.ndarray, float]:
@@ -45,7 +44,7 @@ class BiPRMIOProcessor(IOProcessor):
         model = vllm_config.model_config
         spec = model.hf_config.biprm
         self.mode, self.streams = spec["mode"], MODE_TABLE[spec["mode"]].streams
-        self.encoder = Encoder(load_tokenizer(model.tokenizer), spec["step_tag_id"], model.max_model_len)
+        self.encoder = Encoder(AutoTokenizer.from_pretrained(model.tokenizer), spec["step_tag_id"], model.max_model_len)
         self.vocab_size = model.get_vocab_size()
         self.w2, self.b2 = _second_gate_layer(Path(model.model)) if MODE_TABLE[self.mode].fusion == "gate" else (None, 0.0)
 

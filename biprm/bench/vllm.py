@@ -1,4 +1,4 @@
-"""biprm's own scorer against vLLM with biprm's plugin, side by side in one run.
+"""`biprm bench --preset vllm`: biprm's own scorer against vLLM with biprm's plugin, side by side in one run.
 
 Random weights in a real backbone's shape: speed does not depend on them.
 
@@ -8,8 +8,6 @@ Random weights in a real backbone's shape: speed does not depend on them.
 2. Concurrent clients sending single solutions to `biprm serve`, `biprm serve --engine vllm`
    and `vllm serve` of an export: throughput and p50/p99 latency.
 Every score is checked against `Scorer.score` on the same input.
-
-    python -m biprm.vllm_plugin.bench --shape smollm2-135m --questions 8 --requests 64 --clients 8
 """
 from __future__ import annotations
 
@@ -17,32 +15,21 @@ import asyncio
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
 import numpy as np
-from transformers import HfArgumentParser
 
+from biprm.bench.config import BenchConfig
 from biprm.bench.measure import machine
+from biprm.bench.serve import Server, drive, save_json
 from biprm.bench.workload import build
-from biprm.config import MAX_LENGTH, arg, default_data_root
-from biprm.evaluation.data import gsm8k_bon_small
-from biprm.scoring.scorer import Scorer
-from biprm.serve.loadtest import Server, _drive, save_json
-from biprm.vllm_plugin.engine import VLLMScorer
-from biprm.vllm_plugin.export import export_for_vllm
-
-
-@dataclass
-class VLLMBenchConfig:
-    shape: str = arg("smollm2-135m", "backbone shape with random weights (vLLM's CPU attention needs head size 32, 64, ...: not tiny)")
-    data_root: str = arg(help="folder holding gsm8k/ and gsm8k_bon_small/", factory=default_data_root)
-    questions: int = arg(8, "questions of the Best-of-N pool (12 candidates each)")
-    requests: int = arg(64, "single-solution requests per server")
-    clients: int = arg(8, "concurrent clients")
-    time_limit_s: float = arg(300.0, "seconds per server measurement; requests not sent by then are not sent")
-    out: str = arg("benchmarks", "where vllm-<shape>.{json,md} go")
+from biprm.config import MAX_LENGTH
+from biprm.data.benchmarks import gsm8k_bon_small
+from biprm.scoring import Scorer
+from biprm.serve.export import export_for_vllm
+from biprm.serve.vllm_engine import VLLMScorer
 
 
 def _score(scorer, trajs: list) -> object:
@@ -56,14 +43,17 @@ def _timed(score, trajs) -> tuple[float, object]:
     return time.perf_counter() - started, scores
 
 
-def run(cfg: VLLMBenchConfig) -> dict:
+def run(cfg: BenchConfig) -> dict:
+    """The shape must suit vLLM's CPU attention (head size 32, 64, ...): smollm2-135m, not tiny."""
+    sizes = cfg.sizes
+    clients, limit = sizes["compare_at"], sizes["time_limit_s"]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     bench = build(cfg.shape)
     pool = gsm8k_bon_small(cfg.data_root)
-    questions = list(dict.fromkeys(t.question for t in pool))[: cfg.questions]
+    questions = list(dict.fromkeys(t.question for t in pool))[: sizes["questions"]]
     bon = [t for t in pool if t.question in set(questions)]
-    singles = [pool[i] for i in np.random.default_rng(0).choice(len(pool), cfg.requests, replace=False)]
-    result: dict = {"config": asdict(cfg), "machine": machine(), "pool_solutions": len(bon)}
+    singles = [pool[i] for i in np.random.default_rng(0).choice(len(pool), sizes["requests"], replace=False)]
+    result: dict = {"config": asdict(cfg) | sizes, "machine": machine(), "pool_solutions": len(bon)}
     with tempfile.TemporaryDirectory() as tmp:
         ckpt, export = Path(tmp) / "ckpt", Path(tmp) / "export"
         bench.ours["bi"].save_pretrained(ckpt)
@@ -83,12 +73,12 @@ def run(cfg: VLLMBenchConfig) -> dict:
         servers = {}
         for name, flags in (("biprm serve", ()), ("biprm serve --engine vllm", ("--engine", "vllm", "--engine-args", '{"enforce_eager": true}'))):
             server = Server(ckpt, *flags)
-            asyncio.run(_drive(server.url + "/v1/score", singles[:2], 1, cfg.time_limit_s))  # warm-up, not counted
-            servers[name] = asyncio.run(_drive(server.url + "/v1/score", singles, cfg.clients, cfg.time_limit_s))
+            asyncio.run(drive(server.url + "/v1/score", singles[:2], 1, limit))  # warm-up, not counted
+            servers[name] = asyncio.run(drive(server.url + "/v1/score", singles, clients, limit))
             server.stop()
         plugin = Server(export, vllm=True)
-        asyncio.run(_drive(plugin.url + "/pooling", singles[:2], 1, cfg.time_limit_s, vllm_model=str(export)))
-        servers["vllm serve (plugin)"] = asyncio.run(_drive(plugin.url + "/pooling", singles, cfg.clients, cfg.time_limit_s, vllm_model=str(export)))
+        asyncio.run(drive(plugin.url + "/pooling", singles[:2], 1, limit, vllm_model=str(export)))
+        servers["vllm serve (plugin)"] = asyncio.run(drive(plugin.url + "/pooling", singles, clients, limit, vllm_model=str(export)))
         plugin.stop()
     for r in servers.values():
         scores = r.pop("scores")
@@ -103,15 +93,10 @@ def write(result: dict, out: str) -> Path:
     path = save_json(result, out, f"vllm-{cfg['shape']}")
     rows = [f"| Best-of-N pool ({result['pool_solutions']} solutions, {cfg['questions']} questions) | solutions/s | max abs diff |", "| --- | ---: | ---: |"]
     rows += [f"| {name} | {r['solutions_per_s']} | {r.get('max_abs_diff', 0.0):.1e} |" for name, r in result["pool"].items()]
-    rows += ["", f"| {cfg['clients']} clients, single solutions | ok | req/s | p50 (ms) | p99 (ms) | max abs diff |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    rows += ["", f"| {cfg['compare_at']} clients, single solutions | ok | req/s | p50 (ms) | p99 (ms) | max abs diff |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     rows += [f"| {name} | {r['ok']} | {r['throughput_rps']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_abs_diff']:.1e} |" for name, r in result["servers"].items()]
     m = result["machine"]
     text = "\n".join([f"# biprm against vLLM with biprm's plugin, {cfg['shape']} (random weights), {m['lscpu'].get('Model name', 'CPU')}, {m['threads']} threads", "", *rows, ""])
     path.with_suffix(".md").write_text(text)
     print(text)
     return path
-
-
-if __name__ == "__main__":
-    (config,) = HfArgumentParser(VLLMBenchConfig).parse_args_into_dataclasses()
-    write(run(config), config.out)

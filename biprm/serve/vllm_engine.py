@@ -26,7 +26,7 @@ from biprm.data.encoding import Encoded, Encoder
 from biprm.scoring.step_scores import StepScores, offsets_of
 from biprm.scoring.scorer import Scorer
 from biprm.vllm_plugin import ARCHITECTURE
-from biprm.vllm_plugin.export import export_for_vllm
+from biprm.serve.export import export_for_vllm
 
 
 def vllm_folder(path: str) -> str:

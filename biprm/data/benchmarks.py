@@ -1,4 +1,4 @@
-"""Benchmark files -> what the protocols consume: Best-of-N pools and ProcessBench subsets.
+"""Benchmark files -> trajectories: the GSM8K Best-of-N pool, candidate files, gold answers, ProcessBench subsets.
 
 A pool spec is `gsm8k_bon_small` (the local 12-candidate GSM8K pool), one of its one-style
 sub-pools `gsm8k_bon_small:gpt3|abel|metamath` (`SUBPOOLS`), a candidates file
@@ -6,12 +6,12 @@ in our layout or PQM's, or `hf://OWNER/REPO/PATH` (a file in a Hugging Face mode
 where PQM keeps its 128-candidate sets). `SPEC@QUESTIONS` names where gold answers come
 from when the candidates carry none: `gsm_plus`, `math500`, `gsm8k` (files under the
 data root), a local file, or a Hub dataset `NAME[:CONFIG]`. Questions are matched to
-the pool by position and checked by text, as PQM's evaluation does.
+the pool by position and checked by text, as PQM's evaluation does. Grading the
+candidates is the evaluation wing's (`biprm.evaluation.pools`).
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +19,6 @@ import numpy as np
 from biprm.config import PROCESSBENCH_SUBSETS
 from biprm.data.readers import EMPTY_RESPONSE, checked_field, load_trajectories, read_rows, solution_steps
 from biprm.data.trajectory import DataError, Trajectory, validate
-from biprm.evaluation.cache import ScoreCache
-from biprm.evaluation.grading import extract_answer, grade_many
 
 # One-style sub-pools of gsm8k_bon_small (candidate positions in its fixed policy order): the full pool
 # stacks 12 policies, so its first n candidates are a choice of policies, not a sample of one.
@@ -56,17 +54,6 @@ def balanced_slice(clean: np.ndarray, limit: int | None) -> np.ndarray:
     if limit >= 2:
         k = min(max(k, int(len(ok) > 0)), limit - int(len(wrong) > 0))
     return np.sort(np.concatenate([ok[spread(len(ok), k)], wrong[spread(len(wrong), limit - k)]]))
-
-
-@dataclass
-class Pool:
-    """Candidates flat and grouped by question, with what every BoN metric needs besides scores."""
-
-    name: str
-    trajs: list[Trajectory]
-    qid: np.ndarray
-    correct: np.ndarray
-    answer_key: np.ndarray
 
 
 def _hub_file(spec: str) -> str:
@@ -164,26 +151,11 @@ def _attach_golds(trajs: list[Trajectory], spec: str, data_root: str, split: str
             t.answer = gold
 
 
-def answer_key(answer: str | None, i: int) -> str:
-    """A vote key: the extracted answer without spacing or sizing commands; an unparsed answer votes alone."""
-    if answer is None:
-        return f"<no answer {i}>"
-    for noise in (" ", "\\left", "\\right", "\\!", "\\,", "\\displaystyle"):
-        answer = answer.replace(noise, "")
-    return answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-
-
-def load_pool(
-    spec: str, data_root: str, limit: int | None = None, questions: str | None = None, questions_split: str = "test",
-    split_rule: str = "auto", cache: ScoreCache | None = None, grade_workers: int = 2, grade_timeout: float = 5.0,
-) -> Pool:
-    """A pool with correctness per candidate: math-verify against the gold wherever the gold is known,
-    the stored flag only where it is not.
-
-    Stored flags can be wrong (27 of gsm8k_bon_small's: golds stored as 'None', rounded MetaMath answers,
-    docs/EVALUATION.md), so a flag the grader disagrees with is overruled, and the count is logged. A grade
-    that timed out falls back to the stored flag (else counts as incorrect) in this run, is reported, and is
-    graded again on the next run (the cache keeps -1 for it, never a verdict)."""
+def load_candidates(
+    spec: str, data_root: str, limit: int | None = None, questions: str | None = None, questions_split: str = "test", split_rule: str = "auto",
+) -> tuple[list[Trajectory], str, str]:
+    """(candidates of `limit` questions spread over the pool, the pool's name, the spec without @QUESTIONS); golds attached
+    from `questions` (or the spec's @QUESTIONS) where the candidates carry none."""
     spec, _, at = spec.partition("@")
     questions = questions or at or None
     if spec.split(":")[0] == "gsm8k_bon_small":
@@ -200,31 +172,7 @@ def load_pool(
     qids = list(dict.fromkeys(t.meta["qid"] for t in trajs))
     keep = {qids[i] for i in spread(len(qids), limit)}
     trajs = [t for t in trajs if t.meta["qid"] in keep]
-
-    preds = [extract_answer("\n".join(t.steps)) for t in trajs]
-    if any(t.answer is None and t.correct is None for t in trajs):
-        raise DataError(f"{spec}: candidates have no stored 'correct' flag and no gold answer; name the questions as {spec}@QUESTIONS")
-    known = np.array([i for i, t in enumerate(trajs) if t.answer is not None], dtype=np.int64)
-    pairs = [(trajs[i].answer, preds[i]) for i in known]
-    graded = np.zeros(0, dtype=np.int8)
-    if pairs:
-        grade = lambda: np.array([-1 if v is None else int(v) for v in grade_many(pairs, grade_workers, grade_timeout)], dtype=np.int8)  # noqa: E731
-        if cache is None:
-            graded = grade()
-        else:
-            graded = cache.array("grades", None, [trajs[i] for i in known], repr(pairs), grade, retry=lambda v: bool((v == -1).any()))
-        if (timed_out := int((graded == -1).sum())):
-            logger.warning("%s: %d candidates could not be graded within %g s; their stored flag (else 'incorrect') is used in this "
-                           "run and they are graded again on the next (raise --grade-timeout to give them longer)", name, timed_out, grade_timeout)
-    correct = np.array([bool(t.correct) for t in trajs])
-    done = known[graded != -1]
-    verdicts = graded[graded != -1] == 1
-    overruled = sum(trajs[i].correct is not None and trajs[i].correct != v for i, v in zip(done, verdicts))
-    if overruled:
-        logger.warning("%s: the grader overrules %d stored correctness flags (docs/EVALUATION.md)", name, overruled)
-    correct[done] = verdicts
-    keys = np.array([answer_key(a, i) for i, a in enumerate(preds)])
-    return Pool(name, trajs, np.array([t.meta["qid"] for t in trajs]), correct, keys)
+    return trajs, name, spec
 
 
 def load_processbench(data_root: str, subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS, limit: int | None = None) -> list[Trajectory]:

@@ -1,4 +1,4 @@
-"""`biprm loadtest`: `biprm serve` under concurrent load on loopback, bounded in requests and time.
+"""`biprm bench --preset serve`: `biprm serve` under concurrent load on loopback, bounded in requests and time.
 
 A checkpoint of the chosen shape (random weights: speed does not depend on them) is
 written to a temporary folder and served by a real `biprm serve` process; clients in
@@ -27,12 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
+from biprm.bench.config import BenchConfig
 from biprm.bench.measure import machine
 from biprm.bench.workload import build
+from biprm.data.benchmarks import gsm8k_bon_small
 from biprm.data.trajectory import Trajectory
-from biprm.evaluation.data import gsm8k_bon_small
-from biprm.scoring.scorer import Scorer
-from biprm.serve.config import API_KEY_ENV, LoadTestConfig
+from biprm.scoring import Scorer
+from biprm.serve.config import API_KEY_ENV
 
 
 async def _one(client, url: str, traj: Trajectory, vllm_model: str | None) -> tuple[int, float, dict | None]:
@@ -43,7 +44,7 @@ async def _one(client, url: str, traj: Trajectory, vllm_model: str | None) -> tu
     return r.status_code, time.perf_counter() - started, answer if vllm_model is None or answer is None else answer["data"][0]
 
 
-async def _drive(url: str, trajs: list[Trajectory], clients: int, time_limit: float, vllm_model: str | None = None) -> dict:
+async def drive(url: str, trajs: list[Trajectory], clients: int, time_limit: float, vllm_model: str | None = None) -> dict:
     """`clients` concurrent clients, each sending its next request when the last one is answered
     (to `vllm serve` of an export, POST /pooling, when `vllm_model` names it)."""
     import httpx
@@ -108,12 +109,13 @@ class Server:
         self.proc.wait(60)
 
 
-def run(cfg: LoadTestConfig) -> dict:
+def run(cfg: BenchConfig) -> dict:
+    sizes = cfg.sizes
     bench = build(cfg.shape)
     pool = gsm8k_bon_small(cfg.data_root)
     rng = np.random.default_rng(0)
-    trajs = [pool[i] for i in rng.choice(len(pool), cfg.requests, replace=False)]
-    result: dict = {"config": asdict(cfg), "machine": machine()}
+    trajs = [pool[i] for i in rng.choice(len(pool), sizes["requests"], replace=False)]
+    result: dict = {"config": asdict(cfg) | sizes, "machine": machine()}
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "ckpt"
         bench.ours["bi"].save_pretrained(ckpt)
@@ -123,13 +125,13 @@ def run(cfg: LoadTestConfig) -> dict:
         runs = {}
         for name, flags in (("one-at-a-time", ("--max-batch-tokens", "1")), ("batched", ())):
             server = Server(ckpt, *flags)
-            asyncio.run(_drive(server.url + "/v1/score", trajs[:4], 1, cfg.time_limit_s))  # warm-up, not counted
-            levels = cfg.concurrency if name == "batched" else (cfg.compare_at,)
-            runs[name] = {c: asyncio.run(_drive(server.url + "/v1/score", trajs, c, cfg.time_limit_s)) for c in levels}
+            asyncio.run(drive(server.url + "/v1/score", trajs[:4], 1, sizes["time_limit_s"]))  # warm-up, not counted
+            levels = sizes["concurrency"] if name == "batched" else (sizes["compare_at"],)
+            runs[name] = {c: asyncio.run(drive(server.url + "/v1/score", trajs, c, sizes["time_limit_s"])) for c in levels}
             runs[name]["peak_rss_mib"] = round(server.peak_rss_mib(), 1)
             server.stop()
-        server = Server(ckpt, "--max-queue", str(cfg.overload_queue))
-        overload = asyncio.run(_drive(server.url + "/v1/score", trajs * (cfg.overload_clients // len(trajs) + 1), cfg.overload_clients, cfg.time_limit_s))
+        server, clients = Server(ckpt, "--max-queue", str(sizes["overload_queue"])), sizes["overload_clients"]
+        overload = asyncio.run(drive(server.url + "/v1/score", trajs * (clients // len(trajs) + 1), clients, sizes["time_limit_s"]))
         overload["peak_rss_mib"] = round(server.peak_rss_mib(), 1)
         server.stop()
     diffs = [np.max(np.abs(np.array(s) - want.of(i))) for level in runs["batched"].values() if isinstance(level, dict)
@@ -137,7 +139,7 @@ def run(cfg: LoadTestConfig) -> dict:
     for level in [*runs["batched"].values(), *runs["one-at-a-time"].values(), overload]:
         if isinstance(level, dict):
             level.pop("scores", None)
-    one, batched = runs["one-at-a-time"][cfg.compare_at], runs["batched"][cfg.compare_at]
+    one, batched = runs["one-at-a-time"][sizes["compare_at"]], runs["batched"][sizes["compare_at"]]
     result |= {
         "runs": {k: {str(c): v for c, v in r.items()} for k, r in runs.items()}, "overload": overload,
         "speedup_at_compare": round(batched["throughput_rps"] / one["throughput_rps"], 2),
