@@ -27,7 +27,7 @@ from biprm.data.trajectory import Trajectory
 from biprm.modeling import cache_argument
 from biprm.packing import _continuation, cached_attention_mask
 from biprm.scoring import Scorer
-from biprm.search.prm import STREAMS, PathScore
+from biprm.search.prm import PathScore, check_streams, path_scores
 
 Key = tuple[str, ...]  # (question, step 1, ..., step j)
 
@@ -78,8 +78,7 @@ class PrefixScorer:
     @torch.inference_mode()
     def score(self, questions: Sequence[str], paths: Sequence[Sequence[str]], streams: str = "fused") -> list[PathScore]:
         """Per-step logits of every path; a path past max_length is scored on the steps that fit (`n_dropped`)."""
-        if streams not in STREAMS:
-            raise ValueError(f"streams must be one of {STREAMS}, got {streams!r}")
+        check_streams(streams)
         run_l2r = "l2r" in self.model.streams
         run_r2l = "r2l" in self.model.streams and (streams == "fused" or not run_l2r)
         if streams == "l2r" and not run_l2r:
@@ -174,15 +173,12 @@ class PrefixScorer:
         return list(tags), [new[:, b, :, : len(r.ids)] for b, r in enumerate(rows)]
 
     def _path_scores(self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None, encs: list[Encoded], streams: str) -> list[PathScore]:
-        """The model's own heads on the tag states, split back into one PathScore per path."""
+        """The model's own heads on the tag states (the value head alone for streams="l2r")."""
         lengths = [len(e.steps) for e in encs]
         if streams == "l2r":
-            l2r = self.model.value_head(h_l2r).squeeze(-1)
-            out = {"l2r": l2r, "r2l": None, "fused": l2r}
+            out = {"l2r": self.model.value_head(h_l2r).squeeze(-1), "r2l": None, "fused": None}
         else:
-            offsets = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), device=self.model.device)
-            result = self.model.heads(h_l2r, h_r2l, offsets)
+            result = self.model.heads(h_l2r, h_r2l, torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), device=self.model.device))
             out = {k: getattr(result, k) for k in ("l2r", "r2l", "fused")}
-        split = {k: None if v is None else np.split(v.double().cpu().numpy(), np.cumsum(lengths)[:-1]) for k, v in out.items()}
-        return [PathScore(*(None if split[k] is None else split[k][i] for k in ("l2r", "r2l", "fused")), n_dropped=e.n_dropped)
-                for i, e in enumerate(encs)]
+        flat = {k: None if v is None else v.double().cpu().numpy() for k, v in out.items()}
+        return path_scores(lengths, [e.n_dropped for e in encs], flat["l2r"], flat["r2l"], flat["fused"], streams)
