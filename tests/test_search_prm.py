@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
-from biprm.data.trajectory import Trajectory
+from biprm.data.trajectory import DataError, Trajectory
 from biprm.modeling import from_backbone
 from biprm.scoring import Scorer
 from biprm.search.prefix import PrefixScorer
@@ -99,6 +99,16 @@ def test_a_path_past_max_length_is_flagged_and_scored_on_the_steps_that_fit(bi_s
     whole = PrefixScorer(bi_scorer).score([QUESTIONS[0]], [path[:kept]])[0]
     assert whole.n_dropped == 0
     np.testing.assert_allclose(got.fused, whole.fused, atol=1e-5, rtol=0)
+    tiny = PrefixScorer(Scorer(bi_scorer.model, bi_scorer.tokenizer, max_length=20))  # not even the first step fits
+    unfit, fits = tiny.score([QUESTIONS[0] * 3, "Why?"], [path[:2], ["Yes."]])
+    assert unfit.n_dropped == 2 and len(unfit.fused) == len(unfit.l2r) == len(unfit.r2l) == 0
+    assert fits.n_dropped == 0 and len(fits.fused) == 1
+    assert tiny.score([QUESTIONS[0] * 3], [path[:2]])[0].n_dropped == 2
+
+
+def test_bad_step_text_is_an_error_naming_the_path(bi_scorer):
+    with pytest.raises(DataError, match=r"path 1 \(question 'Why\?'\).*step tag"):
+        PrefixScorer(bi_scorer).score([QUESTIONS[0], "Why?"], [["Fine."], ["Not <|step|> fine."]])
 
 
 def test_streams_are_checked(scorer):

@@ -10,17 +10,21 @@ PRESETS = {  # smoke: every code path in seconds on the tiny shape (tests)
     "full": dict(batch=4, tokens=256, repeats=3, questions=5, bon_repeats=2, ref_sample=12, latency_sample=3, extra=True, scaling=True),
     "quick": dict(batch=2, tokens=128, repeats=2, questions=2, bon_repeats=1, ref_sample=4, latency_sample=2, extra=False, scaling=False),
     "smoke": dict(batch=2, tokens=128, repeats=1, questions=1, bon_repeats=1, ref_sample=2, latency_sample=1, extra=True, scaling=True),
+    # biprm.bench.search: beam search of depth 8, width 4, 16 paths per question; `group` questions per PathScorer call
+    "search": dict(questions=32, depth=8, width=4, paths=16, group=8),
 }
 
 
 @dataclass
 class BenchConfig:
-    preset: Literal["full", "quick", "smoke"] = arg("full", "quick: the target ratios on small sizes (docs/PERFORMANCE.md gives its "
-                                                      "wall clock); full: adds the reference L2R, more layouts and the scaling curve; "
-                                                      "smoke: every code path once, in seconds, on tiny sizes (what the tests run)")
+    preset: Literal["full", "quick", "smoke", "search"] = arg("full", "quick: the target ratios on small sizes (docs/PERFORMANCE.md gives its "
+                                                                "wall clock); full: adds the reference L2R, more layouts and the scaling curve; "
+                                                                "smoke: every code path once, in seconds, on tiny sizes (what the tests run); "
+                                                                "search: scoring a beam search's partial solutions, incremental L2R against "
+                                                                "from scratch and fused (biprm.bench.search)")
     shape: str = arg("smollm2-135m", "backbone whose config and tokenizer to use (random weights): smollm2-135m or tiny")
     data_root: str = arg(help="folder holding gsm8k/ and gsm8k_bon_small/", factory=default_data_root)
-    out: str = arg("benchmarks", "where bench-<shape>[-quick].{json,md} and the scaling PNG go")
+    out: str = arg("benchmarks", "where bench-<shape>[-<preset>].{json,md} and the scaling PNG go")
     threads: int = arg(0, "torch threads; 0: every core")
     seed: int = arg(0, "seed of the sampled solutions")
     memory: bool = arg(True, "probe the peak memory of each configuration")

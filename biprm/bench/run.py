@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from transformers import Qwen2Config
 
+from biprm.bench import search
 from biprm.bench.config import BenchConfig
 from biprm.bench.measure import machine, matmul_peak, step_memory, timed
 from biprm.bench.reference import score_one_at_a_time
@@ -185,6 +186,9 @@ def run(cfg: BenchConfig) -> dict:
 
 
 def main(cfg: BenchConfig) -> None:
+    if cfg.preset == "search":
+        search.main(cfg)
+        return
     result = run(cfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

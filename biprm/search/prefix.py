@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from biprm.data.encoding import Encoded
-from biprm.data.trajectory import Trajectory
+from biprm.data.trajectory import DataError, Trajectory
 from biprm.modeling import cache_argument
 from biprm.packing import _continuation, cached_attention_mask
 from biprm.scoring import Scorer
@@ -77,31 +77,45 @@ class PrefixScorer:
 
     @torch.inference_mode()
     def score(self, questions: Sequence[str], paths: Sequence[Sequence[str]], streams: str = "fused") -> list[PathScore]:
-        """Per-step logits of every path; a path past max_length is scored on the steps that fit (`n_dropped`)."""
+        """Per-step logits of every path. A path past max_length is scored on the steps that fit, and `n_dropped`
+        says how many did not (all of them, with no score, when the prompt and first step alone are too long)."""
         check_streams(streams)
         run_l2r = "l2r" in self.model.streams
         run_r2l = "r2l" in self.model.streams and (streams == "fused" or not run_l2r)
         if streams == "l2r" and not run_l2r:
             raise ValueError(f"streams='l2r' needs a model with an L2R stream; this one is {self.mode!r}")
         trajs = [Trajectory(q, list(p)) for q, p in zip(questions, paths, strict=True)]
-        encs, _ = self.scorer.encode(trajs, [f"path {i} (question {q[:40]!r})" for i, q in enumerate(questions)])
-        keys = [(t.question, *t.steps[: len(e.steps)]) for t, e in zip(trajs, encs)]
+        encs, problems = self.scorer.encode(trajs, [f"path {i} (question {q[:40]!r})" for i, q in enumerate(questions)], skip_invalid=True)
+        unfit = {i for i, message in problems if "max_length" in message}
+        if other := [message for i, message in problems if i not in unfit]:
+            raise DataError(other[0])
+        fits = [i for i in range(len(trajs)) if i not in unfit]
+        keys = [(trajs[i].question, *trajs[i].steps[: len(e.steps)]) for i, e in zip(fits, encs)]
+        lengths, dropped = np.zeros(len(trajs), dtype=np.int64), np.array([len(t.steps) for t in trajs], dtype=np.int64)
+        lengths[fits], dropped[fits] = [len(e.steps) for e in encs], [e.n_dropped for e in encs]
         if not self.incremental:
             self.nodes = {}
+        self.calls += 1
+        if not encs:  # nothing fits: every path is flagged, none scored
+            none = lambda s: np.zeros(0) if s in self.model.streams else None  # noqa: E731
+            return path_scores(lengths, dropped, none("l2r"), none("r2l"), np.zeros(0), streams)
+        return self._path_scores(*self._tag_states(keys, encs, run_l2r, run_r2l), lengths, dropped, streams)
+
+    def _tag_states(self, keys: list[Key], encs: list[Encoded], run_l2r: bool, run_r2l: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Hidden states at every step tag of each stream, flat in path order: L2R from the cache after running what
+        is new, R2L rerun whole; then only the nodes of these paths stay cached."""
         self._cache_prompts(keys, encs)
         l2r_rows = self._l2r_rows(keys, encs) if run_l2r else {}
         r2l_rows = [Row([self.nodes[k[:1]]], *_continuation(e, "r2l", shared=True)) for k, e in zip(keys, encs)] if run_r2l else []
-        rows = list(l2r_rows.values()) + r2l_rows
-        tags, kvs = self._run(rows)
+        tags, kvs = self._run(list(l2r_rows.values()) + r2l_rows)
         for (key, row), tag, kv in zip(l2r_rows.items(), tags, kvs):
             self._add_nodes(key, row, tag, kv)
         self.tokens["l2r"] += sum(len(r.ids) for r in l2r_rows.values())
         self.tokens["r2l"] += sum(len(r.ids) for r in r2l_rows)
         self.nodes = {k[:j]: self.nodes[k[:j]] for k in keys for j in range(1, len(k) + 1) if k[:j] in self.nodes}
-        self.calls += 1
         h_l2r = torch.cat([torch.stack([n.tag for n in self.nodes[k].chain()[1:]]) for k in keys]) if run_l2r else None
         h_r2l = torch.cat(tags[len(l2r_rows):]) if run_r2l else None
-        return self._path_scores(h_l2r, h_r2l, encs, streams)
+        return h_l2r, h_r2l
 
     def _cache_prompts(self, keys: list[Key], encs: list[Encoded]) -> None:
         """Run each question whose prompt is not cached yet, once, however many paths it has."""
@@ -172,13 +186,13 @@ class PrefixScorer:
         tags = out.last_hidden_state.reshape(B * N, -1)[flat].split([len(r.ends) for r in rows])
         return list(tags), [new[:, b, :, : len(r.ids)] for b, r in enumerate(rows)]
 
-    def _path_scores(self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None, encs: list[Encoded], streams: str) -> list[PathScore]:
+    def _path_scores(self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None, lengths: Sequence[int], dropped: Sequence[int],
+                     streams: str) -> list[PathScore]:
         """The model's own heads on the tag states (the value head alone for streams="l2r")."""
-        lengths = [len(e.steps) for e in encs]
         if streams == "l2r":
             out = {"l2r": self.model.value_head(h_l2r).squeeze(-1), "r2l": None, "fused": None}
         else:
             result = self.model.heads(h_l2r, h_r2l, torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), device=self.model.device))
             out = {k: getattr(result, k) for k in ("l2r", "r2l", "fused")}
         flat = {k: None if v is None else v.double().cpu().numpy() for k, v in out.items()}
-        return path_scores(lengths, [e.n_dropped for e in encs], flat["l2r"], flat["r2l"], flat["fused"], streams)
+        return path_scores(lengths, dropped, flat["l2r"], flat["r2l"], flat["fused"], streams)
