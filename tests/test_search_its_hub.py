@@ -117,3 +117,4 @@ def test_served_scorer_gives_the_local_scores(bi_scorer):
     finally:
         server.should_exit = True
         thread.join(10)
+

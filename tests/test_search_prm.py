@@ -1,10 +1,12 @@
-"""The prefix scorer: incremental L2R equals scoring from scratch and the Scorer, costs O(D) tokens, flags over-long paths."""
+"""The prefix scorer: incremental L2R equals scoring from scratch and the Scorer, costs O(D) tokens, flags over-long paths;
+search-and-learn's PRM contract on top of it."""
 import numpy as np
 import pytest
 import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.data.trajectory import DataError, Trajectory
+from biprm.integrations.search_and_learn import SearchAndLearnPRM
 from biprm.modeling import from_backbone
 from biprm.scoring import Scorer
 from biprm.search.prefix import PrefixScorer
@@ -121,3 +123,11 @@ def test_streams_are_checked(scorer):
     else:
         got = prefix.score(QUESTIONS[:1], [STEPS[:2]], streams="l2r")[0]
         assert got.r2l is None and np.array_equal(got.fused, got.l2r) and prefix.tokens["r2l"] == 0
+
+
+def test_search_and_learn_prm_gives_step_probabilities_per_question_and_output(bi_scorer):
+    outputs = [["3 + 5 = 8\n\nSo it is 8.", "Add the numbers."], ["12 * 4 = 48"]]
+    got = SearchAndLearnPRM(PrefixScorer(bi_scorer)).score(QUESTIONS, outputs)
+    assert [[len(s) for s in per_q] for per_q in got] == [[2, 1], [1]]
+    want = scored(bi_scorer, [Trajectory(q, o.split("\n\n")) for q, outs in zip(QUESTIONS, outputs) for o in outs]).prob()
+    np.testing.assert_allclose([x for per_q in got for s in per_q for x in s], want, atol=1e-6)

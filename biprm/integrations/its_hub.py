@@ -19,8 +19,8 @@ import numpy as np
 from its_hub.api import AbstractProcessRewardModel, ChatMessage, ChatMessages
 
 from biprm.scoring import StepScores
-from biprm.search.prm import PathScorer, check_streams
-from biprm.search.steps import STEP_TOKEN, split_steps
+from biprm.search.prm import PathScorer, check_streams, response_steps
+from biprm.search.steps import STEP_TOKEN
 from biprm.serve.batcher import Batcher
 
 BATCH_WAIT_MS = 10.0  # how long a level's first ascore waits for the other questions' (their policy calls end close together)
@@ -55,13 +55,8 @@ class BiPRMProcessRewardModel(AbstractProcessRewardModel):
         question = next((m.extract_text_content() for m in reversed(user) if m.role == "user"), None)
         if not question:
             raise ValueError("its_hub prompt: no user message holds the question")
-        items = []
-        for i, response in enumerate([responses] if isinstance(responses, str) else responses):
-            steps = split_steps(response, self.step_token)
-            if not steps:
-                raise ValueError(f"its_hub response {i}: no step text after splitting at the step token {self.step_token!r}")
-            items.append((question, steps))
-        return items
+        texts = [responses] if isinstance(responses, str) else responses
+        return [(question, response_steps(r, self.step_token, f"its_hub response {i}")) for i, r in enumerate(texts)]
 
     def _score(self, items: list[tuple[str, list[str]]]) -> StepScores:
         """The Batcher's scoring function: all gathered paths in one PathScorer call, as flat step logits."""

@@ -163,10 +163,10 @@ class PrefixScorer:
         device, body = self.model.device, self.model.backbone
         past_lengths = [sum(n.kv.shape[2] for n in r.past) for r in rows]
         B, P, N = len(rows), max(past_lengths), max(len(r.ids) for r in rows)
+        real = torch.arange(N) < torch.tensor([len(r.ids) for r in rows])[:, None]
         ids = torch.full((B, N), self.scorer.tokenizer.pad_token_id, dtype=torch.long)
-        units = torch.full((B, N), -1, dtype=torch.long)
-        for b, r in enumerate(rows):
-            ids[b, : len(r.ids)], units[b, : len(r.ids)] = torch.from_numpy(r.ids), b
+        ids[real] = torch.from_numpy(np.concatenate([r.ids for r in rows]))
+        units = torch.where(real, torch.arange(B)[:, None], -1)
         lengths = torch.tensor(past_lengths)
         positions = lengths[:, None] + torch.arange(N)
         mask = cached_attention_mask(units, lengths, P)

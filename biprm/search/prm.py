@@ -18,6 +18,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from biprm.search.steps import split_steps
+
 STREAMS = ("fused", "l2r")  # "fused": both streams and the gate; "l2r": the L2R stream alone
 
 
@@ -29,6 +31,14 @@ class PathScore:
     r2l: np.ndarray | None
     fused: np.ndarray
     n_dropped: int = 0  # trailing steps past the PRM's max_length: flagged, never cut silently
+
+
+def response_steps(response: str, step_token: str, where: str) -> list[str]:
+    """A search library's response text cut into steps at its step token; one with no step text is an error naming it."""
+    steps = split_steps(response, step_token)
+    if not steps:
+        raise ValueError(f"{where}: no step text after splitting at the step token {step_token!r}")
+    return steps
 
 
 def check_streams(streams: str) -> None:
