@@ -1,4 +1,5 @@
-"""its_hub's searches run unchanged on a BiPRM: beam search and particle filtering on a scripted policy; a served PRM scores as the local one."""
+"""its_hub's searches run unchanged on a BiPRM: beam search, particle filtering and best-of-N on a scripted policy;
+a served PRM scores as the local one."""
 import asyncio
 import threading
 import time
@@ -9,11 +10,12 @@ import pytest
 pytest.importorskip("its_hub")
 from its_hub.api import AbstractLanguageModel  # noqa: E402
 from its_hub.core.algorithms.beam_search import BeamSearch  # noqa: E402
+from its_hub.core.algorithms.bon import BestOfN  # noqa: E402
 from its_hub.core.algorithms.particle_gibbs import ParticleFiltering  # noqa: E402
 from its_hub.core.lms.step_generation import StepGeneration  # noqa: E402
 
 from biprm.data.trajectory import Trajectory  # noqa: E402
-from biprm.integrations.its_hub import BiPRMProcessRewardModel  # noqa: E402
+from biprm.integrations.its_hub import BiPRMOutcomeRewardModel, BiPRMProcessRewardModel  # noqa: E402
 from biprm.search.prefix import PrefixScorer  # noqa: E402
 from conftest import scored  # noqa: E402
 
@@ -34,6 +36,10 @@ class ScriptedLM(AbstractLanguageModel):
 
     async def agenerate(self, messages, stop=None, **kwargs):
         return [self._one(m) for m in messages] if isinstance(messages[0], list) else self._one(messages)
+
+    async def agenerate_single(self, messages, stop=None, **kwargs):
+        """A whole solution at once, for best-of-N."""
+        return {"role": "assistant", "content": "\n\n".join([*(STEPS[i] for i in self.rng.integers(len(STEPS), size=2)), "The answer is 8."])}
 
 
 class Recording(PrefixScorer):
@@ -87,6 +93,17 @@ def test_particle_filtering_runs_on_log_weights_of_the_scores(bi_scorer):
     probs = scored(bi_scorer, [Trajectory(QUESTIONS[0], r.split("\n\n")) for r in responses]).solution_scores("last")
     np.testing.assert_allclose(result.log_weights_lst, np.log(probs / (1 - probs)), atol=1e-5)
     assert result.selected_index == int(np.argmax(result.log_weights_lst))
+
+
+def test_best_of_n_picks_the_best_scored_solution(bi_scorer):
+    orm = BiPRMOutcomeRewardModel(BiPRMProcessRewardModel(PrefixScorer(bi_scorer)))
+    result = BestOfN(orm).infer(ScriptedLM(2), QUESTIONS[1], budget=4, return_response_only=False)
+    responses = [r["content"] for r in result.responses]
+    assert len(set(responses)) > 1
+    np.testing.assert_allclose(result.scores, expected(bi_scorer, QUESTIONS[1], responses), atol=1e-6)
+    assert result.selected_index == int(np.argmax(result.scores))
+    with pytest.raises(ValueError, match="conversation 0: the last message is the user's"):
+        orm.score([{"role": "user", "content": QUESTIONS[1]}])
 
 
 def test_served_scorer_gives_the_local_scores(bi_scorer):

@@ -10,13 +10,15 @@ biprm does everywhere (`StepScores.solution_scores`: min by default, also prod, 
 last, max). its_hub runs one search per question; `ascore` calls of searches running
 concurrently (`asyncio.gather` over questions) are gathered by biprm's serving `Batcher`
 for a few milliseconds into one PathScorer call, so the model sees all questions at once.
+`BiPRMOutcomeRewardModel` puts the same scores behind its_hub's outcome-model interface,
+which its BestOfN takes.
 """
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
-from its_hub.api import AbstractProcessRewardModel, ChatMessage, ChatMessages
+from its_hub.api import AbstractOutcomeRewardModel, AbstractProcessRewardModel, ChatMessage, ChatMessages
 
 from biprm.scoring import StepScores
 from biprm.search.prm import PathScorer, check_streams, response_steps
@@ -38,15 +40,19 @@ class BiPRMProcessRewardModel(AbstractProcessRewardModel):
 
     def score(self, prompt_or_messages: str | list[ChatMessage] | ChatMessages, responses: str | list[str]) -> float | list[float]:
         """One probability per response, scored now (not gathered with other calls)."""
-        items = self._items(prompt_or_messages, responses)
-        probs = self._probs(self._score(items))
+        probs = self._now(self._items(prompt_or_messages, responses))
         return probs[0] if isinstance(responses, str) else probs
 
     async def ascore(self, prompt_or_messages: str | list[ChatMessage] | ChatMessages, responses: str | list[str]) -> float | list[float]:
         """As `score`, gathered with the calls of concurrent searches into one PathScorer call on a worker thread."""
-        items = self._items(prompt_or_messages, responses)
-        probs = self._probs(await self._batcher_of_this_loop().submit(items, len(items)))
+        probs = await self._gathered(self._items(prompt_or_messages, responses))
         return probs[0] if isinstance(responses, str) else probs
+
+    def _now(self, items: list[tuple[str, list[str]]]) -> list[float]:
+        return self._probs(self._score(items))
+
+    async def _gathered(self, items: list[tuple[str, list[str]]]) -> list[float]:
+        return self._probs(await self._batcher_of_this_loop().submit(items, len(items)))
 
     def _items(self, prompt_or_messages, responses: str | list[str]) -> list[tuple[str, list[str]]]:
         """(question, steps) per response; the question is the prompt, or the last user message of a conversation."""
@@ -74,3 +80,31 @@ class BiPRMProcessRewardModel(AbstractProcessRewardModel):
             self._loop, self._batcher = loop, Batcher(self._score, self.max_wait_ms, max_batch_tokens=1 << 62, max_queue=1 << 62)
             self._batcher.start()
         return self._batcher
+
+
+class BiPRMOutcomeRewardModel(AbstractOutcomeRewardModel):
+    """its_hub's outcome-model interface, which its BestOfN takes: each conversation's final assistant message is a
+    finished response, scored as `BiPRMProcessRewardModel` scores a path (same splitting, aggregation and batching)."""
+
+    def __init__(self, prm: BiPRMProcessRewardModel):
+        self.prm = prm
+
+    def score(self, messages: list[ChatMessage] | list[list[ChatMessage]], **kwargs) -> float | list[float]:
+        single, items = self._items(messages)
+        probs = self.prm._now(items)
+        return probs[0] if single else probs
+
+    async def ascore(self, messages: list[ChatMessage] | list[list[ChatMessage]], orchestrator=None, **kwargs) -> float | list[float]:
+        single, items = self._items(messages)
+        probs = await self.prm._gathered(items)
+        return probs[0] if single else probs
+
+    def _items(self, messages) -> tuple[bool, list[tuple[str, list[str]]]]:
+        single = not isinstance(messages[0], list)
+        items = []
+        for i, conversation in enumerate([messages] if single else messages):
+            *prompt, answer = [m if isinstance(m, ChatMessage) else ChatMessage.from_dict(m) for m in conversation]
+            if answer.role != "assistant":
+                raise ValueError(f"its_hub conversation {i}: the last message is the {answer.role}'s, not a response to score")
+            items += self.prm._items(prompt, answer.extract_text_content())
+        return single, items
