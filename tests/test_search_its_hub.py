@@ -16,6 +16,7 @@ from its_hub.core.lms.step_generation import StepGeneration  # noqa: E402
 
 from biprm.data.trajectory import Trajectory  # noqa: E402
 from biprm.integrations.its_hub import BiPRMOutcomeRewardModel, BiPRMProcessRewardModel  # noqa: E402
+from biprm.scoring import Scorer  # noqa: E402
 from biprm.search.prefix import PrefixScorer  # noqa: E402
 from conftest import scored  # noqa: E402
 
@@ -67,6 +68,9 @@ def test_score_is_the_aggregated_step_probability(bi_scorer):
     assert prm.score(QUESTIONS[0], responses[0]) == pytest.approx(got[0], abs=1e-6)  # a single response -> a float
     with pytest.raises(ValueError, match="response 0: no step text"):
         prm.score(QUESTIONS[0], ["\n\n"])
+    short = BiPRMProcessRewardModel(PrefixScorer(Scorer(bi_scorer.model, bi_scorer.tokenizer, max_length=40)))
+    unfit, fits = short.score(QUESTIONS[0], ["Add the numbers. " * 10, "So it is 8."])
+    assert unfit == np.finfo(np.float64).tiny and 0 < fits < 1  # a path the PRM cannot read ranks last, and particle weights stay finite
 
 
 def test_beam_search_of_concurrent_questions_shares_each_level_in_one_call(bi_scorer):

@@ -71,7 +71,12 @@ class BiPRMProcessRewardModel(AbstractProcessRewardModel):
         return StepScores(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), np.concatenate([p.fused for p in paths]))
 
     def _probs(self, scores: StepScores) -> list[float]:
-        return np.clip(scores.solution_scores(self.aggregation), LOW, HIGH).tolist()
+        """Aggregated probabilities; a path none of whose steps fit the PRM's max_length (flagged by the scorer) gets the lowest."""
+        fit = np.flatnonzero(np.diff(scores.offsets) > 0)
+        probs = np.full(len(scores), LOW)
+        if len(fit):
+            probs[fit] = scores.select(fit).solution_scores(self.aggregation)
+        return np.clip(probs, LOW, HIGH).tolist()
 
     def _batcher_of_this_loop(self) -> Batcher:
         """A Batcher lives on one event loop; its_hub's sync `infer` runs a fresh loop per question."""

@@ -16,6 +16,7 @@ scratch, each question's prompt still run once per call, for comparison.
 """
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -29,6 +30,7 @@ from biprm.packing import _continuation, cached_attention_mask
 from biprm.scoring import Scorer
 from biprm.search.prm import PathScore, check_streams, path_scores
 
+log = logging.getLogger(__name__)
 Key = tuple[str, ...]  # (question, step 1, ..., step j)
 
 
@@ -89,6 +91,9 @@ class PrefixScorer:
         unfit = {i for i, message in problems if "max_length" in message}
         if other := [message for i, message in problems if i not in unfit]:
             raise DataError(other[0])
+        if unfit:
+            log.warning("%d of %d paths have no step that fits max_length=%d: they get no score (n_dropped = all their steps)",
+                        len(unfit), len(trajs), self.scorer.max_length)
         fits = [i for i in range(len(trajs)) if i not in unfit]
         keys = [(trajs[i].question, *trajs[i].steps[: len(e.steps)]) for i, e in zip(fits, encs)]
         lengths, dropped = np.zeros(len(trajs), dtype=np.int64), np.array([len(t.steps) for t in trajs], dtype=np.int64)
