@@ -84,6 +84,10 @@ def cmd_bench(cfg: BenchConfig) -> None:
         from biprm.bench.serve import run, write
     elif cfg.preset == "vllm":
         from biprm.bench.vllm import run, write
+    elif cfg.preset == "search":
+        from biprm.bench.search import main
+
+        return main(cfg)
     else:
         from biprm.bench.run import main
 

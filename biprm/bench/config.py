@@ -13,20 +13,23 @@ PRESETS = {  # smoke: every code path in seconds on the tiny shape (tests)
     # servers on loopback (biprm.bench.serve, biprm.bench.vllm): requests per measurement, clients, seconds per measurement
     "serve": dict(requests=192, concurrency=[1, 8, 32], compare_at=32, overload_clients=256, overload_queue=32, time_limit_s=240.0),
     "vllm": dict(questions=8, requests=64, compare_at=8, time_limit_s=300.0),
+    # biprm.bench.search: beam search of depth 8, width 4, 16 paths per question; `group` questions per PathScorer call
+    "search": dict(questions=32, depth=8, width=4, paths=16, group=8),
 }
 SIZES = ("questions", "requests", "concurrency", "compare_at", "overload_clients", "overload_queue", "time_limit_s")  # flags that resize a preset
 
 
 @dataclass
 class BenchConfig:
-    preset: Literal["full", "quick", "smoke", "serve", "vllm"] = arg(
+    preset: Literal["full", "quick", "smoke", "serve", "vllm", "search"] = arg(
         "full", "quick: the target ratios on small sizes (docs/PERFORMANCE.md gives its wall clock); full: adds the reference L2R, "
                 "more layouts and the scaling curve; smoke: every code path once, in seconds, on tiny sizes (what the tests run); "
                 "serve: `biprm serve` under concurrent load on loopback (docs/SERVING.md); vllm: biprm's scorer and servers against "
-                "vLLM running biprm's plugin (extra [vllm])")
+                "vLLM running biprm's plugin (extra [vllm]); search: scoring a beam search's partial solutions, incremental L2R "
+                "against from scratch and fused (docs/SEARCH.md)")
     shape: str = arg("smollm2-135m", "backbone whose config and tokenizer to use (random weights): smollm2-135m or tiny")
     data_root: str = arg(help="folder holding gsm8k/ and gsm8k_bon_small/", factory=default_data_root)
-    out: str = arg("benchmarks", "where bench-<shape>[-quick].{json,md} and the scaling PNG go (serve-<shape>, vllm-<shape> for those presets)")
+    out: str = arg("benchmarks", "where bench-<shape>[-quick].{json,md} and the scaling PNG go (serve-<shape>, vllm-<shape>, bench-<shape>-search for those presets)")
     threads: int = arg(0, "torch threads; 0: every core")
     seed: int = arg(0, "seed of the sampled solutions")
     memory: bool = arg(True, "probe the peak memory of each configuration")

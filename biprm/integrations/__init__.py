@@ -1,1 +1,1 @@
-"""BiPRM rewards for RL trainers: a TRL GRPO reward function and per-token process rewards."""
+"""BiPRM rewards for RL trainers and search libraries: a TRL GRPO reward function, per-token process rewards, an its_hub PRM."""

@@ -1,0 +1,141 @@
+"""`biprm bench --preset search`: what scoring a beam search's partial solutions costs, incremental L2R against from scratch.
+
+The workload is a beam search of depth D and width W over P paths per question: P first
+steps, then at every depth the W kept paths each grow P/W next steps. Real GSM8K reference
+steps (test split) stand in for generated ones, and the kept paths are a seeded draw rather
+than the PRM's choice, so every configuration scores the very same tree. Configurations,
+all `PrefixScorer`s on one random-weight backbone:
+- `l2r:incremental`: L2R on its KV cache, only each path's new step runs (O(D) tokens per path);
+- `l2r:scratch`: L2R from scratch at every depth, each question's prompt once per call (O(D^2));
+- `bi:fused`: incremental L2R plus R2L rerun on every step at every depth, and the gate.
+Questions run in groups (one PathScorer call per group and depth, as a search batching
+across questions makes them), and the configurations take turns per group, so a burst of
+load from another process slows all of them alike.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from biprm.bench.config import BenchConfig
+from biprm.bench.measure import machine
+from biprm.bench.report import _table
+from biprm.bench.workload import build
+from biprm.data.readers import read_rows
+from biprm.data.benchmarks import data_file
+from biprm.replication.data import gsm8k_reference
+from biprm.scoring.scorer import Scorer
+from biprm.search.prefix import PrefixScorer
+
+CONFIGS = {"l2r:incremental": ("l2r", True, "l2r"), "l2r:scratch": ("l2r", False, "l2r"), "bi:fused": ("bi", True, "fused")}
+Level = list[tuple[str, list[str]]]  # the (question, path) pairs one call scores
+
+
+def search_tree(data_root: str, sizes: dict, seed: int = 0) -> list[list[Level]]:
+    """Per group of questions, per depth, the paths to score (see the module docstring)."""
+    rows, name = read_rows(str(data_file(data_root, "gsm8k", "test.jsonl")))
+    refs = [gsm8k_reference(r.get("question"), r.get("answer"), f"{name} row {i + 1}") for i, r in enumerate(rows)]
+    pool = [s for t in refs for s in t.steps]
+    rng = np.random.default_rng(seed)
+    questions = [refs[i].question for i in rng.choice(len(refs), sizes["questions"], replace=False)]
+    width, grow = sizes["width"], sizes["paths"] // sizes["width"]
+    draw = lambda n: [pool[i] for i in rng.integers(len(pool), size=n)]  # noqa: E731
+    groups = []
+    for g in range(0, len(questions), sizes["group"]):
+        level = [(q, [s]) for q in questions[g : g + sizes["group"]] for s in draw(sizes["paths"])]
+        levels = [level]
+        for _ in range(sizes["depth"] - 1):
+            kept = [level[i + k * sizes["paths"]] for k in range(len(level) // sizes["paths"]) for i in rng.choice(sizes["paths"], width, replace=False)]
+            level = [(q, [*p, s]) for q, p in kept for s in draw(grow)]
+            levels.append(level)
+        groups.append(levels)
+    return groups
+
+
+def run(cfg: BenchConfig, sizes: dict | None = None) -> dict:
+    """Tokens and seconds per depth of every configuration; `sizes` overrides the preset's (tests)."""
+    sizes = sizes or cfg.sizes
+    torch.set_num_threads(cfg.threads or os.cpu_count())
+    start, load = time.perf_counter(), os.getloadavg()
+    groups = search_tree(cfg.data_root, sizes, cfg.seed)
+    bench = build(cfg.shape, cfg.seed)
+    scorers = {name: PrefixScorer(Scorer(bench.ours[mode], bench.tokenizer), incremental) for name, (mode, incremental, _) in CONFIGS.items()}
+    depth = sizes["depth"]
+    seconds = {name: np.zeros(depth) for name in CONFIGS}
+    tokens = {name: np.zeros((depth, 3), dtype=np.int64) for name in CONFIGS}  # prompt, l2r, r2l
+    scores: dict[str, list] = {name: [] for name in CONFIGS}
+    for name, (_, _, streams) in CONFIGS.items():  # warm-up: one level, not counted
+        level = groups[0][0]
+        PrefixScorer(scorers[name].scorer).score([q for q, _ in level], [p for _, p in level], streams)
+    for levels in groups:
+        for name, (_, _, streams) in CONFIGS.items():
+            prefix = scorers[name]
+            for d, level in enumerate(levels):
+                before, t = np.array(list(prefix.tokens.values())), time.perf_counter()
+                got = prefix.score([q for q, _ in level], [p for _, p in level], streams)
+                seconds[name][d] += time.perf_counter() - t
+                tokens[name][d] += np.array(list(prefix.tokens.values())) - before
+                scores[name] += [s.l2r for s in got]
+    same = max(float(np.abs(a - b).max()) for a, b in zip(scores["l2r:incremental"], scores["l2r:scratch"]))
+    return {
+        "config": asdict(cfg) | sizes, "machine": machine(), "loadavg_start": load,
+        "paths_per_depth": [len(level) for level in groups[0]],
+        "seconds": {k: v.tolist() for k, v in seconds.items()}, "tokens": {k: v.tolist() for k, v in tokens.items()},
+        "max_abs_diff_incremental_vs_scratch": same, "loadavg_end": os.getloadavg(), "elapsed_s": time.perf_counter() - start,
+    }
+
+
+def targets(result: dict) -> list[dict]:
+    """The issue's targets over the whole search of depth D: tokens and wall clock."""
+    total = {k: float(np.sum(v)) for k, v in result["tokens"].items()}
+    secs = {k: float(np.sum(v)) for k, v in result["seconds"].items()}
+    rows = [
+        ("L2R tokens: scratch / incremental", total["l2r:scratch"] / total["l2r:incremental"], ">=", 3.0),
+        ("L2R seconds: scratch / incremental", secs["l2r:scratch"] / secs["l2r:incremental"], ">=", 3.0),
+        ("tokens: fused / L2R scratch", total["bi:fused"] / total["l2r:scratch"], "<=", 1.4),
+        ("seconds: fused / L2R scratch", secs["bi:fused"] / secs["l2r:scratch"], "<=", 1.4),
+    ]
+    return [{"target": n, "value": v, "op": op, "goal": g, "met": v >= g if op == ">=" else v <= g} for n, v, op, g in rows]
+
+
+def write_markdown(result: dict, path: str) -> str:
+    cfg, m = result["config"], result["machine"]
+    names = list(CONFIGS)
+    per_depth = [[d + 1, *(int(np.sum(result["tokens"][n][d])) for n in names), *(result["seconds"][n][d] for n in names)]
+                 for d in range(cfg["depth"])]
+    parts = [
+        f"# biprm bench: scoring a beam search's partial solutions, {cfg['shape']} shape (random weights, fp32)",
+        f"{m['lscpu'].get('Model name', '?')}, {m['lscpu'].get('CPU(s)', '?')} CPUs; torch {m['torch']}, {m['threads']} threads. "
+        f"Load average at start {result['loadavg_start'][0]:.2f}, at end {result['loadavg_end'][0]:.2f}. "
+        f"{cfg['questions']} GSM8K test questions in groups of {cfg['group']}, beam width {cfg['width']} over {cfg['paths']} paths "
+        f"per question, depth {cfg['depth']}; GSM8K reference steps stand in for generated ones. "
+        f"The whole run took {result['elapsed_s'] / 60:.1f} min.",
+        "## Targets (the whole search)",
+        _table(["target", "measured", "goal", "met"], [[t["target"], t["value"], f"{t['op']} {t['goal']}", t["met"]] for t in result["targets"]]),
+        "## Per depth: PRM tokens run (prompt + L2R + R2L) and seconds, summed over questions",
+        _table(["depth", *(f"tokens {n}" for n in names), *(f"s {n}" for n in names)], per_depth),
+        "## Totals by stream",
+        _table(["config", "prompt", "l2r", "r2l", "all", "seconds"],
+               [[n, *np.sum(result["tokens"][n], axis=0).tolist(), int(np.sum(result["tokens"][n])), float(np.sum(result["seconds"][n]))] for n in names]),
+        f"Largest L2R score difference, incremental against from scratch: {result['max_abs_diff_incremental_vs_scratch']:.2g}.",
+    ]
+    text = "\n\n".join(parts) + "\n"
+    Path(path).write_text(text)
+    return text
+
+
+def main(cfg: BenchConfig, sizes: dict | None = None) -> dict:
+    result = run(cfg, sizes)
+    result["targets"] = targets(result)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench-{cfg.shape}-search"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
+    print(write_markdown(result, str(out / f"{stem}.md")))
+    return result
