@@ -40,7 +40,7 @@ def test_rl_study_runs_every_arm_and_resumes_only_what_is_missing(tmp_path):
 
     out, work = tmp_path / "results", tmp_path / "work"
     tiny = ["--out", str(out), "--work_dir", str(work), "--seeds", "0", "--policy_hidden", "32", "--policy_layers", "1",
-            "--sft_examples", "16", "--sft_steps", "2", "--sft_batch_size", "8", "--prm_train", "32", "--prm_epochs", "0.25",
+            "--sft_examples", "16", "--sft_steps", "1", "--policy_sft_steps", "1", "--sft_batch_size", "8", "--prm_train", "32", "--prm_epochs", "0.25",
             "--prm_test", "12", "--prm_bon_questions", "2", "--steps", "2", "--prompts_per_step", "2", "--group_size", "2",
             "--max_completion_length", "12", "--eval_every", "1", "--eval_questions", "3"]
     main(["rl-study", *tiny])
@@ -52,6 +52,7 @@ def test_rl_study_runs_every_arm_and_resumes_only_what_is_missing(tmp_path):
     assert len(json.loads((out / "policy.json").read_text())["accuracy"]) == 3
     prms = json.loads((out / "prms.json").read_text())
     assert set(prms["results"]) == {"l2r", "bi"} and "reads no text" in prms["table"]
+    assert json.loads((work / "prm-bi" / "biprm_train.json").read_text())["backbone"] == str(work / "sft-base")
     report = (out / "report.md").read_text()
     assert "Missing runs: none." in report and (out / "accuracy_by_step.png").is_file()
 

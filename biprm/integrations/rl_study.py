@@ -1,7 +1,7 @@
 """The small RL study: outcome, min-score and process GRPO (l2r and bi PRMs) from one SFT policy on the synthetic task.
 
 Read top to bottom. `train_policy` fine-tunes a tiny Llama on correct synthetic solutions,
-briefly, so that it still makes errors. `train_prm` trains an l2r and a bi PRM from it as
+briefly, then the policy further, so that it still makes errors. `train_prm` trains an l2r and a bi PRM from the first as
 `biprm demo` does, and `prm_quality` measures them on held-out rows. `run_arm` runs GRPO for one (arm,
 seed): greedy held-out accuracy every few steps, and the wall clock of the reward
 computation. `write_report` turns the run files into a table with intervals over seeds
@@ -54,20 +54,21 @@ def questions(n: int, seed: int, events: list[int]) -> list[Trajectory]:
 
 # ---- 1. the policy -------------------------------------------------------------------------------
 
-def train_policy(cfg: RLStudyConfig, folder: Path) -> Path:
-    """A tiny Llama (the tiny backbone's tokenizer) fine-tuned on correct solutions; kept if already there."""
+def train_policy(cfg: RLStudyConfig, folder: Path, steps: int, start: Path | None = None) -> Path:
+    """A tiny Llama (the tiny backbone's tokenizer), new or from `start`, fine-tuned on correct solutions for `steps`;
+    kept if already there."""
     if (folder / "config.json").is_file():
         return folder
     tok = load_tokenizer(resolve_backbone("tiny"))
     set_seed(cfg.seed)
-    model = LlamaForCausalLM(LlamaConfig(
+    model = AutoModelForCausalLM.from_pretrained(start) if start else LlamaForCausalLM(LlamaConfig(
         vocab_size=len(tok), hidden_size=cfg.policy_hidden, intermediate_size=3 * cfg.policy_hidden, num_hidden_layers=cfg.policy_layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
     rows = [{"prompt": prompt_of(t.question), "completion": "\n".join(t.steps)} for t in questions(cfg.sft_examples, cfg.seed, cfg.policy_events)]
     scratch = folder.with_name(folder.name + ".partial")
-    args = SFTConfig(output_dir=str(scratch), max_steps=cfg.sft_steps, per_device_train_batch_size=cfg.sft_batch_size,
-                     learning_rate=cfg.sft_lr, lr_scheduler_type="cosine", warmup_steps=0.05, max_length=256, logging_steps=max(1, cfg.sft_steps // 20),
+    args = SFTConfig(output_dir=str(scratch), max_steps=steps, per_device_train_batch_size=cfg.sft_batch_size,
+                     learning_rate=cfg.sft_lr, lr_scheduler_type="cosine", warmup_steps=0.05, max_length=256, logging_steps=max(1, steps // 20),
                      save_strategy="no", report_to=[], use_cpu=True, bf16=False, gradient_checkpointing=False, seed=cfg.seed, disable_tqdm=True)
     SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok).train()
     model.save_pretrained(scratch)
@@ -96,14 +97,15 @@ def held_out_accuracy(model, tok, evals: list[Trajectory], max_new_tokens: int, 
 
 # ---- 2. the reward models ------------------------------------------------------------------------
 
-def train_prm(cfg: RLStudyConfig, mode: str, policy: Path, work: Path) -> Path:
-    """A PRM trained by `biprm.training.train` on the demo's recipe, from the SFT policy's weights: a random tiny
-    backbone learns no arithmetic check in minutes (it found no calculation error in a first try). A finished one is kept."""
+def train_prm(cfg: RLStudyConfig, mode: str, backbone: Path, work: Path) -> Path:
+    """A PRM trained by `biprm.training.train` on the demo's recipe from `backbone`, the SFT model the policy also
+    starts from: a random tiny backbone learns no arithmetic check in minutes (it found no calculation error in a
+    first try). A finished PRM is kept."""
     data = work / "prm-train.jsonl"
     if not data.is_file():
         write_trajectories(data, make_dataset(cfg.prm_train, cfg.seed + 1, mix=PRM_MIX, events=tuple(cfg.events)))
     return Path(train(TrainConfig(
-        backbone=str(policy), data=str(data), output_dir=str(work / f"prm-{mode}"), mode=mode, learning_rate=cfg.prm_lr,
+        backbone=str(backbone), data=str(data), output_dir=str(work / f"prm-{mode}"), mode=mode, learning_rate=cfg.prm_lr,
         gate_lr_scale=0.1, num_train_epochs=cfg.prm_epochs, per_device_train_batch_size=16, gradient_accumulation_steps=1,
         warmup_ratio=0.05, seed=cfg.seed, save_steps=10**9, logging_steps=50, resume=True)))
 
@@ -187,12 +189,13 @@ def run_study(cfg: RLStudyConfig) -> None:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     evals = questions(cfg.eval_questions, cfg.seed + 21, cfg.policy_events)
-    policy = train_policy(cfg, work / "policy")
+    base = train_policy(cfg, work / "sft-base", cfg.sft_steps)  # the PRMs' backbone, and the policy's start
+    policy = train_policy(cfg, work / "policy", cfg.policy_sft_steps, start=base)
     if not (out / "policy.json").is_file():  # the SFT policy's accuracy: every arm's step 0
         model = AutoModelForCausalLM.from_pretrained(policy)
         start = held_out_accuracy(model, load_tokenizer(str(policy)), evals, cfg.max_completion_length)
         (out / "policy.json").write_text(json.dumps({"accuracy": start}))
-    folders = {mode: train_prm(cfg, mode, policy, work) for mode in ("l2r", "bi")}
+    folders = {mode: train_prm(cfg, mode, base, work) for mode in ("l2r", "bi")}
     prm_quality(cfg, folders, out)
     scorers = {mode: Scorer.from_pretrained(str(f), device="cpu") for mode, f in folders.items()}
     prompts = questions(cfg.steps * cfg.prompts_per_step, cfg.seed + 20, cfg.policy_events)
