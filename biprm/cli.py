@@ -1,4 +1,4 @@
-"""`biprm` command line: demo, train, score, eval, replicate, serve, bench.
+"""`biprm` command line: demo, train, score, eval, replicate, rl-study, serve, bench.
 
 Each sub-command's flags come from one dataclass (`biprm.config` and the subpackages'
 `config` modules) through `HfArgumentParser`, so every flag shows its help, default
@@ -23,6 +23,7 @@ from biprm import __version__
 from biprm.bench.config import BenchConfig, CheckConfig, DataBenchConfig
 from biprm.config import DemoConfig, ScoreConfig, TrainConfig
 from biprm.evaluation import cli as evaluation
+from biprm.integrations.config import RLStudyConfig
 from biprm.replication.config import ReplicateConfig
 from biprm.serve.config import ExportConfig, ServeConfig
 
@@ -60,6 +61,15 @@ def cmd_replicate(cfg: ReplicateConfig) -> None:
     from biprm.replication.recipe import replicate, report_only
 
     report_only(cfg) if cfg.report_only else replicate(cfg)
+
+
+def cmd_rl_study(cfg: RLStudyConfig) -> None:
+    from biprm.config import check_extras
+
+    check_extras({"trl": "biprm rl-study"})
+    from biprm.integrations.rl_study import run_study, write_report
+
+    print(write_report(cfg)) if cfg.report_only else run_study(cfg)
 
 
 def cmd_serve(cfg: ServeConfig) -> None:
@@ -115,6 +125,7 @@ COMMANDS = {  # name: (settings, recipe, one-line help)
     "train": (TrainConfig, cmd_train, "train a (Bi)PRM on step-labelled data"),
     "score": (ScoreConfig, cmd_score, "write per-step and solution scores of a data file as JSONL"),
     "replicate": (ReplicateConfig, cmd_replicate, "the paper's l2r / r2l / bi-static / bi comparison on SmolLM2-135M and real data (resumable: rerun to continue)"),
+    "rl-study": (RLStudyConfig, cmd_rl_study, "outcome, min-score and process GRPO (l2r, bi) from one SFT policy on the synthetic task (resumable)"),
     "serve": (ServeConfig, cmd_serve, "serve a checkpoint over HTTP: /v1/score, /get_reward (OpenRLHF), /health, /metrics (extra [serve])"),
     "export": (ExportConfig, cmd_export, "write a checkpoint in the layout another engine loads (vllm: for `vllm serve` with biprm's plugin)"),
     "bench": (BenchConfig, cmd_bench, "time and measure BiPRM against the reference pattern and L2R, side by side; "

@@ -56,7 +56,7 @@ def check_choices(settings: Any) -> None:
 
 EXTRAS = {  # pyproject extra: the modules it installs
     "tensorboard": ("tensorboard",), "wandb": ("wandb",), "deepspeed": ("deepspeed",), "peft": ("peft",), "serve": ("fastapi", "uvicorn"),
-    "vllm": ("vllm",),
+    "vllm": ("vllm",), "trl": ("trl",),
 }
 
 

@@ -66,16 +66,26 @@ BON_ERRORS = (0.7, 0.3)
 BON_CORRECT_SHARE = (0.0, 0.5)
 
 
+def held_out(seed: int, n_test: int, bon_questions: int, bon_candidates: int, mix, events) -> tuple[list, list, list]:
+    """(dev, test, Best-of-N pools) of the task, from seeds next to the training data's `seed`."""
+    task = dict(mix=mix, events=events)
+    dev, test = make_dataset(n_test, seed=seed + 3, **task), make_dataset(n_test, seed=seed + 1, **task)
+    pools = make_bon_pools(bon_questions, bon_candidates, seed=seed + 2, errors=BON_ERRORS, events=events, correct_share=BON_CORRECT_SHARE)
+    return dev, test, pools
+
+
+def text_free_rule(dev: list[Trajectory], test: list[Trajectory]) -> tuple[str, dict[str, float]]:
+    """(its name, exact first error by kind) of the baseline that reads no text: flag the step index tuned on `dev`."""
+    k, _ = tune_flag_step(np.array([len(t.steps) for t in dev]), first_errors(dev))
+    return f"flag step {k} (reads no text)", exact_by_kind(flag_step(np.array([len(t.steps) for t in test]), k), test)
+
+
 def run_demo(cfg: DemoConfig) -> dict:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     task = dict(mix=cfg.mix, events=cfg.events)
     data = write_trajectories(out / "train.jsonl", make_dataset(cfg.n_train, cfg.seed, **task))
-    test = make_dataset(cfg.n_test, seed=cfg.seed + 1, **task)
-    dev = make_dataset(cfg.n_test, seed=cfg.seed + 3, **task)
-    pools = make_bon_pools(cfg.bon_questions, cfg.bon_candidates, seed=cfg.seed + 2, errors=BON_ERRORS, events=cfg.events,
-                           correct_share=BON_CORRECT_SHARE)
-    k, _ = tune_flag_step(np.array([len(t.steps) for t in dev]), first_errors(dev))
+    dev, test, pools = held_out(cfg.seed, cfg.n_test, cfg.bon_questions, cfg.bon_candidates, cfg.mix, cfg.events)
     results = {}
     for mode in cfg.modes.split(","):
         start = time.perf_counter()
@@ -88,8 +98,8 @@ def run_demo(cfg: DemoConfig) -> dict:
         ))
         results[mode] = evaluate(Scorer.from_pretrained(ckpt, device="cpu"), dev, test, pools)
         results[mode]["seconds"] = round(time.perf_counter() - start, 1)
-    rule = exact_by_kind(flag_step(np.array([len(t.steps) for t in test]), k), test)
-    print("\n" + table(results, {f"flag step {k} (reads no text)": rule}))
+    name, rule = text_free_rule(dev, test)
+    print("\n" + table(results, {name: rule}))
     print("\n" + verdict_line(results, rule))
     print(
         "A tiny random backbone on a synthetic task: this shows every mode training and being evaluated end to end;"

@@ -534,7 +534,7 @@ def test_every_shipped_yaml_opens_with_its_command_and_parses_through_it(path, m
     args = parser.parse_args([a.replace(f"configs/{path.name}", str(path)) for a in argv])
     monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)  # deepspeed need not be installed to read the file
     settings = args.settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)})
-    assert command in ("train", "replicate") and settings is not None
+    assert command in ("train", "replicate", "rl-study") and settings is not None
 
 
 def test_loading_a_checkpoints_tokenizer_gives_no_type_warning(checkpoint):

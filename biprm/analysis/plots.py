@@ -1,4 +1,4 @@
-"""Curves over normalised step position (paper Fig. 4) and their PNGs.
+"""Curves over normalised step position (paper Fig. 4) or over training steps, and their PNGs.
 
 All plotting lives here so every figure shares one look: modes keep the paper's
 names and colours (BiPRM red, L2R green, R2L blue) and the x axis reads in percent.
@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-NAMES = {"bi": "BiPRM", "bi-static": "BiPRM (static avg.)", "l2r": "L2R-PRM", "r2l": "R2L-PRM", "2xl2r": "2×L2R", "2xr2l": "2×R2L"}
-COLORS = {"bi": "tab:red", "bi-static": "tab:orange", "l2r": "tab:green", "r2l": "tab:blue", "2xl2r": "olive", "2xr2l": "tab:cyan"}
+NAMES = {"bi": "BiPRM", "bi-static": "BiPRM (static avg.)", "l2r": "L2R-PRM", "r2l": "R2L-PRM", "2xl2r": "2×L2R", "2xr2l": "2×R2L",
+         "outcome": "outcome GRPO (answer correct)", "min": "GRPO on min step score (bi)",  # the RL study's arms
+         "process-l2r": "process GRPO, l2r PRM", "process-bi": "process GRPO, bi PRM (fused)"}
+COLORS = {"bi": "tab:red", "bi-static": "tab:orange", "l2r": "tab:green", "r2l": "tab:blue", "2xl2r": "olive", "2xr2l": "tab:cyan",
+          "outcome": "black", "min": "tab:purple", "process-l2r": "tab:green", "process-bi": "tab:red"}  # the RL study's arms
 
 
 def normalised_position(offsets: np.ndarray) -> np.ndarray:
@@ -44,13 +47,9 @@ def plot_curves(
     ylim: tuple[float, float] | None = None,
 ) -> None:
     """One line per curve (keys may be mode names); `vline` is a position in [0, 1], `hline` a y value."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import PercentFormatter
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = _axes()
     for name, curve in curves.items():
         y = np.array(curve["mean"], dtype=float)  # None -> NaN: empty bins are left out, the line joins the rest
         x = np.array(curve["position"]) * 100
@@ -63,7 +62,23 @@ def plot_curves(
     ax.xaxis.set_major_formatter(PercentFormatter(100))
     if ylim is not None:
         ax.set_ylim(*ylim)
-    ax.set_xlabel("normalised step position")
+    _save(fig, ax, path, "normalised step position", ylabel, title)
+
+
+def _axes():
+    """A figure of the shared size, drawn off-screen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(5.5, 3.8))
+
+
+def _save(fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -84,3 +99,16 @@ def plot_sigma_by_position(result: dict, path: str) -> None:
     """Fig. 4b from `biprm.analysis.sigma_by_position`: below 0.5 R2L dominates, above it L2R."""
     plot_curves(path, {"bi": result["curve"]}, ylabel=r"mean gate $\sigma_t$ (weight on L2R)",
                 title="Gate weight by step position", hline=0.5, hline_label="equal weight", ylim=(0.0, 1.0))
+
+
+def plot_steps(path: str, curves: dict[str, dict], ylabel: str, title: str) -> None:
+    """One line per curve over training steps ({"step", "mean", "low", "high"}, fractions), its interval shaded."""
+    from matplotlib.ticker import PercentFormatter
+
+    fig, ax = _axes()
+    for name, curve in curves.items():
+        x, y = np.array(curve["step"]), np.array(curve["mean"]) * 100
+        line, = ax.plot(x, y, marker="o", ms=3, label=NAMES.get(name, name), color=COLORS.get(name))
+        ax.fill_between(x, np.array(curve["low"]) * 100, np.array(curve["high"]) * 100, color=line.get_color(), alpha=0.12)
+    ax.yaxis.set_major_formatter(PercentFormatter(100))
+    _save(fig, ax, path, "training step", ylabel, title)
