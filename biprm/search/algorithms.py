@@ -14,17 +14,15 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from biprm.aggregate import aggregate
+from biprm.search.config import Strategy
 from biprm.search.policy import StepOut
 from biprm.search.prm import PathScore, PathScorer
 
-Strategy = Literal["fused", "l2r-rerank", "l2r"]
-STRATEGIES = ("fused", "l2r-rerank", "l2r")
-ALGORITHMS = ("bon", "beam", "dvts", "particles")
 
 
 class Policy(Protocol):

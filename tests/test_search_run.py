@@ -1,0 +1,86 @@
+"""`biprm search` end to end on a scripted policy and PRM: records, baselines, resume, a grader that times out."""
+import json
+
+import pytest
+
+from biprm.search import run as search_run
+from biprm.search.config import SearchConfig
+from biprm.search.run import run_search
+from search_scripted import ScriptedPolicy, ScriptedScorer
+
+QUESTIONS = [{"question": "one", "answer": "3"}, {"question": "two", "answer": "5"}, {"question": "three", "answer": "7"}]
+TREE = {("one",): ["answer 3", "answer 4"],
+        ("two",): ["x", "y"], ("two", "x"): ["answer 5"], ("two", "y"): ["answer 6"],
+        ("three",): ["z"], ("three", "z"): ["answer 8"]}
+LOGITS = {"answer 3": 2.0, "answer 4": -2.0, "x": 1.0, "y": -1.0, "answer 5": 1.0, "answer 6": 1.0, "z": 0.0, "answer 8": 0.0}
+
+
+@pytest.fixture
+def config(tmp_path):
+    data = tmp_path / "questions.jsonl"
+    data.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return SearchConfig(out=str(tmp_path / "out"), data=str(data), algorithms=["bon", "beam", "dvts", "particles"], n=[2, 4], width=2,
+                        strategies=["fused", "l2r-rerank"], batch_questions=2, grade_workers=0)
+
+
+def records(cfg):
+    return [json.loads(line) for line in open(f"{cfg.out}/questions.jsonl")]
+
+
+def test_every_method_and_baseline_lands_in_one_line_per_question(config):
+    text = run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+    rows = records(config)
+    assert [r["index"] for r in rows] == [0, 1, 2]
+    methods = rows[0]["methods"]
+    for n in (2, 4):
+        for name in ("pass", "majority", "random", "bon-max/fused", "bon-vote/l2r-rerank", "noise:bon-max", "beam/fused", "noise:beam",
+                     "dvts/l2r-rerank", "noise:dvts", "particles/fused", "noise:particles"):
+            assert f"{name}@{n}" in methods and f"{name}@{n}" in text
+    one, two, three = (r["methods"] for r in rows)
+    assert one["bon-max/fused@2"]["answer"] == "3" and one["bon-max/fused@2"]["correct"] is True  # pool: answer 3, answer 4
+    assert one["majority@4"]["correct"] is True  # 3, 4, 3, 4: a tie goes to the first answer seen
+    assert two["beam/fused@4"]["solution"] == "x\n\nanswer 5" and two["beam/fused@4"]["correct"] is True
+    assert three["pass@4"]["correct"] is False and three["beam/fused@4"]["correct"] is False
+    beam = two["beam/fused@4"]
+    assert [p["steps"] for p in beam["paths"]] == [["x", "answer 5"]] * 2  # a tie (1.0 each) keeps the first children
+    assert beam["paths"][0]["fused"] == [round(1 / (1 + 2.718281828459045 ** -1.0), 4)] * 2
+    assert beam["budget"]["policy_calls"] == 2 and beam["budget"]["policy_tokens"] == 2 * 1 + 4 * 8  # x, y; then two children each
+    assert (config.out and (tmp := __import__("pathlib").Path(config.out)) / "accuracy.png").exists() and (tmp / "summary.md").exists()
+
+
+def test_a_killed_run_resumes_at_the_first_unfinished_question(config):
+    run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+    full = records(config)
+    path = f"{config.out}/questions.jsonl"
+    lines = open(path).read().splitlines(keepends=True)
+    open(path, "w").write(lines[0] + lines[1][:40])  # killed while writing the second line
+    policy = ScriptedPolicy(TREE)
+    run_search(config, policy, ScriptedScorer(LOGITS))
+    again = records(config)
+    assert [r["index"] for r in again] == [0, 1, 2]
+    assert "one" not in {k[0] for k in policy.asked}  # the finished question is not searched again
+    same = lambda m: {k: v for k, v in m.items() if k != "budget"}  # noqa: E731 (timings differ)
+    assert same(again[2]["methods"]["beam/fused@4"]) == same(full[2]["methods"]["beam/fused@4"])
+
+
+def test_resume_refuses_changed_settings(config):
+    run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+    config.width = 1
+    with pytest.raises(ValueError, match="--width was 2, now 1"):
+        run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+
+
+def test_a_grader_that_times_out_gives_unknown_not_wrong(config, monkeypatch):
+    monkeypatch.setattr(search_run, "grade_many", lambda pairs, workers, timeout: [None] * len(pairs))  # what grade_many returns on timeouts
+    config.algorithms, config.n = ["beam"], [2]
+    text = run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+    row = records(config)[0]
+    assert row["methods"]["beam/fused@2"]["correct"] is None and row["methods"]["pass@2"]["correct"] is None
+    assert "| beam/fused@2 | - |" in text and all(p["correct"] is None for p in row["pool"])
+
+
+def test_path_past_the_prm_max_length_is_flagged_in_the_output(config):
+    config.algorithms, config.n = ["beam"], [2]
+    run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS, max_steps=1))
+    paths = records(config)[1]["methods"]["beam/fused@2"]["paths"]
+    assert paths[0]["n_dropped"] == 1 and len(paths[0]["fused"]) == 1 and len(paths[0]["steps"]) == 2
