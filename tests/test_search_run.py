@@ -84,3 +84,18 @@ def test_path_past_the_prm_max_length_is_flagged_in_the_output(config):
     run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS, max_steps=1))
     paths = records(config)[1]["methods"]["beam/fused@2"]["paths"]
     assert paths[0]["n_dropped"] == 1 and len(paths[0]["fused"]) == 1 and len(paths[0]["steps"]) == 2
+
+
+@pytest.mark.slow
+def test_a_transformers_policy_runs_the_whole_command(config):
+    from biprm.search.noise import NoiseScorer
+    from biprm.search.policy import HFPolicy
+
+    config.algorithms, config.n, config.strategies, config.max_depth, config.max_step_tokens = ["beam"], [2], ["fused"], 2, 6
+    policy = HFPolicy.from_pretrained("tiny", max_step_tokens=6)
+    text = run_search(config, policy, NoiseScorer())
+    rows = records(config)
+    assert len(rows) == 3 and "beam/fused@2" in text
+    paths = rows[0]["methods"]["beam/fused@2"]["paths"]
+    assert all(len(p["steps"]) <= 2 and p["finished"] for p in paths)
+    assert sum(r["methods"]["beam/fused@2"]["budget"]["policy_tokens"] for r in rows) > 0

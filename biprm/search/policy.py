@@ -157,13 +157,13 @@ class HFPolicy(StepPolicy):
     def _generate(self, prompts: list[str], n: int) -> list[tuple[str, Ending, int]]:
         import torch
 
-        out = []
-        for i in range(0, len(prompts), max(1, self.batch_size // n)):
-            enc = self.tokenizer(prompts[i : i + max(1, self.batch_size // n)], return_tensors="pt", padding=True, add_special_tokens=False)
+        rows, out = [p for p in prompts for _ in range(n)], []  # each prompt n times: greedy decoding takes one sequence per row
+        for i in range(0, len(rows), self.batch_size):
+            enc = self.tokenizer(rows[i : i + self.batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
                 ids = self.model.generate(**enc, do_sample=self.temperature > 0, temperature=self.temperature or None, top_p=self.top_p,
-                                          num_return_sequences=n, max_new_tokens=self.max_step_tokens, stop_strings=[self.step_token],
-                                          tokenizer=self.tokenizer, pad_token_id=self.tokenizer.pad_token_id)
+                                          max_new_tokens=self.max_step_tokens, stop_strings=[self.step_token], tokenizer=self.tokenizer,
+                                          pad_token_id=self.tokenizer.pad_token_id)
             new = ids[:, enc["input_ids"].shape[1] :]
             ended = (new == self.tokenizer.eos_token_id) | (new == self.tokenizer.pad_token_id)
             length = torch.where(ended.any(-1), ended.int().argmax(-1), new.shape[1])  # tokens before the end or padding
