@@ -18,6 +18,9 @@ class ScriptedPolicy:
     def __init__(self, tree: dict[tuple[str, ...], list[str]]):
         self.tree, self.asked, self.tokens, self.calls = tree, Counter(), 0, 0
 
+    def reseed(self, seed: int) -> None:
+        pass  # deterministic
+
     def prompt(self, question: str, steps) -> str:
         return SEP.join([question, *steps])
 

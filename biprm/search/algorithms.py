@@ -26,10 +26,14 @@ from biprm.search.prm import PathScore, PathScorer
 
 
 class Policy(Protocol):
+    """What a search asks of a policy: `biprm.search.policy.StepPolicy` implements it, tests script it."""
+
     tokens: int
     calls: int
 
     def prompt(self, question: str, steps: Sequence[str]) -> str: ...
+
+    def reseed(self, seed: int) -> None: ...
 
     def generate_step(self, prompts: list[str], n: int) -> list[StepOut]: ...
 

@@ -64,6 +64,10 @@ class StepPolicy:
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + prefix
         return question + self.step_token + prefix
 
+    def reseed(self, seed: int) -> None:
+        """Make the next draws depend on `seed` only (so a resumed batch draws as in the first run); a no-op where the
+        backend cannot (a server; vLLM, seeded once per engine)."""
+
     def generate_step(self, prompts: list[str], n: int) -> list[StepOut]:
         if not prompts:
             return []
@@ -153,6 +157,11 @@ class HFPolicy(StepPolicy):
 
         path = resolve_backbone(path)
         return cls(AutoModelForCausalLM.from_pretrained(path), load_tokenizer(path), **kw)
+
+    def reseed(self, seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)
 
     def _generate(self, prompts: list[str], n: int) -> list[tuple[str, Ending, int]]:
         import torch

@@ -91,10 +91,7 @@ class Batch:
         return Search(self.questions, self.policy, scorer, c.max_depth, c.aggregation, strategy)
 
     def run(self) -> list[dict]:
-        if hasattr(self.policy, "model"):  # transformers: the batch's draws do not depend on what ran before it (resume)
-            import torch
-
-            torch.manual_seed(self.cfg.seed + self.items[0]["index"])
+        self.policy.reseed(self.cfg.seed + self.items[0]["index"])
         self.pool_methods()
         for algorithm in self.cfg.algorithms:
             if algorithm != "bon":
