@@ -33,13 +33,16 @@ def test_every_method_and_baseline_lands_in_one_line_per_question(config):
     assert [r["index"] for r in rows] == [0, 1, 2]
     methods = rows[0]["methods"]
     for n in (2, 4):
-        for name in ("pass", "majority", "random", "bon-max/fused", "bon-vote/l2r-rerank", "noise:bon-max", "beam/fused", "noise:beam",
+        for name in ("pass", "majority", "random", "bon-max/fused", "bon-vote/fused", "noise:bon-max", "beam/fused", "noise:beam",
                      "dvts/l2r-rerank", "noise:dvts", "particles/fused", "noise:particles"):
             assert f"{name}@{n}" in methods and f"{name}@{n}" in text
     one, two, three = (r["methods"] for r in rows)
     assert one["bon-max/fused@2"]["answer"] == "3" and one["bon-max/fused@2"]["correct"] is True  # pool: answer 3, answer 4
     assert one["majority@4"]["correct"] is True  # 3, 4, 3, 4: a tie goes to the first answer seen
     assert two["beam/fused@4"]["solution"] == "x\n\nanswer 5" and two["beam/fused@4"]["correct"] is True
+    small, full = one["majority@2"]["budget"], one["majority@4"]["budget"]  # the pool's first 2 of 4
+    assert small["policy_calls"] == full["policy_calls"] == 1 and small["policy_tokens"] == sum(p["tokens"] for p in rows[0]["pool"][:2])
+    assert "prm_calls" not in small and one["bon-max/fused@2"]["budget"]["prm_calls"] == 1
     assert three["pass@4"]["correct"] is False and three["beam/fused@4"]["correct"] is False
     beam = two["beam/fused@4"]
     assert [p["steps"] for p in beam["paths"]] == [["x", "answer 5"]] * 2  # a tie (1.0 each) keeps the first children

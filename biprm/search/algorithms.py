@@ -73,7 +73,8 @@ class Budget:
             self.values[name] = self.values.get(name, np.zeros(self.n)) + add
 
     def row(self, q: int, scale: float = 1.0) -> dict[str, float]:
-        return {k: round(float(v[q]) * scale, 4) for k, v in sorted(self.values.items())}
+        """Question q's costs, all but the call counts scaled (a part of a pool still took every call)."""
+        return {k: round(float(v[q]) * (1.0 if k.endswith("_calls") else scale), 4) for k, v in sorted(self.values.items())}
 
 
 class Search:

@@ -121,12 +121,12 @@ class Batch:
             self.methods[f"random@{n}"] = [{"pick": f[int(self.rng.integers(n))], "budget": gen[q]} for q, f in enumerate(first)]
             if "bon" not in c.algorithms:
                 continue
-            for strategy in c.strategies:
-                scores = self._scores(s, "l2r" if strategy == "l2r" else "fused")
+            for stream in dict.fromkeys("l2r" if st == "l2r" else "fused" for st in c.strategies):  # finished paths only: l2r-rerank is fused
+                scores = self._scores(s, stream)
                 full = {q: self._pool_budget(q, n, prm=True) for q in range(len(self.items))}
-                self.methods[f"bon-max/{strategy}@{n}"] = [{"pick": f[int(np.argmax(scores[list(f)]))], "budget": full[q]} for q, f in enumerate(first)]
+                self.methods[f"bon-max/{stream}@{n}"] = [{"pick": f[int(np.argmax(scores[list(f)]))], "budget": full[q]} for q, f in enumerate(first)]
                 probs = 1 / (1 + np.exp(-scores))
-                self.methods[f"bon-vote/{strategy}@{n}"] = [{"pick": f[vote([self.keys[i] for i in f], probs[list(f)])], "budget": full[q]}
+                self.methods[f"bon-vote/{stream}@{n}"] = [{"pick": f[vote([self.keys[i] for i in f], probs[list(f)])], "budget": full[q]}
                                                             for q, f in enumerate(first)]
             noise_scores = np.array([p.score for p in noise_pool])
             self.methods[f"noise:bon-max@{n}"] = [{"pick": f[int(np.argmax(noise_scores[list(f)]))], "budget": gen[q]} for q, f in enumerate(first)]
@@ -139,7 +139,7 @@ class Batch:
         return scores
 
     def _pool_budget(self, q: int, n: int, prm: bool) -> dict:
-        """The pool's cost for its first n: policy tokens exact, the rest in proportion n / N."""
+        """The pool's cost for its first n: policy tokens exact, calls as they were, the rest in proportion n / N."""
         nmax = max(self.cfg.n)
         row = {k: v for k, v in self.pool_budget.row(q, n / nmax).items() if prm or not k.startswith("prm_")}
         row["policy_tokens"] = float(sum(p.tokens for p in self.pool[q * nmax : q * nmax + n]))
