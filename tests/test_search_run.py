@@ -42,6 +42,9 @@ def test_every_method_and_baseline_lands_in_one_line_per_question(config):
     assert two["beam/fused@4"]["solution"] == "x\n\nanswer 5" and two["beam/fused@4"]["correct"] is True
     small, full = one["majority@2"]["budget"], one["majority@4"]["budget"]  # the pool's first 2 of 4
     assert small["policy_calls"] == full["policy_calls"] == 1 and small["policy_tokens"] == sum(p["tokens"] for p in rows[0]["pool"][:2])
+    spent = rows[1]["budget"]  # the pool (2 levels for question two), then 3 algorithms x 2 N x (2 strategies + noise), 2 levels each
+    assert spent["policy_calls"] == 2 + 18 * 2 and spent["policy_tokens"] == sum(p["tokens"] for p in rows[1]["pool"]) + sum(
+        m["budget"]["policy_tokens"] for m in two.values() if "paths" in m)
     assert "prm_calls" not in small and one["bon-max/fused@2"]["budget"]["prm_calls"] == 1
     assert three["pass@4"]["correct"] is False and three["beam/fused@4"]["correct"] is False
     beam = two["beam/fused@4"]
@@ -102,3 +105,15 @@ def test_a_transformers_policy_runs_the_whole_command(config):
     paths = rows[0]["methods"]["beam/fused@2"]["paths"]
     assert all(len(p["steps"]) <= 2 and p["finished"] for p in paths)
     assert sum(r["methods"]["beam/fused@2"]["budget"]["policy_tokens"] for r in rows) > 0
+
+
+@pytest.mark.slow
+def test_a_prefix_scorer_drives_every_strategy(config, bi_scorer):
+    prefix = pytest.importorskip("biprm.search.prefix", reason="the prefix scorer lands with the search-b branch")
+    config.algorithms, config.n, config.strategies = ["bon", "beam", "particles"], [2], ["fused", "l2r-rerank", "l2r"]
+    run_search(config, ScriptedPolicy(TREE), prefix.PrefixScorer(bi_scorer))
+    methods = records(config)[1]["methods"]
+    beam = methods["beam/fused@2"]
+    assert all(len(p["fused"]) == len(p["steps"]) and p["n_dropped"] == 0 for p in beam["paths"])
+    assert beam["budget"]["prm_tokens_l2r"] > 0 and beam["budget"]["prm_tokens_r2l"] > 0
+    assert methods["beam/l2r@2"]["budget"].get("prm_tokens_r2l", 0) == 0  # L2R only: R2L never runs

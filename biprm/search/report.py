@@ -86,9 +86,9 @@ def summarize(out: Path, seed: int = 0) -> str:
     if not records:
         raise ValueError(f"{out}/questions.jsonl holds no question yet")
     rows = method_rows(records, seed)
-    total = {k: sum(r["budget"][k] * len(records) for r in rows if k in r["budget"]) for k in {k for r in rows for k in r["budget"]}}
+    total = {k: sum(r["budget"].get(k, 0.0) for r in records) for k in {k for r in records for k in r["budget"]}}
     text = (f"{len(records)} questions; accuracy over the questions graded (a grade that timed out is unknown); "
-            f"'(noise)': the interval holds 0.\n\n{table(rows)}\n\ntotal over all methods: "
+            f"'(noise)': the interval holds 0.\n\n{table(rows)}\n\nthe run's whole cost (the pool once, every search): "
             + ", ".join(f"{k} {v:.1f}" for k, v in sorted(total.items())) + "\n")
     Path(out, "summary.md").write_text(text)
     Path(out, "summary.json").write_text(json.dumps({"questions": len(records), "rows": rows, "total": total}, indent=1))

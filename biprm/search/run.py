@@ -173,7 +173,11 @@ class Batch:
         out = []
         for q, it in enumerate(self.items):
             own = slice(q * nmax, (q + 1) * nmax)
-            record = {**it, "pool": [path_row(p, a, v) for p, a, v in zip(self.pool[own], self.answers[own], pool_ok[own])], "methods": {}}
+            record = {**it, "pool": [path_row(p, a, v) for p, a, v in zip(self.pool[own], self.answers[own], pool_ok[own])], "methods": {},
+                      "budget": self.pool_budget.row(q)}  # what this question cost in all: the pool, then every search
+            for name in self.searched:
+                for k, v in self.methods[name][q]["budget"].items():
+                    record["budget"][k] = record["budget"].get(k, 0.0) + v
             for name, per_question in self.methods.items():
                 m = per_question[q]
                 if "any" in m:
