@@ -54,15 +54,20 @@ class StepPolicy:
     def __init__(self, tokenizer, step_token: str = STEP_TOKEN, max_step_tokens: int = 256, temperature: float = 0.8, top_p: float = 1.0):
         self.tokenizer, self.step_token, self.max_step_tokens = tokenizer, step_token, max_step_tokens
         self.temperature, self.top_p = temperature, top_p
-        self.tokens, self.calls = 0, 0
+        self.tokens, self.calls, self._heads = 0, 0, {}
 
     def prompt(self, question: str, steps: Sequence[str]) -> str:
         """The chat template's user turn and generation prompt, then the steps so far; plain text without a template."""
-        prefix = join_steps(list(steps), self.step_token)
-        if getattr(self.tokenizer, "chat_template", None):
+        return self._head(question) + join_steps(list(steps), self.step_token)
+
+    def _head(self, question: str) -> str:
+        """The prompt before the steps, rendered once per question (a search asks for it per path and level)."""
+        if question not in self._heads:
             messages = [{"role": "user", "content": question}]
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + prefix
-        return question + self.step_token + prefix
+            chat = getattr(self.tokenizer, "chat_template", None)
+            self._heads[question] = (self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) if chat
+                                     else question + self.step_token)
+        return self._heads[question]
 
     def reseed(self, seed: int) -> None:
         """Make the next draws depend on `seed` only (so a resumed batch draws as in the first run); a no-op where the
