@@ -118,3 +118,20 @@ def test_a_prefix_scorer_drives_every_strategy(config, bi_scorer):
     assert all(len(p["fused"]) == len(p["steps"]) and p["n_dropped"] == 0 for p in beam["paths"])
     assert beam["budget"]["prm_tokens_l2r"] > 0 and beam["budget"]["prm_tokens_r2l"] > 0
     assert methods["beam/l2r@2"]["budget"].get("prm_tokens_r2l", 0) == 0  # L2R only: R2L never runs
+
+
+def test_the_table_marks_a_search_that_does_not_beat_its_noise_twin():
+    from biprm.search.report import method_rows, table
+
+    def record(i):
+        right = i % 2 == 0
+        cost = {"budget": {"policy_tokens": 10.0}}
+        return {"methods": {"beam/fused@4": {"correct": True, **cost}, "noise:beam@4": {"correct": right, **cost},
+                            "beam/l2r@4": {"correct": right, **cost}, "majority@4": {"correct": None if i == 0 else right, **cost}}}
+    rows = {r["method"]: r for r in method_rows([record(i) for i in range(40)])}
+    assert list(rows) == ["majority@4", "beam/fused@4", "beam/l2r@4", "noise:beam@4"]
+    assert not rows["beam/fused@4"]["vs_noise"]["within_noise"] and rows["beam/l2r@4"]["vs_noise"]["within_noise"]
+    assert rows["majority@4"]["unknown"] == 1 and rows["majority@4"]["questions"] == 39
+    text = table(list(rows.values()))
+    assert "| beam/fused@4 | 100.0 [100.0, 100.0] | +50.0 [" in text and "| beam/l2r@4 | 50.0 [" in text and "+0.0 [" in text
+    assert text.count("(noise)") == 1
