@@ -139,6 +139,8 @@ class VLLMPolicy(StepPolicy):
     def _generate(self, prompts: list[str], n: int) -> list[tuple[str, Ending, int]]:
         from vllm import SamplingParams
 
+        if self.temperature == 0:  # vLLM takes n = 1 only for greedy decoding: the prompt n times instead
+            prompts, n = [p for p in prompts for _ in range(n)], 1
         params = SamplingParams(n=n, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_step_tokens, stop=[self.step_token])
         outs = [c for o in self.llm.generate(prompts, params, use_tqdm=False) for c in o.outputs]
         return [(c.text, "cap" if c.finish_reason == "length" else "end" if c.stop_reason is None else "step", len(c.token_ids)) for c in outs]
