@@ -137,6 +137,8 @@ def test_endings_from_the_server_reasons():
     assert close_step("  \n", "step", 1).finished  # an empty step ends the solution
     policy = ServerPolicy("http://x", "m", Words())
     assert [policy._ending(choice(0, "t", *r)) for r in [("stop", None), ("stop", "\n\n"), ("length", None)]] == ["end", "step", "cap"]
+    listed = {**choice(0, "three words here"), "logprobs": {"tokens": ["three wo", "rds here"]}}
+    assert policy._tokens(listed) == 2 and policy._tokens(choice(0, "three words here")) == 3  # the server's tokens, else re-encoded
 
 
 def test_a_policy_that_never_emits_the_step_token_is_capped_and_stops_at_the_depth_cap(stub):

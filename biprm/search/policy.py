@@ -97,12 +97,18 @@ class ServerPolicy(StepPolicy):
 
     def _generate(self, prompts: list[str], n: int) -> list[tuple[str, Ending, int]]:
         body = {"model": self.model, "prompt": prompts, "n": n, "max_tokens": self.max_step_tokens, "temperature": self.temperature,
-                "top_p": self.top_p, "stop": [self.step_token], "include_stop_str_in_output": True}
+                "top_p": self.top_p, "stop": [self.step_token], "include_stop_str_in_output": True, "logprobs": 0}
         choices = sorted(self._post(body)["choices"], key=lambda c: c["index"])
         if len(choices) != len(prompts) * n:
             raise PolicyError(f"policy server {self.url}: {len(choices)} choices for {len(prompts)} prompts x {n}")
         endings = [self._ending(c) for c in choices]
-        return [(c["text"], e, len(self.tokenizer.encode(c["text"], add_special_tokens=False))) for c, e in zip(choices, endings)]
+        return [(c["text"], e, self._tokens(c)) for c, e in zip(choices, endings)]
+
+    def _tokens(self, choice: dict) -> int:
+        """Generated tokens: the sampled tokens' log-probabilities list them; re-encoding the text is the fallback
+        (it can differ where a token is part of a character)."""
+        listed = (choice.get("logprobs") or {}).get("tokens")
+        return len(listed) if listed is not None else len(self.tokenizer.encode(choice["text"], add_special_tokens=False))
 
     def _ending(self, choice: dict) -> Ending:
         if choice.get("finish_reason") == "length":
