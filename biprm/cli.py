@@ -1,4 +1,4 @@
-"""`biprm` command line: demo, train, score, eval, replicate, rl-study, serve, bench.
+"""`biprm` command line: demo, train, score, eval, replicate, rl-study, serve, bench, search.
 
 Each sub-command's flags come from one dataclass (`biprm.config` and the subpackages'
 `config` modules) through `HfArgumentParser`, so every flag shows its help, default
@@ -25,6 +25,7 @@ from biprm.config import DemoConfig, ScoreConfig, TrainConfig
 from biprm.evaluation import cli as evaluation
 from biprm.integrations.config import RLStudyConfig
 from biprm.replication.config import ReplicateConfig
+from biprm.search.config import SearchConfig
 from biprm.serve.config import ExportConfig, ServeConfig
 
 
@@ -120,6 +121,12 @@ def cmd_bench_data(cfg: DataBenchConfig) -> None:
     write(run(cfg), cfg.out)
 
 
+def cmd_search(cfg: SearchConfig) -> None:
+    from biprm.search.run import run_search
+
+    print(run_search(cfg))
+
+
 COMMANDS = {  # name: (settings, recipe, one-line help)
     "demo": (DemoConfig, cmd_demo, "train l2r, r2l, bi-static and bi on the synthetic task and compare them (not evidence: see replicate)"),
     "train": (TrainConfig, cmd_train, "train a (Bi)PRM on step-labelled data"),
@@ -131,6 +138,8 @@ COMMANDS = {  # name: (settings, recipe, one-line help)
     "bench": (BenchConfig, cmd_bench, "time and measure BiPRM against the reference pattern and L2R, side by side; "
                                       "--preset serve|vllm: the servers under load"),
     "check": (CheckConfig, cmd_check, "try the cluster path once on this machine (train, resume, score, latency, vLLM dtype): a pass/fail table"),
+    "search": (SearchConfig, cmd_search, "PRM-guided search (best-of-N, beam, DVTS, particle filtering) over a question set, beside "
+                                          "majority vote, random pick, a noise-driven twin and pass@N at the same budget (resumable)"),
     "bench-data": (DataBenchConfig, cmd_bench_data, "time to the first training step and peak RSS per rank on a Math-Shepherd-size file"),
 }
 

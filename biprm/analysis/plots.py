@@ -112,3 +112,33 @@ def plot_steps(path: str, curves: dict[str, dict], ylabel: str, title: str) -> N
         ax.fill_between(x, np.array(curve["low"]) * 100, np.array(curve["high"]) * 100, color=line.get_color(), alpha=0.12)
     ax.yaxis.set_major_formatter(PercentFormatter(100))
     _save(fig, ax, path, "training step", ylabel, title)
+
+
+def plot_cost_curves(path: str, rows: list[dict]) -> None:
+    """Search accuracy against generated tokens and against wall clock per question, one line per method over N
+    (rows from `biprm.search.report.method_rows`); noise-driven methods dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[str, list[dict]] = {}
+    for r in rows:
+        if "accuracy_mean" in r and not r["method"].startswith("pass@"):
+            lines.setdefault(r["method"].rsplit("@", 1)[0], []).append(r)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for name, points in lines.items():
+        tokens = [p["budget"].get("policy_tokens", 0) for p in points]
+        seconds = [p["budget"].get("policy_s", 0) + p["budget"].get("prm_s", 0) for p in points]
+        acc = [100 * p["accuracy_mean"] for p in points]
+        for ax, x in zip(axes, (tokens, seconds)):
+            ax.plot(x, acc, marker="o", ms=3, ls="--" if name.startswith("noise:") else "-", label=name)
+    for ax, label in zip(axes, ("policy tokens generated per question", "wall clock per question (s, policy + PRM)")):
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy (%)")
+    if lines:
+        axes[1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

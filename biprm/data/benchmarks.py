@@ -135,13 +135,18 @@ def _gold(row: dict, where: str) -> tuple[str, str]:
     return question, answer.rsplit("####", 1)[1].strip() if "####" in answer else answer
 
 
-def _attach_golds(trajs: list[Trajectory], spec: str, data_root: str, split: str) -> None:
+def question_golds(spec: str, data_root: str, split: str = "test") -> tuple[list[tuple[str, str]], str]:
+    """((question, gold) per row of a question set, the set's name): a name of QUESTION_SETS or any file biprm reads."""
     source = str(data_file(data_root, QUESTION_SETS[spec])) if spec in QUESTION_SETS else spec
     rows, name = read_rows(source, split)
+    return [_gold(row, f"{name} row {i + 1}") for i, row in enumerate(rows)], name
+
+
+def _attach_golds(trajs: list[Trajectory], spec: str, data_root: str, split: str) -> None:
+    golds, name = question_golds(spec, data_root, split)
     position = {q: i for i, q in enumerate(dict.fromkeys(t.meta["qid"] for t in trajs))}
-    if len(rows) != len(position):
-        raise DataError(f"{name}: has {len(rows)} questions, the pool {len(position)}; they are matched by position")
-    golds = [_gold(row, f"{name} row {i + 1}") for i, row in enumerate(rows)]
+    if len(golds) != len(position):
+        raise DataError(f"{name}: has {len(golds)} questions, the pool {len(position)}; they are matched by position")
     for t in trajs:
         i = position[t.meta["qid"]]
         question, gold = golds[i]

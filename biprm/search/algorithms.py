@@ -1,0 +1,241 @@
+"""Best-of-N, beam search, DVTS and particle filtering over partial solutions, batched across questions.
+
+Every level of every algorithm is one policy call and one PRM call for all live paths of
+all questions in the batch (its_hub and search-and-learn loop over questions). The
+semantics follow its_hub 1.2.0 and search-and-learn; docs/SEARCH.md lists where they
+differ and why. Scores are step logits (as `StepScores`); a path's score is their
+aggregate (`biprm.scoring.aggregate`, default "last" as in its_hub/reward-hub and search-and-learn).
+
+Strategies say which PRM stream ranks paths while expanding and which one picks at the end:
+fused/fused, l2r/fused (one fused rerank of the final paths), l2r/l2r.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from biprm.scoring.aggregate import aggregate
+from biprm.search.config import Strategy
+from biprm.search.policy import StepOut
+from biprm.search.prm import PathScore, PathScorer
+
+
+
+class Policy(Protocol):
+    """What a search asks of a policy: `biprm.search.policy.StepPolicy` implements it, tests script it."""
+
+    tokens: int
+    calls: int
+
+    def prompt(self, question: str, steps: Sequence[str]) -> str: ...
+
+    def reseed(self, seed: int) -> None: ...
+
+    def generate_step(self, prompts: list[str], n: int) -> list[StepOut]: ...
+
+
+@dataclass
+class Path:
+    """A partial solution of question `q` (and of DVTS subtree `group`), with its latest scores."""
+
+    q: int
+    group: int = 0
+    steps: tuple[str, ...] = ()
+    capped: tuple[bool, ...] = ()  # per step: closed at the token cap
+    finished: bool = False
+    tokens: int = 0  # policy tokens along this path
+    scored: PathScore | None = None
+    score: float = -np.inf  # aggregate of the ranking stream; -inf until scored or when no step fits the PRM
+
+    def child(self, out: StepOut, max_depth: int) -> "Path":
+        steps, capped = (self.steps + (out.text,), self.capped + (out.capped,)) if out.text else (self.steps, self.capped)
+        return replace(self, steps=steps, capped=capped, finished=out.finished or len(steps) >= max_depth, tokens=self.tokens + out.tokens,
+                       scored=None, score=-np.inf)
+
+
+@dataclass
+class Budget:
+    """Cost per question. A call serves many questions, so its time and PRM tokens are split by each
+    question's share of the call's work (generated tokens; characters scored); policy tokens are exact."""
+
+    n: int
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def charge(self, kind: str, qs: np.ndarray, work: np.ndarray, seconds: float, totals: dict[str, float]) -> None:
+        share = np.bincount(qs, weights=work + 1e-9, minlength=self.n)
+        share /= share.sum()
+        for name, total in {f"{kind}_calls": None, f"{kind}_s": seconds, **totals}.items():
+            add = (share > 0).astype(float) if total is None else total * share
+            self.values[name] = self.values.get(name, np.zeros(self.n)) + add
+
+    def row(self, q: int, scale: float = 1.0) -> dict[str, float]:
+        """Question q's costs, all but the call counts scaled (a part of a pool still took every call)."""
+        return {k: round(float(v[q]) * (1.0 if k.endswith("_calls") else scale), 4) for k, v in sorted(self.values.items())}
+
+
+class Search:
+    """One search over a batch of questions: expands with the policy, scores with the PRM, keeps the accounts."""
+
+    def __init__(self, questions: list[str], policy: Policy, scorer: PathScorer, max_depth: int = 16, aggregation: str = "last",
+                 strategy: Strategy = "fused"):
+        self.questions, self.policy, self.scorer, self.max_depth = questions, policy, scorer, max_depth
+        self.aggregation, self.strategy = aggregation, strategy
+        self.budget = Budget(len(questions))
+
+    @property
+    def ranking_stream(self) -> str:
+        return "fused" if self.strategy == "fused" else "l2r"
+
+    def roots(self, groups: int = 1) -> list[Path]:
+        return [Path(q, g) for q in range(len(self.questions)) for g in range(groups)]
+
+    def expand(self, paths: list[Path], k: int) -> list[Path]:
+        """k children of every path in one policy call, path-major."""
+        start = time.perf_counter()
+        outs = self.policy.generate_step([self.policy.prompt(self.questions[p.q], p.steps) for p in paths], k)
+        tokens = np.array([o.tokens for o in outs], dtype=float)
+        qs = np.repeat([p.q for p in paths], k).astype(np.int64)
+        self.budget.charge("policy", qs, tokens, time.perf_counter() - start, {"policy_tokens": tokens.sum()})
+        return [paths[i // k].child(o, self.max_depth) for i, o in enumerate(outs)]
+
+    def score(self, paths: list[Path], stream: str) -> None:
+        """Score `paths` in one PRM call and set their scores; a path with no steps stays at -inf."""
+        todo = [p for p in paths if p.steps]
+        if not todo:
+            return
+        before, start = dict(self.scorer.tokens), time.perf_counter()
+        results = self.scorer.score([self.questions[p.q] for p in todo], [list(p.steps) for p in todo], streams="l2r" if stream == "l2r" else "fused")
+        spent = {f"prm_tokens_{s}": t - before.get(s, 0) for s, t in self.scorer.tokens.items()}
+        chars = np.array([sum(map(len, p.steps)) for p in todo], dtype=float)
+        self.budget.charge("prm", np.array([p.q for p in todo]), chars, time.perf_counter() - start, spent)
+        for p, r, s in zip(todo, results, self.aggregate(results, stream)):
+            p.scored, p.score = r, s
+
+    def aggregate(self, results: list[PathScore], stream: str) -> np.ndarray:
+        """One score per path from the stream's step logits; -inf where no step fit the PRM."""
+        values = [ranked(r, stream) for r in results]
+        lengths = np.array([len(v) for v in values])
+        out = np.full(len(values), -np.inf)
+        if lengths.any():
+            kept = lengths > 0
+            offsets = np.concatenate([[0], np.cumsum(lengths[kept])])
+            out[kept] = aggregate(np.concatenate([v for v in values if len(v)]), offsets, self.aggregation)
+        return out
+
+    def finish(self, paths: list[Path]) -> list[Path]:
+        """The final rerank of l2r-rerank: the finished paths scored once with both streams."""
+        if self.strategy == "l2r-rerank":
+            self.score(paths, "fused")
+        return paths
+
+
+def ranked(result: PathScore, stream: str) -> np.ndarray:
+    """The step logits of `stream`; a PRM without that stream (an l2r checkpoint) ranks by its fused output."""
+    values = getattr(result, stream, None)
+    return np.asarray(result.fused if values is None else values, dtype=np.float64)
+
+
+def top(paths: list[Path], keep: int) -> list[Path]:
+    """The `keep` best paths of each (question, group), best first; ties keep their order."""
+    qs, groups = np.array([p.q for p in paths]), np.array([p.group for p in paths])
+    key = qs * (groups.max() + 1) + groups
+    order = np.lexsort((-np.array([p.score for p in paths]), key))
+    sorted_key = key[order]
+    rank = np.arange(len(order)) - np.searchsorted(sorted_key, sorted_key, side="left")
+    return [paths[i] for i in order[rank < keep]]
+
+
+def grow(s: Search, paths: list[Path]) -> list[Path]:
+    """One more step for every unfinished path, in place of it (order kept)."""
+    live = [i for i, p in enumerate(paths) if not p.finished]
+    paths = list(paths)
+    for i, child in zip(live, s.expand([paths[i] for i in live], 1)):
+        paths[i] = child
+    return paths
+
+
+def sample(s: Search, n: int) -> list[Path]:
+    """n independent solutions per question, unscored: the best-of-N pool, question-major."""
+    paths = s.expand(s.roots(), n)
+    while any(not p.finished for p in paths):
+        paths = grow(s, paths)
+    return paths
+
+
+def best_of_n(s: Search, n: int) -> list[Path]:
+    """The pool scored once; pick with `choose` (max) or `weighted_vote`."""
+    paths = sample(s, n)
+    s.score(paths, "l2r" if s.strategy == "l2r" else "fused")
+    return paths
+
+
+def tree_search(s: Search, keep: int, k: int, groups: int) -> list[Path]:
+    """Keep the `keep` best paths of each group, give each unfinished one k children, repeat until all kept are finished.
+
+    A finished path stays in the running for its group's slots (as in its_hub) but is never copied."""
+    kept = s.roots(groups)
+    while live := [p for p in kept if not p.finished]:
+        children = s.expand(live, k)
+        s.score(children, s.ranking_stream)
+        kept = top(children + [p for p in kept if p.finished], keep)
+    return s.finish(kept)
+
+
+def beam_search(s: Search, n: int, width: int) -> list[Path]:
+    """its_hub's BeamSearch: `width` beams, each expanded n / width ways (the root too)."""
+    if n % width:
+        raise ValueError(f"beam search: N ({n}) must be a multiple of the width ({width})")
+    return tree_search(s, keep=width, k=n // width, groups=1)
+
+
+def dvts(s: Search, n: int, width: int) -> list[Path]:
+    """search-and-learn's DVTS: n / width independent subtrees, each keeping its best of `width` children per level."""
+    if n % width:
+        raise ValueError(f"DVTS: N ({n}) must be a multiple of the width ({width})")
+    return tree_search(s, keep=1, k=width, groups=n // width)
+
+
+def resample(paths: list[Path], n: int, rng: np.random.Generator) -> list[Path]:
+    """n draws with replacement per question, weights softmax(score) (its_hub's multinomial resampling).
+    `paths` holds n particles per question, question-major; a question whose particles all score -inf draws uniformly."""
+    scores = np.array([p.score for p in paths]).reshape(-1, n)
+    scores = np.where(np.isneginf(scores).all(1, keepdims=True), 0.0, scores)
+    w = np.exp(scores - scores.max(1, keepdims=True))
+    cdf = np.cumsum(w / w.sum(1, keepdims=True), axis=1)
+    picks = np.minimum((rng.random(scores.shape)[:, :, None] > cdf[:, None, :]).sum(-1), n - 1)
+    flat = (picks + n * np.arange(len(scores))[:, None]).ravel()
+    return [replace(paths[i]) for i in flat]
+
+
+def particle_filter(s: Search, n: int, rng: np.random.Generator) -> list[Path]:
+    """its_hub's ParticleFiltering: n particles; each level extends the unfinished ones and resamples all by weight
+    exp(score) (the logit of the aggregated probability, as its_hub's inverse sigmoid). Finished ones keep their weight."""
+    particles = s.expand(s.roots(), n)
+    s.score(particles, s.ranking_stream)
+    particles = resample(particles, n, rng)
+    while any(not p.finished for p in particles):
+        particles = grow(s, particles)
+        s.score([p for p in particles if p.scored is None], s.ranking_stream)
+        particles = resample(particles, n, rng)
+    return s.finish(particles)
+
+
+def choose(paths: list[Path]) -> dict[int, int]:
+    """question -> index in `paths` of its best path (the first of equals)."""
+    best: dict[int, int] = {}
+    for i in np.lexsort((-np.array([p.score for p in paths]), [p.q for p in paths])):
+        best.setdefault(paths[i].q, int(i))
+    return best
+
+
+def vote(keys: Sequence[str], weights: Sequence[float]) -> int:
+    """Index of the first path whose answer has the largest total weight (weights 1: majority vote)."""
+    total: dict[str, float] = defaultdict(float)
+    for key, w in zip(keys, weights):
+        total[key] += w
+    winner = max(total, key=total.__getitem__)  # dicts keep first-seen order, so ties go to the first answer seen
+    return list(keys).index(winner)

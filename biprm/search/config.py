@@ -1,0 +1,52 @@
+"""What `biprm search` can be told: data, policy, PRM, algorithms, budgets and where results go."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from biprm.scoring.aggregate import AGGREGATIONS
+from biprm.config import arg, default_data_root
+
+ALGORITHMS = ("bon", "beam", "dvts", "particles")
+Strategy = Literal["fused", "l2r-rerank", "l2r"]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+
+
+@dataclass
+class SearchConfig:
+    """Defaults follow its_hub: step token "\\n\\n", "last" aggregation, temperature 0.8."""
+
+    out: str = arg(help="output folder: questions.jsonl (one line per question, appended; rerun to resume), summary.md, accuracy.png")
+    data: str = arg("gsm8k", "questions: gsm8k (test), math500, or a JSONL/JSON file with question (or problem) and answer")
+    data_root: str = arg(help="benchmark data folder (default: $BIPRM_DATA, else ../shared/data)", factory=default_data_root, metavar="DIR")
+    limit: int | None = arg(None, "questions to run, evenly spread over the set (default: all)")
+    policy: Literal["server", "vllm", "hf"] = arg("hf", "who writes the steps: an OpenAI-compatible server (--policy-url), vLLM in "
+                                                        "this process (vLLM venv), or transformers generate (small CPU runs)")
+    policy_model: str = arg("tiny", "policy model: a folder or a biprm backbone name (hf, vllm); the served model's name (server)")
+    policy_url: str = arg("http://localhost:8000", "base URL of the OpenAI-compatible server (--policy server)")
+    policy_tokenizer: str | None = arg(None, "tokenizer whose chat template renders the prompts for --policy server (default: --policy-model)")
+    prm: str = arg("noise", "the PRM: a biprm checkpoint folder (any mode), or noise (text-free scores: the search's baseline)")
+    algorithms: list[str] = arg(help="search algorithms, each run at every N and strategy", factory=lambda: ["beam"], choices=ALGORITHMS)
+    n: list[int] = arg(help="generation budgets N: paths per question (particles; beams x expansions)", factory=lambda: [4])
+    width: int = arg(2, "beam search: beams kept; DVTS: children per subtree and level (N must be a multiple)")
+    strategies: list[str] = arg(help="PRM use: fused at every expansion; l2r-rerank: L2R while expanding, one fused rerank of the "
+                                     "finished paths; l2r: L2R only", factory=lambda: ["fused"], choices=STRATEGIES)
+    aggregation: str = arg("last", "step scores -> path score (its_hub's default: last)", choices=AGGREGATIONS)
+    max_depth: int = arg(12, "steps per path at most; a path reaching it is finished")
+    max_step_tokens: int = arg(256, "tokens per step at most: a step without the step token is closed there and marked capped")
+    step_token: str = arg("\\n\\n", "the string that ends a step (backslash escapes read: '\\n\\n' is two newlines)")
+    temperature: float = arg(0.8, "policy sampling temperature")
+    top_p: float = arg(1.0, "policy nucleus sampling")
+    seed: int = arg(0, "seed of the policy (hf, vllm), particle resampling, random pick, the noise scorer and the bootstrap")
+    batch_questions: int = arg(8, "questions searched together (one policy and one PRM call per level for all); a killed run loses "
+                                  "at most this batch")
+    retries: int = arg(4, "policy server retries with exponential backoff before giving up")
+    grade_workers: int = arg(2, "grading processes")
+    grade_timeout: float = arg(5.0, "seconds per grade; a grade that takes longer is 'unknown', not wrong")
+    prm_max_length: int | None = arg(None, "PRM tokens per stream (default: the checkpoint's); steps past it are flagged, not scored")
+
+    def __post_init__(self) -> None:
+        self.step_token = self.step_token.replace("\\n", "\n").replace("\\t", "\t")
+        bad = [n for n in self.n if n % self.width and any(a in ("beam", "dvts") for a in self.algorithms)]
+        if bad:
+            raise ValueError(f"--n {bad[0]}: beam search and DVTS need N to be a multiple of --width {self.width}")

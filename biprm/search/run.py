@@ -1,0 +1,247 @@
+"""`biprm search`: PRM-guided search over a question set beside its baselines at the same budget, resumable.
+
+Questions run in batches (one policy and one PRM call per level for the whole batch).
+Each batch first draws N independent solutions per question: the pool that majority
+vote, random pick, pass@N and best-of-N read (their first n for every n of --n). Then
+every search method runs twice, once with the PRM and once with the text-free noise
+scorer. A finished batch is appended to questions.jsonl in one write; a rerun skips the
+questions already there, so a killed run loses at most the batch in flight.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+
+from biprm.data.benchmarks import question_golds, spread
+from biprm.evaluation.pools import answer_key
+from biprm.evaluation.grading import extract_answer, grade_many
+from biprm.search.algorithms import Path as SearchPath
+from biprm.search.algorithms import Search, beam_search, best_of_n, choose, dvts, particle_filter, sample, vote
+from biprm.search.config import SearchConfig
+from biprm.search.noise import NoiseScorer
+from biprm.search.policy import StepPolicy
+
+log = logging.getLogger(__name__)
+RESULTS = ("data", "limit", "policy", "policy_model", "prm", "algorithms", "n", "width", "strategies", "aggregation", "max_depth",
+           "max_step_tokens", "step_token", "temperature", "top_p", "seed")  # settings a resumed run must share
+
+
+def load_questions(cfg: SearchConfig) -> list[dict]:
+    """{"index", "question", "gold"} of the chosen questions, `limit` of them evenly spread."""
+    golds, _ = question_golds(cfg.data, cfg.data_root)
+    return [{"index": int(i), "question": golds[i][0], "gold": golds[i][1]} for i in spread(len(golds), cfg.limit)]
+
+
+def build_policy(cfg: SearchConfig) -> StepPolicy:
+    kw = dict(step_token=cfg.step_token, max_step_tokens=cfg.max_step_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+    if cfg.policy == "server":
+        from biprm.backbones import load_tokenizer
+        from biprm.search.policy import ServerPolicy
+
+        return ServerPolicy(cfg.policy_url, cfg.policy_model, load_tokenizer(cfg.policy_tokenizer or cfg.policy_model), retries=cfg.retries, **kw)
+    if cfg.policy == "vllm":
+        from biprm.search.policy import VLLMPolicy
+
+        return VLLMPolicy(cfg.policy_model, seed=cfg.seed, **kw)
+    from biprm.search.policy import HFPolicy
+
+    return HFPolicy.from_pretrained(cfg.policy_model, **kw)
+
+
+def build_scorer(cfg: SearchConfig):
+    """The PRM as a `PathScorer`: the text-free noise scorer, or a checkpoint with incremental L2R (biprm.search.prefix)."""
+    if cfg.prm == "noise":
+        return NoiseScorer(cfg.seed)
+    from biprm.search.prefix import PrefixScorer  # lazily: the prefix scorer loads torch and the checkpoint
+
+    return PrefixScorer.from_pretrained(cfg.prm, **({"max_length": cfg.prm_max_length} if cfg.prm_max_length else {}))
+
+
+def path_row(p: SearchPath, answer: str | None, correct: bool | None) -> dict:
+    """A path as the JSONL keeps it: steps, per-step probabilities of every stream the PRM gave, flags, grade."""
+    row = {"steps": list(p.steps), "finished": p.finished, "capped": list(p.capped), "tokens": p.tokens, "answer": answer, "correct": correct}
+    if p.scored is not None:
+        for stream in ("l2r", "r2l", "fused"):
+            if (x := getattr(p.scored, stream)) is not None:
+                row[stream] = np.round(1 / (1 + np.exp(-np.asarray(x, dtype=float))), 4).tolist()
+        row["score"] = round(float(1 / (1 + np.exp(-p.score))), 6)
+        row["n_dropped"] = p.scored.n_dropped
+    return row
+
+
+class Batch:
+    """One batch of questions: its pool, its searches, then grades and one record per question."""
+
+    def __init__(self, items: list[dict], cfg: SearchConfig, policy: StepPolicy, scorer, noise: NoiseScorer):
+        self.items, self.cfg, self.policy, self.scorer, self.noise = items, cfg, policy, scorer, noise
+        self.questions = [it["question"] for it in items]
+        self.rng = np.random.default_rng([cfg.seed, items[0]["index"]])
+        self.methods: dict[str, list[dict]] = {}  # name -> per question {"pick" (pool index) | "paths" + "pick", "budget"}
+        self.searched: dict[str, list[SearchPath]] = {}
+
+    def search(self, scorer, strategy: str) -> Search:
+        c = self.cfg
+        return Search(self.questions, self.policy, scorer, c.max_depth, c.aggregation, strategy)
+
+    def run(self) -> list[dict]:
+        self.policy.reseed(self.cfg.seed + self.items[0]["index"])
+        self.pool_methods()
+        for algorithm in self.cfg.algorithms:
+            if algorithm != "bon":
+                for n in self.cfg.n:
+                    for strategy in self.cfg.strategies:
+                        self.tree_method(algorithm, n, strategy, self.scorer)
+                    self.tree_method(algorithm, n, "fused", self.noise)
+        return self.records()
+
+    def pool_methods(self) -> None:
+        """Majority vote, random pick and pass@n over the pool's first n; best-of-N by the PRM and by noise when asked."""
+        c, nmax = self.cfg, max(self.cfg.n)
+        s = self.search(self.scorer, "l2r" if c.strategies == ["l2r"] else "fused")
+        self.pool = best_of_n(s, nmax) if "bon" in c.algorithms else sample(s, nmax)
+        self.pool_budget = s.budget
+        self.answers = [extract_answer("\n".join(p.steps)) for p in self.pool]
+        self.keys = [answer_key(a, i) for i, a in enumerate(self.answers)]
+        noise = self.search(self.noise, "fused")
+        noise_pool = [replace(p) for p in self.pool]
+        if "bon" in c.algorithms:
+            noise.score(noise_pool, "fused")
+        for n in c.n:
+            gen = {q: self._pool_budget(q, n, prm=False) for q in range(len(self.items))}
+            first = [range(q * nmax, q * nmax + n) for q in range(len(self.items))]
+            self.methods[f"pass@{n}"] = [{"any": list(f), "budget": gen[q]} for q, f in enumerate(first)]
+            self.methods[f"majority@{n}"] = [{"pick": f[vote([self.keys[i] for i in f], [1.0] * n)], "budget": gen[q]} for q, f in enumerate(first)]
+            self.methods[f"random@{n}"] = [{"pick": f[int(self.rng.integers(n))], "budget": gen[q]} for q, f in enumerate(first)]
+            if "bon" not in c.algorithms:
+                continue
+            for stream in dict.fromkeys("l2r" if st == "l2r" else "fused" for st in c.strategies):  # finished paths only: l2r-rerank is fused
+                scores = self._scores(s, stream)
+                full = {q: self._pool_budget(q, n, prm=True) for q in range(len(self.items))}
+                self.methods[f"bon-max/{stream}@{n}"] = [{"pick": f[int(np.argmax(scores[list(f)]))], "budget": full[q]} for q, f in enumerate(first)]
+                probs = 1 / (1 + np.exp(-scores))
+                self.methods[f"bon-vote/{stream}@{n}"] = [{"pick": f[vote([self.keys[i] for i in f], probs[list(f)])], "budget": full[q]}
+                                                            for q, f in enumerate(first)]
+            noise_scores = np.array([p.score for p in noise_pool])
+            self.methods[f"noise:bon-max@{n}"] = [{"pick": f[int(np.argmax(noise_scores[list(f)]))], "budget": gen[q]} for q, f in enumerate(first)]
+
+    def _scores(self, s: Search, stream: str) -> np.ndarray:
+        """The pool's path scores in `stream`; a path with no step (an empty first step) is -inf."""
+        scores, has = np.full(len(self.pool), -np.inf), [i for i, p in enumerate(self.pool) if p.scored is not None]
+        if has:
+            scores[has] = s.aggregate([self.pool[i].scored for i in has], stream)
+        return scores
+
+    def _pool_budget(self, q: int, n: int, prm: bool) -> dict:
+        """The pool's cost for its first n: policy tokens exact, calls as they were, the rest in proportion n / N."""
+        nmax = max(self.cfg.n)
+        row = {k: v for k, v in self.pool_budget.row(q, n / nmax).items() if prm or not k.startswith("prm_")}
+        row["policy_tokens"] = float(sum(p.tokens for p in self.pool[q * nmax : q * nmax + n]))
+        return row
+
+    def tree_method(self, algorithm: str, n: int, strategy: str, scorer) -> None:
+        s = self.search(scorer, strategy)
+        c = self.cfg
+        if algorithm == "beam":
+            paths = beam_search(s, n, c.width)
+        elif algorithm == "dvts":
+            paths = dvts(s, n, c.width)
+        else:
+            paths = particle_filter(s, n, self.rng)
+        name = f"noise:{algorithm}@{n}" if scorer is self.noise else f"{algorithm}/{strategy}@{n}"
+        best = choose(paths)
+        self.searched[name] = paths
+        mine = [[i for i, p in enumerate(paths) if p.q == q] for q in range(len(self.items))]
+        self.methods[name] = [{"paths": m, "pick": m.index(best[q]), "budget": s.budget.row(q)} for q, m in enumerate(mine)]
+
+    def records(self) -> list[dict]:
+        """Grade every path once (a timed-out grade is None: unknown) and write one record per question."""
+        searched = {name: [extract_answer("\n".join(p.steps)) for p in paths] for name, paths in self.searched.items()}
+        golds = [it["gold"] for it in self.items]
+        pairs = [(golds[p.q], a) for p, a in zip(self.pool, self.answers)]
+        pairs += [(golds[p.q], a) for name, paths in self.searched.items() for p, a in zip(paths, searched[name])]
+        verdicts = grade_many(pairs, self.cfg.grade_workers, self.cfg.grade_timeout)
+        pool_ok, rest = verdicts[: len(self.pool)], iter(verdicts[len(self.pool) :])
+        search_ok = {name: [next(rest) for _ in paths] for name, paths in self.searched.items()}
+        nmax = max(self.cfg.n)
+        out = []
+        for q, it in enumerate(self.items):
+            own = slice(q * nmax, (q + 1) * nmax)
+            record = {**it, "pool": [path_row(p, a, v) for p, a, v in zip(self.pool[own], self.answers[own], pool_ok[own])], "methods": {},
+                      "budget": self.pool_budget.row(q)}  # what this question cost in all: the pool, then every search
+            for name in self.searched:
+                for k, v in self.methods[name][q]["budget"].items():
+                    record["budget"][k] = record["budget"].get(k, 0.0) + v
+            for name, per_question in self.methods.items():
+                m = per_question[q]
+                if "any" in m:
+                    seen = [pool_ok[i] for i in m["any"]]
+                    record["methods"][name] = {"correct": True if any(seen) else None if None in seen else False, "budget": m["budget"]}
+                elif "paths" in m:
+                    paths = [path_row(self.searched[name][i], searched[name][i], search_ok[name][i]) for i in m["paths"]]
+                    chosen = paths[m["pick"]]
+                    record["methods"][name] = {"pick": m["pick"], "solution": "\n\n".join(chosen["steps"]), "answer": chosen["answer"],
+                                               "correct": chosen["correct"], "budget": m["budget"], "paths": paths}
+                else:
+                    i = m["pick"]
+                    record["methods"][name] = {"pick": i - q * nmax, "solution": "\n\n".join(self.pool[i].steps), "answer": self.answers[i],
+                                               "correct": pool_ok[i], "budget": m["budget"]}
+            out.append(record)
+        return out
+
+
+def done_indices(path: Path) -> set[int]:
+    """Questions already in the output; a last line cut by a kill is dropped so the file stays valid JSONL."""
+    if not path.exists():
+        return set()
+    text = path.read_text()
+    lines = text.split("\n")
+    complete, tail = lines[:-1], lines[-1]
+    if tail:
+        log.warning("%s: dropping an unfinished last line (%d characters) left by an interrupted run", path, len(tail))
+        path.write_text("".join(line + "\n" for line in complete))
+    return {json.loads(line)["index"] for line in complete if line}
+
+
+def append(path: Path, records: list[dict]) -> None:
+    """All of a batch's lines in one write, flushed to disk before the next batch starts."""
+    with path.open("a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def check_settings(out: Path, cfg: SearchConfig) -> None:
+    """A resumed run must be the same experiment: refuse, naming the setting, if one that shapes results changed."""
+    settings = {k: v for k, v in asdict(cfg).items() if k in RESULTS}
+    saved = out / "settings.json"
+    if saved.exists():
+        before = json.loads(saved.read_text())
+        changed = [k for k in RESULTS if k in before and before[k] != settings[k]]
+        if changed:
+            k = changed[0]
+            raise ValueError(f"{saved}: --{k.replace('_', '-')} was {before[k]!r}, now {settings[k]!r}; use another --out to change it")
+    saved.write_text(json.dumps(settings, indent=1))
+
+
+def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorer=None) -> str:
+    """Search every question not yet in questions.jsonl, then write the summary and the plot; returns the summary."""
+    from biprm.search.report import summarize
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    check_settings(out, cfg)
+    results = out / "questions.jsonl"
+    todo = [it for it in load_questions(cfg) if it["index"] not in done_indices(results)]
+    if todo:
+        policy, scorer = policy or build_policy(cfg), scorer or build_scorer(cfg)
+        noise = NoiseScorer(cfg.seed)
+        for start in range(0, len(todo), cfg.batch_questions):
+            items = todo[start : start + cfg.batch_questions]
+            append(results, Batch(items, cfg, policy, scorer, noise).run())
+            log.info("searched %d/%d questions", start + len(items), len(todo))
+    return summarize(out, cfg.seed)

@@ -1,0 +1,159 @@
+"""Step policies and their faults: a failing or unreachable server, a policy that never emits the step token."""
+import json
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from biprm.search.algorithms import Search, beam_search
+from biprm.search.config import SearchConfig
+from biprm.search.noise import NoiseScorer
+from biprm.search.policy import HFPolicy, PolicyError, ServerPolicy, close_step
+from biprm.search.run import run_search
+from search_scripted import ScriptedScorer
+
+
+class Words:
+    """A tokenizer stand-in: no chat template, one token per word."""
+
+    chat_template = None
+
+    def encode(self, text, add_special_tokens=False):
+        return text.split()
+
+
+def choice(i, text, finish="stop", stop_reason=None):
+    return {"index": i, "text": text, "finish_reason": finish, "stop_reason": stop_reason}
+
+
+class Stub:
+    """A local /v1/completions server that answers from a script: an int is an HTTP error status, a callable builds
+    the choices from the request body; the last entry repeats."""
+
+    def __init__(self, script):
+        self.script, self.bodies = list(script), []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.bodies.append(body)
+                step = stub.script.pop(0) if len(stub.script) > 1 else stub.script[0]
+                if isinstance(step, int):
+                    self.send_error(step)
+                    return
+                data = json.dumps({"choices": step(body), "usage": {}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stub(request):
+    servers = []
+
+    def start(*script):
+        servers.append(Stub(script))
+        return servers[-1]
+    yield start
+    for s in servers:
+        s.close()
+
+
+def answers(body):
+    return [choice(i, "The answer is 3") for i in range(len(body["prompt"]) * body["n"])]
+
+
+def test_server_retries_a_500_then_gives_the_steps(stub):
+    server = stub(500, answers)
+    policy = ServerPolicy(server.url, "m", Words(), backoff=0.01)
+    outs = policy.generate_step(["q1", "q2"], 2)
+    assert [(o.text, o.finished, o.capped, o.tokens) for o in outs] == [("The answer is 3", True, False, 4)] * 4
+    assert len(server.bodies) == 2 and policy.calls == 1 and policy.tokens == 16
+    assert server.bodies[1]["stop"] == ["\n\n"] and server.bodies[1]["max_tokens"] == 256
+
+
+def test_a_server_that_keeps_failing_gives_one_error_naming_url_and_status(stub):
+    server = stub(503)
+    with pytest.raises(PolicyError, match=rf"policy server {server.url}/v1/completions: HTTP 503 .* after 3 attempts"):
+        ServerPolicy(server.url, "m", Words(), retries=2, backoff=0.01).generate_step(["q"], 1)
+
+
+def test_an_unreachable_server_gives_one_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again before the call: nothing listens there
+    with pytest.raises(PolicyError, match=rf"policy server http://127.0.0.1:{port}/v1/completions: unreachable"):
+        ServerPolicy(f"http://127.0.0.1:{port}", "m", Words(), retries=1, backoff=0.01).generate_step(["q"], 1)
+
+
+def three_questions(tmp_path):
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question": f"q{i}", "answer": "3"}) + "\n" for i in range(3)))
+    return data
+
+
+def test_a_server_failing_mid_run_keeps_the_finished_questions(stub, tmp_path):
+    server = stub(answers, 500)  # the first batch's one level succeeds, then the server fails for good
+    cfg = SearchConfig(out=str(tmp_path / "out"), data=str(three_questions(tmp_path)), algorithms=["bon"], n=[2], batch_questions=2,
+                       grade_workers=0)
+    with pytest.raises(PolicyError, match="HTTP 500"):
+        run_search(cfg, ServerPolicy(server.url, "m", Words(), retries=1, backoff=0.01), NoiseScorer())
+    assert [json.loads(line)["index"] for line in (tmp_path / "out" / "questions.jsonl").read_text().splitlines()] == [0, 1]
+
+
+@pytest.mark.slow
+def test_the_cli_prints_one_line_for_a_failing_server(stub, tmp_path):
+    server = stub(answers, 500)
+    data, out = three_questions(tmp_path), tmp_path / "out"
+    cmd = [sys.executable, "-m", "biprm.cli", "search", "--out", str(out), "--data", str(data), "--policy", "server", "--policy-url",
+           server.url, "--policy-tokenizer", "tiny", "--algorithms", "bon", "--n", "2", "--batch-questions", "2", "--retries", "1",
+           "--grade-workers", "0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(f"biprm search: error: policy server {server.url}/v1/completions: HTTP 500")
+    assert [json.loads(line)["index"] for line in (out / "questions.jsonl").read_text().splitlines()] == [0, 1]
+
+
+def test_endings_from_the_server_reasons():
+    assert close_step("Step one\n\n", "end", 3) == close_step("Step one", "step", 3)  # the token kept in the text
+    out = close_step("Step one and on and on", "cap", 5)
+    assert out.capped and not out.finished
+    assert close_step("  \n", "step", 1).finished  # an empty step ends the solution
+    policy = ServerPolicy("http://x", "m", Words())
+    assert [policy._ending(choice(0, "t", *r)) for r in [("stop", None), ("stop", "\n\n"), ("length", None)]] == ["end", "step", "cap"]
+    listed = {**choice(0, "three words here"), "logprobs": {"tokens": ["three wo", "rds here"]}}
+    assert policy._tokens(listed) == 2 and policy._tokens(choice(0, "three words here")) == 3  # the server's tokens, else re-encoded
+
+
+def test_a_policy_that_never_emits_the_step_token_is_capped_and_stops_at_the_depth_cap(stub):
+    server = stub(lambda body: [choice(i, "and then " * 5, "length") for i in range(len(body["prompt"]) * body["n"])])
+    policy = ServerPolicy(server.url, "m", Words(), max_step_tokens=10)
+    s = Search(["q"], policy, ScriptedScorer({"and then and then and then and then and then": 0.0}), max_depth=3)
+    kept = beam_search(s, 2, 1)
+    assert kept[0].finished and kept[0].capped == (True, True, True) and len(kept[0].steps) == 3
+    assert policy.calls == 3
+
+
+@pytest.mark.slow
+def test_transformers_policy_caps_a_step_and_renders_the_partial_solution():
+    policy = HFPolicy.from_pretrained("tiny", max_step_tokens=4, step_token="@@never@@", temperature=0.0)
+    outs = policy.generate_step([policy.prompt("What is 2 + 2?", ["First step."])], 2)
+    assert policy.prompt("Q", ["a", "b"]) == "Q@@never@@a@@never@@b@@never@@"  # no chat template: question, then the steps
+    assert len(outs) == 2 and all(o.tokens <= 4 for o in outs)
+    assert all(o.capped or o.finished for o in outs) and any(o.capped and o.tokens == 4 for o in outs)

@@ -1,0 +1,137 @@
+"""`biprm search` end to end on a scripted policy and PRM: records, baselines, resume, a grader that times out."""
+import json
+from pathlib import Path
+
+import pytest
+
+from biprm.search import run as search_run
+from biprm.search.config import SearchConfig
+from biprm.search.run import run_search
+from search_scripted import ScriptedPolicy, ScriptedScorer
+
+QUESTIONS = [{"question": "one", "answer": "3"}, {"question": "two", "answer": "5"}, {"question": "three", "answer": "7"}]
+TREE = {("one",): ["answer 3", "answer 4"],
+        ("two",): ["x", "y"], ("two", "x"): ["answer 5"], ("two", "y"): ["answer 6"],
+        ("three",): ["z"], ("three", "z"): ["answer 8"]}
+LOGITS = {"answer 3": 2.0, "answer 4": -2.0, "x": 1.0, "y": -1.0, "answer 5": 1.0, "answer 6": 1.0, "z": 0.0, "answer 8": 0.0}
+
+
+@pytest.fixture
+def config(tmp_path):
+    data = tmp_path / "questions.jsonl"
+    data.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return SearchConfig(out=str(tmp_path / "out"), data=str(data), algorithms=["bon", "beam", "dvts", "particles"], n=[2, 4], width=2,
+                        strategies=["fused", "l2r-rerank"], batch_questions=2, grade_workers=0)
+
+
+def records(cfg):
+    return [json.loads(line) for line in open(f"{cfg.out}/questions.jsonl")]
+
+
+def test_every_method_and_baseline_lands_in_one_line_per_question(config):
+    text = run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+    rows = records(config)
+    assert [r["index"] for r in rows] == [0, 1, 2]
+    methods = rows[0]["methods"]
+    for n in (2, 4):
+        for name in ("pass", "majority", "random", "bon-max/fused", "bon-vote/fused", "noise:bon-max", "beam/fused", "noise:beam",
+                     "dvts/l2r-rerank", "noise:dvts", "particles/fused", "noise:particles"):
+            assert f"{name}@{n}" in methods and f"{name}@{n}" in text
+    one, two, three = (r["methods"] for r in rows)
+    assert one["bon-max/fused@2"]["answer"] == "3" and one["bon-max/fused@2"]["correct"] is True  # pool: answer 3, answer 4
+    assert one["majority@4"]["correct"] is True  # 3, 4, 3, 4: a tie goes to the first answer seen
+    assert two["beam/fused@4"]["solution"] == "x\n\nanswer 5" and two["beam/fused@4"]["correct"] is True
+    small, full = one["majority@2"]["budget"], one["majority@4"]["budget"]  # the pool's first 2 of 4
+    assert small["policy_calls"] == full["policy_calls"] == 1 and small["policy_tokens"] == sum(p["tokens"] for p in rows[0]["pool"][:2])
+    spent = rows[1]["budget"]  # the pool (2 levels for question two), then 3 algorithms x 2 N x (2 strategies + noise), 2 levels each
+    assert spent["policy_calls"] == 2 + 18 * 2 and spent["policy_tokens"] == sum(p["tokens"] for p in rows[1]["pool"]) + sum(
+        m["budget"]["policy_tokens"] for m in two.values() if "paths" in m)
+    assert "prm_calls" not in small and one["bon-max/fused@2"]["budget"]["prm_calls"] == 1
+    assert three["pass@4"]["correct"] is False and three["beam/fused@4"]["correct"] is False
+    beam = two["beam/fused@4"]
+    assert [p["steps"] for p in beam["paths"]] == [["x", "answer 5"]] * 2  # a tie (1.0 each) keeps the first children
+    assert beam["paths"][0]["fused"] == [round(1 / (1 + 2.718281828459045 ** -1.0), 4)] * 2
+    assert beam["budget"]["policy_calls"] == 2 and beam["budget"]["policy_tokens"] == 2 * 1 + 4 * 8  # x, y; then two children each
+    assert all((Path(config.out) / name).stat().st_size > 0 for name in ("accuracy.png", "summary.md", "summary.json"))
+
+
+def test_a_killed_run_resumes_at_the_first_unfinished_question(config):
+    run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+    full = records(config)
+    path = f"{config.out}/questions.jsonl"
+    lines = open(path).read().splitlines(keepends=True)
+    open(path, "w").write(lines[0] + lines[1][:40])  # killed while writing the second line
+    policy = ScriptedPolicy(TREE)
+    run_search(config, policy, ScriptedScorer(LOGITS))
+    again = records(config)
+    assert [r["index"] for r in again] == [0, 1, 2]
+    assert "one" not in {k[0] for k in policy.asked}  # the finished question is not searched again
+    same = lambda m: {k: v for k, v in m.items() if k != "budget"}  # noqa: E731 (timings differ)
+    assert same(again[2]["methods"]["beam/fused@4"]) == same(full[2]["methods"]["beam/fused@4"])
+
+
+def test_resume_refuses_changed_settings(config):
+    run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+    config.width = 1
+    with pytest.raises(ValueError, match="--width was 2, now 1"):
+        run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+
+
+def test_a_grader_that_times_out_gives_unknown_not_wrong(config, monkeypatch):
+    monkeypatch.setattr(search_run, "grade_many", lambda pairs, workers, timeout: [None] * len(pairs))  # what grade_many returns on timeouts
+    config.algorithms, config.n = ["beam"], [2]
+    text = run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+    row = records(config)[0]
+    assert row["methods"]["beam/fused@2"]["correct"] is None and row["methods"]["pass@2"]["correct"] is None
+    assert "| beam/fused@2 | - |" in text and all(p["correct"] is None for p in row["pool"])
+
+
+def test_path_past_the_prm_max_length_is_flagged_in_the_output(config):
+    config.algorithms, config.n = ["beam"], [2]
+    run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS, max_steps=1))
+    paths = records(config)[1]["methods"]["beam/fused@2"]["paths"]
+    assert paths[0]["n_dropped"] == 1 and len(paths[0]["fused"]) == 1 and len(paths[0]["steps"]) == 2
+
+
+@pytest.mark.slow
+def test_a_transformers_policy_runs_the_whole_command(config):
+    from biprm.search.noise import NoiseScorer
+    from biprm.search.policy import HFPolicy
+
+    config.algorithms, config.n, config.strategies, config.max_depth, config.max_step_tokens = ["beam"], [2], ["fused"], 2, 6
+    policy = HFPolicy.from_pretrained("tiny", max_step_tokens=6)
+    text = run_search(config, policy, NoiseScorer())
+    rows = records(config)
+    assert len(rows) == 3 and "beam/fused@2" in text
+    paths = rows[0]["methods"]["beam/fused@2"]["paths"]
+    assert all(len(p["steps"]) <= 2 and p["finished"] for p in paths)
+    assert sum(r["methods"]["beam/fused@2"]["budget"]["policy_tokens"] for r in rows) > 0
+
+
+@pytest.mark.slow
+def test_a_prefix_scorer_drives_every_strategy(config, bi_scorer):
+    prefix = pytest.importorskip("biprm.search.prefix", reason="the prefix scorer lands with the search-b branch")
+    config.algorithms, config.n, config.strategies = ["bon", "beam", "particles"], [2], ["fused", "l2r-rerank", "l2r"]
+    run_search(config, ScriptedPolicy(TREE), prefix.PrefixScorer(bi_scorer))
+    methods = records(config)[1]["methods"]
+    beam = methods["beam/fused@2"]
+    assert all(len(p["fused"]) == len(p["steps"]) and p["n_dropped"] == 0 for p in beam["paths"])
+    assert beam["budget"]["prm_tokens_l2r"] > 0 and beam["budget"]["prm_tokens_r2l"] > 0
+    assert methods["beam/l2r@2"]["budget"].get("prm_tokens_r2l", 0) == 0  # L2R only: R2L never runs
+
+
+def test_the_table_marks_a_search_that_does_not_beat_its_noise_twin():
+    from biprm.search.report import method_rows, table
+
+    def record(i):
+        right = i % 2 == 0
+        cost = {"budget": {"policy_tokens": 10.0}}
+        return {"methods": {"beam/fused@4": {"correct": True, **cost}, "noise:beam@4": {"correct": right, **cost},
+                            "beam/l2r@4": {"correct": right, **cost}, "majority@4": {"correct": None if i == 0 else right, **cost}}}
+    rows = {r["method"]: r for r in method_rows([record(i) for i in range(40)])}
+    assert list(rows) == ["majority@4", "beam/fused@4", "beam/l2r@4", "noise:beam@4"]
+    assert not rows["beam/fused@4"]["vs_noise"]["within_noise"] and rows["beam/l2r@4"]["vs_noise"]["within_noise"]
+    assert rows["majority@4"]["unknown"] == 1 and rows["majority@4"]["questions"] == 39
+    text = table(list(rows.values()))
+    assert "| beam/fused@4 | 100.0 [100.0, 100.0] | +50.0 [" in text and "| beam/l2r@4 | 50.0 [" in text and "+0.0 [" in text
+    assert text.count("(noise)") == 1
