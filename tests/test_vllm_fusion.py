@@ -27,3 +27,12 @@ def test_rows_then_fusion_equal_the_models_heads(bi_scorer, mode):
         assert (got[key] is None) == (expected is None), key
         if expected is not None:
             np.testing.assert_allclose(got[key], expected.double().numpy(), atol=1e-6, err_msg=key)
+
+
+def test_sigmoid_takes_reversed_rows_of_any_length_without_overflow():
+    """R2L rows come back reversed (a negative stride): one step, many steps, and extreme logits."""
+    from biprm.vllm_plugin.fusion import sigmoid
+
+    for x in (np.array([1.39531755])[::-1], np.array([-800.0, -2.0, 0.0, 3.0, 800.0])[::-1]):
+        want = np.array([1 / (1 + np.exp(-v)) if v > -700 else 0.0 for v in x])
+        assert np.allclose(sigmoid(x), want, rtol=1e-12, atol=0)

@@ -16,8 +16,9 @@ from biprm.config import MODE_TABLE
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    """sigmoid in float64 through torch, which does not overflow; the plugin leans on nothing of biprm's scoring."""
-    return torch.sigmoid(torch.as_tensor(x, dtype=torch.float64)).numpy()
+    """sigmoid in float64 as exp(-log(1 + e^-x)), which does not overflow; the plugin leans on nothing of biprm's scoring.
+    Plain numpy, because R2L rows arrive reversed (a negative stride) and torch refuses those."""
+    return np.exp(-np.logaddexp(0.0, -np.asarray(x, dtype=np.float64)))
 
 
 def stream_rows(h: torch.Tensor, value_head: nn.Linear, gate: nn.Sequential | None) -> torch.Tensor:
