@@ -21,7 +21,7 @@ import numpy as np
 from its_hub.api import AbstractOutcomeRewardModel, AbstractProcessRewardModel, ChatMessage, ChatMessages
 
 from biprm.scoring.step_scores import StepScores
-from biprm.search.prm import PathScorer, check_streams, response_steps
+from biprm.search.prm import PathScorer, check_streams, fused_scores, response_steps
 from biprm.search.steps import STEP_TOKEN
 from biprm.serve.batcher import Batcher
 
@@ -66,9 +66,7 @@ class BiPRMProcessRewardModel(AbstractProcessRewardModel):
 
     def _score(self, items: list[tuple[str, list[str]]]) -> StepScores:
         """The Batcher's scoring function: all gathered paths in one PathScorer call, as flat step logits."""
-        paths = self.scorer.score([q for q, _ in items], [s for _, s in items], self.streams)
-        lengths = [len(p.fused) for p in paths]
-        return StepScores(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), np.concatenate([p.fused for p in paths]))
+        return fused_scores(self.scorer.score([q for q, _ in items], [s for _, s in items], self.streams))
 
     def _probs(self, scores: StepScores) -> list[float]:
         """Aggregated probabilities; a path none of whose steps fit the PRM's max_length (flagged by the scorer) gets the lowest."""

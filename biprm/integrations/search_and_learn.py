@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from biprm.scoring.step_scores import StepScores
-from biprm.search.prm import PathScorer, check_streams, response_steps
+from biprm.search.prm import PathScorer, check_streams, fused_scores, response_steps
 from biprm.search.steps import STEP_TOKEN
 
 
@@ -25,8 +24,7 @@ class SearchAndLearnPRM:
         items = [(q, response_steps(o, self.step_token, f"question {i}, output {j}"))
                  for i, (q, outs) in enumerate(zip(questions, outputs, strict=True)) for j, o in enumerate(outs)]
         paths = self.scorer.score([q for q, _ in items], [s for _, s in items], self.streams)
-        lengths = [len(p.fused) for p in paths]
-        probs = StepScores(np.concatenate([[0], np.cumsum(lengths)]), np.concatenate([p.fused for p in paths])).prob()
-        per_path = np.split(probs, np.cumsum(lengths)[:-1])
+        scores = fused_scores(paths)
+        per_path = np.split(scores.prob(), scores.offsets[1:-1])
         ends = np.cumsum([len(outs) for outs in outputs])
         return [[x.tolist() for x in per_path[end - len(outs) : end]] for outs, end in zip(outputs, ends)]

@@ -19,6 +19,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from biprm.scoring.aggregate import aggregate
+from biprm.scoring.step_scores import offsets_of
 from biprm.search.config import Strategy
 from biprm.search.policy import StepOut
 from biprm.search.prm import PathScore, PathScorer
@@ -122,7 +123,7 @@ class Search:
         out = np.full(len(values), -np.inf)
         if lengths.any():
             kept = lengths > 0
-            offsets = np.concatenate([[0], np.cumsum(lengths[kept])])
+            offsets = offsets_of(lengths[kept])
             out[kept] = aggregate(np.concatenate([v for v in values if len(v)]), offsets, self.aggregation)
         return out
 

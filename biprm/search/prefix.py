@@ -28,6 +28,7 @@ from biprm.data.trajectory import DataError, Trajectory
 from biprm.modeling import cache_argument
 from biprm.packing import _continuation, cached_attention_mask
 from biprm.scoring.scorer import Scorer
+from biprm.scoring.step_scores import offsets_of
 from biprm.search.prm import PathScore, check_streams, path_scores
 
 log = logging.getLogger(__name__)
@@ -197,7 +198,7 @@ class PrefixScorer:
         if streams == "l2r":
             out = {"l2r": self.model.value_head(h_l2r).squeeze(-1), "r2l": None, "fused": None}
         else:
-            result = self.model.heads(h_l2r, h_r2l, torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), device=self.model.device))
+            result = self.model.heads(h_l2r, h_r2l, torch.from_numpy(offsets_of(lengths)).to(self.model.device))
             out = {k: getattr(result, k) for k in ("l2r", "r2l", "fused")}
         flat = {k: None if v is None else v.double().cpu().numpy() for k, v in out.items()}
         return path_scores(lengths, dropped, flat["l2r"], flat["r2l"], flat["fused"], streams)

@@ -18,6 +18,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from biprm.scoring.step_scores import StepScores, offsets_of
 from biprm.search.steps import split_steps
 
 STREAMS = ("fused", "l2r")  # "fused": both streams and the gate; "l2r": the L2R stream alone
@@ -39,6 +40,11 @@ def response_steps(response: str, step_token: str, where: str) -> list[str]:
     if not steps:
         raise ValueError(f"{where}: no step text after splitting at the step token {step_token!r}")
     return steps
+
+
+def fused_scores(paths: Sequence[PathScore]) -> StepScores:
+    """The ranked step logits of every path, flat, so biprm's aggregations and probabilities read them as any scored set."""
+    return StepScores(offsets_of([len(p.fused) for p in paths]), np.concatenate([p.fused for p in paths]))
 
 
 def check_streams(streams: str) -> None:

@@ -12,9 +12,7 @@ import urllib.error
 import urllib.request
 from typing import Sequence
 
-import numpy as np
-
-from biprm.scoring.step_scores import StepScores
+from biprm.scoring.step_scores import StepScores, offsets_of
 from biprm.search.prm import PathScore, check_streams, path_scores
 
 
@@ -35,7 +33,7 @@ class ServedScorer:
             raise ValueError(f"streams='l2r' needs a model with an L2R stream; the server at {self.url} has none")
         lengths = [len(r["fused"]) for r in rows]
         flat = lambda k: None if rows[0][k] is None else [x for r in rows for x in r[k]]  # noqa: E731
-        logits = StepScores.from_probs(np.concatenate([[0], np.cumsum(lengths)]), flat("fused"), flat("l2r"), flat("r2l"))
+        logits = StepScores.from_probs(offsets_of(lengths), flat("fused"), flat("l2r"), flat("r2l"))
         dropped = [len(p) - r["steps_scored"] for p, r in zip(paths, rows)]
         return path_scores(lengths, dropped, logits.l2r, logits.r2l, logits.fused, streams)
 
