@@ -53,7 +53,7 @@ class _Segment(NamedTuple):
     ends: np.ndarray | None = None
 
 
-def _continuation(enc: Encoded, stream: str, shared: bool) -> tuple[np.ndarray, np.ndarray]:
+def continuation(enc: Encoded, stream: str, shared: bool) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of one stream after the prefix, and the offset of each step's tag (forward order)."""
     head = [] if shared else enc.prompt
     ids = np.array(head + enc.continuation(stream), dtype=np.int64)
@@ -177,7 +177,7 @@ def pack(
             if P:  # a prompt with one continuation is just the start of one plain sequence
                 segments.append(_Segment(np.array(unit.prefix, dtype=np.int64), 0, u, 0 if len(unit.conts) > 1 else 1))
             for k, (i, stream) in enumerate(unit.conts, start=1):
-                ids, ends = _continuation(encs[i], stream, shared=P > 0)
+                ids, ends = continuation(encs[i], stream, shared=P > 0)
                 segments.append(_Segment(ids, P, u, k, i, stream, ends))
         rows.append(segments)
     return _layout(rows, encs, streams, pad_id)
@@ -196,7 +196,7 @@ def pack_cached(
     for i, enc in enumerate(encs):
         q = prompts.setdefault(tuple(enc.prompt), len(prompts))
         for stream in streams:
-            ids, ends = _continuation(enc, stream, shared=True)
+            ids, ends = continuation(enc, stream, shared=True)
             conts.append((q, _Segment(ids, len(enc.prompt), 0, 1, i, stream, ends)))
     conts.sort(key=lambda c: -len(c[1].ids))
     batch = _layout([[seg] for _, seg in conts], encs, streams, pad_id)

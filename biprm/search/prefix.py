@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from biprm.data.encoding import Encoded
 from biprm.data.trajectory import DataError, Trajectory
 from biprm.modeling import cache_argument
-from biprm.packing import _continuation, cached_attention_mask
+from biprm.packing import continuation, cached_attention_mask
 from biprm.scoring.scorer import Scorer
 from biprm.scoring.step_scores import offsets_of
 from biprm.search.prm import PathScore, check_streams, path_scores
@@ -112,7 +112,7 @@ class PrefixScorer:
         is new, R2L rerun whole; then only the nodes of these paths stay cached."""
         self._cache_prompts(keys, encs)
         l2r_rows = self._l2r_rows(keys, encs) if run_l2r else {}
-        r2l_rows = [Row([self.nodes[k[:1]]], *_continuation(e, "r2l", shared=True)) for k, e in zip(keys, encs)] if run_r2l else []
+        r2l_rows = [Row([self.nodes[k[:1]]], *continuation(e, "r2l", shared=True)) for k, e in zip(keys, encs)] if run_r2l else []
         tags, kvs = self._run(list(l2r_rows.values()) + r2l_rows)
         for (key, row), tag, kv in zip(l2r_rows.items(), tags, kvs):
             self._add_nodes(key, row, tag, kv)
@@ -138,7 +138,7 @@ class PrefixScorer:
         for key, enc in zip(keys, encs):
             j = next(j for j in range(len(key), 0, -1) if key[:j] in self.nodes)  # the prompt (j = 1) is always there
             if j < len(key) and key not in rows:
-                rows[key] = Row(self.nodes[key[:j]].chain(), *_continuation(Encoded(enc.prompt, enc.steps[j - 1 :], None), "l2r", shared=True))
+                rows[key] = Row(self.nodes[key[:j]].chain(), *continuation(Encoded(enc.prompt, enc.steps[j - 1 :], None), "l2r", shared=True))
         return rows
 
     def _add_nodes(self, key: Key, row: Row, tags: torch.Tensor, kv: torch.Tensor) -> None:
