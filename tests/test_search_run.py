@@ -221,3 +221,25 @@ def test_an_old_single_prm_setting_resumes_and_a_changed_list_is_refused(config)
     config.prm = ["noise", "runs/bi"]
     with pytest.raises(ValueError, match=r"--prm was \['noise'\], now \['noise', 'runs/bi'\]"):
         run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS), ScriptedScorer(FLIPPED)])
+
+
+@pytest.mark.slow
+def test_two_checkpoints_from_the_command_line_each_pay_their_own_prm_tokens(config, tmp_path):
+    import torch
+
+    from biprm.backbones import load_tokenizer, resolve_backbone
+    from biprm.modeling import from_backbone
+
+    backbone = resolve_backbone("tiny")
+    for mode in ("l2r", "bi"):
+        tok = load_tokenizer(backbone)
+        torch.manual_seed(0)
+        from_backbone(backbone, tok, mode=mode).save_pretrained(tmp_path / mode)
+        tok.save_pretrained(tmp_path / mode)
+    config.algorithms, config.n, config.strategies, config.prm = ["bon", "beam"], [2], ["fused"], [str(tmp_path / "l2r"), str(tmp_path / "bi")]
+    run_search(config, ScriptedPolicy(TREE))  # the scorers come from --prm's folders
+    record = records(config)[1]
+    assert set(record["pool"][0]["prms"]["bi"]) == {"l2r", "r2l", "fused", "score", "n_dropped"} and "r2l" not in record["pool"][0]["prms"]["l2r"]
+    for method in ("bon-max/fused@2", "beam/fused@2"):
+        l2r, bi = record["methods"][f"{method} [l2r]"]["budget"], record["methods"][f"{method} [bi]"]["budget"]
+        assert l2r["prm_tokens_l2r"] > 0 and l2r.get("prm_tokens_r2l", 0) == 0 and bi["prm_tokens_r2l"] > 0
