@@ -81,6 +81,7 @@ def path_row(p: SearchPath, answer: str | None, correct: bool | None) -> dict:
 
 
 def add(total: dict[str, float], row: dict[str, float]) -> None:
+    """Adds a cost row into a question's total, key by key (keys missing on one side count as 0)."""
     for k, v in row.items():
         total[k] = total.get(k, 0.0) + v
 
