@@ -243,3 +243,17 @@ def test_two_checkpoints_from_the_command_line_each_pay_their_own_prm_tokens(con
     for method in ("bon-max/fused@2", "beam/fused@2"):
         l2r, bi = record["methods"][f"{method} [l2r]"]["budget"], record["methods"][f"{method} [bi]"]["budget"]
         assert l2r["prm_tokens_l2r"] > 0 and l2r.get("prm_tokens_r2l", 0) == 0 and bi["prm_tokens_r2l"] > 0
+
+
+def test_the_command_line_takes_several_prms_and_refuses_a_shared_name_in_one_line(tmp_path, capsys, monkeypatch):
+    from biprm import cli
+    from biprm.search import run
+
+    seen = []
+    monkeypatch.setattr(run, "run_search", lambda cfg: seen.append(cfg.prm) or "")
+    cli.main(["search", "--out", str(tmp_path), "--prm", "runs/l2r", "runs/bi"])
+    assert seen == [["runs/l2r", "runs/bi"]]
+    with pytest.raises(SystemExit):
+        cli.main(["search", "--out", str(tmp_path), "--prm", "runs/a/bi", "runs/b/bi"])
+    assert capsys.readouterr().err == ("biprm search: error: --prm runs/a/bi and runs/b/bi: both are named 'bi' in the results; "
+                                       "give one checkpoint folder another name\n")
