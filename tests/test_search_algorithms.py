@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from biprm.search.algorithms import Search, beam_search, best_of_n, choose, dvts, particle_filter, resample, vote
+from biprm.search.algorithms import Search, beam_search, choose, dvts, particle_filter, resample, sample, vote
 from biprm.search.noise import NoiseScorer
 from search_scripted import ScriptedPolicy, ScriptedScorer
 
@@ -82,7 +82,8 @@ def test_resample_draws_in_proportion_to_exp_score():
 
 def test_best_of_n_max_and_weighted_vote():
     tree = {("Q",): ["answer 1", "answer 2", "answer 2 again"]}
-    s, pool = run(best_of_n, tree=tree, logits={"answer 1": 2.0, "answer 2": 1.0, "answer 2 again": 0.5}, n=3)
+    s, pool = run(sample, tree=tree, logits={"answer 1": 2.0, "answer 2": 1.0, "answer 2 again": 0.5}, n=3)
+    s.score(pool, "fused")
     assert pool[choose(pool)[0]].steps == ("answer 1",)
     probabilities = 1 / (1 + np.exp(-np.array([p.score for p in pool])))  # .88 vs .73 + .62
     assert vote(["1", "2", "2"], probabilities) == 1 and vote(["1", "2", "2"], [1, 1, 1]) == 1 and vote(["1", "2"], [1, 1]) == 0

@@ -113,7 +113,7 @@ def test_a_server_failing_mid_run_keeps_the_finished_questions(stub, tmp_path):
     cfg = SearchConfig(out=str(tmp_path / "out"), data=str(three_questions(tmp_path)), algorithms=["bon"], n=[2], batch_questions=2,
                        grade_workers=0)
     with pytest.raises(PolicyError, match="HTTP 500"):
-        run_search(cfg, ServerPolicy(server.url, "m", Words(), retries=1, backoff=0.01), NoiseScorer())
+        run_search(cfg, ServerPolicy(server.url, "m", Words(), retries=1, backoff=0.01), [NoiseScorer()])
     assert [json.loads(line)["index"] for line in (tmp_path / "out" / "questions.jsonl").read_text().splitlines()] == [0, 1]
 
 

@@ -29,7 +29,7 @@ def records(cfg):
 
 
 def test_every_method_and_baseline_lands_in_one_line_per_question(config):
-    text = run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+    text = run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
     rows = records(config)
     assert [r["index"] for r in rows] == [0, 1, 2]
     methods = rows[0]["methods"]
@@ -56,13 +56,13 @@ def test_every_method_and_baseline_lands_in_one_line_per_question(config):
 
 
 def test_a_killed_run_resumes_at_the_first_unfinished_question(config):
-    run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+    run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
     full = records(config)
     path = f"{config.out}/questions.jsonl"
     lines = open(path).read().splitlines(keepends=True)
     open(path, "w").write(lines[0] + lines[1][:40])  # killed while writing the second line
     policy = ScriptedPolicy(TREE)
-    run_search(config, policy, ScriptedScorer(LOGITS))
+    run_search(config, policy, [ScriptedScorer(LOGITS)])
     again = records(config)
     assert [r["index"] for r in again] == [0, 1, 2]
     assert "one" not in {k[0] for k in policy.asked}  # the finished question is not searched again
@@ -71,16 +71,16 @@ def test_a_killed_run_resumes_at_the_first_unfinished_question(config):
 
 
 def test_resume_refuses_changed_settings(config):
-    run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+    run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
     config.width = 1
     with pytest.raises(ValueError, match="--width was 2, now 1"):
-        run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+        run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
 
 
 def test_a_grader_that_times_out_gives_unknown_not_wrong(config, monkeypatch):
     monkeypatch.setattr(search_run, "grade_many", lambda pairs, workers, timeout: [None] * len(pairs))  # what grade_many returns on timeouts
     config.algorithms, config.n = ["beam"], [2]
-    text = run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS))
+    text = run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
     row = records(config)[0]
     assert row["methods"]["beam/fused@2"]["correct"] is None and row["methods"]["pass@2"]["correct"] is None
     assert "| beam/fused@2 | - |" in text and all(p["correct"] is None for p in row["pool"])
@@ -88,7 +88,7 @@ def test_a_grader_that_times_out_gives_unknown_not_wrong(config, monkeypatch):
 
 def test_path_past_the_prm_max_length_is_flagged_in_the_output(config):
     config.algorithms, config.n = ["beam"], [2]
-    run_search(config, ScriptedPolicy(TREE), ScriptedScorer(LOGITS, max_steps=1))
+    run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS, max_steps=1)])
     paths = records(config)[1]["methods"]["beam/fused@2"]["paths"]
     assert paths[0]["n_dropped"] == 1 and len(paths[0]["fused"]) == 1 and len(paths[0]["steps"]) == 2
 
@@ -100,7 +100,7 @@ def test_a_transformers_policy_runs_the_whole_command(config):
 
     config.algorithms, config.n, config.strategies, config.max_depth, config.max_step_tokens = ["beam"], [2], ["fused"], 2, 6
     policy = HFPolicy.from_pretrained("tiny", max_step_tokens=6)
-    text = run_search(config, policy, NoiseScorer())
+    text = run_search(config, policy, [NoiseScorer()])
     rows = records(config)
     assert len(rows) == 3 and "beam/fused@2" in text
     paths = rows[0]["methods"]["beam/fused@2"]["paths"]
@@ -112,7 +112,7 @@ def test_a_transformers_policy_runs_the_whole_command(config):
 def test_a_prefix_scorer_drives_every_strategy(config, bi_scorer):
     prefix = pytest.importorskip("biprm.search.prefix", reason="the prefix scorer lands with the search-b branch")
     config.algorithms, config.n, config.strategies = ["bon", "beam", "particles"], [2], ["fused", "l2r-rerank", "l2r"]
-    run_search(config, ScriptedPolicy(TREE), prefix.PrefixScorer(bi_scorer))
+    run_search(config, ScriptedPolicy(TREE), [prefix.PrefixScorer(bi_scorer)])
     methods = records(config)[1]["methods"]
     beam = methods["beam/fused@2"]
     assert all(len(p["fused"]) == len(p["steps"]) and p["n_dropped"] == 0 for p in beam["paths"])
@@ -135,3 +135,125 @@ def test_the_table_marks_a_search_that_does_not_beat_its_noise_twin():
     text = table(list(rows.values()))
     assert "| beam/fused@4 | 100.0 [100.0, 100.0] | +50.0 [" in text and "| beam/l2r@4 | 50.0 [" in text and "+0.0 [" in text
     assert text.count("(noise)") == 1
+
+
+# Two PRMs that disagree: "l2r" is LOGITS, "bi" prefers the other child everywhere.
+FLIPPED = {step: -v for step, v in LOGITS.items()}
+
+
+def run_alone(config, tmp_path, prm: str, logits: dict) -> list[dict]:
+    """The same experiment with one PRM, in its own folder."""
+    alone = SearchConfig(**{**vars(config), "out": str(tmp_path / f"alone-{prm}"), "prm": [prm]})
+    run_search(alone, ScriptedPolicy(TREE), [ScriptedScorer(logits)])
+    return records(alone)
+
+
+def test_two_prms_score_one_pool_and_each_picks_as_it_would_alone(config, tmp_path):
+    config.algorithms, config.prm = ["bon", "beam"], ["runs/l2r", "runs/bi"]
+    policy = ScriptedPolicy(TREE)
+    text = run_search(config, policy, [ScriptedScorer(LOGITS), ScriptedScorer(FLIPPED)])
+    both = records(config)
+    alone = {"l2r": run_alone(config, tmp_path, "runs/l2r", LOGITS), "bi": run_alone(config, tmp_path, "runs/bi", FLIPPED)}
+    untimed = lambda b: {k: v for k, v in b.items() if not k.endswith("_s")}  # noqa: E731
+    for q, record in enumerate(both):
+        assert [p["steps"] for p in record["pool"]] == [p["steps"] for p in alone["l2r"][q]["pool"]]
+        for prm, solo in alone.items():
+            assert record["pool"][0]["prms"][prm]["fused"] == solo[q]["pool"][0]["fused"]
+            for n in (2, 4):
+                for method in ("bon-max/fused", "bon-vote/fused"):
+                    mine, theirs = record["methods"][f"{method}@{n} [{prm}]"], solo[q]["methods"][f"{method}@{n}"]
+                    assert mine["pick"] == theirs["pick"] and untimed(mine["budget"]) == untimed(theirs["budget"])  # its own PRM cost only
+                assert f"beam/fused@{n} [{prm}]" in record["methods"] and f"beam/l2r-rerank@{n} [{prm}]" in text
+    one = both[0]["methods"]  # pool of question one: answer 3, answer 4
+    assert one["bon-max/fused@2 [l2r]"]["answer"] == "3" and one["bon-max/fused@2 [bi]"]["answer"] == "4"
+    assert [m for m in one if m.startswith("noise:")] == ["noise:bon-max@2", "noise:bon-max@4", "noise:beam@2", "noise:beam@4"]
+    pool_tokens = sum(p["tokens"] for r in both for p in r["pool"])
+    searches = sum(m["budget"]["policy_tokens"] for r in both for m in r["methods"].values() if "paths" in m)
+    assert sum(r["budget"]["policy_tokens"] for r in both) == pool_tokens + searches == policy.tokens  # the pool generated once
+    assert (Path(config.out) / "accuracy.png").stat().st_size > 0
+
+
+def test_method_names_carry_the_prm_only_when_there_are_several():
+    from biprm.search.report import family, method_name, noise_twin, parts
+
+    assert method_name("bon-max/fused", 4, "bi") == "bon-max/fused@4 [bi]" and method_name("bon-max/fused", 4) == "bon-max/fused@4"
+    assert parts("beam/l2r-rerank@16 [ckpt@5]") == ("beam/l2r-rerank", 16, "ckpt@5") and parts("majority@8") == ("majority", 8, None)
+    assert family("beam/fused@4 [bi]") == "beam/fused [bi]" and noise_twin("beam/fused@4 [bi]") == "noise:beam@4"
+    assert noise_twin("bon-vote/fused@4 [bi]") is None and noise_twin("noise:beam@4") is None
+
+
+def test_prm_names_are_folder_names_and_duplicates_are_refused(tmp_path):
+    assert SearchConfig(out="o", prm=["runs/l2r", "runs/bi/", "noise"]).prm_names == ["l2r", "bi", "noise"]
+    with pytest.raises(ValueError, match="--prm runs/a/bi and runs/b/bi: both are named 'bi'"):
+        SearchConfig(out="o", prm=["runs/a/bi", "runs/b/bi"])
+    with pytest.raises(ValueError, match=r"--prm runs/x\]: its folder's name 'x\]' cannot name its rows"):
+        SearchConfig(out="o", prm=["runs/x]"])
+
+
+def test_the_two_prms_paired_difference_on_hand_computed_values():
+    from biprm.search.report import difference_table, prm_differences
+
+    def record(i):  # l2r right on questions 0-11, bi on 0-23; question 39: l2r unknown
+        cost = {"budget": {}}
+        return {"methods": {"bon-max/fused@4 [l2r]": {"correct": None if i == 39 else i < 12, **cost},
+                            "bon-max/fused@4 [bi]": {"correct": i < 24, **cost}, "beam/fused@4 [bi]": {"correct": True, **cost},
+                            "majority@4": {"correct": False, **cost}}}
+    rows = prm_differences([record(i) for i in range(40)])
+    assert [(r["method"], r["difference"], r["questions"]) for r in rows] == [("bon-max/fused@4", "bi - l2r", 39)]
+    assert rows[0]["mean"] == pytest.approx(12 / 39) and 0 < rows[0]["low"] < 12 / 39 < rows[0]["high"] and not rows[0]["within_noise"]
+    assert difference_table(rows).splitlines()[2] == f"| bon-max/fused@4 | +30.8 [{100 * rows[0]['low']:+.1f}, {100 * rows[0]['high']:+.1f}] | 39 |"
+    alone = [{"methods": {"bon-max/fused@4": {"correct": True, "budget": {}}}}]
+    assert prm_differences(alone) == []
+
+
+def test_an_old_single_prm_setting_resumes_and_a_changed_list_is_refused(config):
+    config.algorithms, config.n, config.limit = ["bon"], [2], 2
+    run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+    saved = Path(config.out) / "settings.json"
+    settings = json.loads(saved.read_text())
+    saved.write_text(json.dumps({**settings, "prm": "noise"}))  # as written before --prm took several values
+    config.limit = None
+    with pytest.raises(ValueError, match="--limit was 2, now None"):  # the old file is still read and compared
+        run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+    config.limit = 2
+    run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+    assert json.loads(saved.read_text())["prm"] == ["noise"]
+    config.prm = ["noise", "runs/bi"]
+    with pytest.raises(ValueError, match=r"--prm was \['noise'\], now \['noise', 'runs/bi'\]"):
+        run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS), ScriptedScorer(FLIPPED)])
+
+
+@pytest.mark.slow
+def test_two_checkpoints_from_the_command_line_each_pay_their_own_prm_tokens(config, tmp_path):
+    import torch
+
+    from biprm.backbones import load_tokenizer, resolve_backbone
+    from biprm.modeling import from_backbone
+
+    backbone = resolve_backbone("tiny")
+    for mode in ("l2r", "bi"):
+        tok = load_tokenizer(backbone)
+        torch.manual_seed(0)
+        from_backbone(backbone, tok, mode=mode).save_pretrained(tmp_path / mode)
+        tok.save_pretrained(tmp_path / mode)
+    config.algorithms, config.n, config.strategies, config.prm = ["bon", "beam"], [2], ["fused"], [str(tmp_path / "l2r"), str(tmp_path / "bi")]
+    run_search(config, ScriptedPolicy(TREE))  # the scorers come from --prm's folders
+    record = records(config)[1]
+    assert set(record["pool"][0]["prms"]["bi"]) == {"l2r", "r2l", "fused", "score", "n_dropped"} and "r2l" not in record["pool"][0]["prms"]["l2r"]
+    for method in ("bon-max/fused@2", "beam/fused@2"):
+        l2r, bi = record["methods"][f"{method} [l2r]"]["budget"], record["methods"][f"{method} [bi]"]["budget"]
+        assert l2r["prm_tokens_l2r"] > 0 and l2r.get("prm_tokens_r2l", 0) == 0 and bi["prm_tokens_r2l"] > 0
+
+
+def test_the_command_line_takes_several_prms_and_refuses_a_shared_name_in_one_line(tmp_path, capsys, monkeypatch):
+    from biprm import cli
+    from biprm.search import run
+
+    seen = []
+    monkeypatch.setattr(run, "run_search", lambda cfg: seen.append(cfg.prm) or "")
+    cli.main(["search", "--out", str(tmp_path), "--prm", "runs/l2r", "runs/bi"])
+    assert seen == [["runs/l2r", "runs/bi"]]
+    with pytest.raises(SystemExit):
+        cli.main(["search", "--out", str(tmp_path), "--prm", "runs/a/bi", "runs/b/bi"])
+    assert capsys.readouterr().err == ("biprm search: error: --prm runs/a/bi and runs/b/bi: both are named 'bi' in the results; "
+                                       "give one checkpoint folder another name\n")

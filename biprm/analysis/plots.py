@@ -116,7 +116,7 @@ def plot_steps(path: str, curves: dict[str, dict], ylabel: str, title: str) -> N
 
 def plot_cost_curves(path: str, rows: list[dict]) -> None:
     """Search accuracy against generated tokens and against wall clock per question, one line per method over N
-    (rows from `biprm.search.report.method_rows`); noise-driven methods dashed."""
+    (rows from `biprm.search.report.method_rows`, grouped by their "line"); noise-driven methods dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,7 +125,7 @@ def plot_cost_curves(path: str, rows: list[dict]) -> None:
     lines: dict[str, list[dict]] = {}
     for r in rows:
         if "accuracy_mean" in r and not r["method"].startswith("pass@"):
-            lines.setdefault(r["method"].rsplit("@", 1)[0], []).append(r)
+            lines.setdefault(r["line"], []).append(r)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for name, points in lines.items():
         tokens = [p["budget"].get("policy_tokens", 0) for p in points]

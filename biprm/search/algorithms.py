@@ -160,17 +160,11 @@ def grow(s: Search, paths: list[Path]) -> list[Path]:
 
 
 def sample(s: Search, n: int) -> list[Path]:
-    """n independent solutions per question, unscored: the best-of-N pool, question-major."""
+    """n independent solutions per question, unscored: the best-of-N pool, question-major, that every PRM then scores
+    in one call (picks: `choose` for the max, `vote` weighted by probability)."""
     paths = s.expand(s.roots(), n)
     while any(not p.finished for p in paths):
         paths = grow(s, paths)
-    return paths
-
-
-def best_of_n(s: Search, n: int) -> list[Path]:
-    """The pool scored once; pick with `choose` (max) or `weighted_vote`."""
-    paths = sample(s, n)
-    s.score(paths, "l2r" if s.strategy == "l2r" else "fused")
     return paths
 
 

@@ -1,7 +1,9 @@
 """What `biprm search` can be told: data, policy, PRM, algorithms, budgets and where results go."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, get_args
 
 from biprm.scoring.aggregate import AGGREGATIONS
@@ -25,7 +27,9 @@ class SearchConfig:
     policy_model: str = arg("tiny", "policy model: a folder or a biprm backbone name (hf, vllm); the served model's name (server)")
     policy_url: str = arg("http://localhost:8000", "base URL of the OpenAI-compatible server (--policy server)")
     policy_tokenizer: str | None = arg(None, "tokenizer whose chat template renders the prompts for --policy server (default: --policy-model)")
-    prm: str = arg("noise", "the PRM: a biprm checkpoint folder (any mode), or noise (text-free scores: the search's baseline)")
+    prm: list[str] = arg(help="PRMs, all scoring one shared pool and each driving its own searches: biprm checkpoint folders (any "
+                              "mode) and/or noise (text-free scores); with several, a PRM's rows end in [its folder's name]",
+                         factory=lambda: ["noise"])
     algorithms: list[str] = arg(help="search algorithms, each run at every N and strategy", factory=lambda: ["beam"], choices=ALGORITHMS)
     n: list[int] = arg(help="generation budgets N: paths per question (particles; beams x expansions)", factory=lambda: [4])
     width: int = arg(2, "beam search: beams kept; DVTS: children per subtree and level (N must be a multiple)")
@@ -50,3 +54,17 @@ class SearchConfig:
         bad = [n for n in self.n if n % self.width and any(a in ("beam", "dvts") for a in self.algorithms)]
         if bad:
             raise ValueError(f"--n {bad[0]}: beam search and DVTS need N to be a multiple of --width {self.width}")
+        if not self.prm:
+            raise ValueError("--prm: name at least one PRM (a checkpoint folder, or noise)")
+        names = self.prm_names
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ValueError(f"--prm {self.prm[names.index(name)]} and {self.prm[i]}: both are named {name!r} in the results; "
+                                 "give one checkpoint folder another name")
+            if not name or "]" in name:
+                raise ValueError(f"--prm {self.prm[i]}: its folder's name {name!r} cannot name its rows (empty, or holds ']')")
+
+    @property
+    def prm_names(self) -> list[str]:
+        """Each PRM's name in the results: its checkpoint folder's name ("runs/bi" -> "bi"), or "noise"."""
+        return [Path(os.path.abspath(p)).name if p != "noise" else p for p in self.prm]

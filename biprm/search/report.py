@@ -1,9 +1,11 @@
 """questions.jsonl -> the summary table (accuracy with 95 % intervals, cost per question) and the cost plot.
 
 Rows come per N: pass@N (the ceiling), majority vote and random pick over the same
-samples, then each PRM-driven method followed by the same method driven by noise. A
-PRM row's "vs noise" is the paired difference to its noise twin on the same questions:
-an interval that holds 0 means the search learned nothing from the PRM there.
+samples, then each PRM-driven method (every PRM's row side by side) followed by the same
+method driven by noise. A PRM row's "vs noise" is the paired difference to its noise twin
+on the same questions: an interval that holds 0 means the search learned nothing from the
+PRM there. With exactly two PRMs a second table gives each method's paired difference
+between them, on the same pool and questions.
 """
 from __future__ import annotations
 
@@ -16,48 +18,91 @@ import numpy as np
 from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
 
 BASELINES = ("pass", "majority", "random")
+NAME = re.compile(r"(?P<base>.+)@(?P<n>\d+)(?: \[(?P<prm>[^\]]+)\])?")
+
+
+def method_name(base: str, n: int, prm: str | None = None) -> str:
+    """("beam/fused", 4, "bi") -> "beam/fused@4 [bi]"; `prm` is None for baselines, noise twins and a run with one PRM."""
+    return f"{base}@{n}" + (f" [{prm}]" if prm else "")
+
+
+def parts(method: str) -> tuple[str, int, str | None]:
+    """"beam/fused@4 [bi]" -> ("beam/fused", 4, "bi"): what `method_name` joined."""
+    m = NAME.fullmatch(method)
+    return m["base"], int(m["n"]), m["prm"]
 
 
 def family(method: str) -> str:
-    """"beam/fused@4" -> "beam/fused"."""
-    return method.rsplit("@", 1)[0]
+    """"beam/fused@4 [bi]" -> "beam/fused [bi]": the method over every N, one line of the plot."""
+    base, _, prm = parts(method)
+    return f"{base} [{prm}]" if prm else base
 
 
 def noise_twin(method: str) -> str | None:
-    """The noise-driven run of a PRM method ("beam/l2r@4" -> "noise:beam@4", "bon-max/fused@4" -> "noise:bon-max@4")."""
-    if method.startswith("noise:") or family(method) in BASELINES or family(method).startswith("bon-vote"):
+    """The noise-driven run of a PRM method ("beam/l2r@4 [bi]" -> "noise:beam@4", "bon-max/fused@4" -> "noise:bon-max@4")."""
+    base, n, _ = parts(method)
+    if base.startswith("noise:") or base in BASELINES or base.startswith("bon-vote"):
         return None
-    return f"noise:{method.split('/')[0]}@{method.rsplit('@', 1)[1]}"
+    return method_name(f"noise:{base.split('/')[0]}", n)
 
 
 def ordered(methods: list[str]) -> list[str]:
-    """Per N: baselines, then each PRM method with its noise twin right under it."""
+    """Per N: baselines, then each PRM method (its PRMs in the order given, the sort being stable) with its noise twin right under it."""
     def key(m: str) -> tuple:
-        n, fam = int(m.rsplit("@", 1)[1]), family(m)
-        base = fam.removeprefix("noise:")
-        return (n, BASELINES.index(fam) if fam in BASELINES else len(BASELINES), re.split(r"/", base)[0], fam.startswith("noise:"), fam)
+        base, n, _ = parts(m)
+        plain = base.removeprefix("noise:")
+        return (n, BASELINES.index(base) if base in BASELINES else len(BASELINES), plain.split("/")[0], base.startswith("noise:"), base)
     return sorted(methods, key=key)
+
+
+def graded(records: list[dict], method: str) -> np.ndarray:
+    """Per question 1.0 (right), 0.0 (wrong) or NaN (the grade timed out: unknown)."""
+    return np.array([np.nan if (v := r["methods"][method]["correct"]) is None else float(v) for r in records])
+
+
+def paired(a: np.ndarray, b: np.ndarray, seed: int) -> dict | None:
+    """mean(a) - mean(b) with its interval, over the questions graded in both; None if there is none."""
+    both = ~np.isnan(a) & ~np.isnan(b)
+    return paired_difference(a[both], b[both], seed=seed) | {"questions": int(both.sum())} if both.any() else None
 
 
 def method_rows(records: list[dict], seed: int = 0) -> list[dict]:
     """One row per method: accuracy over the questions it could grade, its interval, unknowns, mean cost per question."""
     names = ordered(list(dict.fromkeys(m for r in records for m in r["methods"])))
-    correct = {m: np.array([np.nan if (v := r["methods"][m]["correct"]) is None else float(v) for r in records]) for m in names}
+    correct = {m: graded(records, m) for m in names}
     rows = []
     for m in names:
         known = ~np.isnan(correct[m])
-        row = {"method": m, "questions": int(known.sum()), "unknown": int((~known).sum())}
+        row = {"method": m, "line": family(m), "questions": int(known.sum()), "unknown": int((~known).sum())}
         if known.any():
             row |= {f"accuracy_{k}": v for k, v in bootstrap_mean(correct[m][known], seed=seed).items()}
-        twin = noise_twin(m)
-        if twin in correct:
-            both = known & ~np.isnan(correct[twin])
-            if both.any():
-                row["vs_noise"] = paired_difference(correct[m][both], correct[twin][both], seed=seed)
+        if (twin := noise_twin(m)) in correct and (d := paired(correct[m], correct[twin], seed)):
+            row["vs_noise"] = d
         budgets = [r["methods"][m]["budget"] for r in records]
         row["budget"] = {k: float(np.mean([b.get(k, 0.0) for b in budgets])) for k in sorted({k for b in budgets for k in b})}
         rows.append(row)
     return rows
+
+
+def prm_differences(records: list[dict], seed: int = 0) -> list[dict]:
+    """With exactly two PRMs, each method's paired difference: the second's accuracy minus the first's, in --prm's order (the
+    order a run writes their methods in)."""
+    names = list(dict.fromkeys(m for r in records for m in r["methods"]))
+    prms = list(dict.fromkeys(prm for m in names if (prm := parts(m)[2])))
+    names = ordered(names)
+    if len(prms) != 2:
+        return []
+    rows = []
+    for m in names:
+        base, n, prm = parts(m)
+        if prm == prms[1] and (other := method_name(base, n, prms[0])) in names and (d := paired(graded(records, m), graded(records, other), seed)):
+            rows.append({"method": method_name(base, n), "difference": f"{prms[1]} - {prms[0]}", **d})
+    return rows
+
+
+def points(d: dict) -> str:
+    """A difference in accuracy points with its interval."""
+    return f"{100 * d['mean']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
 
 
 def table(rows: list[dict]) -> str:
@@ -70,11 +115,18 @@ def table(rows: list[dict]) -> str:
         b = r["budget"]
         acc = f"{100 * r['accuracy_mean']:.1f} [{100 * r['accuracy_low']:.1f}, {100 * r['accuracy_high']:.1f}]" if "accuracy_mean" in r else "-"
         d = r.get("vs_noise")
-        vs = f"{100 * d['mean']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]{' (noise)' if d['within_noise'] else ''}" if d else ""
+        vs = f"{points(d)}{' (noise)' if d['within_noise'] else ''}" if d else ""
         prm = " / ".join(f"{b.get(f'prm_tokens_{s}', 0):.0f}" for s in streams) or "0"
         cells = [r["method"], acc, vs, str(r["unknown"]), f"{b.get('policy_tokens', 0):.0f}", prm,
                  f"{b.get('policy_calls', 0):.1f} / {b.get('prm_calls', 0):.1f}", f"{b.get('policy_s', 0):.2f} / {b.get('prm_s', 0):.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def difference_table(rows: list[dict]) -> str:
+    """The two PRMs' paired differences, one line per method; '(tie)' where the interval holds 0."""
+    lines = [f"| method | {rows[0]['difference']} (pts) [95% CI] | questions |", "|---|---|---|"]
+    lines += [f"| {r['method']} | {points(r)}{' (tie)' if r['within_noise'] else ''} | {r['questions']} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -85,12 +137,15 @@ def summarize(out: Path, seed: int = 0) -> str:
     records = [json.loads(line) for line in (Path(out) / "questions.jsonl").read_text().splitlines() if line]
     if not records:
         raise ValueError(f"{out}/questions.jsonl holds no question yet")
-    rows = method_rows(records, seed)
+    rows, differences = method_rows(records, seed), prm_differences(records, seed)
     total = {k: sum(r["budget"].get(k, 0.0) for r in records) for k in {k for r in records for k in r["budget"]}}
     text = (f"{len(records)} questions; accuracy over the questions graded (a grade that timed out is unknown); "
             f"'(noise)': the interval holds 0.\n\n{table(rows)}\n\nthe run's whole cost (the pool once, every search): "
             + ", ".join(f"{k} {v:.1f}" for k, v in sorted(total.items())) + "\n")
+    if differences:
+        text += f"\nthe two PRMs on the same pool and questions, paired; '(tie)': the interval holds 0.\n\n{difference_table(differences)}\n"
     Path(out, "summary.md").write_text(text)
-    Path(out, "summary.json").write_text(json.dumps({"questions": len(records), "rows": rows, "total": total}, indent=1))
+    Path(out, "summary.json").write_text(json.dumps({"questions": len(records), "rows": rows, "prm_differences": differences, "total": total},
+                                                    indent=1))
     plot_cost_curves(str(Path(out, "accuracy.png")), rows)
     return text

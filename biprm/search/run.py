@@ -2,9 +2,10 @@
 
 Questions run in batches (one policy and one PRM call per level for the whole batch).
 Each batch first draws N independent solutions per question: the pool that majority
-vote, random pick, pass@N and best-of-N read (their first n for every n of --n). Then
-every search method runs twice, once with the PRM and once with the text-free noise
-scorer. A finished batch is appended to questions.jsonl in one write; a rerun skips the
+vote, random pick, pass@N and best-of-N read (their first n for every n of --n). Every
+PRM scores that one pool, so PRMs are compared on the same samples and generation is
+paid once. Then every search method runs once per PRM and once with the text-free
+noise scorer. A finished batch is appended to questions.jsonl in one write; a rerun skips the
 questions already there, so a killed run loses at most the batch in flight.
 """
 from __future__ import annotations
@@ -21,10 +22,12 @@ from biprm.data.benchmarks import question_golds, spread
 from biprm.evaluation.pools import answer_key
 from biprm.evaluation.grading import extract_answer, grade_many
 from biprm.search.algorithms import Path as SearchPath
-from biprm.search.algorithms import Search, beam_search, best_of_n, choose, dvts, particle_filter, sample, vote
+from biprm.search.algorithms import Search, beam_search, choose, dvts, particle_filter, sample, vote
 from biprm.search.config import SearchConfig
 from biprm.search.noise import NoiseScorer
 from biprm.search.policy import StepPolicy
+from biprm.search.prm import PathScorer
+from biprm.search.report import method_name, summarize
 
 log = logging.getLogger(__name__)
 RESULTS = ("data", "limit", "policy", "policy_model", "prm", "algorithms", "n", "width", "strategies", "aggregation", "max_depth",
@@ -53,36 +56,50 @@ def build_policy(cfg: SearchConfig) -> StepPolicy:
     return HFPolicy.from_pretrained(cfg.policy_model, **kw)
 
 
-def build_scorer(cfg: SearchConfig):
-    """The PRM as a `PathScorer`: the text-free noise scorer, or a checkpoint with incremental L2R (biprm.search.prefix)."""
-    if cfg.prm == "noise":
+def build_scorer(cfg: SearchConfig, prm: str) -> PathScorer:
+    """One --prm value as a `PathScorer`: the text-free noise scorer, or a checkpoint with incremental L2R (biprm.search.prefix)."""
+    if prm == "noise":
         return NoiseScorer(cfg.seed)
     from biprm.search.prefix import PrefixScorer  # lazily: the prefix scorer loads torch and the checkpoint
 
-    return PrefixScorer.from_pretrained(cfg.prm, **({"max_length": cfg.prm_max_length} if cfg.prm_max_length else {}))
+    return PrefixScorer.from_pretrained(prm, **({"max_length": cfg.prm_max_length} if cfg.prm_max_length else {}))
+
+
+def scores_row(p: SearchPath) -> dict:
+    """What a PRM said of a path: per-step probabilities of every stream it gave, the path score, steps it could not read."""
+    if p.scored is None:
+        return {}
+    row = {stream: np.round(1 / (1 + np.exp(-np.asarray(x, dtype=float))), 4).tolist()
+           for stream in ("l2r", "r2l", "fused") if (x := getattr(p.scored, stream)) is not None}
+    return row | {"score": round(float(1 / (1 + np.exp(-p.score))), 6), "n_dropped": p.scored.n_dropped}
 
 
 def path_row(p: SearchPath, answer: str | None, correct: bool | None) -> dict:
-    """A path as the JSONL keeps it: steps, per-step probabilities of every stream the PRM gave, flags, grade."""
-    row = {"steps": list(p.steps), "finished": p.finished, "capped": list(p.capped), "tokens": p.tokens, "answer": answer, "correct": correct}
-    if p.scored is not None:
-        for stream in ("l2r", "r2l", "fused"):
-            if (x := getattr(p.scored, stream)) is not None:
-                row[stream] = np.round(1 / (1 + np.exp(-np.asarray(x, dtype=float))), 4).tolist()
-        row["score"] = round(float(1 / (1 + np.exp(-p.score))), 6)
-        row["n_dropped"] = p.scored.n_dropped
-    return row
+    """A path as the JSONL keeps it: steps, flags, grade, and the PRM's scores."""
+    return {"steps": list(p.steps), "finished": p.finished, "capped": list(p.capped), "tokens": p.tokens, "answer": answer,
+            "correct": correct, **scores_row(p)}
+
+
+def add(total: dict[str, float], row: dict[str, float]) -> None:
+    """Adds a cost row into a question's total, key by key (keys missing on one side count as 0)."""
+    for k, v in row.items():
+        total[k] = total.get(k, 0.0) + v
 
 
 class Batch:
     """One batch of questions: its pool, its searches, then grades and one record per question."""
 
-    def __init__(self, items: list[dict], cfg: SearchConfig, policy: StepPolicy, scorer, noise: NoiseScorer):
-        self.items, self.cfg, self.policy, self.scorer, self.noise = items, cfg, policy, scorer, noise
+    def __init__(self, items: list[dict], cfg: SearchConfig, policy: StepPolicy, scorers: dict[str, PathScorer], noise: NoiseScorer):
+        self.items, self.cfg, self.policy, self.scorers, self.noise = items, cfg, policy, scorers, noise
         self.questions = [it["question"] for it in items]
         self.rng = np.random.default_rng([cfg.seed, items[0]["index"]])
         self.methods: dict[str, list[dict]] = {}  # name -> per question {"pick" (pool index) | "paths" + "pick", "budget"}
         self.searched: dict[str, list[SearchPath]] = {}
+        self.scored: dict[str, tuple[list[SearchPath], Search]] = {}  # PRM name -> its scored copy of the pool, and its accounts
+
+    def label(self, prm: str) -> str | None:
+        """The PRM's name in method names; none with one PRM, so a one-PRM run keeps the names it always had."""
+        return prm if len(self.scorers) > 1 else None
 
     def search(self, scorer, strategy: str) -> Search:
         c = self.cfg
@@ -94,56 +111,66 @@ class Batch:
         for algorithm in self.cfg.algorithms:
             if algorithm != "bon":
                 for n in self.cfg.n:
-                    for strategy in self.cfg.strategies:
-                        self.tree_method(algorithm, n, strategy, self.scorer)
+                    for prm, scorer in self.scorers.items():
+                        for strategy in self.cfg.strategies:
+                            self.tree_method(algorithm, n, strategy, scorer, prm)
                     self.tree_method(algorithm, n, "fused", self.noise)
         return self.records()
 
     def pool_methods(self) -> None:
-        """Majority vote, random pick and pass@n over the pool's first n; best-of-N by the PRM and by noise when asked."""
+        """Majority vote, random pick and pass@n over the pool's first n; best-of-N by every PRM and by noise when asked."""
         c, nmax = self.cfg, max(self.cfg.n)
-        s = self.search(self.scorer, "l2r" if c.strategies == ["l2r"] else "fused")
-        self.pool = best_of_n(s, nmax) if "bon" in c.algorithms else sample(s, nmax)
-        self.pool_budget = s.budget
+        s = self.search(self.noise, "fused")  # sampling never scores: the scorer goes unused
+        self.pool, self.pool_budget = sample(s, nmax), s.budget
         self.answers = [extract_answer("\n".join(p.steps)) for p in self.pool]
         self.keys = [answer_key(a, i) for i, a in enumerate(self.answers)]
-        noise = self.search(self.noise, "fused")
-        noise_pool = [replace(p) for p in self.pool]
         if "bon" in c.algorithms:
-            noise.score(noise_pool, "fused")
+            self.scored = {prm: self.score_pool(scorer, "l2r" if c.strategies == ["l2r"] else "fused") for prm, scorer in self.scorers.items()}
+            noise_pool, _ = self.score_pool(self.noise, "fused")
         for n in c.n:
-            gen = {q: self._pool_budget(q, n, prm=False) for q in range(len(self.items))}
+            gen = {q: self._pool_budget(q, n) for q in range(len(self.items))}
             first = [range(q * nmax, q * nmax + n) for q in range(len(self.items))]
             self.methods[f"pass@{n}"] = [{"any": list(f), "budget": gen[q]} for q, f in enumerate(first)]
             self.methods[f"majority@{n}"] = [{"pick": f[vote([self.keys[i] for i in f], [1.0] * n)], "budget": gen[q]} for q, f in enumerate(first)]
             self.methods[f"random@{n}"] = [{"pick": f[int(self.rng.integers(n))], "budget": gen[q]} for q, f in enumerate(first)]
             if "bon" not in c.algorithms:
                 continue
-            for stream in dict.fromkeys("l2r" if st == "l2r" else "fused" for st in c.strategies):  # finished paths only: l2r-rerank is fused
-                scores = self._scores(s, stream)
-                full = {q: self._pool_budget(q, n, prm=True) for q in range(len(self.items))}
-                self.methods[f"bon-max/{stream}@{n}"] = [{"pick": f[int(np.argmax(scores[list(f)]))], "budget": full[q]} for q, f in enumerate(first)]
-                probs = 1 / (1 + np.exp(-scores))
-                self.methods[f"bon-vote/{stream}@{n}"] = [{"pick": f[vote([self.keys[i] for i in f], probs[list(f)])], "budget": full[q]}
-                                                            for q, f in enumerate(first)]
+            for prm, (paths, scoring) in self.scored.items():
+                full = {q: self._pool_budget(q, n, scoring) for q in range(len(self.items))}
+                for stream in dict.fromkeys("l2r" if st == "l2r" else "fused" for st in c.strategies):  # finished paths: l2r-rerank is fused
+                    scores = self._scores(scoring, paths, stream)
+                    self.methods[method_name(f"bon-max/{stream}", n, self.label(prm))] = [
+                        {"pick": f[int(np.argmax(scores[list(f)]))], "budget": full[q]} for q, f in enumerate(first)]
+                    probs = 1 / (1 + np.exp(-scores))
+                    self.methods[method_name(f"bon-vote/{stream}", n, self.label(prm))] = [
+                        {"pick": f[vote([self.keys[i] for i in f], probs[list(f)])], "budget": full[q]} for q, f in enumerate(first)]
             noise_scores = np.array([p.score for p in noise_pool])
             self.methods[f"noise:bon-max@{n}"] = [{"pick": f[int(np.argmax(noise_scores[list(f)]))], "budget": gen[q]} for q, f in enumerate(first)]
 
-    def _scores(self, s: Search, stream: str) -> np.ndarray:
-        """The pool's path scores in `stream`; a path with no step (an empty first step) is -inf."""
-        scores, has = np.full(len(self.pool), -np.inf), [i for i, p in enumerate(self.pool) if p.scored is not None]
+    def score_pool(self, scorer: PathScorer, stream: str) -> tuple[list[SearchPath], Search]:
+        """A copy of the pool scored by `scorer` in one call, and the search that holds that call's cost."""
+        s, paths = self.search(scorer, stream), [replace(p) for p in self.pool]
+        s.score(paths, stream)
+        return paths, s
+
+    @staticmethod
+    def _scores(s: Search, paths: list[SearchPath], stream: str) -> np.ndarray:
+        """The path scores in `stream`; a path with no step (an empty first step) is -inf."""
+        scores, has = np.full(len(paths), -np.inf), [i for i, p in enumerate(paths) if p.scored is not None]
         if has:
-            scores[has] = s.aggregate([self.pool[i].scored for i in has], stream)
+            scores[has] = s.aggregate([paths[i].scored for i in has], stream)
         return scores
 
-    def _pool_budget(self, q: int, n: int, prm: bool) -> dict:
-        """The pool's cost for its first n: policy tokens exact, calls as they were, the rest in proportion n / N."""
+    def _pool_budget(self, q: int, n: int, scoring: Search | None = None) -> dict:
+        """The pool's cost for its first n, plus what `scoring` spent scoring it: policy tokens exact, calls as they were,
+        the rest in proportion n / N."""
         nmax = max(self.cfg.n)
-        row = {k: v for k, v in self.pool_budget.row(q, n / nmax).items() if prm or not k.startswith("prm_")}
+        row = self.pool_budget.row(q, n / nmax) | (scoring.budget.row(q, n / nmax) if scoring else {})
         row["policy_tokens"] = float(sum(p.tokens for p in self.pool[q * nmax : q * nmax + n]))
         return row
 
-    def tree_method(self, algorithm: str, n: int, strategy: str, scorer) -> None:
+    def tree_method(self, algorithm: str, n: int, strategy: str, scorer: PathScorer, prm: str | None = None) -> None:
+        """One tree search of every question in the batch; `prm` names the scorer (None: the noise twin)."""
         s = self.search(scorer, strategy)
         c = self.cfg
         if algorithm == "beam":
@@ -152,7 +179,7 @@ class Batch:
             paths = dvts(s, n, c.width)
         else:
             paths = particle_filter(s, n, self.rng)
-        name = f"noise:{algorithm}@{n}" if scorer is self.noise else f"{algorithm}/{strategy}@{n}"
+        name = method_name(f"noise:{algorithm}", n) if prm is None else method_name(f"{algorithm}/{strategy}", n, self.label(prm))
         best = choose(paths)
         self.searched[name] = paths
         mine = [[i for i, p in enumerate(paths) if p.q == q] for q in range(len(self.items))]
@@ -171,11 +198,12 @@ class Batch:
         out = []
         for q, it in enumerate(self.items):
             own = slice(q * nmax, (q + 1) * nmax)
-            record = {**it, "pool": [path_row(p, a, v) for p, a, v in zip(self.pool[own], self.answers[own], pool_ok[own])], "methods": {},
-                      "budget": self.pool_budget.row(q)}  # what this question cost in all: the pool, then every search
+            record = {**it, "pool": [self.pool_row(i, pool_ok[i]) for i in range(own.start, own.stop)], "methods": {},
+                      "budget": self.pool_budget.row(q)}  # what this question cost in all: the pool, every PRM's scoring, every search
+            for _, scoring in self.scored.values():
+                add(record["budget"], scoring.budget.row(q))
             for name in self.searched:
-                for k, v in self.methods[name][q]["budget"].items():
-                    record["budget"][k] = record["budget"].get(k, 0.0) + v
+                add(record["budget"], self.methods[name][q]["budget"])
             for name, per_question in self.methods.items():
                 m = per_question[q]
                 if "any" in m:
@@ -192,6 +220,17 @@ class Batch:
                                                "correct": pool_ok[i], "budget": m["budget"]}
             out.append(record)
         return out
+
+    def pool_row(self, i: int, correct: bool | None) -> dict:
+        """Pool sample i with its PRM scores: beside the steps with one PRM (as before several could be given), by name under "prms"
+        with several."""
+        row = path_row(self.pool[i], self.answers[i], correct)
+        scores = {prm: scores_row(paths[i]) for prm, (paths, _) in self.scored.items()}
+        if len(self.scorers) == 1:
+            row |= next(iter(scores.values()), {})
+        elif scores:
+            row["prms"] = scores
+        return row
 
 
 def done_indices(path: Path) -> set[int]:
@@ -221,6 +260,8 @@ def check_settings(out: Path, cfg: SearchConfig) -> None:
     saved = out / "settings.json"
     if saved.exists():
         before = json.loads(saved.read_text())
+        if isinstance(before.get("prm"), str):  # written when --prm took one value
+            before["prm"] = [before["prm"]]
         changed = [k for k in RESULTS if k in before and before[k] != settings[k]]
         if changed:
             k = changed[0]
@@ -228,20 +269,19 @@ def check_settings(out: Path, cfg: SearchConfig) -> None:
     saved.write_text(json.dumps(settings, indent=1))
 
 
-def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorer=None) -> str:
-    """Search every question not yet in questions.jsonl, then write the summary and the plot; returns the summary."""
-    from biprm.search.report import summarize
-
+def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorers: list[PathScorer] | None = None) -> str:
+    """Search every question not yet in questions.jsonl, then write the summary and the plot; returns the summary.
+    `scorers` stand in for --prm's values, one each, in order."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     check_settings(out, cfg)
     results = out / "questions.jsonl"
     todo = [it for it in load_questions(cfg) if it["index"] not in done_indices(results)]
     if todo:
-        policy, scorer = policy or build_policy(cfg), scorer or build_scorer(cfg)
-        noise = NoiseScorer(cfg.seed)
+        policy, noise = policy or build_policy(cfg), NoiseScorer(cfg.seed)
+        scorers = dict(zip(cfg.prm_names, scorers or [build_scorer(cfg, prm) for prm in cfg.prm], strict=True))
         for start in range(0, len(todo), cfg.batch_questions):
             items = todo[start : start + cfg.batch_questions]
-            append(results, Batch(items, cfg, policy, scorer, noise).run())
+            append(results, Batch(items, cfg, policy, scorers, noise).run())
             log.info("searched %d/%d questions", start + len(items), len(todo))
     return summarize(out, cfg.seed)
