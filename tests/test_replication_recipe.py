@@ -81,6 +81,27 @@ def test_a_study_keeps_glibcs_mmap_threshold_and_trims_between_runs(tmp_path, mo
     assert calls == [("malloc_trim", 0)]
 
 
+@pytest.mark.parametrize("env, expected", [("1", 1), (None, "affinity")])
+def test_a_study_takes_its_thread_count_from_omp_num_threads_else_the_cores_it_may_use(tmp_path, monkeypatch, env, expected):
+    # Forced to every core while other work ran on the 2 shared cores, a mechanism run took 24 s a step; one thread, 7 s.
+    import os
+
+    import torch
+
+    from biprm.replication import recipe
+
+    if env is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", env)
+    before = torch.get_num_threads()
+    try:
+        recipe.start(ReplicateConfig(preset="toy", out=str(tmp_path), work_dir=str(tmp_path / "w"), data_root="/data"))
+        assert torch.get_num_threads() == (len(os.sched_getaffinity(0)) if expected == "affinity" else expected)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_setting_added_since_a_study_ran_is_no_change_at_its_default(tmp_path):
     # mechanism version 1 recorded its config before `labels` and `keep_roundness` existed
     from biprm.replication.config import MechanismConfig

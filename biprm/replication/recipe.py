@@ -95,9 +95,10 @@ def check_study(cfg: ReplicateConfig | Any) -> None:
 
 def start(cfg: ReplicateConfig | Any) -> tuple[Path, Path, bool]:
     """(results folder, work dir, bf16?) of a study about to run: another study's folder is refused,
-    every core is used, and bf16 is picked where the machine multiplies it natively."""
+    every core it may use is used (OMP_NUM_THREADS, if set, wins: on shared cores two threads that
+    wait on each other run slower than one), and bf16 is picked where the machine multiplies it natively."""
     check_study(cfg)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0))))
     out, work = Path(cfg.out), Path(cfg.work_dir)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     fast = {"auto": bf16_is_fast(), "yes": True, "no": False}[cfg.bf16]
