@@ -91,8 +91,8 @@ class SyntheticPolicy(StepPolicy):
 def replay(problem: Problem, steps: list[str]) -> tuple[int, bool]:
     """(the value the next step builds on, whether the last step was a wrong claim) after `steps`.
 
-    An equation's result is carried on, right or slipped; a bare claim is not: the next step uses the
-    value the equation before it gives, which is what contradicts a wrong claim."""
+    An equation's result is carried on, right or slipped. A bare step's value is not: the next step builds on
+    the value it should have stated, which is what contradicts a wrong claim."""
     carried, claim = problem.start, False
     for t, step in enumerate(steps):
         stated = _STATED.search(step)
