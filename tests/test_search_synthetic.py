@@ -85,6 +85,8 @@ def test_a_question_the_policy_does_not_know_is_refused():
     policy = SyntheticPolicy(PROBLEMS[:2], 0.2, 0.2)
     with pytest.raises(ValueError, match="no problem behind the question 'Tom has 3 apples"):
         policy.generate_step([policy.prompt("Tom has 3 apples.", [])], 1)
+    with pytest.raises(ValueError, match="step 1 'I think so.' is not an event step"):
+        policy.generate_step([policy.prompt(PROBLEMS[0].question, ["I think so."])], 1)
     with pytest.raises(ValueError, match="--policy synthetic .* needs --data synthetic"):
         SearchConfig(out="x", data="gsm8k", policy="synthetic")
 
