@@ -20,6 +20,7 @@ from biprm.data.trajectory import Trajectory, labels_from_first_error
 KINDS = ("correct", "calc", "claim")
 MAX_VALUE = 1000  # every quantity, right or wrong, stays in [1, MAX_VALUE)
 BARE_CLAIM_RATE = 0.25
+SLIPS = (1, -1, 2, -2, 10, -10)  # how far a calc slip (times the later divisors) or a wrong claim lands from the truth
 
 # name, subject, object and possessive pronouns
 PEOPLE = (
@@ -53,10 +54,10 @@ class Problem:
     def steps(self) -> list[str]:
         """The reference solution, every step with its equation (rendered on demand: datasets never need it)."""
         operands = [self.start, *self.values[:-1]]
-        return [_step(self, t, a, c, False) for t, (a, c) in enumerate(zip(operands, self.values))] + [f"The answer is {self.answer}."]
+        return [write_step(self, t, a, c, False) for t, (a, c) in enumerate(zip(operands, self.values))] + [f"The answer is {self.answer}."]
 
 
-def _apply(op: str, a: int, n: int) -> int:
+def apply_op(op: str, a: int, n: int) -> int:
     return a + n if op == "+" else a - n if op == "-" else a * n if op == "*" else a // n
 
 
@@ -66,7 +67,7 @@ def _chain(ops: list[tuple[str, int]], start: int) -> list[int] | None:
     for op, n in ops:
         if op == "/" and a % n:
             return None
-        a = _apply(op, a, n)
+        a = apply_op(op, a, n)
         if not 0 < a < MAX_VALUE:
             return None
         values.append(a)
@@ -86,7 +87,8 @@ def _pick_op(rng: random.Random, a: int) -> tuple[str, int]:
     return op, rng.choice(divisors)
 
 
-def _step(problem: Problem, t: int, a: int, c: int, bare: bool) -> str:
+def write_step(problem: Problem, t: int, a: int, c: int, bare: bool) -> str:
+    """Event t's step: `a op n = c`, or with `bare` only the claim that the quantity is now c."""
     if bare:
         return f"{problem.clauses[t]}, so now {problem.pronoun} has {c} {problem.item}."
     op, n = problem.ops[t]
@@ -101,7 +103,7 @@ def make_problem(rng: random.Random, events: tuple[int, int] = (2, 6)) -> Proble
     ops, values = [], []
     for _ in range(rng.randint(*events)):
         op, n = _pick_op(rng, a)
-        a = _apply(op, a, n)
+        a = apply_op(op, a, n)
         ops.append((op, n))
         values.append(a)
     words = {"P": p.capitalize(), "o": o, "Pos": pos.capitalize(), "i": item}
@@ -111,20 +113,32 @@ def make_problem(rng: random.Random, events: tuple[int, int] = (2, 6)) -> Proble
     return Problem(question, values, values[-1], start, ops, clauses, p, item)
 
 
-def _calc_error(problem: Problem, rng: random.Random) -> tuple[int, list[int]]:
-    """A wrong result at a random event, and the values that later (correct) equations build on it.
+def calc_slip(problem: Problem, k: int, value: int, rng: random.Random) -> list[int] | None:
+    """A wrong result in place of `value` at event k, then the values that later correct equations build on it;
+    None if no slip keeps them in range. The slip is a multiple of the later divisors, so every later division stays exact,
+    and never the true value (a second slip on a wrong path cannot undo the first)."""
+    later = problem.ops[k + 1 :]
+    scale = math.prod(n for op, n in later if op == "/")
+    for delta in rng.sample(SLIPS, len(SLIPS)):
+        wrong = value + delta * scale
+        chain = _chain(later, wrong) if 0 < wrong < MAX_VALUE and wrong != problem.values[k] else None
+        if chain is not None:
+            return [wrong] + chain
+    return None
 
-    The slip is a multiple of the later divisors, so every later division stays exact.
-    """
+
+def wrong_claim(value: int, rng: random.Random) -> int:
+    """A wrong value close to `value`, for a bare claim."""
+    return value + rng.choice([d for d in SLIPS if 0 < value + d < MAX_VALUE])
+
+
+def _calc_error(problem: Problem, rng: random.Random) -> tuple[int, list[int]]:
+    """A slip at a random event (`calc_slip`), and the values the solution states from there on."""
     n_events = len(problem.ops)
     for k in rng.sample(range(n_events), n_events):  # uniform first choice; fall back elsewhere if it cannot fit
-        later = problem.ops[k + 1 :]
-        scale = math.prod(n for op, n in later if op == "/")
-        for delta in rng.sample((1, -1, 2, -2, 10, -10), 6):
-            wrong = problem.values[k] + delta * scale
-            chain = _chain(later, wrong) if 0 < wrong < MAX_VALUE else None
-            if chain is not None:
-                return k, problem.values[:k] + [wrong] + chain
+        chain = calc_slip(problem, k, problem.values[k], rng)
+        if chain is not None:
+            return k, problem.values[:k] + chain
     raise AssertionError("the last event always admits a slip of +-1")
 
 
@@ -140,8 +154,7 @@ def make_solution(problem: Problem, rng: random.Random, kind: str) -> Trajectory
         bare[first] = False
     elif kind == "claim":
         first = rng.randrange(n_events - 1)
-        slip = rng.choice([d for d in (1, -1, 2, -2, 10, -10) if 0 < problem.values[first] + d < MAX_VALUE])
-        stated[first] += slip
+        stated[first] = wrong_claim(problem.values[first], rng)
         bare[first], bare[first + 1] = True, False
     elif kind != "correct":
         raise ValueError(f"unknown kind {kind!r}; choose from {KINDS}")
@@ -149,7 +162,7 @@ def make_solution(problem: Problem, rng: random.Random, kind: str) -> Trajectory
     operands = [problem.start, *stated[:-1]]
     if kind == "claim":
         operands[first + 1] = problem.values[first]
-    steps = [_step(problem, t, operands[t], stated[t], bare[t]) for t in range(n_events)]
+    steps = [write_step(problem, t, operands[t], stated[t], bare[t]) for t in range(n_events)]
     steps.append(f"The answer is {stated[-1]}.")
     labels = labels_from_first_error(first, len(steps))
     if kind == "claim":
@@ -176,6 +189,12 @@ def make_dataset(
         traj.meta["qid"] = qid
         trajs.append(traj)
     return trajs
+
+
+def make_problems(n: int, seed: int, events: tuple[int, int] = (2, 6)) -> list[Problem]:
+    """n problems and no solutions: the questions of a search on the task, whose policy writes the solutions."""
+    rng = random.Random(seed)
+    return [make_problem(rng, events) for _ in range(n)]
 
 
 def make_bon_pools(

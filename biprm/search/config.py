@@ -8,6 +8,7 @@ from typing import Literal, get_args
 
 from biprm.scoring.aggregate import AGGREGATIONS
 from biprm.config import arg, default_data_root
+from biprm.data.readers import synthetic_spec
 
 ALGORITHMS = ("bon", "beam", "dvts", "particles")
 Strategy = Literal["fused", "l2r-rerank", "l2r"]
@@ -19,12 +20,16 @@ class SearchConfig:
     """Defaults follow its_hub: step token "\\n\\n", "last" aggregation, temperature 0.8."""
 
     out: str = arg(help="output folder: questions.jsonl (one line per question, appended; rerun to resume), summary.md, accuracy.png")
-    data: str = arg("gsm8k", "questions: gsm8k (test), math500, or a JSONL/JSON file with question (or problem) and answer")
+    data: str = arg("gsm8k", "questions: gsm8k (test), math500, a JSONL/JSON file with question (or problem) and answer, or "
+                             "synthetic[:N[:SEED]]: N questions of the synthetic task (default 2000, seed 0)")
     data_root: str = arg(help="benchmark data folder (default: $BIPRM_DATA, else ../shared/data)", factory=default_data_root, metavar="DIR")
     limit: int | None = arg(None, "questions to run, evenly spread over the set (default: all)")
-    policy: Literal["server", "vllm", "hf"] = arg("hf", "who writes the steps: an OpenAI-compatible server (--policy-url), vLLM in "
-                                                        "this process (vLLM venv), or transformers generate (small CPU runs)")
-    policy_model: str = arg("tiny", "policy model: a folder or a biprm backbone name (hf, vllm); the served model's name (server)")
+    policy: Literal["server", "vllm", "hf", "synthetic"] = arg("hf", "who writes the steps: an OpenAI-compatible server (--policy-url), "
+                                                                     "vLLM in this process (vLLM venv), transformers generate (small CPU "
+                                                                     "runs), or synthetic: a scripted policy with known error rates "
+                                                                     "(--data synthetic only)")
+    policy_model: str = arg("tiny", "policy model: a folder or a biprm backbone name (hf, vllm); the served model's name (server); "
+                                    "synthetic: the tokenizer that counts its tokens")
     policy_url: str = arg("http://localhost:8000", "base URL of the OpenAI-compatible server (--policy server)")
     policy_tokenizer: str | None = arg(None, "tokenizer whose chat template renders the prompts for --policy server (default: --policy-model)")
     prm: list[str] = arg(help="PRMs, all scoring one shared pool and each driving its own searches: biprm checkpoint folders (any "
@@ -39,6 +44,9 @@ class SearchConfig:
     max_depth: int = arg(12, "steps per path at most; a path reaching it is finished")
     max_step_tokens: int = arg(256, "tokens per step at most: a step without the step token is closed there and marked capped")
     step_token: str = arg("\\n\\n", "the string that ends a step (backslash escapes read: '\\n\\n' is two newlines)")
+    calc_rate: float = arg(0.2, "--policy synthetic: chance per step of a calc slip (a wrong result later steps build on: the answer ends wrong)")
+    claim_rate: float = arg(0.2, "--policy synthetic: chance per step (where another step follows, not right after a claim) of a bare wrong claim that the next "
+                                 "step contradicts (the answer stays right)")
     temperature: float = arg(0.8, "policy sampling temperature")
     top_p: float = arg(1.0, "policy nucleus sampling")
     seed: int = arg(0, "seed of the policy (hf, vllm), particle resampling, random pick, the noise scorer and the bootstrap")
@@ -51,6 +59,8 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         self.step_token = self.step_token.replace("\\n", "\n").replace("\\t", "\t")
+        if self.policy == "synthetic" and synthetic_spec(self.data) is None:
+            raise ValueError(f"--policy synthetic writes the synthetic task's solutions: it needs --data synthetic[:N[:SEED]], not {self.data!r}")
         bad = [n for n in self.n if n % self.width and any(a in ("beam", "dvts") for a in self.algorithms)]
         if bad:
             raise ValueError(f"--n {bad[0]}: beam search and DVTS need N to be a multiple of --width {self.width}")

@@ -28,15 +28,17 @@ from biprm.search.noise import NoiseScorer
 from biprm.search.policy import StepPolicy
 from biprm.search.prm import PathScorer
 from biprm.search.report import method_name, summarize
+from biprm.search.synthetic import SyntheticPolicy, synthetic_problems
 
 log = logging.getLogger(__name__)
 RESULTS = ("data", "limit", "policy", "policy_model", "prm", "algorithms", "n", "width", "strategies", "aggregation", "max_depth",
-           "max_step_tokens", "step_token", "temperature", "top_p", "seed")  # settings a resumed run must share
+           "max_step_tokens", "step_token", "calc_rate", "claim_rate", "temperature", "top_p", "seed")  # settings a resumed run must share
 
 
 def load_questions(cfg: SearchConfig) -> list[dict]:
     """{"index", "question", "gold"} of the chosen questions, `limit` of them evenly spread."""
-    golds, _ = question_golds(cfg.data, cfg.data_root)
+    problems = synthetic_problems(cfg.data)
+    golds = [(p.question, str(p.answer)) for p in problems] if problems is not None else question_golds(cfg.data, cfg.data_root)[0]
     return [{"index": int(i), "question": golds[i][0], "gold": golds[i][1]} for i in spread(len(golds), cfg.limit)]
 
 
@@ -47,6 +49,10 @@ def build_policy(cfg: SearchConfig) -> StepPolicy:
         from biprm.search.policy import ServerPolicy
 
         return ServerPolicy(cfg.policy_url, cfg.policy_model, load_tokenizer(cfg.policy_tokenizer or cfg.policy_model), retries=cfg.retries, **kw)
+    if cfg.policy == "synthetic":
+        from biprm.backbones import load_tokenizer
+
+        return SyntheticPolicy(synthetic_problems(cfg.data), cfg.calc_rate, cfg.claim_rate, cfg.seed, load_tokenizer(cfg.policy_model), **kw)
     if cfg.policy == "vllm":
         from biprm.search.policy import VLLMPolicy
 
