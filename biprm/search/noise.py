@@ -2,11 +2,16 @@
 
 Each step gets an i.i.d. standard-normal logit drawn from a hash of (seed, question,
 steps up to it). A prefix therefore keeps its draws at every depth, as L2R's scores do,
-and a rerun or a resumed run draws the same numbers.
+and a rerun or a resumed run draws the same numbers. Paths of one call with the same text
+(siblings that sampled the same step) get separate draws for their newest step: keyed on
+text alone, a step written in fewer ways (on the synthetic task, a right step) would hold
+fewer draws than one written in many, and lose the maximum more often, so "noise" would
+read the text after all.
 """
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from typing import Sequence
 
 import numpy as np
@@ -20,14 +25,24 @@ class NoiseScorer:
     def __init__(self, seed: int = 0):
         self.seed, self.tokens, self.calls = seed, {}, 0
 
-    def _draws(self, question: str, steps: Sequence[str]) -> np.ndarray:
+    def _draws(self, question: str, steps: Sequence[str], copy: int) -> np.ndarray:
+        """Step draws; `copy` (how many identical paths came before this one in the call) enters the newest step's."""
         h = hashlib.blake2b(f"{self.seed}\0{question}".encode(), digest_size=8)
         draws = []
-        for step in steps:
+        for k, step in enumerate(steps):
             h.update(b"\0" + step.encode())
-            draws.append(np.random.default_rng(int.from_bytes(h.copy().digest(), "little")).standard_normal())
+            key = h.copy()
+            if copy and k == len(steps) - 1:
+                key.update(f"\0copy {copy}".encode())
+            draws.append(np.random.default_rng(int.from_bytes(key.digest(), "little")).standard_normal())
         return np.array(draws)
 
     def score(self, questions: Sequence[str], paths: Sequence[Sequence[str]], streams: str = "fused") -> list[PathScore]:
         self.calls += 1
-        return [PathScore(l2r=(x := self._draws(q, p)), r2l=x, fused=x) for q, p in zip(questions, paths)]
+        seen: Counter[tuple[str, ...]] = Counter()
+        out = []
+        for q, p in zip(questions, paths):
+            key = (q, *p)
+            out.append(PathScore(l2r=(x := self._draws(q, p, seen[key])), r2l=x, fused=x))
+            seen[key] += 1
+        return out
