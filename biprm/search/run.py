@@ -21,6 +21,7 @@ import numpy as np
 from biprm.data.benchmarks import question_golds, spread
 from biprm.evaluation.pools import answer_key
 from biprm.evaluation.grading import extract_answer, grade_many
+from biprm.scoring.aggregate import sigmoid
 from biprm.search.algorithms import Path as SearchPath
 from biprm.search.algorithms import Search, beam_search, choose, dvts, particle_filter, sample, vote
 from biprm.search.config import SearchConfig
@@ -75,9 +76,8 @@ def scores_row(p: SearchPath) -> dict:
     """What a PRM said of a path: per-step probabilities of every stream it gave, the path score, steps it could not read."""
     if p.scored is None:
         return {}
-    row = {stream: np.round(1 / (1 + np.exp(-np.asarray(x, dtype=float))), 4).tolist()
-           for stream in ("l2r", "r2l", "fused") if (x := getattr(p.scored, stream)) is not None}
-    return row | {"score": round(float(1 / (1 + np.exp(-p.score))), 6), "n_dropped": p.scored.n_dropped}
+    row = {stream: np.round(sigmoid(x), 4).tolist() for stream in ("l2r", "r2l", "fused") if (x := getattr(p.scored, stream)) is not None}
+    return row | {"score": round(float(sigmoid(p.score)), 6), "n_dropped": p.scored.n_dropped}
 
 
 def path_row(p: SearchPath, answer: str | None, correct: bool | None) -> dict:
@@ -147,7 +147,7 @@ class Batch:
                     scores = self._scores(scoring, paths, stream)
                     self.methods[method_name(f"bon-max/{stream}", n, self.label(prm))] = [
                         {"pick": f[int(np.argmax(scores[list(f)]))], "budget": full[q]} for q, f in enumerate(first)]
-                    probs = 1 / (1 + np.exp(-scores))
+                    probs = sigmoid(scores)
                     self.methods[method_name(f"bon-vote/{stream}", n, self.label(prm))] = [
                         {"pick": f[vote([self.keys[i] for i in f], probs[list(f)])], "budget": full[q]} for q, f in enumerate(first)]
             noise_scores = np.array([p.score for p in noise_pool])
