@@ -102,3 +102,12 @@ def test_the_cli_runs_the_synthetic_policy_on_the_synthetic_questions(tmp_path, 
     settings = json.loads((out / "settings.json").read_text())
     assert (settings["policy"], settings["calc_rate"], settings["claim_rate"]) == ("synthetic", 0.3, 0.1)
     assert "majority@4" in capsys.readouterr().out
+
+
+def test_a_malformed_synthetic_spec_is_one_line_naming_it():
+    from biprm.data.readers import synthetic_spec
+
+    assert synthetic_spec("synthetic:12:3") == (12, 3) and synthetic_spec("gsm8k") is None
+    for bad in ("synthetic:abc", "synthetic:10:x", "synthetic:1:2:3"):
+        with pytest.raises(ValueError, match=f"data '{bad}': the synthetic task is written synthetic"):
+            synthetic_spec(bad)

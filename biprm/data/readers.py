@@ -104,6 +104,8 @@ def synthetic_spec(spec: str) -> tuple[int, int] | None:
     if spec != "synthetic" and not spec.startswith("synthetic:"):
         return None
     parts = spec.split(":")
+    if len(parts) > 3 or not all(p.isdigit() for p in parts[1:]):
+        raise ValueError(f"data {spec!r}: the synthetic task is written synthetic[:N[:SEED]] with whole numbers N and SEED")
     return (int(parts[1]) if len(parts) > 1 else 2000, int(parts[2]) if len(parts) > 2 else 0)
 
 
