@@ -257,3 +257,13 @@ def test_the_command_line_takes_several_prms_and_refuses_a_shared_name_in_one_li
         cli.main(["search", "--out", str(tmp_path), "--prm", "runs/a/bi", "runs/b/bi"])
     assert capsys.readouterr().err == ("biprm search: error: --prm runs/a/bi and runs/b/bi: both are named 'bi' in the results; "
                                        "give one checkpoint folder another name\n")
+
+
+def test_every_line_of_a_crowded_cost_plot_has_its_own_colour_and_marker():
+    from biprm.analysis.plots import line_styles
+
+    names = [f"m{i}" for i in range(45)] + ["noise:beam@4"]
+    styles = line_styles(names)
+    assert len({(s["color"], s["marker"]) for s in styles}) == len(names)
+    assert [s["ls"] for s in styles[-2:]] == ["-", "--"]
+    assert len({s["color"] for s in line_styles(["a", "b", "c"])}) == 3

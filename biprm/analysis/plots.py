@@ -114,6 +114,15 @@ def plot_steps(path: str, curves: dict[str, dict], ylabel: str, title: str) -> N
     _save(fig, ax, path, "training step", ylabel, title)
 
 
+def line_styles(names: list[str]) -> list[dict]:
+    """A distinct (colour, marker) per line: tab10 up to 10 lines, tab20 past them, then the marker; noise dashed."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"]
+    return [dict(color=palette(i % palette.N), marker="os^Dv"[i // palette.N % 5], ms=3, ls="--" if name.startswith("noise:") else "-")
+            for i, name in enumerate(names)]
+
+
 def plot_cost_curves(path: str, rows: list[dict]) -> None:
     """Search accuracy against generated tokens and against wall clock per question, one line per method over N
     (rows from `biprm.search.report.method_rows`, grouped by their "line"); noise-driven methods dashed."""
@@ -127,12 +136,12 @@ def plot_cost_curves(path: str, rows: list[dict]) -> None:
         if "accuracy_mean" in r and not r["method"].startswith("pass@"):
             lines.setdefault(r["line"], []).append(r)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for name, points in lines.items():
+    for (name, points), style in zip(lines.items(), line_styles(list(lines))):
         tokens = [p["budget"].get("policy_tokens", 0) for p in points]
         seconds = [p["budget"].get("policy_s", 0) + p["budget"].get("prm_s", 0) for p in points]
         acc = [100 * p["accuracy_mean"] for p in points]
         for ax, x in zip(axes, (tokens, seconds)):
-            ax.plot(x, acc, marker="o", ms=3, ls="--" if name.startswith("noise:") else "-", label=name)
+            ax.plot(x, acc, label=name, **style)
     for ax, label in zip(axes, ("policy tokens generated per question", "wall clock per question (s, policy + PRM)")):
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
