@@ -267,3 +267,16 @@ def test_every_line_of_a_crowded_cost_plot_has_its_own_colour_and_marker():
     assert len({(s["color"], s["marker"]) for s in styles}) == len(names)
     assert [s["ls"] for s in styles[-2:]] == ["-", "--"]
     assert len({s["color"] for s in line_styles(["a", "b", "c"])}) == 3
+
+
+def test_a_pool_larger_than_a_chunk_is_scored_in_chunks_and_picks_as_in_one_call(config, tmp_path, monkeypatch):
+    config.algorithms, config.n = ["bon"], [2, 4]
+    whole = run_alone(config, tmp_path, "runs/whole", LOGITS)
+    monkeypatch.setattr(search_run, "POOL_CHUNK", 3)
+    scorer = ScriptedScorer(LOGITS)
+    config.out, config.prm = str(tmp_path / "chunked"), ["runs/chunked"]
+    run_search(config, ScriptedPolicy(TREE), [scorer])
+    assert [len(paths) for _, paths in scorer.seen] == [3, 3, 2, 3, 1]  # batch 1: two questions x 4 samples; batch 2: one x 4
+    for mine, theirs in zip(records(config), whole):
+        assert [p["fused"] for p in mine["pool"]] == [p["fused"] for p in theirs["pool"]]
+        assert {m: r.get("pick") for m, r in mine["methods"].items()} == {m: r.get("pick") for m, r in theirs["methods"].items()}
