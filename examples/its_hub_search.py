@@ -60,17 +60,16 @@ class Args:
     seed: int = field(default=0, metadata={"help": "the noise scorer's seed"})
 
 
-def searches(args: Args) -> dict[str, tuple]:
-    """(algorithm, PRM) per method name: each algorithm with the checkpoint and with noise."""
+def searches(args: Args) -> dict:
+    """its_hub's search per method name: each algorithm with the checkpoint and with noise."""
     sg = StepGeneration(max_steps=args.max_steps, step_token=STEP_TOKEN, stop_token="answer is")
     prms = {"prm": BiPRMProcessRewardModel(PrefixScorer.from_pretrained(args.prm), aggregation=args.aggregation, streams=args.streams),
             "noise": BiPRMProcessRewardModel(NoiseScorer(args.seed), aggregation=args.aggregation)}
-    return {f"{name}:{kind}": (make(prm), prm) for kind, prm in prms.items()
+    return {f"{name}:{kind}": make(prm) for kind, prm in prms.items()
             for name, make in (("beam", lambda p: BeamSearch(sg, p, beam_width=args.beam_width)), ("particles", lambda p: ParticleFiltering(sg, p)))}
 
 
-async def solve(args: Args, lm, method: tuple, item: dict, gate: asyncio.Semaphore) -> dict:
-    search, _ = method
+async def solve(args: Args, lm, search, item: dict, gate: asyncio.Semaphore) -> dict:
     async with gate:
         started = time.perf_counter()
         result = await search.ainfer(lm, item["question"], budget=args.budget, return_response_only=False)
@@ -85,11 +84,11 @@ async def run(args: Args, items: list[dict], out: Path) -> None:
     methods, gate = searches(args), asyncio.Semaphore(args.concurrency)
     path = out / "questions.jsonl"
     done = {(r["method"], r["index"]) for r in map(json.loads, open(path))} if path.exists() else set()
-    for name, method in methods.items():
+    for name, search in methods.items():
         todo = [it for it in items if (name, it["index"]) not in done]
         if not todo:
             continue
-        results = await asyncio.gather(*(solve(args, lm, method, it, gate) for it in todo))
+        results = await asyncio.gather(*(solve(args, lm, search, it, gate) for it in todo))
         pairs = [(it["gold"], extract_answer(t)) for it, r in zip(todo, results) for t in r["texts"]]
         verdicts = iter(grade_many(pairs, workers=0))
         with open(path, "a") as f:
