@@ -91,6 +91,25 @@ def test_only_the_paths_of_the_last_call_stay_cached(bi_scorer):
     assert set(prefix.nodes) == {(QUESTIONS[0],), (QUESTIONS[0], STEPS[0]), (QUESTIONS[0], STEPS[0], STEPS[2])}
 
 
+def test_a_cache_bound_keeps_the_scores_and_reruns_what_it_dropped(bi_scorer):
+    """With no room for step nodes, each call reruns every path's steps on its cached prompt: the scores stay those of
+    the unbounded scorer, and the L2R tokens become those of L2R from scratch."""
+    search = levels()
+    free, bounded, scratch = PrefixScorer(bi_scorer), PrefixScorer(bi_scorer, max_cache_mb=0), PrefixScorer(bi_scorer, incremental=False)
+    for a_level, b_level in zip(run(free, search), run(bounded, search)):
+        for a, b in zip(a_level, b_level):
+            np.testing.assert_allclose(a.fused, b.fused, atol=1e-5, rtol=0)
+    run(scratch, search)
+    assert bounded.tokens["l2r"] == scratch.tokens["l2r"] > free.tokens["l2r"]
+    assert bounded.tokens["prompt"] == free.tokens["prompt"] < scratch.tokens["prompt"]
+    assert all(len(key) == 1 for key in bounded.nodes)
+    one_step = max(n.kv.nbytes for k, n in free.nodes.items() if len(k) > 1) / 2**20
+    some = PrefixScorer(bi_scorer, max_cache_mb=one_step)
+    run(some, search)
+    assert 0 < sum(len(k) > 1 for k in some.nodes) < sum(len(k) > 1 for k in free.nodes)
+    assert all(k[:-1] in some.nodes for k in some.nodes if len(k) > 1)  # a node stays only with its parent
+
+
 def test_a_path_past_max_length_is_flagged_and_scored_on_the_steps_that_fit(bi_scorer):
     short = Scorer(bi_scorer.model, bi_scorer.tokenizer, max_length=60)
     path = STEPS * 2

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from biprm.bench.config import BenchConfig
 from biprm.bench.measure import machine
@@ -73,7 +74,7 @@ def run(cfg: BenchConfig, sizes: dict | None = None) -> dict:
     for name, (_, _, streams) in CONFIGS.items():  # warm-up: one level, not counted
         level = groups[0][0]
         PrefixScorer(scorers[name].scorer).score([q for q, _ in level], [p for _, p in level], streams)
-    for levels in groups:
+    for levels in tqdm(groups, desc="question groups", unit="group"):  # each group: every configuration over every depth
         for name, (_, _, streams) in CONFIGS.items():
             prefix = scorers[name]
             for d, level in enumerate(levels):

@@ -56,6 +56,8 @@ class SearchConfig:
     grade_workers: int = arg(2, "grading processes")
     grade_timeout: float = arg(5.0, "seconds per grade; a grade that takes longer is 'unknown', not wrong")
     prm_max_length: int | None = arg(None, "PRM tokens per stream (default: the checkpoint's); steps past it are flagged, not scored")
+    prm_cache_mb: float = arg(4096, "PRM keys and values kept between calls (incremental L2R), per PRM; past it, paths rerun from their "
+                                    "prompt: same scores, more tokens")
 
     def __post_init__(self) -> None:
         self.step_token = self.step_token.replace("\\n", "\n").replace("\\t", "\t")

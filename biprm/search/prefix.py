@@ -11,8 +11,10 @@ then fuses the cached L2R tag states with the fresh R2L ones, as the model does 
 
 Nodes are keyed by the path's text (question, step 1, ..., step j). After each call only
 the nodes on the paths of that call are kept, so memory follows the live paths of the
-search, not its history. `incremental=False` drops every node before each call: L2R from
-scratch, each question's prompt still run once per call, for comparison.
+search, not its history, and at most `max_cache_mb` of step nodes stay: past it, the steps
+of the call's last paths are dropped, and those paths rerun from their prompt if they grow.
+`incremental=False` drops every node before each call: L2R from scratch, each question's
+prompt still run once per call, for comparison.
 """
 from __future__ import annotations
 
@@ -63,16 +65,16 @@ class Row(NamedTuple):
 class PrefixScorer:
     """`PathScorer` over a `Scorer`'s model (any mode); `tokens` counts the tokens run: prompt, l2r, r2l."""
 
-    def __init__(self, scorer: Scorer, incremental: bool = True):
-        self.scorer, self.model, self.incremental = scorer, scorer.model.eval(), incremental
+    def __init__(self, scorer: Scorer, incremental: bool = True, max_cache_mb: float = 4096):
+        self.scorer, self.model, self.incremental, self.max_cache_mb = scorer, scorer.model.eval(), incremental, max_cache_mb
         self.nodes: dict[Key, Node] = {}
         self.tokens = {"prompt": 0, "l2r": 0, "r2l": 0}
         self.calls = 0
 
     @classmethod
-    def from_pretrained(cls, path: str, incremental: bool = True, **kwargs) -> PrefixScorer:
+    def from_pretrained(cls, path: str, incremental: bool = True, max_cache_mb: float = 4096, **kwargs) -> PrefixScorer:
         """`Scorer.from_pretrained`'s arguments (device, dtype, max_length, ...)."""
-        return cls(Scorer.from_pretrained(path, **kwargs), incremental)
+        return cls(Scorer.from_pretrained(path, **kwargs), incremental, max_cache_mb)
 
     @property
     def mode(self) -> str:
@@ -121,7 +123,17 @@ class PrefixScorer:
         self.nodes = {k[:j]: self.nodes[k[:j]] for k in keys for j in range(1, len(k) + 1) if k[:j] in self.nodes}
         h_l2r = torch.cat([torch.stack([n.tag for n in self.nodes[k].chain()[1:]]) for k in keys]) if run_l2r else None
         h_r2l = torch.cat(tags[len(l2r_rows):]) if run_r2l else None
+        self._bound_cache()
         return h_l2r, h_r2l
+
+    def _bound_cache(self) -> None:
+        """Keep the prompts, then the step nodes in path order while they fit in max_cache_mb; a node stays only with its parent."""
+        room, kept = self.max_cache_mb * 2**20, {}
+        for key, node in self.nodes.items():  # parents come before their children (see _tag_states)
+            if len(key) == 1 or (key[:-1] in kept and node.kv.nbytes <= room):
+                kept[key] = node
+                room -= node.kv.nbytes if len(key) > 1 else 0
+        self.nodes = kept
 
     def _cache_prompts(self, keys: list[Key], encs: list[Encoded]) -> None:
         """Run each question whose prompt is not cached yet, once, however many paths it has."""

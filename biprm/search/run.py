@@ -70,7 +70,7 @@ def build_scorer(cfg: SearchConfig, prm: str) -> PathScorer:
         return NoiseScorer(cfg.seed)
     from biprm.search.prefix import PrefixScorer  # lazily: the prefix scorer loads torch and the checkpoint
 
-    return PrefixScorer.from_pretrained(prm, **({"max_length": cfg.prm_max_length} if cfg.prm_max_length else {}))
+    return PrefixScorer.from_pretrained(prm, max_cache_mb=cfg.prm_cache_mb, **({"max_length": cfg.prm_max_length} if cfg.prm_max_length else {}))
 
 
 def scores_row(p: SearchPath) -> dict:
