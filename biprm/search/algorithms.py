@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -82,9 +82,9 @@ class Search:
     """One search over a batch of questions: expands with the policy, scores with the PRM, keeps the accounts."""
 
     def __init__(self, questions: list[str], policy: Policy, scorer: PathScorer, max_depth: int = 16, aggregation: str = "last",
-                 strategy: Strategy = "fused"):
+                 strategy: Strategy = "fused", note: Callable[[str], None] = lambda _: None):
         self.questions, self.policy, self.scorer, self.max_depth = questions, policy, scorer, max_depth
-        self.aggregation, self.strategy = aggregation, strategy
+        self.aggregation, self.strategy, self.note = aggregation, strategy, note  # note: says what runs now (a progress bar's status)
         self.budget = Budget(len(questions))
 
     @property
@@ -96,6 +96,7 @@ class Search:
 
     def expand(self, paths: list[Path], k: int) -> list[Path]:
         """k children of every path in one policy call, path-major."""
+        self.note(f"policy: {len(paths) * k} steps at depth {1 + max(len(p.steps) for p in paths)}")
         start = time.perf_counter()
         outs = self.policy.generate_step([self.policy.prompt(self.questions[p.q], p.steps) for p in paths], k)
         tokens = np.array([o.tokens for o in outs], dtype=float)
@@ -108,6 +109,7 @@ class Search:
         todo = [p for p in paths if p.steps]
         if not todo:
             return
+        self.note(f"PRM: {len(todo)} paths")
         before, start = dict(self.scorer.tokens), time.perf_counter()
         results = self.scorer.score([self.questions[p.q] for p in todo], [list(p.steps) for p in todo], streams="l2r" if stream == "l2r" else "fused")
         spent = {f"prm_tokens_{s}": t - before.get(s, 0) for s, t in self.scorer.tokens.items()}

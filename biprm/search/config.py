@@ -56,6 +56,7 @@ class SearchConfig:
     grade_workers: int = arg(2, "grading processes")
     grade_timeout: float = arg(5.0, "seconds per grade; a grade that takes longer is 'unknown', not wrong")
     prm_max_length: int | None = arg(None, "PRM tokens per stream (default: the checkpoint's); steps past it are flagged, not scored")
+    show_progress: bool = arg(True, "a progress bar over questions, saying what runs now (policy depth, PRM call)")
     prm_cache_mb: float = arg(4096, "PRM keys and values kept between calls (incremental L2R), per PRM; past it, paths rerun from their "
                                     "prompt: same scores, more tokens")
 

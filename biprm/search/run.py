@@ -15,8 +15,10 @@ import logging
 import os
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from biprm.data.benchmarks import question_golds, spread
 from biprm.evaluation.pools import answer_key
@@ -96,8 +98,9 @@ def add(total: dict[str, float], row: dict[str, float]) -> None:
 class Batch:
     """One batch of questions: its pool, its searches, then grades and one record per question."""
 
-    def __init__(self, items: list[dict], cfg: SearchConfig, policy: StepPolicy, scorers: dict[str, PathScorer], noise: NoiseScorer):
-        self.items, self.cfg, self.policy, self.scorers, self.noise = items, cfg, policy, scorers, noise
+    def __init__(self, items: list[dict], cfg: SearchConfig, policy: StepPolicy, scorers: dict[str, PathScorer], noise: NoiseScorer,
+                 note: Callable[[str], None] = lambda _: None):
+        self.items, self.cfg, self.policy, self.scorers, self.noise, self.note = items, cfg, policy, scorers, noise, note
         self.questions = [it["question"] for it in items]
         self.rng = np.random.default_rng([cfg.seed, items[0]["index"]])
         self.methods: dict[str, list[dict]] = {}  # name -> per question {"pick" (pool index) | "paths" + "pick", "budget"}
@@ -110,7 +113,7 @@ class Batch:
 
     def search(self, scorer, strategy: str) -> Search:
         c = self.cfg
-        return Search(self.questions, self.policy, scorer, c.max_depth, c.aggregation, strategy)
+        return Search(self.questions, self.policy, scorer, c.max_depth, c.aggregation, strategy, self.note)
 
     def run(self) -> list[dict]:
         self.policy.reseed(self.cfg.seed + self.items[0]["index"])
@@ -197,6 +200,7 @@ class Batch:
 
     def records(self) -> list[dict]:
         """Grade every path once (a timed-out grade is None: unknown) and write one record per question."""
+        self.note("grading")
         searched = {name: [extract_answer("\n".join(p.steps)) for p in paths] for name, paths in self.searched.items()}
         golds = [it["gold"] for it in self.items]
         pairs = [(golds[p.q], a) for p, a in zip(self.pool, self.answers)]
@@ -290,8 +294,9 @@ def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorers: lis
     if todo:
         policy, noise = policy or build_policy(cfg), NoiseScorer(cfg.seed)
         scorers = dict(zip(cfg.prm_names, scorers or [build_scorer(cfg, prm) for prm in cfg.prm], strict=True))
-        for start in range(0, len(todo), cfg.batch_questions):
-            items = todo[start : start + cfg.batch_questions]
-            append(results, Batch(items, cfg, policy, scorers, noise).run())
-            log.info("searched %d/%d questions", start + len(items), len(todo))
+        with tqdm(total=len(todo), desc="questions", unit="q", disable=not cfg.show_progress) as bar:
+            for start in range(0, len(todo), cfg.batch_questions):
+                items = todo[start : start + cfg.batch_questions]
+                append(results, Batch(items, cfg, policy, scorers, noise, bar.set_postfix_str).run())
+                bar.update(len(items))
     return summarize(out, cfg.seed)
