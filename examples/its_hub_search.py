@@ -30,12 +30,12 @@ from its_hub.core.lms.step_generation import StepGeneration
 from transformers import HfArgumentParser
 
 from biprm.config import default_data_root
-from biprm.data.benchmarks import question_golds, spread
 from biprm.evaluation.grading import extract_answer, grade_many
 from biprm.integrations.its_hub import BiPRMProcessRewardModel
 from biprm.metrics.bootstrap import bootstrap_mean
 from biprm.search.noise import NoiseScorer
 from biprm.search.prefix import PrefixScorer
+from biprm.search.run import load_questions
 from biprm.search.steps import STEP_TOKEN
 
 SYSTEM = "Solve the problem step by step. Put a blank line after each step. End with 'The answer is' and the number."
@@ -118,8 +118,7 @@ def main() -> None:
     (args,) = HfArgumentParser(Args).parse_args_into_dataclasses()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    golds = question_golds(args.data, args.data_root)[0]
-    asyncio.run(run(args, [{"index": int(i), "question": golds[i][0], "gold": golds[i][1]} for i in spread(len(golds), args.limit)], out))
+    asyncio.run(run(args, load_questions(args.data, args.data_root, args.limit), out))
     print(summary(out, args.seed))
 
 

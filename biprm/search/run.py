@@ -39,11 +39,11 @@ RESULTS = ("data", "limit", "policy", "policy_model", "prm", "algorithms", "n", 
            "max_step_tokens", "step_token", "calc_rate", "claim_rate", "temperature", "top_p", "seed")  # settings a resumed run must share
 
 
-def load_questions(cfg: SearchConfig) -> list[dict]:
-    """{"index", "question", "gold"} of the chosen questions, `limit` of them evenly spread."""
-    problems = synthetic_problems(cfg.data)
-    golds = [(p.question, str(p.answer)) for p in problems] if problems is not None else question_golds(cfg.data, cfg.data_root)[0]
-    return [{"index": int(i), "question": golds[i][0], "gold": golds[i][1]} for i in spread(len(golds), cfg.limit)]
+def load_questions(data: str, data_root: str, limit: int | None) -> list[dict]:
+    """{"index", "question", "gold"} of the chosen questions (--data's values), `limit` of them evenly spread."""
+    problems = synthetic_problems(data)
+    golds = [(p.question, str(p.answer)) for p in problems] if problems is not None else question_golds(data, data_root)[0]
+    return [{"index": int(i), "question": golds[i][0], "gold": golds[i][1]} for i in spread(len(golds), limit)]
 
 
 def build_policy(cfg: SearchConfig) -> StepPolicy:
@@ -290,7 +290,7 @@ def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorers: lis
     out.mkdir(parents=True, exist_ok=True)
     check_settings(out, cfg)
     results = out / "questions.jsonl"
-    todo = [it for it in load_questions(cfg) if it["index"] not in done_indices(results)]
+    todo = [it for it in load_questions(cfg.data, cfg.data_root, cfg.limit) if it["index"] not in done_indices(results)]
     if todo:
         policy, noise = policy or build_policy(cfg), NoiseScorer(cfg.seed)
         scorers = dict(zip(cfg.prm_names, scorers or [build_scorer(cfg, prm) for prm in cfg.prm], strict=True))
