@@ -130,9 +130,11 @@ class PrefixScorer:
         """Keep the prompts, then the step nodes in path order while they fit in max_cache_mb; a node stays only with its parent."""
         room, kept = self.max_cache_mb * 2**20, {}
         for key, node in self.nodes.items():  # parents come before their children (see _tag_states)
-            if len(key) == 1 or (key[:-1] in kept and node.kv.nbytes <= room):
+            if len(key) == 1:
                 kept[key] = node
-                room -= node.kv.nbytes if len(key) > 1 else 0
+            elif key[:-1] in kept and node.kv.nbytes <= room:
+                kept[key] = node
+                room -= node.kv.nbytes
         self.nodes = kept
 
     def _cache_prompts(self, keys: list[Key], encs: list[Encoded]) -> None:
