@@ -47,6 +47,7 @@ from biprm.replication import mechanism_report, mechanism_v2_report
 from biprm.replication.mechanism_report import rows_by_kind
 from biprm.replication.mechanism_v2 import below_every_clean_step, chance_below_every_clean_step
 from biprm.replication.recipe import release_memory, start, study_key, train_run
+from biprm.scoring.scorer import default_device
 from biprm.scoring.step_scores import StepScores, load_scores, save_scores
 from biprm.trunk import TrunkCache, cached_scores
 
@@ -119,8 +120,9 @@ def train_and_score(cfg: MechanismConfig, run: Run, sets: dict, encs: dict[str, 
     with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
         scores = {name: cached_scores(model, caches[name]) for name in sets if name != "train"}
     save_scores(scores_path(cfg, run.name), scores, compress=True)
+    device = torch.cuda.get_device_name() if model.device.type == "cuda" else model.device.type
     result = {"run": run.name, **asdict(run), "lr": cfg.lr, "epochs": cfg.epochs, "gate_lr_scale": run_cfg.gate_lr_scale,
-              "train": train_log, "seconds": round(time.perf_counter() - started, 1)}
+              "device": device, "bf16": fast, "train": train_log, "seconds": round(time.perf_counter() - started, 1)}
     write_json(Path(cfg.out) / "runs" / f"{run.name}.json", result)
     log.info("%s done in %.0f s", run.name, result["seconds"])
     del model  # before the next run builds its own
@@ -175,7 +177,7 @@ def run_study(cfg: MechanismConfig) -> None:
     write_json(out / "data_report.json", report)
     backbone_dir = resolve_backbone(cfg.backbone)
     tokenizer = load_tokenizer(backbone_dir)
-    base = from_backbone(backbone_dir, tokenizer, mode="bi")
+    base = from_backbone(backbone_dir, tokenizer, mode="bi").to(default_device())  # the trunk runs where the runs train
     encoder = Encoder(tokenizer, base.config.step_tag_id, cfg.max_length)
     encs = {name: [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)] for name, trajs in sets.items()}
     caches = {name: TrunkCache(work / "trunk", base, cfg.top_layers, e, dtype=dtype) for name, e in encs.items()}

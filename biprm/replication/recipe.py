@@ -42,6 +42,7 @@ from biprm.replication.data import build
 from biprm.replication.evaluate import EvalSets, evaluate_run, load_eval_sets
 from biprm.replication.report import write_report
 from biprm.run_folder import changes
+from biprm.scoring.scorer import default_device
 from biprm.scoring.step_scores import load_scores, save_scores
 from biprm.training import train
 from biprm.trunk import TrunkCache, cached_scores
@@ -154,7 +155,7 @@ def replicate(cfg: ReplicateConfig) -> dict:
     write_json(out / "data_report.json", report)
 
     # 2. the trunk, cached once for every set
-    base = from_backbone(backbone_dir, tokenizer, mode="bi")
+    base = from_backbone(backbone_dir, tokenizer, mode="bi").to(default_device())  # the trunk runs where the runs train
     caches = {name: TrunkCache(work / "trunk", base, cfg.top_layers, e, dtype=dtype) for name, e in encs.items()}
     started = time.perf_counter()
     for name, cache in caches.items():
@@ -241,4 +242,4 @@ def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, b
     history = json.loads((run_dir / "train_log.json").read_text())
     losses = [e["loss"] for e in history if "loss" in e]
     seconds = next((e["train_runtime"] for e in history if "train_runtime" in e), None)
-    return BiPRMModel.from_pretrained(run_dir).eval(), {"steps": len(losses), "trajectories": len(encs), "losses": losses, "seconds": seconds}
+    return BiPRMModel.from_pretrained(run_dir).to(default_device()).eval(), {"steps": len(losses), "trajectories": len(encs), "losses": losses, "seconds": seconds}
