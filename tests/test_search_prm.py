@@ -9,7 +9,7 @@ from biprm.data.trajectory import DataError, Trajectory
 from biprm.integrations.search_and_learn import SearchAndLearnPRM
 from biprm.modeling import from_backbone
 from biprm.scoring import Scorer
-from biprm.search.prefix import PrefixScorer
+from biprm.search.prefix import PrefixScorer, Row
 from conftest import scored
 
 QUESTIONS = ["Tom has 3 apples and buys 5 more. How many apples?", "A box holds 12 eggs. How many eggs are in 4 boxes?"]
@@ -108,6 +108,20 @@ def test_a_cache_bound_keeps_the_scores_and_reruns_what_it_dropped(bi_scorer):
     run(some, search)
     assert 0 < sum(len(k) > 1 for k in some.nodes) < sum(len(k) > 1 for k in free.nodes)
     assert all(k[:-1] in some.nodes for k in some.nodes if len(k) > 1)  # a node stays only with its parent
+
+
+def test_a_call_keeps_new_keys_and_values_only_for_rows_it_caches(bi_scorer):
+    """R2L rows are rerun at every call, so their keys and values are dropped as soon as their tag states are read;
+    the same row, kept, gets the same tag states and its own keys and values (every layer, its tokens only)."""
+    prefix = PrefixScorer(bi_scorer)
+    prefix.score([QUESTIONS[0]], [[STEPS[0]]])
+    prompt = prefix.nodes[(QUESTIONS[0],)]
+    ids = np.array(bi_scorer.tokenizer(STEPS[2])["input_ids"], dtype=np.int64)
+    ends = np.array([len(ids) - 1])
+    tags, kvs = prefix._forward([Row([prompt], ids, ends), Row([prompt], ids, ends, cached=False)])
+    torch.testing.assert_close(tags[0], tags[1])
+    assert kvs[1] is None
+    assert kvs[0].shape == (*prompt.kv.shape[:2], len(ids), prompt.kv.shape[3])
 
 
 def test_a_path_past_max_length_is_flagged_and_scored_on_the_steps_that_fit(bi_scorer):

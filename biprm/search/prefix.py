@@ -55,11 +55,13 @@ class Node:
 
 
 class Row(NamedTuple):
-    """Tokens to run on top of cached pieces; `ends` are the offsets of their step tags."""
+    """Tokens to run on top of cached pieces; `ends` are the offsets of their step tags. `cached`: whether the
+    new tokens' keys and values are kept; R2L rows are rerun every call, so theirs are dropped at once."""
 
     past: list[Node]
     ids: np.ndarray
     ends: np.ndarray
+    cached: bool = True
 
 
 class PrefixScorer:
@@ -114,7 +116,7 @@ class PrefixScorer:
         is new, R2L rerun whole; then only the nodes of these paths stay cached."""
         self._cache_prompts(keys, encs)
         l2r_rows = self._l2r_rows(keys, encs) if run_l2r else {}
-        r2l_rows = [Row([self.nodes[k[:1]]], *continuation(e, "r2l", shared=True)) for k, e in zip(keys, encs)] if run_r2l else []
+        r2l_rows = [Row([self.nodes[k[:1]]], *continuation(e, "r2l", shared=True), cached=False) for k, e in zip(keys, encs)] if run_r2l else []
         tags, kvs = self._run(list(l2r_rows.values()) + r2l_rows)
         for (key, row), tag, kv in zip(l2r_rows.items(), tags, kvs):
             self._add_nodes(key, row, tag, kv)
@@ -162,11 +164,11 @@ class PrefixScorer:
         for s, (a, b) in enumerate(zip(starts, row.ends + 1)):
             parent = self.nodes[key[: first + s + 1]] = Node(kv[:, :, a:b].clone(), tags[s], parent)
 
-    def _run(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Hidden states at each row's tags and the keys and values of its new tokens, in row order;
+    def _run(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """Hidden states at each row's tags and the keys and values of its new tokens (None where not `cached`), in row order;
         rows run longest first, in calls of about the scorer's `tokens_per_call` tokens counted with padding."""
         tags: list[torch.Tensor] = [None] * len(rows)
-        kvs: list[torch.Tensor] = [None] * len(rows)
+        kvs: list[torch.Tensor | None] = [None] * len(rows)
         order = sorted(range(len(rows)), key=lambda r: -len(rows[r].ids))
         start = 0
         while start < len(order):
@@ -178,8 +180,9 @@ class PrefixScorer:
             start = stop
         return tags, kvs
 
-    def _forward(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """One backbone call: each row attends to its own cached pieces (right-padded to the longest) and itself."""
+    def _forward(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """One backbone call: each row attends to its own cached pieces (right-padded to the longest) and itself.
+        Only the `cached` rows' new keys and values are copied out of the call's cache."""
         device, body = self.model.device, self.model.backbone
         past_lengths = [sum(n.kv.shape[2] for n in r.past) for r in rows]
         B, P, N = len(rows), max(past_lengths), max(len(r.ids) for r in rows)
@@ -201,10 +204,16 @@ class PrefixScorer:
             cache = {name: DynamicCache([(past[i], past[i + 1]) for i in range(0, len(past), 2)])}
         out = body(input_ids=ids.to(device), attention_mask=self.model._for_backend(mask.to(device)),
                    position_ids=positions.to(device), use_cache=True, **cache)
-        new = torch.stack([t[:, :, P:] for k, v, *_ in getattr(out, name) for t in (k, v)])  # [2 x layers, B, heads, N, dim]
         flat = torch.from_numpy(np.concatenate([b * N + r.ends for b, r in enumerate(rows)])).to(device)
         tags = out.last_hidden_state.reshape(B * N, -1)[flat].split([len(r.ends) for r in rows])
-        return list(tags), [new[:, b, :, : len(r.ids)] for b, r in enumerate(rows)]
+        kept = [b for b, r in enumerate(rows) if r.cached]
+        kvs: list[torch.Tensor | None] = [None] * B
+        if kept:
+            at = torch.tensor(kept, device=device)
+            new = torch.stack([t[at, :, P:] for k, v, *_ in getattr(out, name) for t in (k, v)])  # [2 x layers, kept, heads, N, dim]
+            for j, b in enumerate(kept):
+                kvs[b] = new[:, j, :, : len(rows[b].ids)]
+        return list(tags), kvs
 
     def _path_scores(self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None, lengths: Sequence[int], dropped: Sequence[int],
                      streams: str) -> list[PathScore]:

@@ -160,8 +160,8 @@ class Batch:
     def score_pool(self, scorer: PathScorer, stream: str) -> tuple[list[SearchPath], Search]:
         """A copy of the pool scored by `scorer`, and the search that holds the cost. Finished paths never grow, so
         they go in calls of POOL_CHUNK paths: a `PrefixScorer` bounds the keys and values it keeps between calls
-        (max_cache_mb), but holds every row's during a call, and one call over a pool of 400 ten-step GSM8K paths
-        grew past 10 GB of them."""
+        (max_cache_mb), but holds every new L2R row's during a call (R2L rows' it drops at once), and one call over a
+        pool of 400 ten-step GSM8K paths grew past 10 GB of them."""
         s, paths = self.search(scorer, stream), [replace(p) for p in self.pool]
         for start in range(0, len(paths), POOL_CHUNK):
             s.score(paths[start : start + POOL_CHUNK], stream)
