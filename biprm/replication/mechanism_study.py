@@ -46,8 +46,7 @@ from biprm.replication.mechanism import load_sets, scores_path
 from biprm.replication import mechanism_report, mechanism_v2_report
 from biprm.replication.mechanism_report import rows_by_kind
 from biprm.replication.mechanism_v2 import below_every_clean_step, chance_below_every_clean_step
-from biprm.replication.recipe import release_memory, start, study_key, train_run
-from biprm.scoring.scorer import default_device
+from biprm.replication.recipe import release_memory, start, study_key, train_run, trunk_caches
 from biprm.scoring.step_scores import StepScores, load_scores, save_scores
 from biprm.trunk import TrunkCache, cached_scores
 
@@ -177,13 +176,10 @@ def run_study(cfg: MechanismConfig) -> None:
     write_json(out / "data_report.json", report)
     backbone_dir = resolve_backbone(cfg.backbone)
     tokenizer = load_tokenizer(backbone_dir)
-    base = from_backbone(backbone_dir, tokenizer, mode="bi").to(default_device())  # the trunk runs where the runs train
+    base = from_backbone(backbone_dir, tokenizer, mode="bi")
     encoder = Encoder(tokenizer, base.config.step_tag_id, cfg.max_length)
     encs = {name: [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)] for name, trajs in sets.items()}
-    caches = {name: TrunkCache(work / "trunk", base, cfg.top_layers, e, dtype=dtype) for name, e in encs.items()}
-    for name, cache in caches.items():
-        log.info("trunk cache %s: %d trajectories, %d feature rows", name, len(encs[name]), cache.layout.n_rows)
-        cache.build(progress=True)
+    caches = trunk_caches(work, base, cfg.top_layers, encs, dtype)
     del base  # the caches no longer hold it
     release_memory()
     write_json(out / "meta.json", {"config": asdict(cfg), "bf16": fast, "sizes": {n: len(t) for n, t in sets.items()}})

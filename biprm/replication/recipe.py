@@ -139,6 +139,17 @@ def prepare(cfg: ReplicateConfig, tokenizer, step_tag_id: int) -> tuple[EvalSets
     return sets, encs, asdict(report)
 
 
+def trunk_caches(work: Path, base: BiPRMModel, top_layers: int, encs: dict[str, list[Encoded]], dtype: torch.dtype | None) -> dict[str, TrunkCache]:
+    """Every set's trunk features, built (or found) under work/trunk. `base` moves to where the runs will train, so
+    a GPU, when there is one, runs the trunk; once built, the caches no longer hold it."""
+    base.to(default_device())
+    caches = {name: TrunkCache(work / "trunk", base, top_layers, e, dtype=dtype) for name, e in encs.items()}
+    for name, cache in caches.items():
+        log.info("trunk cache %s: %d trajectories, %d feature rows", name, len(encs[name]), cache.layout.n_rows)
+        cache.build(progress=True)
+    return caches
+
+
 def run_folder(cfg: ReplicateConfig, name: str) -> Path:
     """A run's checkpoints, final model and logits (never committed); another study never resumes these."""
     return Path(cfg.work_dir) / "runs" / cfg.preset / study_key(cfg) / name
@@ -155,12 +166,9 @@ def replicate(cfg: ReplicateConfig) -> dict:
     write_json(out / "data_report.json", report)
 
     # 2. the trunk, cached once for every set
-    base = from_backbone(backbone_dir, tokenizer, mode="bi").to(default_device())  # the trunk runs where the runs train
-    caches = {name: TrunkCache(work / "trunk", base, cfg.top_layers, e, dtype=dtype) for name, e in encs.items()}
+    base = from_backbone(backbone_dir, tokenizer, mode="bi")
     started = time.perf_counter()
-    for name, cache in caches.items():
-        log.info("trunk cache %s: %d trajectories, %d feature rows", name, len(encs[name]), cache.layout.n_rows)
-        cache.build(progress=True)
+    caches = trunk_caches(work, base, cfg.top_layers, encs, dtype)
     del base  # the caches no longer hold it
     release_memory()
     meta = {
