@@ -18,6 +18,7 @@ from biprm.analysis import (
     plot_sigma_by_position,
     sigma_by_position,
 )
+from biprm.analysis.plots import plot_intervals
 from biprm.data.trajectory import Trajectory
 from biprm.scoring.step_scores import StepScores
 
@@ -208,6 +209,9 @@ def test_plots_write_png(tmp_path):
         ("sigma.png", plot_sigma_by_position, sigma_by_position(SCORES["bi"])),
     ]:
         plot(result, str(tmp_path / name))
+    cells = {"l2r": {"mean": 50.0, "low": 44.0, "high": 56.0}, "chance": {"mean": 18.0, "low": 17.0, "high": 19.0}}
+    plot_intervals(str(tmp_path / "intervals.png"), {"primary": cells, "P1": {"l2r": cells["l2r"]}}, "endpoints", muted=("chance",))
+    for name in ("mae.png", "sigma.png", "intervals.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
 

@@ -144,6 +144,8 @@ def test_toy_mechanism_v2_study_pilots_runs_resumes_and_reports(data_dir, tmp_pa
     report = (out / "report.md").read_text()
     for row in ("format rule", "rounder-number rule", "position: flag step", "chance: i.i.d. normal", "2×L2R"):
         assert row in report
+    for figure in ("endpoints.png", "sigma_by_position.png"):
+        assert f"]({figure})" in report and (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     stamp = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
     run_study(cfg)  # a rerun trains nothing
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == stamp

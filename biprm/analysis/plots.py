@@ -114,6 +114,32 @@ def plot_steps(path: str, curves: dict[str, dict], ylabel: str, title: str) -> N
     _save(fig, ax, path, "training step", ylabel, title)
 
 
+def plot_intervals(path: str, panels: dict[str, dict[str, dict]], title: str, muted: tuple[str, ...] = ()) -> None:
+    """Dot and whisker per scorer ({"mean", "low", "high"}, in %), one panel per endpoint, scorers top to bottom in order;
+    scorers whose name starts with one of `muted` (the rules that read no model) in grey. A scorer a panel lacks is left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(n for cells in panels.values() for n in cells))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 2.5, 0.32 * len(names) + 1.4), sharey=True, squeeze=False)
+    y = np.arange(len(names))[::-1]
+    for ax, (panel, cells) in zip(axes[0], panels.items()):
+        for row, name in zip(y, names):
+            if (c := cells.get(name)) is not None:
+                colour = "grey" if name.startswith(muted) else COLORS.get(name, "black")
+                ax.errorbar(c["mean"], row, xerr=[[c["mean"] - c["low"]], [c["high"] - c["mean"]]], fmt="o", ms=4, capsize=2, color=colour)
+        ax.set_title(panel, fontsize=8)
+        ax.set_xlabel("%")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_yticks(y, names, fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def line_styles(names: list[str]) -> list[dict]:
     """A distinct (colour, marker) per line: tab10 up to 10 lines, tab20 past them, then the marker; noise dashed."""
     import matplotlib

@@ -15,6 +15,7 @@ from statistics import NormalDist
 import numpy as np
 
 from biprm.analysis.common import first_errors, markdown_table
+from biprm.analysis.plots import plot_curves, plot_intervals
 from biprm.data.trajectory import Trajectory
 from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
 from biprm.metrics.processbench import flag_step, tune_flag_step
@@ -187,6 +188,7 @@ def format_report(r: dict) -> str:
         "## Reachable training loss (nats per step) from what each stream reads", markdown_table(["labels", "l2r", "r2l", "bi"], floors),
         "## Endpoints (%): every arm beside the scorers that read no model",
         markdown_table(["scorer (seeds)", *cols], rows),
+        "![endpoints](endpoints.png)",
         f"### Paired differences (points; 97.5 % intervals; MDE = smallest effect detectable at 80 % power); "
         f"the better single stream on the primary endpoint: {r['better_single_stream']}",
         markdown_table(["difference", *VERDICT_ENDPOINTS], diff_rows),
@@ -205,6 +207,7 @@ def format_report(r: dict) -> str:
         md += [markdown_table(["run", "step", *(f"position {p:.1f}" for p in lines[0]["position"])],
                               [[run, str(e["step"]), *(("–" if m is None else f"{m:.3f}") for m in e["mean"])] for e in (lines[0], lines[-1])])
                for run, lines in r["sigma_during_training"].items()]
+        md += ["![σ by position at the end of training](sigma_by_position.png)"]
     return "\n\n".join(md) + "\n"
 
 
@@ -213,4 +216,15 @@ def write_report(cfg: MechanismConfig) -> dict:
     result = summarise(cfg)
     write_json(out / "results.json", result)
     (out / "report.md").write_text(format_report(result))
+    plot_figures(result, out)
     return result
+
+
+def plot_figures(r: dict, out: Path) -> None:
+    """The verdict's endpoints per scorer beside the rules that read no model, and each gated run's last σ curve."""
+    panels = {k: {g: v[k] for g, v in r["table"].items() if k in v} for k in (*VERDICT_ENDPOINTS, "S1: C > F at t")}
+    plot_intervals(str(out / "endpoints.png"), panels, "Mechanism v2, test: mean [95 % interval over seeds and questions]",
+                   muted=("format", "rounder", "position", "chance"))
+    if r["sigma_during_training"]:
+        plot_curves(str(out / "sigma_by_position.png"), {run: lines[-1] for run, lines in r["sigma_during_training"].items()},
+                    "σ (weight on L2R)", "Gate by step position, validation, end of training", hline=0.5, ylim=(0, 1))
