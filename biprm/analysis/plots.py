@@ -82,9 +82,10 @@ def _save(fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> None:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    crowded = len(ax.get_legend_handles_labels()[0]) > 4  # beside the axes, where it hides no line
+    ax.legend(fontsize=8, **(dict(loc="upper left", bbox_to_anchor=(1.01, 1)) if crowded else {}))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight" if crowded else None)
     plt.close(fig)
 
 
