@@ -65,28 +65,38 @@ def plot_curves(
     _save(fig, ax, path, "normalised step position", ylabel, title)
 
 
-def _axes():
-    """A figure of the shared size, drawn off-screen."""
+def figure(*args, **kwargs):
+    """`plt.subplots(*args, **kwargs)` drawn off-screen (no display on a server or in CI)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(5.5, 3.8))
+    return plt.subplots(*args, **kwargs)
+
+
+def write_figure(fig, path, dpi: int = 120, **kwargs) -> None:
+    """Lay the figure out, write it and free it (pyplot keeps every open figure)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi, **kwargs)
+    plt.close(fig)
+
+
+def _axes():
+    """A figure of the shared size."""
+    return figure(figsize=(5.5, 3.8))
 
 
 def _save(fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> None:
-    import matplotlib.pyplot as plt
-
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     crowded = len(ax.get_legend_handles_labels()[0]) > 4  # beside the axes, where it hides no line
     ax.legend(fontsize=8, **(dict(loc="upper left", bbox_to_anchor=(1.01, 1)) if crowded else {}))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight" if crowded else None)
-    plt.close(fig)
+    write_figure(fig, path, bbox_inches="tight" if crowded else None)
 
 
 def plot_mae_by_position(result: dict, path: str) -> None:
@@ -118,13 +128,8 @@ def plot_steps(path: str, curves: dict[str, dict], ylabel: str, title: str) -> N
 def plot_intervals(path: str, panels: dict[str, dict[str, dict]], title: str, muted: tuple[str, ...] = ()) -> None:
     """Dot and whisker per scorer ({"mean", "low", "high"}, in %), one panel per endpoint, scorers top to bottom in order;
     scorers whose name starts with one of `muted` (the rules that read no model) in grey. A scorer a panel lacks is left out."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(dict.fromkeys(n for cells in panels.values() for n in cells))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 2.5, 0.32 * len(names) + 1.4), sharey=True, squeeze=False)
+    fig, axes = figure(1, len(panels), figsize=(3.2 * len(panels) + 2.5, 0.32 * len(names) + 1.4), sharey=True, squeeze=False)
     y = np.arange(len(names))[::-1]
     for ax, (panel, cells) in zip(axes[0], panels.items()):
         for row, name in zip(y, names):
@@ -136,9 +141,7 @@ def plot_intervals(path: str, panels: dict[str, dict[str, dict]], title: str, mu
         ax.grid(alpha=0.3)
     axes[0][0].set_yticks(y, names, fontsize=7)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    write_figure(fig, path)
 
 
 def line_styles(names: list[str]) -> list[dict]:
@@ -153,16 +156,11 @@ def line_styles(names: list[str]) -> list[dict]:
 def plot_cost_curves(path: str, rows: list[dict]) -> None:
     """Search accuracy against generated tokens and against wall clock per question, one line per method over N
     (rows from `biprm.search.report.method_rows`, grouped by their "line"); noise-driven methods dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     lines: dict[str, list[dict]] = {}
     for r in rows:
         if "accuracy_mean" in r and not r["method"].startswith("pass@"):
             lines.setdefault(r["line"], []).append(r)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    fig, axes = figure(1, 2, figsize=(10, 4), sharey=True)
     for (name, points), style in zip(lines.items(), line_styles(list(lines))):
         tokens = [p["budget"].get("policy_tokens", 0) for p in points]
         seconds = [p["budget"].get("policy_s", 0) + p["budget"].get("prm_s", 0) for p in points]
@@ -175,6 +173,4 @@ def plot_cost_curves(path: str, rows: list[dict]) -> None:
     axes[0].set_ylabel("accuracy (%)")
     if lines:
         axes[1].legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    write_figure(fig, path)

@@ -1,6 +1,8 @@
 """Targets, Markdown tables and the scaling plot of a `biprm bench` result."""
 from __future__ import annotations
 
+from biprm.analysis.plots import figure, write_figure
+
 TRAIN_BI, TRAIN_L2R = "bi:tree", "l2r:plain"  # the layouts `biprm train` uses
 BON_BI = "bi:kv"
 
@@ -100,12 +102,7 @@ def write_markdown(result: dict, path: str) -> str:
 
 
 def plot_scaling(scaling: dict, path: str, shape: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = figure(1, 2, figsize=(11, 4))
     for name, ys in scaling["candidates"].items():
         a.plot(scaling["counts"], ys, marker="o", label=name)
     for name, ys in scaling["length"].items():
@@ -116,6 +113,4 @@ def plot_scaling(scaling: dict, path: str, shape: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"biprm bench, {shape} shape, fp32")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    write_figure(fig, path)

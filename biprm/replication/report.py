@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from biprm.analysis.common import markdown_table
-from biprm.analysis.plots import plot_curves
+from biprm.analysis.plots import figure, plot_curves, write_figure
 from biprm.config import MODES
 from biprm.evaluation.common import write_json
 
@@ -167,13 +167,8 @@ def _figures(out: Path, runs: list[dict]) -> list[str]:
 
 
 def _plot_histograms(path: Path, h: dict, seed: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     share = np.array(h["share"])
-    fig, axes = plt.subplots(1, len(share), figsize=(2.2 * len(share), 2.6), sharey=True)
+    fig, axes = figure(1, len(share), figsize=(2.2 * len(share), 2.6), sharey=True)
     edges = np.array(h["sigma_edges"])
     for ax, row, pos, n in zip(np.atleast_1d(axes), share, h["position"], h["count"]):
         ax.bar(edges[:-1], row, width=np.diff(edges), align="edge", color="tab:purple")
@@ -182,9 +177,7 @@ def _plot_histograms(path: Path, h: dict, seed: int) -> None:
         ax.set_xlim(0, 1)
     np.atleast_1d(axes)[0].set_ylabel("share of steps")
     fig.suptitle(f"Gate values by step position, bi seed {seed}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    write_figure(fig, path, dpi=110)
 
 
 def write_report(out: Path, meta: dict) -> dict:
