@@ -223,8 +223,8 @@ def write_report(cfg: MechanismConfig) -> dict:
 def plot_figures(r: dict, out: Path) -> None:
     """The verdict's endpoints per scorer beside the rules that read no model, and each gated run's last σ curve."""
     panels = {k: {g: v[k] for g, v in r["table"].items() if k in v} for k in (*VERDICT_ENDPOINTS, "S1: C > F at t")}
-    plot_intervals(str(out / "endpoints.png"), panels, "Mechanism v2, test: mean [95 % interval over seeds and questions]",
-                   muted=("format", "rounder", "position", "chance"))
+    rules = tuple(g for g in r["table"] if g not in r["groups"])  # the scorers that read no model
+    plot_intervals(str(out / "endpoints.png"), panels, "Mechanism v2, test: mean [95 % interval over seeds and questions]", muted=rules)
     if r["sigma_during_training"]:
         plot_curves(str(out / "sigma_by_position.png"), {run: lines[-1] for run, lines in r["sigma_during_training"].items()},
                     "σ (weight on L2R)", "Gate by step position, validation, end of training", hline=0.5, ylim=(0, 1))
