@@ -1,5 +1,6 @@
 """`biprm search` end to end on a scripted policy and PRM: records, baselines, resume, a grader that times out."""
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,50 @@ def test_a_killed_run_resumes_at_the_first_unfinished_question(config):
     assert "one" not in {k[0] for k in policy.asked}  # the finished question is not searched again
     same = lambda m: {k: v for k, v in m.items() if k != "budget"}  # noqa: E731 (timings differ)
     assert same(again[2]["methods"]["beam/fused@4"]) == same(full[2]["methods"]["beam/fused@4"])
+
+
+class DiesAt(ScriptedPolicy):
+    """Killed at its `at`-th call (0: never); keeps the prompts it was asked, call by call."""
+
+    def __init__(self, tree, at: int):
+        super().__init__(tree)
+        self.at, self.prompts = at, []
+
+    def generate_step(self, prompts, n):
+        self.prompts.append(prompts)
+        if len(self.prompts) == self.at:
+            raise RuntimeError("killed")
+        return super().generate_step(prompts, n)
+
+
+def without_timings(record: dict) -> dict:
+    """A record less its budgets, the one part two runs of the same draws do not share."""
+    return json.loads(json.dumps(record), object_hook=lambda d: {k: v for k, v in d.items() if k != "budget"})
+
+
+def test_a_run_killed_while_drawing_the_pool_resumes_at_its_last_level(config, tmp_path):
+    whole = replace(config, out=str(tmp_path / "whole"))
+    run_search(whole, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+    with pytest.raises(RuntimeError, match="killed"):
+        run_search(config, DiesAt(TREE, at=2), [ScriptedScorer(LOGITS)])  # the first batch's pool: depth 1 drawn, depth 2 not
+    saved = Path(config.out) / "pool-in-flight.json"
+    kept = json.loads(saved.read_text())
+    assert kept["indices"] == [0, 1] and {len(p["steps"]) for p in kept["paths"]} == {1} and kept["budget"]["policy_calls"] == [1, 1]
+    policy = DiesAt(TREE, at=0)
+    run_search(config, policy, [ScriptedScorer(LOGITS)])
+    assert policy.prompts[0] == ["two||x", "two||y", "two||x", "two||y"]  # the saved pool's next level, not its first again
+    assert not saved.exists()
+    mine, theirs = records(config), records(whole)
+    assert [without_timings(r) for r in mine] == [without_timings(r) for r in theirs]
+    assert mine[1]["methods"]["majority@4"]["budget"]["policy_calls"] == 2  # the saved level's call and the resumed one's
+
+    lines = open(f"{config.out}/questions.jsonl").readlines()  # killed after a batch was appended, before its pool was removed
+    open(f"{config.out}/questions.jsonl", "w").writelines(lines[:2])
+    saved.write_text(json.dumps(kept))
+    policy = DiesAt(TREE, at=0)
+    run_search(config, policy, [ScriptedScorer(LOGITS)])
+    assert {p.split("||")[0] for call in policy.prompts for p in call} == {"three"} and not saved.exists()
+    assert [without_timings(r) for r in records(config)] == [without_timings(r) for r in theirs]
 
 
 def test_resume_refuses_changed_settings(config):

@@ -161,12 +161,16 @@ def grow(s: Search, paths: list[Path]) -> list[Path]:
     return paths
 
 
-def sample(s: Search, n: int) -> list[Path]:
+def sample(s: Search, n: int, paths: list[Path] | None = None, save: Callable[[list[Path]], None] = lambda _: None) -> list[Path]:
     """n independent solutions per question, unscored: the best-of-N pool, question-major, that every PRM then scores
-    in one call (picks: `choose` for the max, `vote` weighted by probability)."""
-    paths = s.expand(s.roots(), n)
+    in one call (picks: `choose` for the max, `vote` weighted by probability). `paths`, a pool part-drawn by a killed
+    run, goes on from its last level; `save` gets the pool after every level."""
+    if paths is None:
+        paths = s.expand(s.roots(), n)
+        save(paths)
     while any(not p.finished for p in paths):
         paths = grow(s, paths)
+        save(paths)
     return paths
 
 
