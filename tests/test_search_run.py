@@ -165,7 +165,7 @@ def test_a_prefix_scorer_drives_every_strategy(config, bi_scorer):
     assert methods["beam/l2r@2"]["budget"].get("prm_tokens_r2l", 0) == 0  # L2R only: R2L never runs
 
 
-def test_the_table_marks_a_search_that_does_not_beat_its_noise_twin():
+def test_the_table_marks_a_search_that_does_not_beat_its_noise_twin_or_majority_vote():
     from biprm.search.report import method_rows, table
 
     def record(i):
@@ -180,6 +180,10 @@ def test_the_table_marks_a_search_that_does_not_beat_its_noise_twin():
     text = table(list(rows.values()))
     assert "| beam/fused@4 | 100.0 [100.0, 100.0] | +50.0 [" in text and "| beam/l2r@4 | 50.0 [" in text and "+0.0 [" in text
     assert text.count("(noise)") == 1
+    assert "vs_majority" not in rows["majority@4"]  # questions 1-39: majority right on the 19 even ones, as is beam/l2r
+    assert round(100 * rows["beam/fused@4"]["vs_majority"]["mean"], 1) == round(100 * 20 / 39, 1) == 51.3
+    assert rows["beam/l2r@4"]["vs_majority"]["mean"] == 0 and rows["noise:beam@4"]["vs_majority"]["questions"] == 39
+    assert text.count("(tie)") == 2
 
 
 # Two PRMs that disagree: "l2r" is LOGITS, "bi" prefers the other child everywhere.

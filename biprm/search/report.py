@@ -4,8 +4,10 @@ Rows come per N: pass@N (the ceiling), majority vote and random pick over the sa
 samples, then each PRM-driven method (every PRM's row side by side) followed by the same
 method driven by noise. A PRM row's "vs noise" is the paired difference to its noise twin
 on the same questions: an interval that holds 0 means the search learned nothing from the
-PRM there. With exactly two PRMs a second table gives each method's paired difference
-between them, on the same pool and questions.
+PRM there. Every method's "vs majority" is its paired difference to majority vote over the
+same number of samples, the bar a verifier has to clear to be worth its cost. With exactly
+two PRMs a second table gives each method's paired difference between them, on the same
+pool and questions.
 """
 from __future__ import annotations
 
@@ -78,6 +80,9 @@ def method_rows(records: list[dict], seed: int = 0) -> list[dict]:
             row |= {f"accuracy_{k}": v for k, v in bootstrap_mean(correct[m][known], seed=seed).items()}
         if (twin := noise_twin(m)) in correct and (d := paired(correct[m], correct[twin], seed)):
             row["vs_noise"] = d
+        base, n, _ = parts(m)
+        if base not in BASELINES and (majority := method_name("majority", n)) in correct and (d := paired(correct[m], correct[majority], seed)):
+            row["vs_majority"] = d
         budgets = [r["methods"][m]["budget"] for r in records]
         row["budget"] = {k: float(np.mean([b.get(k, 0.0) for b in budgets])) for k in sorted({k for b in budgets for k in b})}
         rows.append(row)
@@ -108,16 +113,17 @@ def points(d: dict) -> str:
 def table(rows: list[dict]) -> str:
     """The markdown table `biprm search` prints and writes to summary.md."""
     streams = sorted({k.removeprefix("prm_tokens_") for r in rows for k in r["budget"] if k.startswith("prm_tokens_")})
-    head = ["method", "accuracy % [95% CI]", "vs noise (pts) [95% CI]", "unknown", "policy tok/q", f"PRM tok/q ({' / '.join(streams) or '-'})",
-            "calls/q policy / PRM", "wall s/q policy / PRM"]
+    head = ["method", "accuracy % [95% CI]", "vs noise (pts) [95% CI]", "vs majority (pts) [95% CI]", "unknown", "policy tok/q",
+            f"PRM tok/q ({' / '.join(streams) or '-'})", "calls/q policy / PRM", "wall s/q policy / PRM"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         b = r["budget"]
         acc = f"{100 * r['accuracy_mean']:.1f} [{100 * r['accuracy_low']:.1f}, {100 * r['accuracy_high']:.1f}]" if "accuracy_mean" in r else "-"
-        d = r.get("vs_noise")
+        d, m = r.get("vs_noise"), r.get("vs_majority")
         vs = f"{points(d)}{' (noise)' if d['within_noise'] else ''}" if d else ""
+        vs_majority = f"{points(m)}{' (tie)' if m['within_noise'] else ''}" if m else ""
         prm = " / ".join(f"{b.get(f'prm_tokens_{s}', 0):.0f}" for s in streams) or "0"
-        cells = [r["method"], acc, vs, str(r["unknown"]), f"{b.get('policy_tokens', 0):.0f}", prm,
+        cells = [r["method"], acc, vs, vs_majority, str(r["unknown"]), f"{b.get('policy_tokens', 0):.0f}", prm,
                  f"{b.get('policy_calls', 0):.1f} / {b.get('prm_calls', 0):.1f}", f"{b.get('policy_s', 0):.2f} / {b.get('prm_s', 0):.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -140,7 +146,7 @@ def summarize(out: Path, seed: int = 0) -> str:
     rows, differences = method_rows(records, seed), prm_differences(records, seed)
     total = {k: sum(r["budget"].get(k, 0.0) for r in records) for k in {k for r in records for k in r["budget"]}}
     text = (f"{len(records)} questions; accuracy over the questions graded (a grade that timed out is unknown); "
-            f"'(noise)': the interval holds 0.\n\n{table(rows)}\n\nthe run's whole cost (the pool once, every search): "
+            f"'(noise)', '(tie)': the interval holds 0.\n\n{table(rows)}\n\nthe run's whole cost (the pool once, every search): "
             + ", ".join(f"{k} {v:.1f}" for k, v in sorted(total.items())) + "\n")
     if differences:
         text += f"\nthe two PRMs on the same pool and questions, paired; '(tie)': the interval holds 0.\n\n{difference_table(differences)}\n"
