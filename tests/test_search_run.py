@@ -95,9 +95,10 @@ def test_a_run_killed_while_drawing_the_pool_resumes_at_its_last_level(config, t
     run_search(whole, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
     with pytest.raises(RuntimeError, match="killed"):
         run_search(config, DiesAt(TREE, at=2), [ScriptedScorer(LOGITS)])  # the first batch's pool: depth 1 drawn, depth 2 not
-    saved = Path(config.out) / "pool-in-flight.json"
+    saved = Path(config.out) / "batch-in-flight.json"
     kept = json.loads(saved.read_text())
-    assert kept["indices"] == [0, 1] and {len(p["steps"]) for p in kept["paths"]} == {1} and kept["budget"]["policy_calls"] == [1, 1]
+    pool = kept["pool"]
+    assert kept["indices"] == [0, 1] and {len(p["steps"]) for p in pool["paths"]} == {1} and pool["budget"]["policy_calls"] == [1, 1]
     policy = DiesAt(TREE, at=0)
     run_search(config, policy, [ScriptedScorer(LOGITS)])
     assert policy.prompts[0] == ["two||x", "two||y", "two||x", "two||y"]  # the saved pool's next level, not its first again
@@ -113,6 +114,39 @@ def test_a_run_killed_while_drawing_the_pool_resumes_at_its_last_level(config, t
     run_search(config, policy, [ScriptedScorer(LOGITS)])
     assert {p.split("||")[0] for call in policy.prompts for p in call} == {"three"} and not saved.exists()
     assert [without_timings(r) for r in records(config)] == [without_timings(r) for r in theirs]
+
+
+class ScorerDiesAt(ScriptedScorer):
+    """Killed at its `at`-th call (0: never)."""
+
+    def __init__(self, logits, at: int):
+        super().__init__(logits)
+        self.at = at
+
+    def score(self, questions, paths, streams="fused"):
+        if self.calls + 1 == self.at:
+            raise RuntimeError("killed")
+        return super().score(questions, paths, streams)
+
+
+def test_a_run_killed_while_a_prm_scores_the_pool_resumes_at_its_next_call(config, tmp_path, monkeypatch):
+    config.algorithms, config.n = ["bon"], [2, 4]
+    monkeypatch.setattr(search_run, "POOL_CHUNK", 3)
+    whole = replace(config, out=str(tmp_path / "whole"))
+    run_search(whole, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+    with pytest.raises(RuntimeError, match="killed"):
+        run_search(config, ScriptedPolicy(TREE), [ScorerDiesAt(LOGITS, at=3)])  # first batch: 8 paths, calls of 3, 3, 2
+    kept = json.loads((Path(config.out) / "batch-in-flight.json").read_text())
+    (scored,) = kept["scores"].values()
+    assert len(scored["paths"]) == 6 and scored["budget"]["prm_calls"] == [2, 1]
+    policy, scorer = DiesAt(TREE, at=0), ScriptedScorer(LOGITS)
+    run_search(config, policy, [scorer])
+    assert {p.split("||")[0] for call in policy.prompts for p in call} == {"three"}  # the first pool is not drawn again
+    assert [len(paths) for _, paths in scorer.seen] == [2, 3, 1]  # the first pool's last call, then the second batch's
+    mine, theirs = records(config), records(whole)
+    assert [without_timings(r) for r in mine] == [without_timings(r) for r in theirs]
+    calls = lambda rows: [r["methods"]["bon-max/fused@4"]["budget"]["prm_calls"] for r in rows]  # noqa: E731
+    assert calls(mine) == calls(theirs) == [2, 2, 2]  # question two: one call saved, one run after the resume
 
 
 def test_resume_refuses_changed_settings(config):

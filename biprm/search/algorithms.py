@@ -73,6 +73,13 @@ class Budget:
             add = (share > 0).astype(float) if total is None else total * share
             self.values[name] = self.values.get(name, np.zeros(self.n)) + add
 
+    def to_json(self) -> dict[str, list[float]]:
+        return {k: v.tolist() for k, v in self.values.items()}
+
+    def restore(self, saved: dict[str, list[float]]) -> None:
+        """Takes up the costs `to_json` gave (a resumed run's, from its checkpoint)."""
+        self.values = {k: np.array(v) for k, v in saved.items()}
+
     def row(self, q: int, scale: float = 1.0) -> dict[str, float]:
         """Question q's costs, all but the call counts scaled (a part of a pool still took every call)."""
         return {k: round(float(v[q]) * (1.0 if k.endswith("_calls") else scale), 4) for k, v in sorted(self.values.items())}

@@ -6,9 +6,9 @@ vote, random pick, pass@N and best-of-N read (their first n for every n of --n).
 PRM scores that one pool, so PRMs are compared on the same samples and generation is
 paid once. Then every search method runs once per PRM and once with the text-free
 noise scorer. A finished batch is appended to questions.jsonl in one write; a rerun skips the
-questions already there. The pool, most of a batch's time, is saved after every level
-(`PoolCheckpoint`), so a kill while it is drawn loses one level; a kill after it loses the
-batch's scoring and searches.
+questions already there. The pool is saved after every level and each PRM's scores of it
+after every call (`BatchCheckpoint`), so a kill while they run loses one level or one call;
+a kill in the tree searches after them loses those searches.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from biprm.search.algorithms import Budget, Search, beam_search, choose, dvts, p
 from biprm.search.config import SearchConfig
 from biprm.search.noise import NoiseScorer
 from biprm.search.policy import StepPolicy
-from biprm.search.prm import PathScorer
+from biprm.search.prm import PathScore, PathScorer
 from biprm.search.report import method_name, summarize
 from biprm.search.synthetic import SyntheticPolicy, synthetic_problems
 
@@ -97,42 +97,72 @@ def add(total: dict[str, float], row: dict[str, float]) -> None:
         total[k] = total.get(k, 0.0) + v
 
 
-class PoolCheckpoint:
-    """The pool of the batch in flight as drawn so far, rewritten after every level and removed once the batch is in
-    questions.jsonl: drawing the pool is most of a batch's time (about 30 of 49 minutes for 25 GSM8K questions on 2 cores).
-    A resumed pool goes on from its last saved level; the level in flight at the kill is drawn again, its time not counted."""
+class BatchCheckpoint:
+    """What the batch in flight has done: its pool as drawn so far (saved after every level) and each PRM's scores of it
+    (after every call), with their costs. Drawing and scoring the pool is nearly all of a best-of-N batch's time (30 and 18
+    of 49 minutes for 25 GSM8K questions on 2 cores), so a kill loses one level or one PRM call of it; the level or call
+    in flight is run again, and the time it had taken is not counted. Removed once the batch is in questions.jsonl."""
 
     def __init__(self, file: Path):
-        self.file = file
+        self.file, self.data = file, {}
 
     def indices(self) -> list[int] | None:
-        """The questions of the batch a killed run was drawing, if any."""
+        """The questions of the batch a killed run left, if any."""
         return json.loads(self.file.read_text())["indices"] if self.file.exists() else None
 
-    def save(self, indices: list[int], budget: Budget, paths: list[SearchPath]) -> None:
-        rows = [{"q": p.q, "group": p.group, "steps": p.steps, "capped": p.capped, "finished": p.finished, "tokens": p.tokens} for p in paths]
-        data = {"indices": indices, "budget": {k: v.tolist() for k, v in budget.values.items()}, "paths": rows}
-        tmp = self.file.with_name(self.file.name + ".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.file)  # a kill mid-write leaves the previous level's file whole
+    def open(self, indices: list[int]) -> None:
+        """Take up what a killed run saved for these questions, or start afresh."""
+        self.data = json.loads(self.file.read_text()) if self.indices() == indices else {"indices": indices}
+        if "pool" in self.data:
+            depth = max(len(p["steps"]) for p in self.data["pool"]["paths"])
+            log.info("%s: resuming questions %d-%d, their pool at depth %d, scored by %s", self.file, indices[0], indices[-1], depth,
+                     ", ".join(self.data.get("scores", {})) or "no PRM yet")
 
-    def load(self, indices: list[int], budget: Budget) -> list[SearchPath] | None:
-        """The saved pool of these questions, its costs so far put into `budget`; None if none is saved for them."""
-        if self.indices() != indices:
+    def write(self) -> None:
+        tmp = self.file.with_name(self.file.name + ".tmp")
+        tmp.write_text(json.dumps(self.data))
+        os.replace(tmp, self.file)  # a kill mid-write leaves the last file whole
+
+    def pool(self, budget: Budget) -> list[SearchPath] | None:
+        """The saved pool, its costs so far put into `budget`; None if none was drawn."""
+        if "pool" not in self.data:
             return None
-        data = json.loads(self.file.read_text())
-        budget.values = {k: np.array(v) for k, v in data["budget"].items()}
-        paths = [SearchPath(**(p | {"steps": tuple(p["steps"]), "capped": tuple(p["capped"])})) for p in data["paths"]]
-        log.info("%s: resuming the pool of questions %d-%d at depth %d", self.file, indices[0], indices[-1], max(len(p.steps) for p in paths))
-        return paths
+        saved = self.data["pool"]
+        budget.restore(saved["budget"])
+        return [SearchPath(**(p | {"steps": tuple(p["steps"]), "capped": tuple(p["capped"])})) for p in saved["paths"]]
+
+    def save_pool(self, budget: Budget, paths: list[SearchPath]) -> None:
+        rows = [{"q": p.q, "group": p.group, "steps": p.steps, "capped": p.capped, "finished": p.finished, "tokens": p.tokens} for p in paths]
+        self.data["pool"] = {"budget": budget.to_json(), "paths": rows}
+        self.write()
+
+    def scores(self, prm: str, budget: Budget, paths: list[SearchPath]) -> int:
+        """Puts `prm`'s saved scores on the first paths of the pool and its costs into `budget`; returns how many it had."""
+        saved = self.data.get("scores", {}).get(prm)
+        if saved is None:
+            return 0
+        budget.restore(saved["budget"])
+        for p, row in zip(paths, saved["paths"]):
+            if row is not None:
+                arrays = {k: None if row[k] is None else np.array(row[k]) for k in ("l2r", "r2l", "fused")}
+                p.scored, p.score = PathScore(**arrays, n_dropped=row["n_dropped"]), row["score"]
+        return len(saved["paths"])
+
+    def save_scores(self, prm: str, budget: Budget, paths: list[SearchPath]) -> None:
+        """`prm`'s scores of the pool's first paths (None for a path with no step, which is never scored)."""
+        rows = [None if p.scored is None else {k: None if (x := getattr(p.scored, k)) is None else x.tolist() for k in ("l2r", "r2l", "fused")}
+                | {"n_dropped": p.scored.n_dropped, "score": p.score} for p in paths]
+        self.data.setdefault("scores", {})[prm] = {"budget": budget.to_json(), "paths": rows}
+        self.write()
 
     def clear(self) -> None:
         self.file.unlink(missing_ok=True)
+        self.data = {}
 
 
-def batches(todo: list[dict], size: int, checkpoint: PoolCheckpoint) -> list[list[dict]]:
-    """`todo` in batches of `size`, the batch whose pool a killed run was drawing first, as it was (a saved pool whose
-    questions are no longer all to do, as when a kill came between the append and the clear, is removed)."""
+def batches(todo: list[dict], size: int, checkpoint: BatchCheckpoint) -> list[list[dict]]:
+    """`todo` in batches of `size`, the batch a killed run left first, as it was (a checkpoint whose questions are no
+    longer all to do, as when a kill came between the append and the clear, is removed)."""
     pending = checkpoint.indices() or []
     first = [it for it in todo if it["index"] in pending]
     if len(first) != len(pending):
@@ -147,9 +177,10 @@ class Batch:
     """One batch of questions: its pool, its searches, then grades and one record per question."""
 
     def __init__(self, items: list[dict], cfg: SearchConfig, policy: StepPolicy, scorers: dict[str, PathScorer], noise: NoiseScorer,
-                 checkpoint: PoolCheckpoint, note: Callable[[str], None] = lambda _: None):
+                 checkpoint: BatchCheckpoint, note: Callable[[str], None] = lambda _: None):
         self.items, self.cfg, self.policy, self.scorers, self.noise, self.note = items, cfg, policy, scorers, noise, note
         self.checkpoint = checkpoint
+        checkpoint.open([it["index"] for it in items])
         self.questions = [it["question"] for it in items]
         self.rng = np.random.default_rng([cfg.seed, items[0]["index"]])
         self.methods: dict[str, list[dict]] = {}  # name -> per question {"pick" (pool index) | "paths" + "pick", "budget"}
@@ -180,14 +211,12 @@ class Batch:
         """Majority vote, random pick and pass@n over the pool's first n; best-of-N by every PRM and by noise when asked."""
         c, nmax = self.cfg, max(self.cfg.n)
         s = self.search(self.noise, "fused")  # sampling never scores: the scorer goes unused
-        indices = [it["index"] for it in self.items]
-        drawn = self.checkpoint.load(indices, s.budget)
-        self.pool = sample(s, nmax, drawn, lambda paths: self.checkpoint.save(indices, s.budget, paths))
+        self.pool = sample(s, nmax, self.checkpoint.pool(s.budget), lambda paths: self.checkpoint.save_pool(s.budget, paths))
         self.pool_budget = s.budget
         self.answers = [extract_answer("\n".join(p.steps)) for p in self.pool]
         self.keys = [answer_key(a, i) for i, a in enumerate(self.answers)]
         if "bon" in c.algorithms:
-            self.scored = {prm: self.score_pool(scorer, "l2r" if c.strategies == ["l2r"] else "fused") for prm, scorer in self.scorers.items()}
+            self.scored = {prm: self.score_pool(scorer, "l2r" if c.strategies == ["l2r"] else "fused", prm) for prm, scorer in self.scorers.items()}
             noise_pool, _ = self.score_pool(self.noise, "fused")
         for n in c.n:
             gen = {q: self._pool_budget(q, n) for q in range(len(self.items))}
@@ -209,14 +238,16 @@ class Batch:
             noise_scores = np.array([p.score for p in noise_pool])
             self.methods[f"noise:bon-max@{n}"] = [{"pick": f[int(np.argmax(noise_scores[list(f)]))], "budget": gen[q]} for q, f in enumerate(first)]
 
-    def score_pool(self, scorer: PathScorer, stream: str) -> tuple[list[SearchPath], Search]:
-        """A copy of the pool scored by `scorer`, and the search that holds the cost. Finished paths never grow, so
-        they go in calls of POOL_CHUNK paths: a `PrefixScorer` bounds the keys and values it keeps between calls
-        (max_cache_mb), but holds every new L2R row's during a call (R2L rows' it drops at once), and one call over a
-        pool of 400 ten-step GSM8K paths grew past 10 GB of them."""
+    def score_pool(self, scorer: PathScorer, stream: str, prm: str | None = None) -> tuple[list[SearchPath], Search]:
+        """A copy of the pool scored by `scorer`, and the search that holds the cost; a named PRM's scores are checkpointed
+        after every call. Finished paths never grow, so they go in calls of POOL_CHUNK paths: a `PrefixScorer` bounds
+        the keys and values it keeps between calls (max_cache_mb), but holds every new L2R row's during a call (R2L
+        rows' it drops at once), and one call over a pool of 400 ten-step GSM8K paths grew past 10 GB of them."""
         s, paths = self.search(scorer, stream), [replace(p) for p in self.pool]
-        for start in range(0, len(paths), POOL_CHUNK):
+        for start in range(self.checkpoint.scores(prm, s.budget, paths) if prm else 0, len(paths), POOL_CHUNK):
             s.score(paths[start : start + POOL_CHUNK], stream)
+            if prm:
+                self.checkpoint.save_scores(prm, s.budget, paths[: start + POOL_CHUNK])
         return paths, s
 
     @staticmethod
@@ -344,7 +375,7 @@ def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorers: lis
     check_settings(out, cfg)
     results = out / "questions.jsonl"
     todo = [it for it in load_questions(cfg.data, cfg.data_root, cfg.limit) if it["index"] not in done_indices(results)]
-    checkpoint = PoolCheckpoint(out / "pool-in-flight.json")
+    checkpoint = BatchCheckpoint(out / "batch-in-flight.json")
     if todo:
         policy, noise = policy or build_policy(cfg), NoiseScorer(cfg.seed)
         scorers = dict(zip(cfg.prm_names, scorers or [build_scorer(cfg, prm) for prm in cfg.prm], strict=True))
