@@ -1,4 +1,4 @@
-"""`biprm` command line: demo, train, score, eval, replicate, rl-study, serve, bench, search.
+"""`biprm` command line: demo, train, score, eval, replicate, rl-study, serve, export, bench, check, search, bench-data.
 
 Each sub-command's flags come from one dataclass (`biprm.config` and the subpackages'
 `config` modules) through `HfArgumentParser`, so every flag shows its help, default
