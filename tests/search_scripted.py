@@ -21,6 +21,12 @@ class ScriptedPolicy:
     def reseed(self, seed: int) -> None:
         pass  # deterministic
 
+    def state(self) -> dict:
+        return {"asked": [[list(key), count] for key, count in self.asked.items()]}
+
+    def restore(self, state: dict) -> None:
+        self.asked = Counter({tuple(key): count for key, count in state["asked"]})
+
     def prompt(self, question: str, steps) -> str:
         return SEP.join([question, *steps])
 

@@ -90,16 +90,22 @@ def without_timings(record: dict) -> dict:
     return json.loads(json.dumps(record), object_hook=lambda d: {k: v for k, v in d.items() if k != "budget"})
 
 
+# Three first steps for question one: the pool of 4 asks it 4 times, so the tree searches after it start at its second
+# child, and a resumed run does the same only if the policy's draw state was saved with the pool.
+TREE3 = TREE | {("one",): ["answer 3", "answer 4", "answer 5"]}
+
+
 def test_a_run_killed_while_drawing_the_pool_resumes_at_its_last_level(config, tmp_path):
     whole = replace(config, out=str(tmp_path / "whole"))
-    run_search(whole, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+    run_search(whole, ScriptedPolicy(TREE3), [ScriptedScorer(LOGITS)])
     with pytest.raises(RuntimeError, match="killed"):
-        run_search(config, DiesAt(TREE, at=2), [ScriptedScorer(LOGITS)])  # the first batch's pool: depth 1 drawn, depth 2 not
+        run_search(config, DiesAt(TREE3, at=2), [ScriptedScorer(LOGITS)])  # the first batch's pool: depth 1 drawn, depth 2 not
     saved = Path(config.out) / "batch-in-flight.json"
     kept = json.loads(saved.read_text())
     pool = kept["pool"]
     assert kept["indices"] == [0, 1] and {len(p["steps"]) for p in pool["paths"]} == {1} and pool["budget"]["policy_calls"] == [1, 1]
-    policy = DiesAt(TREE, at=0)
+    assert [["one"], 4] in pool["policy"]["asked"]
+    policy = DiesAt(TREE3, at=0)
     run_search(config, policy, [ScriptedScorer(LOGITS)])
     assert policy.prompts[0] == ["two||x", "two||y", "two||x", "two||y"]  # the saved pool's next level, not its first again
     assert not saved.exists()
@@ -110,10 +116,14 @@ def test_a_run_killed_while_drawing_the_pool_resumes_at_its_last_level(config, t
     lines = open(f"{config.out}/questions.jsonl").readlines()  # killed after a batch was appended, before its pool was removed
     open(f"{config.out}/questions.jsonl", "w").writelines(lines[:2])
     saved.write_text(json.dumps(kept))
-    policy = DiesAt(TREE, at=0)
+    policy = DiesAt(TREE3, at=0)
     run_search(config, policy, [ScriptedScorer(LOGITS)])
     assert {p.split("||")[0] for call in policy.prompts for p in call} == {"three"} and not saved.exists()
     assert [without_timings(r) for r in records(config)] == [without_timings(r) for r in theirs]
+
+    saved.write_text(json.dumps(kept))  # killed after the last batch's append: nothing is left to do, and the file goes
+    run_search(config, DiesAt(TREE3, at=1), [ScriptedScorer(LOGITS)])
+    assert not saved.exists()
 
 
 class ScorerDiesAt(ScriptedScorer):
@@ -130,19 +140,19 @@ class ScorerDiesAt(ScriptedScorer):
 
 
 def test_a_run_killed_while_a_prm_scores_the_pool_resumes_at_its_next_call(config, tmp_path, monkeypatch):
-    config.algorithms, config.n = ["bon"], [2, 4]
+    config.algorithms, config.n, config.strategies = ["bon", "beam"], [4], ["fused"]
     monkeypatch.setattr(search_run, "POOL_CHUNK", 3)
     whole = replace(config, out=str(tmp_path / "whole"))
-    run_search(whole, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+    run_search(whole, ScriptedPolicy(TREE3), [ScriptedScorer(LOGITS)])
     with pytest.raises(RuntimeError, match="killed"):
-        run_search(config, ScriptedPolicy(TREE), [ScorerDiesAt(LOGITS, at=3)])  # first batch: 8 paths, calls of 3, 3, 2
+        run_search(config, ScriptedPolicy(TREE3), [ScorerDiesAt(LOGITS, at=3)])  # first batch: 8 paths, calls of 3, 3, 2
     kept = json.loads((Path(config.out) / "batch-in-flight.json").read_text())
     (scored,) = kept["scores"].values()
     assert len(scored["paths"]) == 6 and scored["budget"]["prm_calls"] == [2, 1]
-    policy, scorer = DiesAt(TREE, at=0), ScriptedScorer(LOGITS)
+    policy, scorer = DiesAt(TREE3, at=0), ScriptedScorer(LOGITS)
     run_search(config, policy, [scorer])
-    assert {p.split("||")[0] for call in policy.prompts for p in call} == {"three"}  # the first pool is not drawn again
-    assert [len(paths) for _, paths in scorer.seen] == [2, 3, 1]  # the first pool's last call, then the second batch's
+    assert policy.prompts[0] == ["one", "two"]  # beam search's first level: the first pool is not drawn again
+    assert [len(paths) for _, paths in scorer.seen[:2]] == [2, 4]  # the first pool's last call, then beam search's first level
     mine, theirs = records(config), records(whole)
     assert [without_timings(r) for r in mine] == [without_timings(r) for r in theirs]
     calls = lambda rows: [r["methods"]["bon-max/fused@4"]["budget"]["prm_calls"] for r in rows]  # noqa: E731

@@ -75,10 +75,20 @@ def test_draws_depend_on_seed_question_and_prefix_only():
     first = [p.steps for p in solve(a, PROBLEMS[:20], 4)]
     assert [p.steps for p in solve(b, PROBLEMS[:20], 4)] == first
     assert [p.steps for p in solve(a, PROBLEMS[:20], 4)] != first  # asked again: the next draws
-    a.reseed(123)  # a resumed batch, however it is cut, draws as the first run did
+    a.reseed(123)  # a batch draws the same whatever ran before it
     assert [p.steps for p in solve(a, PROBLEMS[10:20], 4)] == first[40:]
     assert [p.steps for p in solve(SyntheticPolicy(PROBLEMS, 0.3, 0.3, seed=8), PROBLEMS[:20], 4)] != first
     assert len(set(first[:4])) > 1  # the n children of one prefix differ
+
+
+def test_a_policy_restored_from_its_saved_state_draws_what_it_would_have():
+    a = SyntheticPolicy(PROBLEMS, 0.3, 0.3, seed=7)
+    solve(a, PROBLEMS[:10], 4)
+    saved = json.loads(json.dumps(a.state()))  # as a batch's checkpoint keeps it
+    then = [p.steps for p in solve(a, PROBLEMS[:10], 4)]
+    b = SyntheticPolicy(PROBLEMS, 0.3, 0.3, seed=7)
+    b.restore(saved)
+    assert [p.steps for p in solve(b, PROBLEMS[:10], 4)] == then
 
 
 def test_a_question_the_policy_does_not_know_is_refused():

@@ -25,7 +25,6 @@ from biprm.search.policy import StepOut
 from biprm.search.prm import PathScore, PathScorer
 
 
-
 class Policy(Protocol):
     """What a search asks of a policy: `biprm.search.policy.StepPolicy` implements it, tests script it."""
 
@@ -35,6 +34,10 @@ class Policy(Protocol):
     def prompt(self, question: str, steps: Sequence[str]) -> str: ...
 
     def reseed(self, seed: int) -> None: ...
+
+    def state(self) -> dict: ...
+
+    def restore(self, state: dict) -> None: ...
 
     def generate_step(self, prompts: list[str], n: int) -> list[StepOut]: ...
 
@@ -170,8 +173,8 @@ def grow(s: Search, paths: list[Path]) -> list[Path]:
 
 def sample(s: Search, n: int, paths: list[Path] | None = None, save: Callable[[list[Path]], None] = lambda _: None) -> list[Path]:
     """n independent solutions per question, unscored: the best-of-N pool, question-major, that every PRM then scores
-    in one call (picks: `choose` for the max, `vote` weighted by probability). `paths`, a pool part-drawn by a killed
-    run, goes on from its last level; `save` gets the pool after every level."""
+    (the pick: the highest score, or `vote` weighted by probability). `paths`, a pool part-drawn by a killed run, goes
+    on from its last level; `save` gets the pool after every level."""
     if paths is None:
         paths = s.expand(s.roots(), n)
         save(paths)

@@ -50,8 +50,8 @@ class SearchConfig:
     temperature: float = arg(0.8, "policy sampling temperature")
     top_p: float = arg(1.0, "policy nucleus sampling")
     seed: int = arg(0, "seed of the policy (hf, vllm), particle resampling, random pick, the noise scorer and the bootstrap")
-    batch_questions: int = arg(8, "questions searched together (one policy and one PRM call per level for all); a killed run loses "
-                                  "at most this batch")
+    batch_questions: int = arg(8, "questions searched together (one policy and one PRM call per level for all); a killed run "
+                                  "resumes the batch in flight from its checkpoint")
     retries: int = arg(4, "policy server retries with exponential backoff before giving up")
     grade_workers: int = arg(2, "grading processes")
     grade_timeout: float = arg(5.0, "seconds per grade; a grade that takes longer is 'unknown', not wrong")

@@ -6,7 +6,8 @@ and a rerun or a resumed run draws the same numbers. Paths of one call with the 
 (siblings that sampled the same step) get separate draws for their newest step: keyed on
 text alone, a step written in fewer ways (on the synthetic task, a right step) would hold
 fewer draws than one written in many, and lose the maximum more often, so "noise" would
-read the text after all.
+read the text after all. That separate draw lasts while the step is newest: one level on,
+the copy's step takes its twin's draw again (only aggregations other than "last" see it).
 """
 from __future__ import annotations
 

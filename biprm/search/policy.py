@@ -70,8 +70,16 @@ class StepPolicy:
         return self._heads[question]
 
     def reseed(self, seed: int) -> None:
-        """Make the next draws depend on `seed` only (so a resumed batch draws as in the first run); a no-op where the
-        backend cannot (a server; vLLM, seeded once per engine)."""
+        """Make the next draws depend on `seed` only (so a batch draws the same whatever ran before it); a no-op where
+        the backend cannot (a server; vLLM, seeded once per engine)."""
+
+    def state(self) -> dict:
+        """What the next draws depend on, JSON-ready, for a batch's checkpoint: a batch resumed with it draws as the
+        first run would have. Empty where there is nothing to save (a server draws unseeded; vLLM keeps its own)."""
+        return {}
+
+    def restore(self, state: dict) -> None:
+        """Take up what `state` gave."""
 
     def generate_step(self, prompts: list[str], n: int) -> list[StepOut]:
         if not prompts:
@@ -175,6 +183,16 @@ class HFPolicy(StepPolicy):
         import torch
 
         torch.manual_seed(seed)
+
+    def state(self) -> dict:
+        import torch
+
+        return {"torch_rng": torch.get_rng_state().tolist()}
+
+    def restore(self, state: dict) -> None:
+        import torch
+
+        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
 
     def _generate(self, prompts: list[str], n: int) -> list[tuple[str, Ending, int]]:
         import torch

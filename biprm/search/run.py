@@ -37,8 +37,8 @@ from biprm.search.synthetic import SyntheticPolicy, synthetic_problems
 
 log = logging.getLogger(__name__)
 POOL_CHUNK = 64  # finished paths per PRM call when a best-of-N pool is scored (see Batch.score_pool)
-RESULTS = ("data", "limit", "policy", "policy_model", "prm", "algorithms", "n", "width", "strategies", "aggregation", "max_depth",
-           "max_step_tokens", "step_token", "calc_rate", "claim_rate", "temperature", "top_p", "seed")  # settings a resumed run must share
+RESULTS = ("data", "limit", "policy", "policy_model", "policy_tokenizer", "prm", "prm_max_length", "algorithms", "n", "width", "strategies",
+           "aggregation", "max_depth", "max_step_tokens", "step_token", "calc_rate", "claim_rate", "temperature", "top_p", "seed")  # settings a resumed run must share
 
 
 def load_questions(data: str, data_root: str, limit: int | None) -> list[dict]:
@@ -123,20 +123,22 @@ class BatchCheckpoint:
         tmp.write_text(json.dumps(self.data))
         os.replace(tmp, self.file)  # a kill mid-write leaves the last file whole
 
-    def pool(self, budget: Budget) -> list[SearchPath] | None:
-        """The saved pool, its costs so far put into `budget`; None if none was drawn."""
+    def restore_pool(self, budget: Budget, policy: StepPolicy) -> list[SearchPath] | None:
+        """The saved pool, its costs so far put into `budget` and the policy's draw state into `policy`; None if none
+        was drawn."""
         if "pool" not in self.data:
             return None
         saved = self.data["pool"]
         budget.restore(saved["budget"])
+        policy.restore(saved["policy"])
         return [SearchPath(**(p | {"steps": tuple(p["steps"]), "capped": tuple(p["capped"])})) for p in saved["paths"]]
 
-    def save_pool(self, budget: Budget, paths: list[SearchPath]) -> None:
+    def save_pool(self, budget: Budget, policy: StepPolicy, paths: list[SearchPath]) -> None:
         rows = [{"q": p.q, "group": p.group, "steps": p.steps, "capped": p.capped, "finished": p.finished, "tokens": p.tokens} for p in paths]
-        self.data["pool"] = {"budget": budget.to_json(), "paths": rows}
+        self.data["pool"] = {"budget": budget.to_json(), "policy": policy.state(), "paths": rows}
         self.write()
 
-    def scores(self, prm: str, budget: Budget, paths: list[SearchPath]) -> int:
+    def restore_scores(self, prm: str, budget: Budget, paths: list[SearchPath]) -> int:
         """Puts `prm`'s saved scores on the first paths of the pool and its costs into `budget`; returns how many it had."""
         saved = self.data.get("scores", {}).get(prm)
         if saved is None:
@@ -166,7 +168,8 @@ def batches(todo: list[dict], size: int, checkpoint: BatchCheckpoint) -> list[li
     pending = checkpoint.indices() or []
     first = [it for it in todo if it["index"] in pending]
     if len(first) != len(pending):
-        log.warning("%s: its questions are already done; removing it", checkpoint.file)
+        log.warning("%s: %d of its %d questions are already in questions.jsonl; removing it, the rest are searched afresh",
+                    checkpoint.file, len(pending) - len(first), len(pending))
         checkpoint.clear()
         first = []
     rest = [it for it in todo if it["index"] not in pending]
@@ -183,7 +186,7 @@ class Batch:
         checkpoint.open([it["index"] for it in items])
         self.questions = [it["question"] for it in items]
         self.rng = np.random.default_rng([cfg.seed, items[0]["index"]])
-        self.methods: dict[str, list[dict]] = {}  # name -> per question {"pick" (pool index) | "paths" + "pick", "budget"}
+        self.methods: dict[str, list[dict]] = {}  # name -> per question {"pick" (pool index) | "any" (pool indices: pass@n) | "paths" + "pick", "budget"}
         self.searched: dict[str, list[SearchPath]] = {}
         self.scored: dict[str, tuple[list[SearchPath], Search]] = {}  # PRM name -> its scored copy of the pool, and its accounts
 
@@ -211,7 +214,8 @@ class Batch:
         """Majority vote, random pick and pass@n over the pool's first n; best-of-N by every PRM and by noise when asked."""
         c, nmax = self.cfg, max(self.cfg.n)
         s = self.search(self.noise, "fused")  # sampling never scores: the scorer goes unused
-        self.pool = sample(s, nmax, self.checkpoint.pool(s.budget), lambda paths: self.checkpoint.save_pool(s.budget, paths))
+        drawn = self.checkpoint.restore_pool(s.budget, self.policy)
+        self.pool = sample(s, nmax, drawn, lambda paths: self.checkpoint.save_pool(s.budget, self.policy, paths))
         self.pool_budget = s.budget
         self.answers = [extract_answer("\n".join(p.steps)) for p in self.pool]
         self.keys = [answer_key(a, i) for i, a in enumerate(self.answers)]
@@ -239,15 +243,18 @@ class Batch:
             self.methods[f"noise:bon-max@{n}"] = [{"pick": f[int(np.argmax(noise_scores[list(f)]))], "budget": gen[q]} for q, f in enumerate(first)]
 
     def score_pool(self, scorer: PathScorer, stream: str, prm: str | None = None) -> tuple[list[SearchPath], Search]:
-        """A copy of the pool scored by `scorer`, and the search that holds the cost; a named PRM's scores are checkpointed
-        after every call. Finished paths never grow, so they go in calls of POOL_CHUNK paths: a `PrefixScorer` bounds
+        """A copy of the pool scored by `scorer` (None: the noise scorer), and the search that holds the cost; a PRM's
+        scores are checkpointed after every call. Finished paths never grow, so a PRM takes them in calls of POOL_CHUNK paths: a `PrefixScorer` bounds
         the keys and values it keeps between calls (max_cache_mb), but holds every new L2R row's during a call (R2L
         rows' it drops at once), and one call over a pool of 400 ten-step GSM8K paths grew past 10 GB of them."""
         s, paths = self.search(scorer, stream), [replace(p) for p in self.pool]
-        for start in range(self.checkpoint.scores(prm, s.budget, paths) if prm else 0, len(paths), POOL_CHUNK):
+        if prm is None:  # the noise scorer: no cache to bound, and it tells identical paths apart only within a call
+            s.score(paths, stream)
+            return paths, s
+        done = self.checkpoint.restore_scores(prm, s.budget, paths)
+        for start in range(done, len(paths), POOL_CHUNK):
             s.score(paths[start : start + POOL_CHUNK], stream)
-            if prm:
-                self.checkpoint.save_scores(prm, s.budget, paths[: start + POOL_CHUNK])
+            self.checkpoint.save_scores(prm, s.budget, paths[: start + POOL_CHUNK])
         return paths, s
 
     @staticmethod
@@ -374,9 +381,12 @@ def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorers: lis
     out.mkdir(parents=True, exist_ok=True)
     check_settings(out, cfg)
     results = out / "questions.jsonl"
-    todo = [it for it in load_questions(cfg.data, cfg.data_root, cfg.limit) if it["index"] not in done_indices(results)]
+    done = done_indices(results)
+    todo = [it for it in load_questions(cfg.data, cfg.data_root, cfg.limit) if it["index"] not in done]
     checkpoint = BatchCheckpoint(out / "batch-in-flight.json")
-    if todo:
+    if not todo:
+        checkpoint.clear()  # left by a kill between the last batch's append and its removal
+    else:
         policy, noise = policy or build_policy(cfg), NoiseScorer(cfg.seed)
         scorers = dict(zip(cfg.prm_names, scorers or [build_scorer(cfg, prm) for prm in cfg.prm], strict=True))
         with tqdm(total=len(todo), desc="questions", unit="q", disable=not cfg.show_progress) as bar:

@@ -11,8 +11,8 @@ claim (that step shows the equation). Otherwise the step is right. The last step
 a single sample is wrong, and why.
 
 Each draw comes from a hash of (seed, question, prefix, how often that prefix was asked
-since `reseed`), so a rerun or a resumed run writes the same steps, whatever else shares
-its batch.
+since `reseed`), so a rerun writes the same steps, whatever else shares its batch, and so
+does a resumed one (the counts are in the batch's checkpoint).
 """
 from __future__ import annotations
 
@@ -53,6 +53,12 @@ class SyntheticPolicy(StepPolicy):
     def reseed(self, seed: int) -> None:
         """Start every prefix's draws over; they depend on the policy's own seed, not on the batch."""
         self.asked.clear()
+
+    def state(self) -> dict:
+        return {"asked": [[list(key), count] for key, count in self.asked.items()]}
+
+    def restore(self, state: dict) -> None:
+        self.asked = Counter({tuple(key): count for key, count in state["asked"]})
 
     def _generate(self, prompts: list[str], n: int) -> list[tuple[str, Ending, int]]:
         out = []
