@@ -189,6 +189,7 @@ class Batch:
         self.methods: dict[str, list[dict]] = {}  # name -> per question {"pick" (pool index) | "any" (pool indices: pass@n) | "paths" + "pick", "budget"}
         self.searched: dict[str, list[SearchPath]] = {}
         self.scored: dict[str, tuple[list[SearchPath], Search]] = {}  # PRM name -> its scored copy of the pool, and its accounts
+        self.noise_pool: list[SearchPath] = []  # the pool scored by the noise scorer
 
     def label(self, prm: str) -> str | None:
         """The PRM's name in method names; none with one PRM, so a one-PRM run keeps the names it always had."""
@@ -200,6 +201,7 @@ class Batch:
 
     def run(self) -> list[dict]:
         self.policy.reseed(self.cfg.seed + self.items[0]["index"])
+        self.draw_pool()
         self.pool_methods()
         for algorithm in self.cfg.algorithms:
             if algorithm != "bon":
@@ -210,18 +212,23 @@ class Batch:
                     self.tree_method(algorithm, n, "fused", self.noise)
         return self.records()
 
-    def pool_methods(self) -> None:
-        """Majority vote, random pick and pass@n over the pool's first n; best-of-N by every PRM and by noise when asked."""
-        c, nmax = self.cfg, max(self.cfg.n)
+    def draw_pool(self) -> None:
+        """max(--n) samples per question, resumed from the checkpoint and saved to it after every level, with their
+        answers; when best-of-N runs, every PRM's scores of them and the noise scorer's."""
+        c = self.cfg
         s = self.search(self.noise, "fused")  # sampling never scores: the scorer goes unused
         drawn = self.checkpoint.restore_pool(s.budget, self.policy)
-        self.pool = sample(s, nmax, drawn, lambda paths: self.checkpoint.save_pool(s.budget, self.policy, paths))
+        self.pool = sample(s, max(c.n), drawn, lambda paths: self.checkpoint.save_pool(s.budget, self.policy, paths))
         self.pool_budget = s.budget
         self.answers = [extract_answer("\n".join(p.steps)) for p in self.pool]
         self.keys = [answer_key(a, i) for i, a in enumerate(self.answers)]
         if "bon" in c.algorithms:
             self.scored = {prm: self.score_pool(scorer, "l2r" if c.strategies == ["l2r"] else "fused", prm) for prm, scorer in self.scorers.items()}
-            noise_pool, _ = self.score_pool(self.noise, "fused")
+            self.noise_pool, _ = self.score_pool(self.noise, "fused")
+
+    def pool_methods(self) -> None:
+        """Majority vote, random pick and pass@n over the pool's first n; best-of-N by every PRM and by noise when asked."""
+        c, nmax = self.cfg, max(self.cfg.n)
         for n in c.n:
             gen = {q: self._pool_budget(q, n) for q in range(len(self.items))}
             first = [range(q * nmax, q * nmax + n) for q in range(len(self.items))]
@@ -239,14 +246,15 @@ class Batch:
                     probs = sigmoid(scores)
                     self.methods[method_name(f"bon-vote/{stream}", n, self.label(prm))] = [
                         {"pick": f[vote([self.keys[i] for i in f], probs[list(f)])], "budget": full[q]} for q, f in enumerate(first)]
-            noise_scores = np.array([p.score for p in noise_pool])
+            noise_scores = np.array([p.score for p in self.noise_pool])
             self.methods[f"noise:bon-max@{n}"] = [{"pick": f[int(np.argmax(noise_scores[list(f)]))], "budget": gen[q]} for q, f in enumerate(first)]
 
     def score_pool(self, scorer: PathScorer, stream: str, prm: str | None = None) -> tuple[list[SearchPath], Search]:
-        """A copy of the pool scored by `scorer` (None: the noise scorer), and the search that holds the cost; a PRM's
-        scores are checkpointed after every call. Finished paths never grow, so a PRM takes them in calls of POOL_CHUNK paths: a `PrefixScorer` bounds
-        the keys and values it keeps between calls (max_cache_mb), but holds every new L2R row's during a call (R2L
-        rows' it drops at once), and one call over a pool of 400 ten-step GSM8K paths grew past 10 GB of them."""
+        """A copy of the pool scored by `scorer` (`prm` None: the noise scorer), and the search that holds the cost; a
+        PRM's scores are checkpointed after every call. Finished paths never grow, so a PRM takes them in calls of
+        POOL_CHUNK paths: a `PrefixScorer` bounds the keys and values it keeps between calls (max_cache_mb), but holds
+        every new L2R row's during a call (R2L rows' it drops at once), and one call over a pool of 400 ten-step GSM8K
+        paths grew past 10 GB of them."""
         s, paths = self.search(scorer, stream), [replace(p) for p in self.pool]
         if prm is None:  # the noise scorer: no cache to bound, and it tells identical paths apart only within a call
             s.score(paths, stream)
