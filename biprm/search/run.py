@@ -115,8 +115,8 @@ class BatchCheckpoint:
         self.data = json.loads(self.file.read_text()) if self.indices() == indices else {"indices": indices}
         if "pool" in self.data:
             depth = max(len(p["steps"]) for p in self.data["pool"]["paths"])
-            log.info("%s: resuming questions %d-%d, their pool at depth %d, scored by %s", self.file, indices[0], indices[-1], depth,
-                     ", ".join(self.data.get("scores", {})) or "no PRM yet")
+            log.warning("%s: resuming questions %d-%d, their pool at depth %d, scored by %s", self.file, indices[0], indices[-1], depth,
+                        ", ".join(self.data.get("scores", {})) or "no PRM yet")
 
     def write(self) -> None:
         tmp = self.file.with_name(self.file.name + ".tmp")
