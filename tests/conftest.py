@@ -1,6 +1,11 @@
+import contextlib
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,8 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    """The shared data folder (../shared/data beside the repository); tests that need it skip without it."""
-    path = Path(__file__).resolve().parents[2] / "shared" / "data"
+    """The shared data folder ($BIPRM_DATA, else ../shared/data beside the repository, as the commands read it); tests
+    that need it skip without it."""
+    from biprm.config import default_data_root
+
+    path = Path(default_data_root())
     if not path.is_dir():
         pytest.skip(f"shared data folder not found at {path}; these tests read the real benchmark files")
     return path
@@ -53,6 +61,30 @@ def weights(path: Path) -> dict:
     from safetensors.torch import load_file
 
     return load_file(str(path / "model.safetensors"))
+
+
+@contextlib.contextmanager
+def serving(app) -> Iterator[str]:
+    """`app` served by uvicorn on a free local port in a thread; yields its URL once it listens. A server that cannot
+    start (another process took the port) fails the test instead of hanging it."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                pytest.fail(f"the test server on port {port} did not start")
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 LAUNCHERS = {  # several CPU processes (gloo), each on a free port

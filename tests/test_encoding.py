@@ -24,5 +24,6 @@ def test_tag_ends_point_at_each_steps_tag_in_forward_step_order():
 
 def test_the_reversal_is_its_own_inverse():
     outputs = np.array([[0.1], [0.2], [0.3]])  # per step, in R2L's order
+    assert stream_order(outputs, "r2l").tolist() == [[0.3], [0.2], [0.1]]  # step 1 first
     assert stream_order(stream_order(outputs, "r2l"), "r2l").tolist() == outputs.tolist()
     assert stream_order(outputs, "l2r") is outputs

@@ -260,6 +260,7 @@ def _launch(*argv: str, processes: int = 2) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # launches torchrun twice
 def test_eval_on_two_processes_equals_one_and_names_a_failing_process(ckpt, data_dir, tmp_path):
     args = ["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "3", "--ns", "4", "8", "--grade-workers", "0", *FAST]
     main([*args, "--out", str(tmp_path / "one")])

@@ -1,8 +1,6 @@
 """RL integrations: the GRPO reward equals the Scorer locally and over HTTP, per-token rewards land on step ends,
 and TRL's GRPOTrainer trains with a BiPRM reward."""
-import socket
 import threading
-import time
 import urllib.error
 
 import numpy as np
@@ -13,7 +11,7 @@ from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.data.trajectory import Trajectory
 from biprm.integrations.dense import step_end_chars, step_end_tokens, token_rewards
 from biprm.integrations.grpo import BiPRMReward, message_text
-from conftest import scored
+from conftest import scored, serving
 
 PROMPTS = ["Tom has 3 apples and buys 4 more. How many?", "What is 2 + 2?"]
 COMPLETIONS = ["3 + 4 = 7.\n\nThe answer is 7.", ""]
@@ -65,33 +63,20 @@ def test_each_completion_is_encoded_once(bi_scorer, monkeypatch):
 
 def test_remote_reward_equals_local_and_sends_the_api_key(bi_scorer, monkeypatch):
     pytest.importorskip("fastapi")
-    import uvicorn
-
     from biprm.serve.app import build_app
     from biprm.serve.config import ServeConfig
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(bi_scorer, ServeConfig(model="tiny", api_key="k")), port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.05)
+    with serving(build_app(bi_scorer, ServeConfig(model="tiny", api_key="k"))) as url:
         tag = bi_scorer.tokenizer.convert_ids_to_tokens(bi_scorer.model.config.step_tag_id)
         completions = [*COMPLETIONS, f"2 + 2 = 4 {tag}", "2 + 2 = 4.\n\nThe answer is 4."]
         prompts = [*PROMPTS, PROMPTS[1], PROMPTS[1]]
-        remote = BiPRMReward(url=f"http://127.0.0.1:{port}/", request_size=2, invalid_reward=-1.0, api_key="k")(prompts=prompts, completions=completions)
+        remote = BiPRMReward(url=f"{url}/", request_size=2, invalid_reward=-1.0, api_key="k")(prompts=prompts, completions=completions)
         monkeypatch.setenv("BIPRM_API_KEY", "k")
-        from_env = BiPRMReward(url=f"http://127.0.0.1:{port}/", request_size=2, invalid_reward=-1.0)(prompts=prompts, completions=completions)
+        from_env = BiPRMReward(url=f"{url}/", request_size=2, invalid_reward=-1.0)(prompts=prompts, completions=completions)
         monkeypatch.delenv("BIPRM_API_KEY")
         with pytest.raises(urllib.error.HTTPError) as refused:
-            BiPRMReward(url=f"http://127.0.0.1:{port}/")(prompts=prompts, completions=completions)
-        remote_rows, why = BiPRMReward(url=f"http://127.0.0.1:{port}/", request_size=2, api_key="k").rows(prompts, completions)
-    finally:
-        server.should_exit = True
-        thread.join(10)
+            BiPRMReward(url=f"{url}/")(prompts=prompts, completions=completions)
+        remote_rows, why = BiPRMReward(url=f"{url}/", request_size=2, api_key="k").rows(prompts, completions)
     local = BiPRMReward(scorer=bi_scorer, invalid_reward=-1.0)(prompts=prompts, completions=completions)
     # equal up to float32 rounding (the server scores in other batches); the tagged one is refused, its neighbour scored
     assert remote == pytest.approx(local, abs=1e-6) and remote[1] == remote[2] == -1.0 and 0 < remote[3] < 1

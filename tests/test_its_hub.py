@@ -1,8 +1,6 @@
 """its_hub's searches run unchanged on a BiPRM: beam search, particle filtering and best-of-N on a scripted policy;
 a served PRM scores as the local one."""
 import asyncio
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ from biprm.data.trajectory import Trajectory  # noqa: E402
 from biprm.integrations.its_hub import BiPRMOutcomeRewardModel, BiPRMProcessRewardModel  # noqa: E402
 from biprm.scoring import Scorer  # noqa: E402
 from biprm.search.prefix import PrefixScorer  # noqa: E402
-from conftest import scored  # noqa: E402
+from conftest import scored, serving  # noqa: E402
 
 QUESTIONS = ["Tom has 3 apples and buys 5 more. How many apples?", "A box holds 12 eggs. How many eggs are in 4 boxes?"]
 STEPS = ["Add the numbers.", "3 + 5 = 8", "12 * 4 = 48", "Check the sum.", "Multiply them.", "So it is 48.", "So it is 8."]
@@ -112,21 +110,12 @@ def test_best_of_n_picks_the_best_scored_solution(bi_scorer):
 
 def test_served_scorer_gives_the_local_scores(bi_scorer):
     pytest.importorskip("fastapi")
-    import uvicorn
-
     from biprm.search.served import ServedScorer
     from biprm.serve.app import build_app
     from biprm.serve.config import ServeConfig
-    from test_serve import _free_port
 
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(bi_scorer, ServeConfig(model="tiny")), port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.05)
-        served = ServedScorer(f"http://127.0.0.1:{port}")
+    with serving(build_app(bi_scorer, ServeConfig(model="tiny"))) as url:
+        served = ServedScorer(url)
         paths = [[STEPS[0]], [STEPS[0], STEPS[1]]]
         got, want = served.score(QUESTIONS[:1] * 2, paths), PrefixScorer(bi_scorer).score(QUESTIONS[:1] * 2, paths)
         for a, b in zip(got, want):
@@ -135,7 +124,4 @@ def test_served_scorer_gives_the_local_scores(bi_scorer):
         assert served.score(QUESTIONS[:1], paths[:1], streams="l2r")[0].r2l is None and served.calls == 2
         with pytest.raises(RuntimeError, match=r"/v1/score: HTTP 400: item 0: field 'question'"):
             served.score([""], paths[:1])
-    finally:
-        server.should_exit = True
-        thread.join(10)
 

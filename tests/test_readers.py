@@ -7,6 +7,7 @@ import pytest
 
 from biprm.data.readers import (
     EMPTY_RESPONSE,
+    detect_format,
     from_bon_pool,
     from_math_shepherd,
     from_prmbench,
@@ -151,9 +152,10 @@ def test_skip_invalid_skips_and_reports(tmp_path, caplog):
 
 def test_format_detection(tmp_path):
     bon = {"question": "Q?", "answer": "5", "candidates": [{"text": "a\nb", "correct": True}, {"steps": ["c"]}]}
-    cases = {"ms": (MS_ROW, 1), "pb": (PB_ROW, 1), "prmb": (PRMB_ROW, 2), "bon": (bon, 2), "trl": (TRL[0], 1)}
-    for name, (row, n) in cases.items():
-        assert len(load_trajectories(write(tmp_path / f"{name}.jsonl", [row], "jsonl"))) == n
+    cases = {"math-shepherd": (MS_ROW, 1), "processbench": (PB_ROW, 1), "prmbench": (PRMB_ROW, 2), "bon": (bon, 2), "trl": (TRL[0], 1)}
+    for fmt, (row, n) in cases.items():
+        assert detect_format(row, "row 1") == fmt
+        assert len(load_trajectories(write(tmp_path / f"{fmt}.jsonl", [row], "jsonl"))) == n
     with pytest.raises(DataError, match=r"row 1: cannot tell the format from fields \['a', 'b'\]"):
         load_trajectories(write(tmp_path / "other.jsonl", [{"a": 1, "b": 2}], "jsonl"))
 

@@ -2,9 +2,6 @@
 and the OpenRLHF reward function against a running `biprm serve`."""
 import functools
 import re
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +9,7 @@ import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.data.trajectory import Trajectory
-from conftest import scored
+from conftest import scored, serving
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "RL.md"
 
@@ -43,26 +40,15 @@ def test_the_trl_snippet_trains(tmp_path, bi_scorer, monkeypatch):
 
 def test_the_openrlhf_reward_function_reduces_step_rewards(bi_scorer):
     pytest.importorskip("fastapi")
-    import uvicorn
-
     from biprm.serve.app import build_app
     from biprm.serve.config import ServeConfig
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(bi_scorer, ServeConfig(model="tiny", split="newline")), port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    namespace = {"URL": f"http://127.0.0.1:{port}"}
-    exec(snippets()[1], namespace)
     prompts = ["What is 3 + 4?"] * 2
     responses = ["3 + 4 = 7.\nThe answer is 7.", "3 + 4 = 8.\nSo 8.\nThe answer is 8."]
-    try:
-        while not server.started:
-            time.sleep(0.05)
+    with serving(build_app(bi_scorer, ServeConfig(model="tiny", split="newline"))) as url:
+        namespace = {"URL": url}
+        exec(snippets()[1], namespace)
         out = namespace["reward_func"]([p + r for p, r in zip(prompts, responses)], prompts, ["7", "7"])
-    finally:
-        server.should_exit = True
     want = scored(bi_scorer, [Trajectory(p, r.split("\n")) for p, r in zip(prompts, responses)])
     assert out["rewards"].tolist() == pytest.approx([want.of(i).mean() for i in range(2)], abs=1e-6)
     assert out["extra_logs"]["weak_steps"].tolist() == [float((want.of(i) < 0.5).sum()) for i in range(2)]

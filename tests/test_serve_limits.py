@@ -1,7 +1,6 @@
 """`biprm serve` bounds: large bodies and texts are refused before they are read or tokenized,
 and tokenizing happens beside the event loop, so a small request is never held up by a large one."""
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -10,11 +9,11 @@ import urllib.request
 import pytest
 
 pytest.importorskip("fastapi")
-import uvicorn  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from biprm.serve.app import build_app  # noqa: E402
 from biprm.serve.config import ServeConfig  # noqa: E402
+from conftest import serving  # noqa: E402
 
 Q = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 STEPS = ["Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 7.", "The answer is 7."]
@@ -61,24 +60,13 @@ def test_a_small_request_is_not_held_up_by_a_large_one_in_flight(bi_scorer, monk
     encode = bi_scorer.encoder.encode
 
     def slow_for_the_large(traj, where=""):
-        if traj.question.startswith("LARGE") and threading.current_thread().name.startswith("biprm-tokenize"):
+        if traj.question.startswith("LARGE"):  # on whatever thread tokenizes: on the event loop it would hold up the small one
             time.sleep(3)
         return encode(traj, where)
 
     monkeypatch.setattr(bi_scorer.encoder, "encode", slow_for_the_large)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(bi_scorer, ServeConfig(model="tiny")), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}/v1/score"
-    try:
-        for _ in range(100):
-            if server.started:
-                break
-            time.sleep(0.05)
-        assert server.started, "the server did not start within 5 s"
+    with serving(build_app(bi_scorer, ServeConfig(model="tiny"))) as base:
+        url = f"{base}/v1/score"
         out: dict = {}
         _post(url, {"question": Q, "steps": STEPS}, out, "warm-up")
         large = threading.Thread(target=_post, args=(url, {"question": "LARGE " + Q, "steps": STEPS * 50}, out, "large"))
@@ -87,8 +75,5 @@ def test_a_small_request_is_not_held_up_by_a_large_one_in_flight(bi_scorer, monk
         _post(url, {"question": Q, "steps": STEPS}, out, "small")
         large_done_first = "large" in out
         large.join(30)
-    finally:
-        server.should_exit = True
-        thread.join(10)
     assert out["small"][0] == 200 and out["large"][0] == 200
     assert not large_done_first and out["small"][1] < 1.5, out

@@ -3,9 +3,6 @@ on real DataProto batches scored by a running `biprm serve`. verl pins transform
 venv of their own (.ci/run); elsewhere they skip."""
 import asyncio
 import math
-import socket
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -24,7 +21,7 @@ from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 from biprm.backbones import load_tokenizer, resolve_backbone  # noqa: E402
 from biprm.data.trajectory import Trajectory  # noqa: E402
 from biprm.integrations import verl_plugin  # noqa: E402
-from conftest import scored  # noqa: E402
+from conftest import scored, serving  # noqa: E402
 from test_integrations_process import close, toy_group  # noqa: E402
 
 QUESTIONS = ["What is 3 + 4?", "What is 2 + 2?"]
@@ -95,33 +92,22 @@ def scorer():
 
 
 def test_reward_manager_scores_a_real_batch_through_biprm_serve(scorer):
-    import uvicorn
-
     from biprm.serve.app import build_app
     from biprm.serve.config import ServeConfig
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(scorer, ServeConfig(model="tiny")), port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
     tok = load_tokenizer(resolve_backbone("tiny"))
     data = batch(tok)
-    config = OmegaConf.create({"reward": {"reward_kwargs": {"url": f"http://127.0.0.1:{port}", "split": "double-newline"}}})
-    manager = verl_plugin.BiPRMRewardManager(config, tok)
     posts = []
-    post = manager.reward._post
-    manager.reward._post = lambda trajs: posts.append(len(trajs)) or post(trajs)
+    with serving(build_app(scorer, ServeConfig(model="tiny"))) as url:
+        config = OmegaConf.create({"reward": {"reward_kwargs": {"url": url, "split": "double-newline"}}})
+        manager = verl_plugin.BiPRMRewardManager(config, tok)
+        post = manager.reward._post
+        manager.reward._post = lambda trajs: posts.append(len(trajs)) or post(trajs)
 
-    async def score_all():
-        return await asyncio.gather(*[manager.run_single(data[i : i + 1]) for i in range(len(data))])
+        async def score_all():
+            return await asyncio.gather(*[manager.run_single(data[i : i + 1]) for i in range(len(data))])
 
-    try:
-        while not server.started:
-            time.sleep(0.05)
         outputs = asyncio.run(score_all())
-    finally:
-        server.should_exit = True
     assert posts == [3]  # one request for the three scorable responses of the batch
     rm_scores = verl_plugin.BiPRMRewardManager.assemble_rm_scores(data, [o["reward_score"] for o in outputs])
     want = scored(scorer, [Trajectory(QUESTIONS[0], RESPONSES[0][0].split("\n\n")), Trajectory(QUESTIONS[0], RESPONSES[0][1].split("\n\n")),

@@ -178,8 +178,11 @@ def test_a_dead_engine_makes_health_and_every_request_a_503_naming_the_cause(eng
         answers = []
         flight = threading.Thread(target=lambda: answers.append(c.post("/v1/score", json=[long] * 32)))
         flight.start()
-        while not c.app.state.service.batcher.busy:
+        for _ in range(6000):  # until the engine works on it (at most a minute)
+            if c.app.state.service.batcher.busy or not flight.is_alive():
+                break
             time.sleep(0.01)
+        assert c.app.state.service.batcher.busy, "the request never reached the engine"
         pid = scorer.processes()[0].pid
         os.kill(pid, signal.SIGKILL)
         flight.join(60)
