@@ -54,7 +54,7 @@ class Args:
     max_steps: int = field(default=8, metadata={"help": "steps per path at most"})
     max_tokens: int = field(default=128, metadata={"help": "tokens per step at most"})
     streams: str = field(default="fused", metadata={"help": "fused, or l2r to rank by the L2R stream alone"})
-    aggregation: str = field(default="last", metadata={"help": "step scores -> path score (its_hub's default: last)"})
+    aggregation: str = field(default="last", metadata={"help": "step scores -> path score (last: the newest step's, as search-and-learn scores a path)"})
     concurrency: int = field(default=4, metadata={"help": "questions searched at once (their PRM calls are batched)"})
     data_root: str = field(default_factory=default_data_root, metadata={"help": "folder holding gsm8k/, math500/ ..."})
     seed: int = field(default=0, metadata={"help": "the noise scorer's seed"})

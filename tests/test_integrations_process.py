@@ -109,7 +109,8 @@ def test_process_grpo_trains_two_steps_on_the_token_advantages(tmp_path, bi_scor
     newline = tok("\n", add_special_tokens=False)["input_ids"]
     args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, num_generations=2,
                       max_completion_length=16, learning_rate=1e-2, logging_steps=1, report_to=[], use_cpu=True,
-                      save_strategy="no", disable_tqdm=True, generation_kwargs={"sequence_bias": {tuple(newline): 6.0}})
+                      save_strategy="no", disable_tqdm=True, generation_kwargs={"sequence_bias": {tuple(newline): 6.0}},
+                      per_device_eval_batch_size=8)  # an evaluation batch larger than the generation batch TRL's logs keep
     made, used = [], []
 
     class Recorded(ProcessGRPOTrainer):
@@ -126,7 +127,8 @@ def test_process_grpo_trains_two_steps_on_the_token_advantages(tmp_path, bi_scor
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
     trainer = Recorded(model=policy, process_reward=FirstUnscorable(scorer=bi_scorer, split="newline"),
                        reward_funcs=[length_reward] if outcome else None, outcome_weight=0.5, args=args, processing_class=tok,
-                       train_dataset=Dataset.from_dict({"prompt": [f"What is {i} + {i}?" for i in range(8)]}))
+                       train_dataset=Dataset.from_dict({"prompt": [f"What is {i} + {i}?" for i in range(8)]}),
+                       eval_dataset=Dataset.from_dict({"prompt": [f"What is {i} - 1?" for i in range(8)]}))
     with caplog.at_level(logging.WARNING, logger="biprm.integrations.process_grpo"):
         trainer.train()
     assert len(made) == len(used) == 2 and "could not be scored and get advantage 0" in caplog.text
@@ -143,6 +145,22 @@ def test_process_grpo_trains_two_steps_on_the_token_advantages(tmp_path, bi_scor
         by_ids = {tuple(row.tolist()): a for row, a in zip(m["ids"], want)}  # TRL shuffles the rows before the loss
         assert all(torch.allclose(a, by_ids[tuple(row.tolist())]) for row, a in zip(ids, adv))
     assert any(not torch.equal(before[n], p) for n, p in policy.named_parameters())
+    assert "eval_loss" in trainer.evaluate() and len(trainer._logs["advantages"]) == 4
     logged = {k for e in trainer.state.log_history for k in e}
     assert {"process/unscorable_ratio", "process/truncated_ratio"} <= logged
     assert ("rewards/length_reward/mean" if outcome else "rewards/biprm/mean") in logged
+
+
+def test_relog_puts_our_values_in_place_of_what_trl_just_logged():
+    pytest.importorskip("trl")
+    from collections import deque
+
+    from biprm.integrations.process_grpo import relog
+
+    logged = deque([0.0, 1.0], maxlen=4)
+    logged.extend([2.0, 3.0])  # TRL's
+    relog(logged, [20.0, 30.0])
+    assert list(logged) == [0.0, 1.0, 20.0, 30.0]
+    logged.extend([float(v) for v in range(8)])  # an evaluation batch larger than the log: it kept TRL's last 4
+    relog(logged, [float(v) for v in range(10, 18)])
+    assert list(logged) == [14.0, 15.0, 16.0, 17.0]

@@ -2,7 +2,7 @@
 
 its_hub's beam search and particle filtering call `ascore(prompt, responses)` once per
 level with every live path of one question, as full texts (steps joined by the step
-token), and want one probability per path (particle filtering takes its log). Here each
+token), and want one probability per path (particle filtering takes its logit). Here each
 response is cut with the search's own step token (`split_steps`, as the policy wrote it),
 scored per step by the PathScorer (a `PrefixScorer` recognises the prefixes it scored at
 the last level and runs only their new steps), and the step scores are aggregated as
@@ -12,6 +12,11 @@ concurrently (`asyncio.gather` over questions) are gathered by biprm's serving `
 for a few milliseconds into one PathScorer call, so the model sees all questions at once.
 `BiPRMOutcomeRewardModel` puts the same scores behind its_hub's outcome-model interface,
 which its BestOfN takes.
+
+Give the searches the question as a plain string. its_hub 1.2.0's BeamSearch and
+ParticleFiltering hand the PRM `ChatMessages.to_prompt()`, which flattens a message list
+into one "role: content" text, so a system message would be read as part of the question;
+set a system prompt on the language model instead.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from biprm.search.steps import STEP_TOKEN
 from biprm.serve.batcher import Batcher
 
 BATCH_WAIT_MS = 10.0  # how long a level's first ascore waits for the other questions' (their policy calls end close together)
-LOW, HIGH = np.finfo(np.float64).tiny, 1.0 - np.finfo(np.float64).epsneg  # a score of exactly 0 or 1 would break a log weight
+LOW, HIGH = np.finfo(np.float64).tiny, 1.0 - np.finfo(np.float64).epsneg  # open (0, 1): a caller may take a log or a logit
 
 
 class BiPRMProcessRewardModel(AbstractProcessRewardModel):

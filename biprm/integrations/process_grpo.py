@@ -10,11 +10,12 @@ each step's score is placed on the token where its text ends (`integrations/dens
 and `process_advantages` turns them into one advantage per token, which TRL's loss takes
 as they are. `reward_funcs`, when given, are the outcome term: their sum under
 `args.reward_weights`, times `outcome_weight`. Without them TRL logs the BiPRM's solution
-score as its reward (`rewards/biprm`) and the advantages are the steps' alone.
+score as its reward (`rewards/biprm/mean` and `/std`) and the advantages are the steps' alone.
 """
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any
 
 import torch
@@ -28,6 +29,14 @@ from biprm.integrations.grpo import BiPRMReward
 log = logging.getLogger(__name__)
 
 Steps = tuple[list[int], list[float]]  # (token where each scored step ends, its reward); empty when unscorable
+
+
+def relog(logged: deque, values: list[float]) -> None:
+    """`values` in place of the as many entries just appended to a TRL log. The log is bounded (the generation batch),
+    so after a larger batch, as an evaluation's can be, it holds only the last of them."""
+    for _ in range(min(len(values), len(logged))):
+        logged.pop()
+    logged.extend(values)
 
 
 class ProcessGRPOTrainer(GRPOTrainer):
@@ -88,9 +97,7 @@ class ProcessGRPOTrainer(GRPOTrainer):
         advantages = self._token_advantages(mask)
         start = self.accelerator.process_index * len(mask)
         output["advantages"] = advantages[start : start + len(mask), : mask.size(1)].to(mask.device)
-        for _ in range(len(advantages)):  # TRL logged its (B,) advantages: log each completion's first-token advantage instead
-            self._logs["advantages"].pop()
-        self._logs["advantages"].extend(advantages[:, 0].tolist())
+        relog(self._logs["advantages"], advantages[:, 0].tolist())  # each completion's first-token advantage, not TRL's (B,)
         return output
 
     def _token_advantages(self, completion_mask: torch.Tensor) -> torch.Tensor:
