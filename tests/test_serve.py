@@ -260,7 +260,10 @@ def test_cli_server_finishes_accepted_requests_on_sigterm(tmp_path, bi_scorer):
         threads = [threading.Thread(target=call) for _ in range(6)]
         for t in threads:
             t.start()
-        time.sleep(0.1)  # accepted and waiting in the 200 ms batching window
+        for _ in range(300):  # until the server has accepted all six (they wait in its 200 ms batching window)
+            if "biprm_requests_total 6" in urllib.request.urlopen(url + "/metrics", timeout=5).read().decode():
+                break
+            time.sleep(0.01)
         server.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(30)
