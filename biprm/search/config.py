@@ -40,7 +40,7 @@ class SearchConfig:
     width: int = arg(2, "beam search: beams kept; DVTS: children per subtree and level (N must be a multiple)")
     strategies: list[str] = arg(help="PRM use: fused at every expansion; l2r-rerank: L2R while expanding, one fused rerank of the "
                                      "finished paths; l2r: L2R only", factory=lambda: ["fused"], choices=STRATEGIES)
-    aggregation: str = arg("last", "step scores -> path score (its_hub's default: last)", choices=AGGREGATIONS)
+    aggregation: str = arg("last", "step scores -> path score (last: the newest step's, as search-and-learn scores a path)", choices=AGGREGATIONS)
     max_depth: int = arg(12, "steps per path at most; a path reaching it is finished")
     max_step_tokens: int = arg(256, "tokens per step at most: a step without the step token is closed there and marked capped")
     step_token: str = arg("\\n\\n", "the string that ends a step (backslash escapes read: '\\n\\n' is two newlines)")

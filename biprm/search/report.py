@@ -4,8 +4,8 @@ Rows come per N: pass@N (the ceiling), majority vote and random pick over the sa
 samples, then each PRM-driven method (every PRM's row side by side) followed by the same
 method driven by noise. A PRM row's "vs noise" is the paired difference to its noise twin
 on the same questions: an interval that holds 0 means the search learned nothing from the
-PRM there. Every method's "vs majority" is its paired difference to majority vote over the
-same number of samples, the bar a verifier has to clear to be worth its cost. With exactly
+PRM there. Every method but the baselines has a "vs majority": its paired difference to majority
+vote over the same number of samples, the bar a verifier has to clear to be worth its cost. With exactly
 two PRMs a second table gives each method's paired difference between them, on the same
 pool and questions.
 """
