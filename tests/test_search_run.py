@@ -121,6 +121,13 @@ def test_a_run_killed_while_drawing_the_pool_resumes_at_its_last_level(config, t
     assert {p.split("||")[0] for call in policy.prompts for p in call} == {"three"} and not saved.exists()
     assert [without_timings(r) for r in records(config)] == [without_timings(r) for r in theirs]
 
+    open(f"{config.out}/questions.jsonl", "w").writelines(lines[:1])  # killed in the append: question 0's line made it, 1's did not
+    saved.write_text(json.dumps(kept))
+    policy = DiesAt(TREE3, at=0)
+    run_search(config, policy, [ScriptedScorer(LOGITS)])
+    assert {p.split("||")[0] for call in policy.prompts for p in call} == {"two", "three"} and not saved.exists()
+    assert [r["index"] for r in records(config)] == [0, 1, 2]
+
     saved.write_text(json.dumps(kept))  # killed after the last batch's append: nothing is left to do, and the file goes
     run_search(config, DiesAt(TREE3, at=1), [ScriptedScorer(LOGITS)])
     assert not saved.exists()

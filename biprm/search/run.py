@@ -172,7 +172,7 @@ def batches(todo: list[dict], size: int, checkpoint: BatchCheckpoint) -> list[li
                     checkpoint.file, len(pending) - len(first), len(pending))
         checkpoint.clear()
         first = []
-    rest = [it for it in todo if it["index"] not in pending]
+    rest = [it for it in todo if it not in first]
     return ([first] if first else []) + [rest[i : i + size] for i in range(0, len(rest), size)]
 
 
