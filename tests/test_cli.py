@@ -115,6 +115,9 @@ def test_score_crash_loses_at_most_a_chunk_and_resume_finishes_the_same_file(che
     with pytest.raises(SystemExit):
         main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out), "--chunk", "2"])
     assert "add --resume" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # another max_length could skip other rows: the parts would not line up
+        main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out), "--chunk", "2", "--resume", "--max-length", "64"])
+    assert "belongs to another run" in (err := capsys.readouterr().err) and "max_length" in err, err
     monkeypatch.setattr(Scorer, "score", real)
     main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out), "--chunk", "2", "--resume"])
     assert out.read_text() == clean.read_text() and not (tmp_path / "out.jsonl.parts").exists()

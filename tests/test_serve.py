@@ -77,6 +77,7 @@ def test_get_reward_speaks_the_openrlhf_interface(bi_scorer):
     ("/get_reward", {"query": ["a"]}, "field 'prompts'"),
     ("/get_reward", {"query": ["ab", "cd"], "prompts": ["a"]}, "field 'prompts' has 1 entries for 2"),
     ("/get_reward", {"query": ["ab"], "prompts": ["x"]}, "field 'query' [0] does not start with field 'prompts' [0]"),
+    ("/get_reward", {"query": ["  ab"], "prompts": ["  "]}, "field 'prompts' [0] is empty"),
     ("/v1/score", {"question": Q, "steps": ["a", " "]}, "item 0: field 'steps' has an empty step at index 1"),
     ("/v1/score", {"question": "  ", "steps": ["a"]}, "item 0: field 'question' is missing or empty"),
     ("/v1/score", [], "empty list"),
@@ -231,6 +232,28 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_a_scorer_that_raises_stopiteration_fails_its_batch_and_the_worker_goes_on():
+    calls = []
+
+    def score(trajs):
+        calls.append(len(trajs))
+        if len(calls) == 1:
+            raise StopIteration  # asyncio cannot carry it back from the executor: unwrapped, the await never returned
+        return fake_scores(trajs)
+
+    async def main():
+        batcher = Batcher(score, max_wait_ms=0)
+        batcher.start()
+        with pytest.raises(RuntimeError, match="StopIteration"):
+            await asyncio.wait_for(batcher.submit([Trajectory("1", ["a"])], 1), 10)
+        second = await asyncio.wait_for(batcher.submit([Trajectory("1", ["a"])], 1), 10)
+        await batcher.stop()
+        return second, batcher.stats
+
+    second, stats = asyncio.run(main())
+    assert second.fused.tolist() == [1.0] and stats.failed == 1
 
 
 @pytest.mark.slow

@@ -63,19 +63,19 @@ def score_file(
     if to_stdout and world > 1:
         raise ValueError("--output - works with one process; give a file to score with several")
     scratch = Path(output + ".parts") if not to_stdout else None
-    if scratch is not None and state.is_main_process:
+    settings = settings or ScorerSettings()
+    if scratch is not None and state.is_main_process:  # what decides which rows each part holds, and how they are scored
         run = {"model": str(Path(model).resolve()), "model_files": _stamp(Path(model)), "input": source, "input_file": _stamp(Path(source)),
-               "rows": len(trajs), "processes": world}
+               "rows": len(trajs), "processes": world, "format": fmt, "skip_invalid": skip_invalid, "max_length": settings.max_length}
         _check_run(scratch, run, resume)
     state.wait_for_everyone()
 
     begin, end = len(trajs) * rank // world, len(trajs) * (rank + 1) // world
     log.info("process %d of %d scores rows %d-%d", rank + 1, world, begin + 1, end)
-    settings = settings or ScorerSettings()
     scorer = Scorer.from_settings(model, settings, settings.device or state.device)
     mine, names = trajs[begin:end], [f"{source} trajectory {k + 1}" for k in range(begin, end)]
     encs, problems = scorer.encode(mine, names, skip_invalid=True)  # step-tag text, a first step past max_length
-    first = _first_everywhere([error for _, error in problems[:1]], world)
+    first = _from_every_process([error for _, error in problems[:1]], world)
     if first and not skip_invalid:
         raise DataError(first[0])  # in every process, so that none waits for a block that will never come
     if problems:  # each process reports its own block
@@ -86,6 +86,8 @@ def score_file(
     done = 0
     if part is not None:
         done = complete_lines(part)
+        if done > len(mine):
+            raise ValueError(f"--resume: {part} holds {done} rows, more than the {len(mine)} this process scores; delete {scratch}")
         if done:
             log.info("resuming: %d of %d rows of part %d already scored", done, len(mine), rank)
     sink = sys.stdout if to_stdout else open(part, "a")
@@ -106,16 +108,16 @@ def score_file(
             p.unlink()
         (scratch / "run.json").unlink()  # last: parts never outlive the record that says whose they are
         scratch.rmdir()
-    return len(trajs) - len(problems)
+    return len(trajs) - sum(_from_every_process([len(problems)], world))
 
 
-def _first_everywhere(errors: list[str], world: int) -> list[str]:
-    """Every process's first bad trajectory, on every process."""
+def _from_every_process(items: list, world: int) -> list:
+    """Every process's items, on every process."""
     if world == 1:
-        return errors
+        return items
     from accelerate.utils import gather_object
 
-    return gather_object(errors)
+    return gather_object(items)
 
 
 def _stamp(path: Path) -> list:
@@ -127,7 +129,8 @@ def _stamp(path: Path) -> list:
 
 
 def _check_run(scratch: Path, run: dict, resume: bool) -> None:
-    """Record what this run scores; a resume must be the same run (model, input, rows, processes)."""
+    """Record what this run scores; a resume must be the same run (model, input, rows, processes, and the settings that
+    decide which rows are skipped: format, skip_invalid, max_length)."""
     record = scratch / "run.json"
     if scratch.exists() and not any(p.stat().st_size for p in scratch.glob("part-*")):
         shutil.rmtree(scratch)  # a run that failed before its first chunk: nothing to keep, nothing to block a retry

@@ -154,6 +154,8 @@ class Service:
     def question(self, prompt: str, i: int) -> str:
         """The plain question: the prompt itself, or its last user message under --chat-template."""
         if self.chat is None:
+            if not prompt.strip():
+                raise ServiceError(400, f"field 'prompts' [{i}] is empty")
             return prompt.strip()
         question = self.chat.question(prompt)
         if not question:

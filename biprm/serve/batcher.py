@@ -102,6 +102,14 @@ class Batcher:
             tokens += job.tokens
         return jobs
 
+    def _score(self, encs: list[Encoded]) -> StepScores:
+        """`score`, with a StopIteration turned into an error: asyncio cannot hand one back from the executor, and the
+        batch's requests (and every later one) would wait forever."""
+        try:
+            return self.score(encs)
+        except StopIteration as error:
+            raise RuntimeError(f"the scorer raised StopIteration {error!r}") from error
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -109,7 +117,7 @@ class Batcher:
             encs = [t for job in jobs for t in job.encs]
             self.busy, self.queued = True, self.queued - len(encs)
             try:
-                scores = await loop.run_in_executor(self._pool, self.score, encs)
+                scores = await loop.run_in_executor(self._pool, self._score, encs)
                 ends = np.cumsum([len(job.encs) for job in jobs])
                 parts = [scores.select(np.arange(end - len(job.encs), end)) for job, end in zip(jobs, ends)]
             except BaseException as error:  # every request of the batch learns why; the worker goes on
