@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -102,7 +103,7 @@ class BiPRMTrainer(Trainer):
         lengths = data.select_columns([column]).with_format("numpy")[:][column].tolist()
         # grouped by the global batch: the same order in any number of processes, so a resume may change that number
         global_batch = self.args.train_batch_size * self.args.world_size * self.args.gradient_accumulation_steps
-        return LengthGroupedSampler(global_batch, lengths=lengths)
+        return EpochGroupedSampler(global_batch, lengths, self.args.seed, lambda: self.state.epoch)
 
     def get_train_dataloader(self) -> DataLoader:
         if not isinstance(self.train_dataset, TrunkData):
@@ -123,6 +124,20 @@ class BiPRMTrainer(Trainer):
             self.accelerator.backward(loss)
             total += loss.detach()
         return total
+
+
+class EpochGroupedSampler(LengthGroupedSampler):
+    """Length-grouped batches in an order drawn from (seed, epoch) alone. transformers' sampler draws from the global
+    generator, which a resumed run restores only after it has drawn the resumed epoch's order: a resume in epoch 2 or
+    later replayed the first epoch's order and skipped the wrong rows. `epoch` reads the trainer's (restored) epoch."""
+
+    def __init__(self, batch_size: int, lengths: list[int], seed: int, epoch: Callable[[], float | None]):
+        super().__init__(batch_size, lengths=lengths)
+        self.seed, self.epoch = seed, epoch
+
+    def __iter__(self):
+        self.generator = torch.Generator().manual_seed(self.seed + int(self.epoch() or 0))
+        return super().__iter__()
 
 
 def backend(cfg: TrainConfig) -> str:

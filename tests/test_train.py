@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import TrainerCallback, TrainingArguments
+from transformers import TrainerCallback, TrainerState, TrainingArguments
 
 from biprm.training import TrainConfig, train
 from biprm.data.trajectory import DataError, Trajectory
@@ -46,6 +46,19 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path, mode):
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6, msg=key)
     log = json.loads((resumed / "train_log.json").read_text())
     assert max(e.get("step", 0) for e in log) == 6
+
+
+def test_a_resume_in_the_second_epoch_gives_the_same_result(tmp_path):
+    """Each epoch's length-grouped order depends on the seed and the epoch alone: a resume in epoch 2 replays
+    epoch 2's order, not the one the restarted process would draw first (epoch 1's)."""
+    two_epochs = dict(mode="bi", max_steps=12, save_steps=9)  # 48 rows, 4 x 2 per step: 6 steps an epoch
+    straight = Path(train(tiny_config(tmp_path / "straight", **two_epochs)))
+    interrupted = tiny_config(tmp_path / "resumed", **two_epochs)
+    train(interrupted, callbacks=[StopAt(9)])
+    interrupted.resume = True
+    a, b = weights(straight), weights(Path(train(interrupted)))
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6, msg=key)
 
 
 def test_checkpoint_has_everything_to_score(tmp_path):
@@ -507,12 +520,16 @@ def test_length_grouped_sampler_gets_its_lengths_as_one_list(tmp_path):
     trainer.args = TrainingArguments(str(tmp_path), per_device_train_batch_size=2, train_sampling_strategy="group_by_length",
                                      length_column_name="n_tokens", use_cpu=True, report_to=[])
     trainer.train_dataset = data
+    trainer.state = TrainerState()
     sampler = trainer._get_train_sampler()
     assert isinstance(sampler, LengthGroupedSampler) and sampler.lengths == [5, 9] * 10
-    torch.manual_seed(0)
     ours = list(sampler)
-    torch.manual_seed(0)
-    assert ours == list(LengthGroupedSampler(2, lengths=list(data["n_tokens"])))  # the order Trainer's own sampler gives
+    torch.manual_seed(123)  # the global generator plays no part
+    assert list(sampler) == ours
+    seeded = torch.Generator().manual_seed(trainer.args.seed)  # transformers' own grouping, drawn from (seed, epoch 0)
+    assert ours == list(LengthGroupedSampler(2, lengths=list(data["n_tokens"]), generator=seeded))
+    trainer.state.epoch = 1.5  # resumed in the middle of the second epoch
+    assert list(sampler) != ours and sorted(sampler) == sorted(ours)
 
 
 @pytest.mark.parametrize("flags, extra", [
