@@ -64,9 +64,11 @@ def _digest(*arrays: np.ndarray | bytes) -> str:
 
 
 def trunk_digest(model: BiPRMModel, top_layers: int) -> str:
-    """Content hash of everything the cached features depend on: the frozen weights, the cut, the dtype."""
+    """Content hash of everything the cached features depend on: the frozen weights, the cut, the dtype, and the
+    backbone's config (rope_theta, rms_norm_eps and the like change the features and are in no weight)."""
     bottom, _ = split(model, top_layers)
-    h = hashlib.sha256(f"{top_layers}:{model.dtype}".encode())
+    config = {k: v for k, v in model.config.backbone_config.to_dict().items() if k != "_name_or_path"}  # where it was read from
+    h = hashlib.sha256(f"{top_layers}:{model.dtype}:{json.dumps(config, sort_keys=True, default=str)}".encode())
     for name, tensor in sorted(bottom.state_dict().items()):
         h.update(name.encode())
         h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())

@@ -119,7 +119,10 @@ def test_cache_is_keyed_by_weights_cut_and_data(tokenizer, tmp_path):
     assert TrunkCache(tmp_path, model, 2, encs).dir == base
     with torch.no_grad():
         model.backbone.layers[0].mlp.down_proj.weight.add_(1.0)
-    assert TrunkCache(tmp_path, model, 2, encs).dir != base
+    changed = TrunkCache(tmp_path, model, 2, encs).dir
+    assert changed != base
+    model.config.backbone_config.rms_norm_eps *= 10  # in no weight, yet every feature changes
+    assert TrunkCache(tmp_path, model, 2, encs).dir != changed
 
 
 def test_the_layout_part_of_the_key_is_the_one_built_caches_have():
