@@ -339,7 +339,7 @@ def from_backbone(
     config = BiPRMConfig(
         backbone_config=backbone.config, mode=mode, objective=objective, step_tag_id=step_tag_id, **special, **config_kwargs
     )
-    model = BiPRMModel(config, backbone=backbone).to(dtype)
+    model = BiPRMModel(config, backbone=backbone)  # the body in `dtype`, the heads in fp32 (as a bf16 checkpoint loads them)
     model.set_attn_implementation(attn_implementation)  # wrapping resets the body's setting
     return model
 

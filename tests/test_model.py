@@ -318,3 +318,13 @@ def test_new_rows_are_gathered_under_zero3_and_refused_when_they_cannot_be(monke
     assert table.numel() == 0  # partitioned again
     with pytest.raises(RuntimeError, match="partitioned"):
         init_new_rows(torch.nn.Parameter(torch.empty(0)), known=4, total=5)
+
+
+def test_a_bf16_model_built_on_a_backbone_keeps_its_heads_in_fp32():
+    from biprm.backbones import load_tokenizer, resolve_backbone
+    from biprm.modeling import from_backbone
+
+    path = resolve_backbone("tiny")
+    model = from_backbone(path, load_tokenizer(path), mode="bi", dtype=torch.bfloat16)
+    assert model.backbone.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert {p.dtype for n, p in model.named_parameters() if n.startswith(("value_head.", "gate."))} == {torch.float32}
