@@ -26,8 +26,10 @@ and a collator (`TrunkCollator`: micro-batches within a token budget), which
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +47,8 @@ from biprm.scoring.step_scores import StepScores, offsets_of
 from biprm.scoring.scorer import Collector
 
 _STORE = {torch.float32: np.float32, torch.bfloat16: np.uint16, torch.float16: np.float16}  # bf16 kept as raw bits
+
+log = logging.getLogger(__name__)
 
 
 def freeze_bottom(model: BiPRMModel, top_layers: int) -> None:
@@ -158,14 +162,23 @@ class TrunkCache:
 
     def build(self, tokens_per_batch: int = 8192, progress: bool = True) -> "TrunkCache":
         """Compute the features not yet on disk. Only this needs the model: the cache lets go of it
-        afterwards, so that a caller who drops the model frees its memory while the cache stays in use."""
+        afterwards, so that a caller who drops the model frees its memory while the cache stays in use.
+        Another process building the same cache (two runs on the same data) holds its lock: this one waits,
+        then finds the features built, rather than writing into the same file."""
         if not self.complete:
-            self._build(tokens_per_batch, progress)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(self.dir / "lock", "w") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    log.warning("trunk cache %s: another process is building it; waiting for it", self.dir)
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                if not self.complete:
+                    self._build(tokens_per_batch, progress)
         self.model = None
         return self
 
     def _build(self, tokens_per_batch: int, progress: bool) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
         layout = self.layout
         path, state = self.dir / "features.bin", self.dir / "progress.json"
         done = json.loads(state.read_text())["done"] if state.exists() and path.exists() else 0

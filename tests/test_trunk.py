@@ -216,3 +216,26 @@ def test_batches_are_seeded_cover_every_row_once_per_epoch_and_group_lengths():
     assert len(grouped_batches(lengths, 8, 2.0, seed=3)) == 26
     spread_within = np.mean([np.ptp(lengths[x]) for x in a if len(x) == 8])
     assert spread_within < 40  # a random batch of 8 from 0..99 spans about 78
+
+
+def test_a_second_build_of_the_same_cache_waits_for_the_first_and_takes_its_features(tokenizer, tmp_path, monkeypatch):
+    import fcntl
+    import threading
+    import time
+
+    model, encs = build(tokenizer, "llama", "bi"), encodings(tokenizer)
+    folder = TrunkCache(tmp_path, model, 2, encs).dir
+    folder.mkdir(parents=True)
+    first = open(folder / "lock", "w")
+    fcntl.flock(first, fcntl.LOCK_EX)  # a first build in flight, in another process
+    computed = []
+    monkeypatch.setattr(TrunkCache, "_build", lambda self, *args: computed.append(self.dir))
+    second = threading.Thread(target=TrunkCache(tmp_path, model, 2, encs).build, kwargs={"progress": False})
+    second.start()
+    time.sleep(0.3)
+    assert second.is_alive()  # waiting, not writing
+    (folder / "done").write_text("ok\n")  # the first build finishes
+    fcntl.flock(first, fcntl.LOCK_UN)
+    first.close()
+    second.join(10)
+    assert not second.is_alive() and computed == []
