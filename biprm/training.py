@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import asdict
@@ -69,8 +70,8 @@ class BiPRMTrainer(Trainer):
             if self.args.world_size > 1:
                 raise ValueError(TRUNK_ALONE)
             self.batches = self.train_dataset.batches(self.args.per_device_train_batch_size, self.args.num_train_epochs, self.args.seed)
-            if self.args.max_steps <= 0:
-                self.args.max_steps = len(self.batches) // self.args.gradient_accumulation_steps
+            if self.args.max_steps <= 0:  # every batch: the last step takes what is left (fewer than --grad-accum)
+                self.args.max_steps = math.ceil(len(self.batches) / self.args.gradient_accumulation_steps)
             if 0 < self.args.warmup_steps < 1:
                 self.args.warmup_steps = round(self.args.warmup_steps * self.args.max_steps)
 
@@ -120,7 +121,7 @@ class BiPRMTrainer(Trainer):
         total = torch.zeros((), device=self.args.device)
         for part, weight in zip(inputs["parts"], inputs["shares"]):
             with torch.autocast(self.args.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
-                loss = features(**part).loss * weight / self.args.gradient_accumulation_steps
+                loss = features(**part).loss * weight / self.current_gradient_accumulation_steps  # fewer in a short last step
             self.accelerator.backward(loss)
             total += loss.detach()
         return total

@@ -242,6 +242,19 @@ def test_trunk_cache_run_resumes_to_the_same_weights(tmp_path):
     assert len(list((tmp_path / "trunk").iterdir())) == 1  # both runs read one cache
 
 
+def test_a_trunk_cache_run_trains_every_batch_when_they_do_not_fill_the_last_step(tmp_path, monkeypatch):
+    from biprm.training import BiPRMTrainer
+
+    seen = []
+    real = BiPRMTrainer.training_step
+    monkeypatch.setattr(BiPRMTrainer, "training_step", lambda self, *a, **k: seen.append(self.current_gradient_accumulation_steps) or real(self, *a, **k))
+    cfg = trunk_config(tmp_path / "run")
+    cfg.gradient_accumulation_steps = 4  # 12 rows x 2 epochs, 4 a batch: 6 batches
+    out = Path(train(cfg))
+    log = json.loads((out / "train_log.json").read_text())
+    assert seen == [4, 4, 4, 4, 2, 2] and max(e.get("step", 0) for e in log) == 2  # the last step: the 2 batches left
+
+
 def test_replicate_and_train_top_layers_reach_the_same_weights(tmp_path):
     """`biprm replicate` trains each run through `biprm train`'s trainer on the same trunk cache."""
     from biprm.replication.recipe import ReplicateConfig, train_run
