@@ -119,9 +119,11 @@ class BiPRMTrainer(Trainer):
         inputs = self._prepare_inputs(inputs)
         features = self.accelerator.unwrap_model(model).forward_features
         total = torch.zeros((), device=self.args.device)
+        # the batches of this optimizer step: fewer than --grad-accum in a short last step (set by `train`; a full step outside it)
+        accumulated = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         for part, weight in zip(inputs["parts"], inputs["shares"]):
             with torch.autocast(self.args.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
-                loss = features(**part).loss * weight / self.current_gradient_accumulation_steps  # fewer in a short last step
+                loss = features(**part).loss * weight / accumulated
             self.accelerator.backward(loss)
             total += loss.detach()
         return total
