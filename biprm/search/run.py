@@ -23,6 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from biprm.data.benchmarks import question_golds, spread
+from biprm.data.writer import atomic_write
 from biprm.evaluation.pools import answer_key
 from biprm.evaluation.grading import extract_answer, grade_many
 from biprm.scoring.aggregate import sigmoid
@@ -112,16 +113,15 @@ class BatchCheckpoint:
 
     def open(self, indices: list[int]) -> None:
         """Take up what a killed run saved for these questions, or start afresh."""
-        self.data = json.loads(self.file.read_text()) if self.indices() == indices else {"indices": indices}
+        saved = json.loads(self.file.read_text()) if self.file.exists() else {}
+        self.data = saved if saved.get("indices") == indices else {"indices": indices}
         if "pool" in self.data:
             depth = max(len(p["steps"]) for p in self.data["pool"]["paths"])
             log.warning("%s: resuming questions %d-%d, their pool at depth %d, scored by %s", self.file, indices[0], indices[-1], depth,
                         ", ".join(self.data.get("scores", {})) or "no PRM yet")
 
     def write(self) -> None:
-        tmp = self.file.with_name(self.file.name + ".tmp")
-        tmp.write_text(json.dumps(self.data))
-        os.replace(tmp, self.file)  # a kill mid-write leaves the last file whole
+        atomic_write(self.file, lambda f: f.write(json.dumps(self.data).encode()))  # a kill mid-write leaves the last file whole
 
     def restore_pool(self, budget: Budget, policy: StepPolicy) -> list[SearchPath] | None:
         """The saved pool, its costs so far put into `budget` and the policy's draw state into `policy`; None if none
