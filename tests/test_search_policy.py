@@ -8,10 +8,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from biprm.search.algorithms import Search, beam_search
+from biprm.search.algorithms import Search, beam_search, sample
 from biprm.search.config import SearchConfig
 from biprm.search.noise import NoiseScorer
-from biprm.search.policy import HFPolicy, PolicyError, ServerPolicy, close_step
+from biprm.search.policy import HFPolicy, PolicyError, ServerPolicy, close_step, cut_solution
 from biprm.search.run import run_search
 from search_scripted import ScriptedScorer
 
@@ -23,6 +23,9 @@ class Words:
 
     def encode(self, text, add_special_tokens=False):
         return text.split()
+
+    def decode(self, ids):
+        return " ".join(ids)
 
 
 def choice(i, text, finish="stop", stop_reason=None):
@@ -158,3 +161,46 @@ def test_transformers_policy_caps_a_step_and_renders_the_partial_solution():
     outs = policy.generate_step([policy.prompt("What is 2 + 2?", ["First step."])], 2)
     assert policy.prompt("Q", ["a", "b"]) == "Q@@never@@a@@never@@b@@never@@"  # no chat template: question, then the steps
     assert len(outs) == 2 and all(o.capped and not o.finished and o.tokens == 4 for o in outs)
+
+
+def steps_of(outs):
+    return [(o.text, o.finished, o.capped, o.tokens) for o in outs]
+
+
+def test_a_solution_drawn_whole_is_cut_where_a_step_by_step_draw_closes_its_steps():
+    words, text = Words(), "a b\n\nc d e f g\n\nh"  # 8 words; the call generated 11 tokens (step tokens, say)
+    # "c d e f g" runs past the cap of 3: "c d e" is closed there, capped, and "f g" goes on as the next step
+    assert steps_of(cut_solution(text, "end", 11, words, 10, 3)) == [("a b", False, False, 2), ("c d e", False, True, 3),
+                                                                    ("f g", False, False, 2), ("h", True, False, 4)]
+    # the depth cap ends it: the last kept step takes every token generated after the ones before it
+    assert steps_of(cut_solution(text, "end", 11, words, 2, 3)) == [("a b", False, False, 2), ("c d e", True, True, 9)]
+    assert steps_of(cut_solution("a\n\n\n\nb", "end", 3, words, 10, 3)) == [("a", True, False, 3)]  # an empty step ends it
+    assert steps_of(cut_solution("a\n\nb c", "cap", 3, words, 10, 3)) == [("a", False, False, 1), ("b c", True, True, 2)]  # the call's cap
+    assert steps_of(cut_solution("  ", "end", 1, words, 10, 3)) == [("", True, False, 1)]
+
+
+def test_a_whole_draw_is_one_call_with_no_stop_and_gives_finished_paths(stub):
+    server = stub(lambda body: [choice(i, "x y\n\nThe answer is 3") for i in range(len(body["prompt"]) * body["n"])])
+    policy = ServerPolicy(server.url, "m", Words(), max_step_tokens=10)
+    s = Search(["q1", "q2"], policy, NoiseScorer(), max_depth=4)
+    pool = sample(s, 3, whole=True)
+    assert server.bodies[0]["stop"] == [] and server.bodies[0]["max_tokens"] == 4 * 12 and server.bodies[0]["n"] == 3
+    assert policy.calls == 1 and [p.q for p in pool] == [0, 0, 0, 1, 1, 1]
+    assert all(p.finished and p.steps == ("x y", "The answer is 3") and p.tokens == 6 for p in pool)
+    assert s.budget.row(0)["policy_tokens"] == 18 and s.budget.row(1)["policy_calls"] == 1
+
+
+def test_the_synthetic_policy_cannot_draw_whole():
+    with pytest.raises(ValueError, match="--pool-draw whole"):
+        SearchConfig(out="x", data="synthetic:4", policy="synthetic", pool_draw="whole")
+
+
+def test_a_run_that_draws_its_pool_whole_grades_and_records_it(stub, tmp_path):
+    server = stub(lambda body: [choice(i, "x y\n\nThe answer is 3") for i in range(len(body["prompt"]) * body["n"])])
+    cfg = SearchConfig(out=str(tmp_path / "out"), data=str(three_questions(tmp_path)), algorithms=["bon"], n=[2], batch_questions=2,
+                       grade_workers=0, pool_draw="whole")
+    run_search(cfg, ServerPolicy(server.url, "m", Words()), [NoiseScorer()])
+    rows = [json.loads(line) for line in (tmp_path / "out" / "questions.jsonl").read_text().splitlines()]
+    assert len(server.bodies) == 2 and all(b["stop"] == [] for b in server.bodies)  # one call per batch of questions
+    assert [r["index"] for r in rows] == [0, 1, 2]
+    assert all(p["steps"] == ["x y", "The answer is 3"] and p["correct"] for r in rows for p in r["pool"])

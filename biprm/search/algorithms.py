@@ -41,6 +41,8 @@ class Policy(Protocol):
 
     def generate_step(self, prompts: list[str], n: int) -> list[StepOut]: ...
 
+    def generate_solution(self, prompts: list[str], n: int, max_steps: int) -> list[list[StepOut]]: ...
+
 
 @dataclass
 class Path:
@@ -114,6 +116,22 @@ class Search:
         self.budget.charge("policy", qs, tokens, time.perf_counter() - start, {"policy_tokens": tokens.sum()})
         return [paths[i // k].child(o, self.max_depth) for i, o in enumerate(outs)]
 
+    def draw(self, paths: list[Path], k: int) -> list[Path]:
+        """k whole solutions from every path in one policy call, path-major (best-of-N's pool, `--pool-draw whole`)."""
+        self.note(f"policy: {len(paths) * k} whole solutions")
+        start = time.perf_counter()
+        solutions = self.policy.generate_solution([self.policy.prompt(self.questions[p.q], p.steps) for p in paths], k, self.max_depth)
+        tokens = np.array([sum(o.tokens for o in steps) for steps in solutions], dtype=float)
+        qs = np.repeat([p.q for p in paths], k).astype(np.int64)
+        self.budget.charge("policy", qs, tokens, time.perf_counter() - start, {"policy_tokens": tokens.sum()})
+        children = []
+        for i, steps in enumerate(solutions):
+            child = paths[i // k]
+            for out in steps:
+                child = child.child(out, self.max_depth)
+            children.append(child)
+        return children
+
     def score(self, paths: list[Path], stream: str) -> None:
         """Score `paths` in one PRM call and set their scores; a path with no steps stays at -inf."""
         todo = [p for p in paths if p.steps]
@@ -171,12 +189,13 @@ def grow(s: Search, paths: list[Path]) -> list[Path]:
     return paths
 
 
-def sample(s: Search, n: int, paths: list[Path] | None = None, save: Callable[[list[Path]], None] = lambda _: None) -> list[Path]:
+def sample(s: Search, n: int, paths: list[Path] | None = None, save: Callable[[list[Path]], None] = lambda _: None,
+           whole: bool = False) -> list[Path]:
     """n independent solutions per question, unscored: the best-of-N pool, question-major, that every PRM then scores
-    (the pick: the highest score, or `vote` weighted by probability). `paths`, a pool part-drawn by a killed run, goes
-    on from its last level; `save` gets the pool after every level."""
+    (the pick: the highest score, or `vote` weighted by probability). Drawn a level at a time, or `whole` in one call.
+    `paths`, a pool part-drawn by a killed run, goes on from its last level; `save` gets the pool after every level."""
     if paths is None:
-        paths = s.expand(s.roots(), n)
+        paths = s.draw(s.roots(), n) if whole else s.expand(s.roots(), n)
         save(paths)
     while any(not p.finished for p in paths):
         paths = grow(s, paths)

@@ -52,6 +52,11 @@ class SearchConfig:
     seed: int = arg(0, "seed of the policy (hf, vllm), particle resampling, random pick, the noise scorer and the bootstrap")
     batch_questions: int = arg(8, "questions searched together (one policy and one PRM call per level for all); a killed run "
                                   "resumes the batch in flight from its checkpoint")
+    pool_draw: Literal["steps", "whole"] = arg("steps", "how best-of-N's pool is drawn: steps, a level per call up to the step "
+                                                        "token (as the tree searches draw); whole, each solution in one call, cut "
+                                                        "into steps afterwards (the same model; a server's batch stays full, so "
+                                                        "it is faster)")
+    policy_timeout: float = arg(600.0, "seconds to wait for one policy server call (a whole draw of a large batch takes longest)")
     retries: int = arg(4, "policy server retries with exponential backoff before giving up")
     grade_workers: int = arg(2, "grading processes")
     grade_timeout: float = arg(5.0, "seconds per grade; a grade that takes longer is 'unknown', not wrong")
@@ -64,6 +69,8 @@ class SearchConfig:
         self.step_token = self.step_token.replace("\\n", "\n").replace("\\t", "\t")
         if self.policy == "synthetic" and synthetic_spec(self.data) is None:
             raise ValueError(f"--policy synthetic writes the synthetic task's solutions: it needs --data synthetic[:N[:SEED]], not {self.data!r}")
+        if self.policy == "synthetic" and self.pool_draw == "whole":
+            raise ValueError("--pool-draw whole: the synthetic policy writes one step per call; use --pool-draw steps")
         bad = [n for n in self.n if n % self.width and any(a in ("beam", "dvts") for a in self.algorithms)]
         if bad:
             raise ValueError(f"--n {bad[0]}: beam search and DVTS need N to be a multiple of --width {self.width}")

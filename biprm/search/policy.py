@@ -43,6 +43,33 @@ def close_step(raw: str, ending: Ending, tokens: int, step_token: str = STEP_TOK
     return StepOut(text, finished=ending == "end" or not text, capped=ending == "cap" and bool(text), tokens=tokens)
 
 
+def cut_solution(raw: str, ending: Ending, tokens: int, tokenizer, max_steps: int, max_step_tokens: int,
+                 step_token: str = STEP_TOKEN) -> list[StepOut]:
+    """A solution drawn whole, cut into the steps a step-by-step draw closes: at every step token, and where a piece runs
+    past `max_step_tokens` (that step is capped and the rest of the piece goes on as the next step, where a step-by-step
+    draw would have put a step token and asked again). An empty piece ends the solution, as an empty step does; so do
+    `max_steps` steps. A piece's tokens are its re-encoded length; the last kept step takes the rest of the `tokens`
+    generated (the step tokens, and whatever came after the last kept step), so a path counts all it cost."""
+    steps: list[StepOut] = []
+    pieces = raw.split(step_token)
+    for i, piece in enumerate(pieces):
+        ids = tokenizer.encode(piece, add_special_tokens=False)
+        while len(ids) > max_step_tokens and len(steps) < max_steps:
+            steps.append(StepOut(tokenizer.decode(ids[:max_step_tokens]).strip(), False, True, max_step_tokens))
+            ids = ids[max_step_tokens:]
+        text, last = tokenizer.decode(ids).strip(), i == len(pieces) - 1
+        if not text or len(steps) >= max_steps:
+            break
+        # the last piece ends the solution, or was cut by the call's token limit: closed there, capped
+        steps.append(StepOut(text, finished=last, capped=last and ending == "cap", tokens=len(ids)))
+        if last:
+            break
+    if not steps:
+        return [StepOut("", True, False, tokens)]
+    rest = tokens - sum(s.tokens for s in steps[:-1])
+    return steps[:-1] + [StepOut(steps[-1].text, True, steps[-1].capped, max(rest, 0))]
+
+
 class PolicyError(ConnectionError):
     """The policy server failed after every retry; the CLI prints it as one line."""
 
@@ -84,12 +111,25 @@ class StepPolicy:
     def generate_step(self, prompts: list[str], n: int) -> list[StepOut]:
         if not prompts:
             return []
-        outs = [close_step(raw, ending, tokens, self.step_token) for raw, ending, tokens in self._generate(prompts, n)]
+        outs = [close_step(raw, ending, tokens, self.step_token) for raw, ending, tokens in self._generate(prompts, n, self.max_step_tokens, [self.step_token])]
         self.calls += 1
         self.tokens += sum(o.tokens for o in outs)
         return outs
 
-    def _generate(self, prompts: list[str], n: int) -> list[tuple[str, Ending, int]]:
+    def generate_solution(self, prompts: list[str], n: int, max_steps: int) -> list[list[StepOut]]:
+        """n whole solutions per prompt in one call, cut into steps afterwards (`cut_solution`). Best-of-N's pool needs
+        no step boundaries while it is drawn, and a server then keeps its batch full instead of waiting at every level
+        for the slowest step. The call may generate a little past `max_steps` steps (the slack its token limit gives)."""
+        if not prompts:
+            return []
+        raw = self._generate(prompts, n, max_steps * (self.max_step_tokens + 2), [])
+        outs = [cut_solution(text, ending, tokens, self.tokenizer, max_steps, self.max_step_tokens, self.step_token) for text, ending, tokens in raw]
+        self.calls += 1
+        self.tokens += sum(tokens for *_, tokens in raw)
+        return outs
+
+    def _generate(self, prompts: list[str], n: int, max_tokens: int, stop: list[str]) -> list[tuple[str, Ending, int]]:
+        """n samples per prompt of at most `max_tokens`, ending at a string of `stop` (kept in the text) or the end."""
         raise NotImplementedError
 
 
@@ -103,9 +143,9 @@ class ServerPolicy(StepPolicy):
         super().__init__(tokenizer, **kw)
         self.url, self.model, self.retries, self.backoff, self.timeout = url.rstrip("/") + "/v1/completions", model, retries, backoff, timeout
 
-    def _generate(self, prompts: list[str], n: int) -> list[tuple[str, Ending, int]]:
-        body = {"model": self.model, "prompt": prompts, "n": n, "max_tokens": self.max_step_tokens, "temperature": self.temperature,
-                "top_p": self.top_p, "stop": [self.step_token], "include_stop_str_in_output": True, "logprobs": 0}
+    def _generate(self, prompts: list[str], n: int, max_tokens: int, stop: list[str]) -> list[tuple[str, Ending, int]]:
+        body = {"model": self.model, "prompt": prompts, "n": n, "max_tokens": max_tokens, "temperature": self.temperature,
+                "top_p": self.top_p, "stop": stop, "include_stop_str_in_output": True, "logprobs": 0}
         choices = sorted(self._post(body)["choices"], key=lambda c: c["index"])
         if len(choices) != len(prompts) * n:
             raise PolicyError(f"policy server {self.url}: {len(choices)} choices for {len(prompts)} prompts x {n}")
@@ -150,12 +190,12 @@ class VLLMPolicy(StepPolicy):
         self.llm = LLM(model=model, seed=seed, dtype=dtype, enforce_eager=True)
         super().__init__(self.llm.get_tokenizer(), **kw)
 
-    def _generate(self, prompts: list[str], n: int) -> list[tuple[str, Ending, int]]:
+    def _generate(self, prompts: list[str], n: int, max_tokens: int, stop: list[str]) -> list[tuple[str, Ending, int]]:
         from vllm import SamplingParams
 
         if self.temperature == 0:  # vLLM takes n = 1 only for greedy decoding: the prompt n times instead
             prompts, n = [p for p in prompts for _ in range(n)], 1
-        params = SamplingParams(n=n, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_step_tokens, stop=[self.step_token])
+        params = SamplingParams(n=n, temperature=self.temperature, top_p=self.top_p, max_tokens=max_tokens, stop=stop)
         outs = [c for o in self.llm.generate(prompts, params, use_tqdm=False) for c in o.outputs]
         return [(c.text, "cap" if c.finish_reason == "length" else "end" if c.stop_reason is None else "step", len(c.token_ids)) for c in outs]
 
@@ -194,7 +234,7 @@ class HFPolicy(StepPolicy):
 
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
 
-    def _generate(self, prompts: list[str], n: int) -> list[tuple[str, Ending, int]]:
+    def _generate(self, prompts: list[str], n: int, max_tokens: int, stop: list[str]) -> list[tuple[str, Ending, int]]:
         import torch
 
         rows, out = [p for p in prompts for _ in range(n)], []  # each prompt n times: greedy decoding takes one sequence per row
@@ -202,7 +242,7 @@ class HFPolicy(StepPolicy):
             enc = self.tokenizer(rows[i : i + self.batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
                 ids = self.model.generate(**enc, do_sample=self.temperature > 0, temperature=self.temperature or None, top_p=self.top_p,
-                                          max_new_tokens=self.max_step_tokens, stop_strings=[self.step_token], tokenizer=self.tokenizer,
+                                          max_new_tokens=max_tokens, stop_strings=stop or None, tokenizer=self.tokenizer,
                                           pad_token_id=self.tokenizer.pad_token_id)
             new = ids[:, enc["input_ids"].shape[1] :]
             ended = (new == self.tokenizer.eos_token_id) | (new == self.tokenizer.pad_token_id)
@@ -210,5 +250,5 @@ class HFPolicy(StepPolicy):
             eos = (new == self.tokenizer.eos_token_id).any(-1)
             texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
             # a stop string ends a row too (padded after it): close_step sees the token in the text and says "step"
-            out += [(t, "end" if e else "cap", int(k) + int(e and self.step_token not in t)) for t, e, k in zip(texts, eos.tolist(), length.tolist())]
+            out += [(t, "end" if e else "cap", int(k) + int(e and not any(x in t for x in stop))) for t, e, k in zip(texts, eos.tolist(), length.tolist())]
         return out

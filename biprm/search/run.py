@@ -39,7 +39,7 @@ from biprm.search.synthetic import SyntheticPolicy, synthetic_problems
 log = logging.getLogger(__name__)
 POOL_CHUNK = 64  # finished paths per PRM call when a best-of-N pool is scored (see Batch.score_pool)
 RESULTS = ("data", "limit", "policy", "policy_model", "policy_tokenizer", "prm", "prm_max_length", "algorithms", "n", "width", "strategies",
-           "aggregation", "max_depth", "max_step_tokens", "step_token", "calc_rate", "claim_rate", "temperature", "top_p", "seed")  # settings a resumed run must share
+           "aggregation", "max_depth", "max_step_tokens", "step_token", "calc_rate", "claim_rate", "temperature", "top_p", "seed", "pool_draw")  # settings a resumed run must share
 
 
 def load_questions(data: str, data_root: str, limit: int | None) -> list[dict]:
@@ -55,7 +55,8 @@ def build_policy(cfg: SearchConfig) -> StepPolicy:
         from biprm.backbones import load_tokenizer
         from biprm.search.policy import ServerPolicy
 
-        return ServerPolicy(cfg.policy_url, cfg.policy_model, load_tokenizer(cfg.policy_tokenizer or cfg.policy_model), retries=cfg.retries, **kw)
+        return ServerPolicy(cfg.policy_url, cfg.policy_model, load_tokenizer(cfg.policy_tokenizer or cfg.policy_model), retries=cfg.retries,
+                            timeout=cfg.policy_timeout, **kw)
     if cfg.policy == "synthetic":
         from biprm.backbones import load_tokenizer
 
@@ -218,7 +219,7 @@ class Batch:
         c = self.cfg
         s = self.search(self.noise, "fused")  # sampling never scores: the scorer goes unused
         drawn = self.checkpoint.restore_pool(s.budget, self.policy)
-        self.pool = sample(s, max(c.n), drawn, lambda paths: self.checkpoint.save_pool(s.budget, self.policy, paths))
+        self.pool = sample(s, max(c.n), drawn, lambda paths: self.checkpoint.save_pool(s.budget, self.policy, paths), c.pool_draw == "whole")
         self.pool_budget = s.budget
         self.answers = [extract_answer("\n".join(p.steps)) for p in self.pool]
         self.keys = [answer_key(a, i) for i, a in enumerate(self.answers)]

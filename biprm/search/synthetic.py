@@ -60,7 +60,9 @@ class SyntheticPolicy(StepPolicy):
     def restore(self, state: dict) -> None:
         self.asked = Counter({tuple(key): count for key, count in state["asked"]})
 
-    def _generate(self, prompts: list[str], n: int) -> list[tuple[str, Ending, int]]:
+    def _generate(self, prompts: list[str], n: int, max_tokens: int, stop: list[str]) -> list[tuple[str, Ending, int]]:
+        if not stop:
+            raise ValueError("the synthetic policy writes one step per call: draw its pool with --pool-draw steps")
         out = []
         for prompt in prompts:
             question, *steps = split_steps(prompt, self.step_token)

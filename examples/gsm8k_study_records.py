@@ -1,0 +1,62 @@
+"""Keep the GSM8K study's progress in the repository, so that a study longer than one machine's life goes on elsewhere.
+
+`save` copies the run's questions.jsonl, its settings and the batch in flight into results/search/gsm8k-study/,
+gzipped, with every record's "question" and "gold" removed: benchmark text stays out of the repository, and
+`biprm search` needs neither to resume or to summarise (it reads indices and grades). `restore` puts them back
+into a fresh run folder. Both write whole files only (temporary file, then rename).
+
+    python examples/gsm8k_study_records.py save    # after a batch, and before the machine goes
+    python examples/gsm8k_study_records.py restore # on a fresh machine, before the study starts
+"""
+import argparse
+import gzip
+import json
+import os
+from pathlib import Path
+
+RUN, KEEP = Path("runs/search/gsm8k-study"), Path("results/search/gsm8k-study")
+FILES = {"questions.jsonl": "records.jsonl.gz", "batch-in-flight.json": "batch-in-flight.json.gz", "settings.json": "settings.json"}
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def strip(text: str) -> str:
+    """questions.jsonl without the benchmark's text; a last line cut by a kill is left out, as a resume drops it."""
+    lines = [json.loads(line) for line in text.split("\n")[:-1]]
+    return "".join(json.dumps({k: v for k, v in r.items() if k not in ("question", "gold")}) + "\n" for r in lines)
+
+
+def save() -> None:
+    KEEP.mkdir(parents=True, exist_ok=True)
+    for name, kept in FILES.items():
+        source, target = RUN / name, KEEP / kept
+        if not source.exists():
+            target.unlink(missing_ok=True)  # a finished batch's checkpoint is gone: so is its copy
+            continue
+        data = source.read_text()
+        data = strip(data) if name == "questions.jsonl" else data
+        write_whole(target, gzip.compress(data.encode(), mtime=0) if kept.endswith(".gz") else data.encode())
+    records = KEEP / FILES["questions.jsonl"]
+    done = len(gzip.decompress(records.read_bytes()).splitlines()) if records.exists() else 0
+    print(f"saved {done} questions to {KEEP}")
+
+
+def restore() -> None:
+    RUN.mkdir(parents=True, exist_ok=True)
+    if (RUN / "questions.jsonl").exists():
+        raise SystemExit(f"{RUN / 'questions.jsonl'} exists: restore only into a fresh run folder")
+    for name, kept in FILES.items():
+        if (KEEP / kept).exists():
+            data = (KEEP / kept).read_bytes()
+            write_whole(RUN / name, gzip.decompress(data) if kept.endswith(".gz") else data)
+    print(f"restored {RUN} from {KEEP}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("save", "restore"))
+    {"save": save, "restore": restore}[parser.parse_args().action]()
