@@ -43,5 +43,5 @@ saver=$!
 trap 'kill $saver 2>/dev/null; $MAIN examples/gsm8k_study_records.py save' EXIT
 OMP_NUM_THREADS=2 .venv/bin/biprm search --out $RUN --data gsm8k --limit 200 --policy server --policy-url http://localhost:$PORT \
   --policy-model smollm2-135m-instruct --policy-tokenizer smollm2-135m --prm runs/prm/l2r runs/prm/bi --algorithms bon \
-  --n 4 8 16 --strategies fused l2r --max-depth 10 --max-step-tokens 128 --pool-draw whole --batch-questions 10 \
+  --n 4 8 16 --strategies fused l2r --max-depth 10 --max-step-tokens 128 --pool-draw whole --batch-questions 16 \
   --policy-timeout 3600 --grade-workers 0 --show-progress false -v
