@@ -49,11 +49,11 @@ def restore() -> None:
     RUN.mkdir(parents=True, exist_ok=True)
     if (RUN / "questions.jsonl").exists():
         raise SystemExit(f"{RUN / 'questions.jsonl'} exists: restore only into a fresh run folder")
-    for name, kept in FILES.items():
-        if (KEEP / kept).exists():
-            data = (KEEP / kept).read_bytes()
-            write_whole(RUN / name, gzip.decompress(data) if kept.endswith(".gz") else data)
-    print(f"restored {RUN} from {KEEP}")
+    restored = [name for name, kept in FILES.items() if (KEEP / kept).exists()]
+    for name in restored:
+        data = (KEEP / FILES[name]).read_bytes()
+        write_whole(RUN / name, gzip.decompress(data) if FILES[name].endswith(".gz") else data)
+    print(f"restored {', '.join(restored) or 'nothing (a fresh start)'} into {RUN} from {KEEP}")
 
 
 if __name__ == "__main__":
