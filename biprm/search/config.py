@@ -54,8 +54,8 @@ class SearchConfig:
                                   "resumes the batch in flight from its checkpoint")
     pool_draw: Literal["steps", "whole"] = arg("steps", "how best-of-N's pool is drawn: steps, a level per call up to the step "
                                                         "token (as the tree searches draw); whole, each solution in one call, cut "
-                                                        "into steps afterwards (the same model; a server's batch stays full, so "
-                                                        "it is faster)")
+                                                        "into steps afterwards (the same model; a server's batch stays full "
+                                                        "between levels)")
     policy_timeout: float = arg(600.0, "seconds to wait for one policy server call (a whole draw of a large batch takes longest)")
     retries: int = arg(4, "policy server retries with exponential backoff before giving up")
     grade_workers: int = arg(2, "grading processes")
