@@ -3,12 +3,11 @@
 SmolLM2-135M with its top 8 layers trained over the frozen, cached trunk, on the 1,632 training
 trajectories of the mechanism study (version 2), at the pilot's budget (lr 3e-5, 1 epoch, batch 16,
 seed 1106), always in fp32, so that every machine trains the same weights whatever bf16 its CPU has.
-Writes <out>/l2r and <out>/bi and prints each model file's SHA-256, which the study records.
+Writes <out>/l2r and <out>/bi; examples/gsm8k_study.sh records their model files' SHA-256.
 
     python examples/gsm8k_study_prms.py --out runs/prm
 """
 import argparse
-import hashlib
 from pathlib import Path
 
 from biprm.backbones import load_tokenizer, resolve_backbone
@@ -33,7 +32,6 @@ def main() -> None:
     TrunkCache(f"{cfg.work_dir}/trunk", base, cfg.top_layers, encs).build()
     for mode in ("l2r", "bi"):
         train_run(cfg, mode, 1106, out / mode, False, encs)
-        print(mode, hashlib.sha256((out / mode / "model.safetensors").read_bytes()).hexdigest())
 
 
 if __name__ == "__main__":

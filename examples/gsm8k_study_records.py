@@ -3,7 +3,7 @@
 `save` copies the run's questions.jsonl, its settings and the batch in flight into results/search/gsm8k-study/,
 gzipped, with every record's "question" and "gold" removed: benchmark text stays out of the repository, and
 `biprm search` needs neither to resume or to summarise (it reads indices and grades). `restore` puts them back
-into a fresh run folder. Both write whole files only (temporary file, then rename).
+into a fresh run folder. Both write whole files only (`atomic_write`).
 
     python examples/gsm8k_study_records.py save    # after a batch, and before the machine goes
     python examples/gsm8k_study_records.py restore # on a fresh machine, before the study starts
@@ -11,17 +11,12 @@ into a fresh run folder. Both write whole files only (temporary file, then renam
 import argparse
 import gzip
 import json
-import os
 from pathlib import Path
+
+from biprm.data.writer import atomic_write
 
 RUN, KEEP = Path("runs/search/gsm8k-study"), Path("results/search/gsm8k-study")
 FILES = {"questions.jsonl": "records.jsonl.gz", "batch-in-flight.json": "batch-in-flight.json.gz", "settings.json": "settings.json"}
-
-
-def write_whole(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def strip(text: str) -> str:
@@ -39,7 +34,8 @@ def save() -> None:
             continue
         data = source.read_text()
         data = strip(data) if name == "questions.jsonl" else data
-        write_whole(target, gzip.compress(data.encode(), mtime=0) if kept.endswith(".gz") else data.encode())
+        blob = gzip.compress(data.encode(), mtime=0) if kept.endswith(".gz") else data.encode()
+        atomic_write(target, lambda f: f.write(blob))
     records = KEEP / FILES["questions.jsonl"]
     done = len(gzip.decompress(records.read_bytes()).splitlines()) if records.exists() else 0
     print(f"saved {done} questions to {KEEP}")
@@ -52,7 +48,8 @@ def restore() -> None:
     restored = [name for name, kept in FILES.items() if (KEEP / kept).exists()]
     for name in restored:
         data = (KEEP / FILES[name]).read_bytes()
-        write_whole(RUN / name, gzip.decompress(data) if FILES[name].endswith(".gz") else data)
+        blob = gzip.decompress(data) if FILES[name].endswith(".gz") else data
+        atomic_write(RUN / name, lambda f: f.write(blob))
     print(f"restored {', '.join(restored) or 'nothing (a fresh start)'} into {RUN} from {KEEP}")
 
 

@@ -106,24 +106,28 @@ class Search:
     def roots(self, groups: int = 1) -> list[Path]:
         return [Path(q, g) for q in range(len(self.questions)) for g in range(groups)]
 
+    def prompts(self, paths: list[Path]) -> list[str]:
+        return [self.policy.prompt(self.questions[p.q], p.steps) for p in paths]
+
+    def charge_policy(self, paths: list[Path], k: int, tokens: np.ndarray, start: float) -> None:
+        """A policy call that gave k outputs per path (`tokens` each, path-major), charged to their questions."""
+        qs = np.repeat([p.q for p in paths], k).astype(np.int64)
+        self.budget.charge("policy", qs, tokens, time.perf_counter() - start, {"policy_tokens": tokens.sum()})
+
     def expand(self, paths: list[Path], k: int) -> list[Path]:
         """k children of every path in one policy call, path-major."""
         self.note(f"policy: {len(paths) * k} steps at depth {1 + max(len(p.steps) for p in paths)}")
         start = time.perf_counter()
-        outs = self.policy.generate_step([self.policy.prompt(self.questions[p.q], p.steps) for p in paths], k)
-        tokens = np.array([o.tokens for o in outs], dtype=float)
-        qs = np.repeat([p.q for p in paths], k).astype(np.int64)
-        self.budget.charge("policy", qs, tokens, time.perf_counter() - start, {"policy_tokens": tokens.sum()})
+        outs = self.policy.generate_step(self.prompts(paths), k)
+        self.charge_policy(paths, k, np.array([o.tokens for o in outs], dtype=float), start)
         return [paths[i // k].child(o, self.max_depth) for i, o in enumerate(outs)]
 
     def draw(self, paths: list[Path], k: int) -> list[Path]:
         """k whole solutions from every path in one policy call, path-major (best-of-N's pool, `--pool-draw whole`)."""
         self.note(f"policy: {len(paths) * k} whole solutions")
         start = time.perf_counter()
-        solutions = self.policy.generate_solution([self.policy.prompt(self.questions[p.q], p.steps) for p in paths], k, self.max_depth)
-        tokens = np.array([sum(o.tokens for o in steps) for steps in solutions], dtype=float)
-        qs = np.repeat([p.q for p in paths], k).astype(np.int64)
-        self.budget.charge("policy", qs, tokens, time.perf_counter() - start, {"policy_tokens": tokens.sum()})
+        solutions = self.policy.generate_solution(self.prompts(paths), k, self.max_depth)
+        self.charge_policy(paths, k, np.array([sum(o.tokens for o in steps) for steps in solutions], dtype=float), start)
         children = []
         for i, steps in enumerate(solutions):
             child = paths[i // k]
