@@ -7,6 +7,8 @@ into a fresh run folder. Both write whole files only (`atomic_write`).
 
     python examples/gsm8k_study_records.py save    # after a batch, and before the machine goes
     python examples/gsm8k_study_records.py restore # on a fresh machine, before the study starts
+
+`--run` and `--keep` name other folders (the same study on a GPU, examples/gsm8k_study_gpu.sh).
 """
 import argparse
 import gzip
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from biprm.data.writer import atomic_write
 
-RUN, KEEP = Path("runs/search/gsm8k-study"), Path("results/search/gsm8k-study")
+RUN, KEEP = "runs/search/gsm8k-study", "results/search/gsm8k-study"
 FILES = {"questions.jsonl": "records.jsonl.gz", "batch-in-flight.json": "batch-in-flight.json.gz", "settings.json": "settings.json"}
 
 
@@ -25,10 +27,10 @@ def strip(text: str) -> str:
     return "".join(json.dumps({k: v for k, v in r.items() if k not in ("question", "gold")}) + "\n" for r in lines)
 
 
-def save() -> None:
-    KEEP.mkdir(parents=True, exist_ok=True)
+def save(run: Path, keep: Path) -> None:
+    keep.mkdir(parents=True, exist_ok=True)
     for name, kept in FILES.items():
-        source, target = RUN / name, KEEP / kept
+        source, target = run / name, keep / kept
         if not source.exists():
             target.unlink(missing_ok=True)  # a finished batch's checkpoint is gone: so is its copy
             continue
@@ -36,24 +38,27 @@ def save() -> None:
         data = strip(data) if name == "questions.jsonl" else data
         blob = gzip.compress(data.encode(), mtime=0) if kept.endswith(".gz") else data.encode()
         atomic_write(target, lambda f: f.write(blob))
-    records = KEEP / FILES["questions.jsonl"]
+    records = keep / FILES["questions.jsonl"]
     done = len(gzip.decompress(records.read_bytes()).splitlines()) if records.exists() else 0
-    print(f"saved {done} questions to {KEEP}")
+    print(f"saved {done} questions to {keep}")
 
 
-def restore() -> None:
-    RUN.mkdir(parents=True, exist_ok=True)
-    if (RUN / "questions.jsonl").exists():
-        raise SystemExit(f"{RUN / 'questions.jsonl'} exists: restore only into a fresh run folder")
-    restored = [name for name, kept in FILES.items() if (KEEP / kept).exists()]
+def restore(run: Path, keep: Path) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    if (run / "questions.jsonl").exists():
+        raise SystemExit(f"{run / 'questions.jsonl'} exists: restore only into a fresh run folder")
+    restored = [name for name, kept in FILES.items() if (keep / kept).exists()]
     for name in restored:
-        data = (KEEP / FILES[name]).read_bytes()
+        data = (keep / FILES[name]).read_bytes()
         blob = gzip.decompress(data) if FILES[name].endswith(".gz") else data
-        atomic_write(RUN / name, lambda f: f.write(blob))
-    print(f"restored {', '.join(restored) or 'nothing (a fresh start)'} into {RUN} from {KEEP}")
+        atomic_write(run / name, lambda f: f.write(blob))
+    print(f"restored {', '.join(restored) or 'nothing (a fresh start)'} into {run} from {keep}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("save", "restore"))
-    {"save": save, "restore": restore}[parser.parse_args().action]()
+    parser.add_argument("--run", default=RUN, help="the study's run folder")
+    parser.add_argument("--keep", default=KEEP, help="where its progress is kept in the repository")
+    args = parser.parse_args()
+    {"save": save, "restore": restore}[args.action](Path(args.run), Path(args.keep))

@@ -30,6 +30,7 @@ class SearchConfig:
                                                                      "(--data synthetic only)")
     policy_model: str = arg("tiny", "policy model: a folder or a biprm backbone name (hf, vllm); the served model's name (server); "
                                     "synthetic: the tokenizer that counts its tokens")
+    policy_batch_size: int = arg(32, "--policy hf: sequences per generate call (a GPU takes hundreds)")
     policy_url: str = arg("http://localhost:8000", "base URL of the OpenAI-compatible server (--policy server)")
     policy_tokenizer: str | None = arg(None, "tokenizer whose chat template renders the prompts for --policy server (default: --policy-model)")
     prm: list[str] = arg(help="PRMs, all scoring one shared pool and each driving its own searches: biprm checkpoint folders (any "

@@ -201,7 +201,8 @@ class VLLMPolicy(StepPolicy):
 
 
 class HFPolicy(StepPolicy):
-    """transformers `generate` with the step token as a stop string: small CPU runs and tests."""
+    """transformers `generate` with the step token as a stop string: small CPU runs and tests, or a GPU (the model
+    goes where `Scorer` would put a PRM: the GPU when there is one)."""
 
     def __init__(self, model, tokenizer, batch_size: int = 32, **kw):
         super().__init__(tokenizer, **kw)
@@ -215,9 +216,10 @@ class HFPolicy(StepPolicy):
         from transformers import AutoModelForCausalLM
 
         from biprm.backbones import load_tokenizer, resolve_backbone
+        from biprm.scoring.scorer import default_device
 
         path = resolve_backbone(path)
-        return cls(AutoModelForCausalLM.from_pretrained(path), load_tokenizer(path), **kw)
+        return cls(AutoModelForCausalLM.from_pretrained(path).to(default_device()), load_tokenizer(path), **kw)
 
     def reseed(self, seed: int) -> None:
         import torch
@@ -239,7 +241,7 @@ class HFPolicy(StepPolicy):
 
         rows, out = [p for p in prompts for _ in range(n)], []  # each prompt n times: greedy decoding takes one sequence per row
         for i in range(0, len(rows), self.batch_size):
-            enc = self.tokenizer(rows[i : i + self.batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = self.tokenizer(rows[i : i + self.batch_size], return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
             with torch.no_grad():
                 ids = self.model.generate(**enc, do_sample=self.temperature > 0, temperature=self.temperature or None, top_p=self.top_p,
                                           max_new_tokens=max_tokens, stop_strings=stop or None, tokenizer=self.tokenizer,

@@ -67,7 +67,7 @@ def build_policy(cfg: SearchConfig) -> StepPolicy:
         return VLLMPolicy(cfg.policy_model, seed=cfg.seed, **kw)
     from biprm.search.policy import HFPolicy
 
-    return HFPolicy.from_pretrained(cfg.policy_model, **kw)
+    return HFPolicy.from_pretrained(cfg.policy_model, batch_size=cfg.policy_batch_size, **kw)
 
 
 def build_scorer(cfg: SearchConfig, prm: str) -> PathScorer:
