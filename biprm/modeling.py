@@ -60,6 +60,12 @@ class BiPRMConfig(PreTrainedConfig):
         self.aux_loss_weight = aux_loss_weight
         super().__init__(**kwargs)
 
+    @property
+    def hidden_size(self) -> int:
+        """The backbone's width, where engines look for it: DeepSpeed's ZeRO-3 "auto" buckets read `config.hidden_size`,
+        and refuse to start on a config without it (the paper's recipe did, on its first GPU)."""
+        return self.backbone_config.hidden_size
+
 
 class Float32Linear(nn.Linear):
     """A linear layer that computes in fp32 whatever dtype an engine casts its weights to.

@@ -10,7 +10,7 @@ from biprm.data.trajectory import DataError, Trajectory
 from biprm.modeling import from_backbone
 from biprm.packing import attention_mask, check_tags, pack, pack_cached
 from biprm.scoring import Scorer
-from conftest import scored
+from conftest import ROOT, scored
 
 TRAJS = [
     Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."], [1, 1, 1]),
@@ -328,3 +328,24 @@ def test_a_bf16_model_built_on_a_backbone_keeps_its_heads_in_fp32():
     model = from_backbone(path, load_tokenizer(path), mode="bi", dtype=torch.bfloat16)
     assert model.backbone.get_input_embeddings().weight.dtype == torch.bfloat16
     assert {p.dtype for n, p in model.named_parameters() if n.startswith(("value_head.", "gate."))} == {torch.float32}
+
+
+def test_deepspeed_fills_its_auto_zero3_buckets_from_the_config(backbone):
+    """The paper's recipe (configs/ds_zero3.json) leaves ZeRO-3's buckets on "auto", which transformers sizes from
+    `config.hidden_size`; a config that nests its backbone's made DeepSpeed refuse to start on the first GPU."""
+    import json
+
+    pytest.importorskip("deepspeed")
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    model = from_backbone(backbone, load_tokenizer(backbone), mode="bi")
+    ds = HfTrainerDeepSpeedConfig(json.loads((ROOT / "configs" / "ds_zero3.json").read_text()))
+    args = TrainingArguments(output_dir="unused", per_device_train_batch_size=2, gradient_accumulation_steps=4, report_to=[])
+    ds.trainer_config_process(args)
+    ds.trainer_config_finalize(args, model, num_training_steps=10)
+    H = model.config.backbone_config.hidden_size
+    assert model.config.hidden_size == H
+    assert ds.config["zero_optimization"]["reduce_bucket_size"] == H * H
+    assert ds.config["zero_optimization"]["stage3_param_persistence_threshold"] == 10 * H
+    assert "hidden_size" not in model.config.to_dict()  # read from the backbone, never saved twice
