@@ -346,6 +346,11 @@ def from_backbone(
         backbone_config=backbone.config, mode=mode, objective=objective, step_tag_id=step_tag_id, **special, **config_kwargs
     )
     model = BiPRMModel(config, backbone=backbone)  # the body in `dtype`, the heads in fp32 (as a bf16 checkpoint loads them)
+    partitioned = [p for p in backbone.parameters() if hasattr(p, "ds_id")]
+    if partitioned:  # built under ZeRO-3, in the engine's dtype: its optimizer takes one dtype for every weight
+        for head in (model.value_head, model.gate):  # they still compute in fp32 (`Float32Linear`) and save in fp32
+            if head is not None:
+                head.to(partitioned[0].dtype)
     model.set_attn_implementation(attn_implementation)  # wrapping resets the body's setting
     return model
 

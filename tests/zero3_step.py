@@ -1,0 +1,42 @@
+"""Two optimizer steps of a BiPRM under DeepSpeed ZeRO-3 in bf16 on the CPU (gloo, one process), built the way
+`biprm train` builds it there: with transformers' DeepSpeed config active, so the body loads partitioned under
+zero.Init in the engine's dtype. Prints the losses and the heads' output dtype; run by tests/test_distributed.py."""
+import json
+import os
+import sys
+
+import torch
+
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+
+import deepspeed  # noqa: E402
+from transformers.integrations import HfDeepSpeedConfig  # noqa: E402
+
+from biprm.backbones import load_tokenizer, resolve_backbone  # noqa: E402
+from biprm.data.encoding import Encoder  # noqa: E402
+from biprm.data.trajectory import Trajectory  # noqa: E402
+from biprm.modeling import from_backbone  # noqa: E402
+from biprm.packing import pack  # noqa: E402
+
+deepspeed.init_distributed(dist_backend="gloo")
+config = json.loads(open(os.path.join(os.path.dirname(__file__), "..", "configs", "ds_zero3.json")).read())
+config.update(bf16={"enabled": True}, train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1, gradient_clipping=1.0,
+              train_batch_size=2, zero_allow_untested_optimizer=True)
+for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
+    config["zero_optimization"][key] = 1000
+active = HfDeepSpeedConfig(config)  # what TrainingArguments(deepspeed=...) sets before the Trainer builds the model
+path = resolve_backbone("tiny")
+tokenizer = load_tokenizer(path)
+model = from_backbone(path, tokenizer, mode="bi")
+engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), config=config)
+encoder = Encoder(tokenizer, model.config.step_tag_id)
+trajs = [Trajectory("What is 2 + 3?", ["2 + 3 = 5.", "The answer is 5."], [1, 1]),
+         Trajectory("What is 4 * 2?", ["4 * 2 = 6.", "The answer is 6."], [0, 0])]
+batch = pack([encoder.encode(t) for t in trajs], "bi")
+losses = []
+for _ in range(2):
+    out = engine(**batch)
+    engine.backward(out.loss)
+    engine.step()
+    losses.append(float(out.loss))
+print(json.dumps({"losses": losses, "fused_dtype": str(out.fused.dtype)}))
