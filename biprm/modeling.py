@@ -82,6 +82,16 @@ class Float32Linear(nn.Linear):
             return F.linear(x.float(), self.weight.float(), bias)
 
 
+
+def head_masters(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The heads' fp32 master weights from a DeepSpeed optimizer, by state-dict name, on the CPU. DeepSpeed's bf16 mode
+    keeps bf16 copies in the module, and a save gathers those: a head saved from them is rounded to bf16. Under ZeRO-3
+    the masters are partitioned, so every rank must call this (in the same order) for the gather."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    found = {name: safe_get_full_fp32_param(p) for name, p in model.named_parameters() if name.startswith(HEADS) and p.requires_grad}
+    return {name: master.detach().float().cpu() for name, master in found.items() if master is not None}
+
 @dataclass
 class BiPRMOutput(ModelOutput):
     """Per-step logits in forward step order, flat over the batch (see `step_offsets`)."""

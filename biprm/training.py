@@ -35,7 +35,7 @@ from biprm.run_folder import RECORD, finished, plan, publish, run_record, start,
 from biprm.data.encoding import Encoded, Encoder
 from biprm.lora import save_merged, with_lora
 from biprm.data.readers import check_source
-from biprm.modeling import BiPRMModel, from_backbone
+from biprm.modeling import BiPRMModel, from_backbone, head_masters
 from biprm.packing import pack
 from biprm.trunk import TrunkCache, TrunkCollator, TrunkData, freeze_bottom
 
@@ -87,6 +87,17 @@ class BiPRMTrainer(Trainer):
                 group["params"] = [p for p in group["params"] if id(p) not in ids]
                 optimizer.add_param_group({**group, "params": mine, "lr": group["lr"] * self.gate_lr_scale, "gate": True})
         return optimizer
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """transformers' save; under DeepSpeed the heads are written from the optimizer's fp32 masters, gathered here on
+        every rank, since only the writer reaches `_save` (without this they were saved bf16-rounded)."""
+        self.head_masters = head_masters(self.model) if self.is_deepspeed_enabled else {}
+        super().save_model(output_dir, _internal_call)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        if getattr(self, "head_masters", None) and state_dict is not None:
+            state_dict = {**state_dict, **self.head_masters}
+        super()._save(output_dir, state_dict)
 
     def _remove_unused_columns(self, dataset, description=None):
         return dataset  # the collator reads every column of an encoded row

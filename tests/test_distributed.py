@@ -83,3 +83,27 @@ def test_zero3_in_bf16_trains_the_model_biprm_train_builds():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(result["losses"]) == 2 and all(x == x and abs(x) < 1e3 for x in result["losses"])
     assert result["fused_dtype"] == "torch.float32"  # the heads compute in fp32 whatever the engine stores
+    # what a save writes for the heads: the optimizer's fp32 masters, of which the module holds bf16 roundings
+    assert result["heads"] == ["gate.0.bias", "gate.0.weight", "gate.2.bias", "gate.2.weight", "value_head.bias", "value_head.weight"]
+    assert result["master_dtypes"] == ["torch.float32"]
+    assert result["masters_round_to_the_copies"] and result["masters_finer_than_bf16"]
+
+
+def test_a_deepspeed_save_writes_the_heads_gathered_fp32_masters(tmp_path):
+    """`BiPRMTrainer.save_model` gathers the masters on every rank; the writer's `_save` puts them in the state dict."""
+    from safetensors.torch import load_file
+    from transformers import TrainingArguments
+
+    from biprm.backbones import load_tokenizer, resolve_backbone
+    from biprm.modeling import from_backbone
+    from biprm.training import BiPRMTrainer
+
+    path = resolve_backbone("tiny")
+    model = from_backbone(path, load_tokenizer(path), mode="bi")
+    trainer = BiPRMTrainer(model, TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True))
+    master = torch.full_like(model.value_head.weight, 0.1234567)  # not a bf16 value
+    trainer.head_masters = {"value_head.weight": master}
+    trainer._save(str(tmp_path / "saved"), state_dict={k: v.bfloat16() for k, v in model.state_dict().items()})
+    saved = load_file(str(tmp_path / "saved" / "model.safetensors"))
+    torch.testing.assert_close(saved["value_head.weight"], master, rtol=0, atol=0)
+    assert saved["gate.0.weight"].dtype == torch.float32  # the other heads: the bf16 copy, saved in fp32 as before

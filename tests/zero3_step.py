@@ -1,6 +1,7 @@
 """Two optimizer steps of a BiPRM under DeepSpeed ZeRO-3 in bf16 on the CPU (gloo, one process), built the way
 `biprm train` builds it there: with transformers' DeepSpeed config active, so the body loads partitioned under
-zero.Init in the engine's dtype. Prints the losses and the heads' output dtype; run by tests/test_distributed.py."""
+zero.Init in the engine's dtype. Prints the losses, the heads' output dtype, and how their fp32 masters (what a save
+writes) relate to the module's bf16 copies; run by tests/test_distributed.py."""
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ from transformers.integrations import HfDeepSpeedConfig  # noqa: E402
 from biprm.backbones import load_tokenizer, resolve_backbone  # noqa: E402
 from biprm.data.encoding import Encoder  # noqa: E402
 from biprm.data.trajectory import Trajectory  # noqa: E402
-from biprm.modeling import from_backbone  # noqa: E402
+from biprm.modeling import from_backbone, head_masters  # noqa: E402
 from biprm.packing import pack  # noqa: E402
 
 deepspeed.init_distributed(dist_backend="gloo")
@@ -39,4 +40,11 @@ for _ in range(2):
     engine.backward(out.loss)
     engine.step()
     losses.append(float(out.loss))
-print(json.dumps({"losses": losses, "fused_dtype": str(out.fused.dtype)}))
+masters = head_masters(engine.module)
+heads = [p for n, p in engine.module.named_parameters() if n in masters]
+with deepspeed.zero.GatheredParameters(heads):  # the module's bf16 copies, whole
+    copies = {n: p.detach().float().clone() for n, p in engine.module.named_parameters() if n in masters}
+print(json.dumps({"losses": losses, "fused_dtype": str(out.fused.dtype), "heads": sorted(masters),
+                  "master_dtypes": sorted({str(m.dtype) for m in masters.values()}),
+                  "masters_round_to_the_copies": all(torch.equal(masters[n].bfloat16().float(), copies[n]) for n in masters),
+                  "masters_finer_than_bf16": any(not torch.equal(m, m.bfloat16().float()) for m in masters.values())}))
