@@ -10,7 +10,12 @@ cd "$(dirname "$0")/.."
 PY=${PY:-python3} RUN=${RUN:-runs/search/gsm8k-study-gpu} PRM=${PRM:-runs/prm-gpu}
 
 [ -f $PRM/bi/config.json ] || $PY examples/gsm8k_study_prms.py --out $PRM ${TRAIN:+--train $TRAIN}
-mkdir -p $RUN; (cd $PRM && sha256sum l2r/model.safetensors bi/model.safetensors) > $RUN/prm.sha256
+mkdir -p $RUN; hashes=$(cd $PRM && sha256sum l2r/model.safetensors bi/model.safetensors)
+if [ -f $RUN/prm.sha256 ] && [ "$hashes" != "$(cat $RUN/prm.sha256)" ]; then  # keep the record of who scored the first rows
+  echo "WARNING: these PRMs differ from those in $RUN/prm.sha256" >&2; echo "$hashes" > $RUN/prm.sha256.differs
+else
+  echo "$hashes" > $RUN/prm.sha256
+fi
 $PY -m biprm.cli search --out $RUN --data gsm8k --limit 200 --policy hf --policy-model smollm2-135m --policy-batch-size 512 \
   --prm $PRM/l2r $PRM/bi --algorithms bon --n 4 8 16 --strategies fused l2r --max-depth 10 --max-step-tokens 128 \
   --pool-draw whole --batch-questions 32 --show-progress false -v

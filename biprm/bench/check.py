@@ -83,6 +83,7 @@ def launch(command: list[str], log: Path) -> tuple[int, str, float]:
 
 
 def trained(cfg: CheckConfig, command: list[str], run: Path, out: Path) -> Item:
+    (run / "config.json").unlink(missing_ok=True)  # an earlier check's model must not stand in for a run that fails early
     code, err, seconds = launch(command + ["--overwrite"], out / "train.log")
     if code != 0:
         return Item("train 3 steps", "fail", f"exit {code}: {err.strip().splitlines()[-1] if err.strip() else ''} (log: {out / 'train.log'})")
