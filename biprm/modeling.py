@@ -82,7 +82,6 @@ class Float32Linear(nn.Linear):
             return F.linear(x.float(), self.weight.float(), bias)
 
 
-
 def head_masters(model: nn.Module) -> dict[str, torch.Tensor]:
     """The heads' fp32 master weights from a DeepSpeed optimizer, by state-dict name, on the CPU. DeepSpeed's bf16 mode
     keeps bf16 copies in the module, and a save gathers those: a head saved from them is rounded to bf16. Under ZeRO-3
@@ -90,7 +89,8 @@ def head_masters(model: nn.Module) -> dict[str, torch.Tensor]:
     from deepspeed.utils import safe_get_full_fp32_param
 
     found = {name: safe_get_full_fp32_param(p) for name, p in model.named_parameters() if name.startswith(HEADS) and p.requires_grad}
-    return {name: master.detach().float().cpu() for name, master in found.items() if master is not None}
+    return {name: master.detach().cpu() for name, master in found.items() if master is not None}
+
 
 @dataclass
 class BiPRMOutput(ModelOutput):
@@ -356,11 +356,11 @@ def from_backbone(
         backbone_config=backbone.config, mode=mode, objective=objective, step_tag_id=step_tag_id, **special, **config_kwargs
     )
     model = BiPRMModel(config, backbone=backbone)  # the body in `dtype`, the heads in fp32 (as a bf16 checkpoint loads them)
-    partitioned = [p for p in backbone.parameters() if hasattr(p, "ds_id")]
-    if partitioned:  # built under ZeRO-3, in the engine's dtype: its optimizer takes one dtype for every weight
+    engine_dtype = next((p.dtype for p in backbone.parameters() if getattr(p, "ds_id", None) is not None), None)
+    if engine_dtype is not None:  # built under ZeRO-3, in the engine's dtype: its optimizer takes one dtype for every weight
         for head in (model.value_head, model.gate):  # they still compute in fp32 (`Float32Linear`) and save in fp32
             if head is not None:
-                head.to(partitioned[0].dtype)
+                head.to(engine_dtype)
     model.set_attn_implementation(attn_implementation)  # wrapping resets the body's setting
     return model
 

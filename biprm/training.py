@@ -66,6 +66,7 @@ class BiPRMTrainer(Trainer):
             data_collator = default_collator(model, train_dataset, kwargs.get("processing_class"))
         super().__init__(model, args, data_collator, train_dataset, *rest, **kwargs)
         self.gate_lr_scale = gate_lr_scale
+        self.head_masters: dict[str, torch.Tensor] = {}  # set by `save_model` under DeepSpeed, written by `_save`
         if isinstance(self.train_dataset, TrunkData):
             if self.args.world_size > 1:
                 raise ValueError(TRUNK_ALONE)
@@ -90,12 +91,12 @@ class BiPRMTrainer(Trainer):
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """transformers' save; under DeepSpeed the heads are written from the optimizer's fp32 masters, gathered here on
-        every rank, since only the writer reaches `_save` (without this they were saved bf16-rounded)."""
+        every rank before `_save`, where only the writer goes on (without this they were saved bf16-rounded)."""
         self.head_masters = head_masters(self.model) if self.is_deepspeed_enabled else {}
         super().save_model(output_dir, _internal_call)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        if getattr(self, "head_masters", None) and state_dict is not None:
+        if self.head_masters and state_dict is not None:
             state_dict = {**state_dict, **self.head_masters}
         super()._save(output_dir, state_dict)
 

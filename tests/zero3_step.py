@@ -3,24 +3,20 @@
 zero.Init in the engine's dtype. Prints the losses, the heads' output dtype, and how their fp32 masters (what a save
 writes) relate to the module's bf16 copies; run by tests/test_distributed.py."""
 import json
-import os
-import sys
+from pathlib import Path
 
+import deepspeed
 import torch
+from transformers.integrations import HfDeepSpeedConfig
 
-os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.data.encoding import Encoder
+from biprm.data.trajectory import Trajectory
+from biprm.modeling import from_backbone, head_masters
+from biprm.packing import pack
 
-import deepspeed  # noqa: E402
-from transformers.integrations import HfDeepSpeedConfig  # noqa: E402
-
-from biprm.backbones import load_tokenizer, resolve_backbone  # noqa: E402
-from biprm.data.encoding import Encoder  # noqa: E402
-from biprm.data.trajectory import Trajectory  # noqa: E402
-from biprm.modeling import from_backbone, head_masters  # noqa: E402
-from biprm.packing import pack  # noqa: E402
-
-deepspeed.init_distributed(dist_backend="gloo")
-config = json.loads(open(os.path.join(os.path.dirname(__file__), "..", "configs", "ds_zero3.json")).read())
+deepspeed.init_distributed(dist_backend="gloo")  # the process group torchrun describes (tests/test_distributed.py)
+config = json.loads((Path(__file__).parents[1] / "configs" / "ds_zero3.json").read_text())
 config.update(bf16={"enabled": True}, train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1, gradient_clipping=1.0,
               train_batch_size=2, zero_allow_untested_optimizer=True)
 for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
