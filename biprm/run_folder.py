@@ -5,13 +5,17 @@ biprm version. Training into a folder that holds a run is refused unless `--resu
 (the same run: the record must match) or `--overwrite` (it is cleared first), so a new
 run can never rotate away an old run's checkpoints or finish from them. The record
 compares the global batch, not its split into processes, micro-batches and accumulation,
-so a run may resume in another number of processes.
+so a run may resume in another number of processes. Paths are compared as the files they name, not as typed:
+`runs/a`, `./runs/a` and `/home/me/runs/a` are one folder, from any working directory.
 
 A resume takes the newest checkpoint that is complete by the rules of the backend that
 wrote it (`judge`), and says which. The Trainer writes `trainer_state.json` last, after
 every rank's files: a checkpoint without it whole was cut short and is skipped; one with
 it that lacks what its backend's resume reads cannot be judged, which is an error, never a
-silent restart from step 0 (whose checkpoint rotation would then delete the run's state).
+silent restart from step 0 (whose checkpoint rotation would then delete the run's state). What a DeepSpeed
+checkpoint must hold comes from the record (its process count and ZeRO stage), not from the files present, so a
+checkpoint missing its last rank's files is named as such. Every refusal that advises `--overwrite` says what
+it deletes.
 """
 from __future__ import annotations
 
@@ -25,22 +29,34 @@ from typing import Callable, Iterator
 
 log = logging.getLogger(__name__)
 RECORD = "biprm_run.json"
-# fields that change how a run is shown or stored, not what it computes
-COSMETIC = ("resume", "overwrite", "show_progress", "report_to", "logging_steps", "num_proc", "save_steps", "save_total_limit")
+# fields that change how or where a run is shown or stored, not what it computes (the record lives in its output folder)
+COSMETIC = ("resume", "overwrite", "show_progress", "report_to", "logging_steps", "num_proc", "save_steps", "save_total_limit",
+            "output_dir", "trunk_cache_dir")
+PATHS = ("data", "backbone", "deepspeed")  # settings that may name a local file or folder: compared as that file, resolved
 SPLIT = ("per_device_train_batch_size", "gradient_accumulation_steps")  # with the world size: how the global batch is split
 
 
-def run_record(config: dict, data_fingerprint: str, world_size: int = 1) -> dict:
+def run_record(config: dict, data_fingerprint: str | None, world_size: int = 1, engine: dict | None = None) -> dict:
+    """What trained a run: its settings (local paths resolved), its data (None until encoded), its process count and,
+    as `engine`, its backend with what a DeepSpeed checkpoint of it holds (`engine_facts`)."""
     from biprm import __version__
 
-    return {"config": {k: v for k, v in config.items() if k not in COSMETIC}, "world_size": world_size,
-            "data_fingerprint": data_fingerprint, "biprm_version": __version__}
+    return {"config": resolved({k: v for k, v in config.items() if k not in COSMETIC}), "world_size": world_size,
+            "engine": engine or {"backend": "plain"}, "data_fingerprint": data_fingerprint, "biprm_version": __version__}
+
+
+def resolved(config: dict) -> dict:
+    """`config` with every setting of PATHS that names an existing local file or folder as its absolute path."""
+    def local(value: object) -> bool:
+        return isinstance(value, str) and bool(value) and Path(value).expanduser().exists()
+
+    return {k: str(Path(v).expanduser().resolve()) if k in PATHS and local(v) else v for k, v in config.items()}
 
 
 def computed(record: dict) -> dict:
-    """The record's config as what the run computes: the global batch in place of its split
-    (a record written before the world size was kept is from one process)."""
-    config = {k: v for k, v in record["config"].items() if k not in SPLIT}
+    """The record's config as what the run computes: local paths resolved (a record from before they were is read from
+    here), the global batch in place of its split (a record written before the world size was kept is from one process)."""
+    config = {k: v for k, v in resolved(record["config"]).items() if k not in SPLIT and k not in COSMETIC}
     config["global_batch_size"] = record.get("world_size", 1) * record["config"]["per_device_train_batch_size"] * record["config"]["gradient_accumulation_steps"]
     return config
 
@@ -78,13 +94,46 @@ def _zero_ranks(step: Path, kind: str) -> set[int]:
     return {int(re.search(r"zero_pp_rank_(\d+)_", p.name)[1]) for p in step.glob(f"*zero_pp_rank_*_{kind}.pt")}
 
 
-def zero_shards(checkpoint: Path) -> int:
-    """How many processes' ZeRO shards a DeepSpeed checkpoint holds (0 without ZeRO)."""
+def _saved(folder: Path) -> dict | None:
+    """The run record `folder` holds, or None."""
+    path = folder / RECORD
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def deepspeed_layout(checkpoint: Path, record: dict | None) -> tuple[int, int]:
+    """(processes, ZeRO stage) a DeepSpeed checkpoint was written by: from the run record where it says, else guessed
+    from the files present (the highest rank, ZeRO-3 if ranks hold model shards), for folders without one."""
+    engine = (record or {}).get("engine", {})
     step = checkpoint / (checkpoint / "latest").read_text().strip()
-    return max(_zero_ranks(step, "optim_states") | _zero_ranks(step, "model_states"), default=-1) + 1
+    optim, model = _zero_ranks(step, "optim_states"), _zero_ranks(step, "model_states")
+    if engine.get("backend") == "deepspeed":
+        stage = engine.get("zero_stage")
+        return record["world_size"], (3 if model else 2) if stage is None else stage
+    return max(optim | model, default=-1) + 1, 3 if model else 2
 
 
-def _lacks(checkpoint: Path, backend: str) -> list[str]:
+def _deepspeed_lacks(checkpoint: Path, record: dict | None) -> list[str]:
+    """What DeepSpeed's `load_checkpoint` and the Trainer read from a DeepSpeed checkpoint and `checkpoint` does not hold:
+    every rank's optimizer shard (ZeRO >= 1) and, under ZeRO-3, model shard; the whole model states below ZeRO-3; the
+    Trainer's scheduler.pt unless the DeepSpeed config builds its own scheduler."""
+    latest = checkpoint / "latest"
+    tag = latest.read_text().strip() if latest.is_file() else ""
+    step = checkpoint / tag
+    if not tag or not step.is_dir():
+        return [f"the step folder that `latest` names ({tag or 'latest is missing or empty'})"]
+    world, stage = deepspeed_layout(checkpoint, record)
+    optim, model = _zero_ranks(step, "optim_states"), _zero_ranks(step, "model_states")
+    shard = "{tag}/zero_pp_rank_{rank}_mp_rank_00_{kind}.pt"
+    lacks = [shard.format(tag=tag, rank=r, kind="model_states") for r in range(world) if stage == 3 and r not in model]
+    if stage < 3 and not (step / "mp_rank_00_model_states.pt").is_file():
+        lacks.append(f"{tag}/mp_rank_00_model_states.pt")
+    lacks += [shard.format(tag=tag, rank=r, kind="optim_states") for r in range(world) if stage >= 1 and r not in optim]
+    if not (record or {}).get("engine", {}).get("scheduler_in_config") and not (checkpoint / "scheduler.pt").is_file():
+        lacks.append("scheduler.pt")
+    return lacks
+
+
+def _lacks(checkpoint: Path, backend: str, record: dict | None) -> list[str]:
     """What a resume by `backend` reads (the Trainer's `_load_from_checkpoint`, `_load_optimizer_and_scheduler`
     and DeepSpeed's `load_checkpoint`) and `checkpoint` does not hold."""
     def has(*names: str) -> bool:
@@ -98,24 +147,17 @@ def _lacks(checkpoint: Path, backend: str) -> list[str]:
         lacks += [] if has("optimizer.bin", "optimizer_0/.metadata") else ["optimizer.bin or optimizer_0/"]
         lacks += [] if has("scheduler.pt") else ["scheduler.pt"]
     else:
-        tag = (checkpoint / "latest").read_text().strip() if has("latest") else ""
-        step = checkpoint / tag
-        if not tag or not step.is_dir():
-            return lacks + [f"the step folder that `latest` names ({tag or 'latest is missing or empty'})"]
-        optim, model, world = _zero_ranks(step, "optim_states"), _zero_ranks(step, "model_states"), zero_shards(checkpoint)
-        if not model and not any(step.glob("mp_rank_*_model_states.pt")):
-            lacks.append(f"{tag}/*model_states.pt")
-        lacks += [f"{tag}/ rank {r}'s ZeRO optimizer shard" for r in range(world) if r not in optim]
-        lacks += [f"{tag}/ rank {r}'s ZeRO-3 model shard" for r in range(world) if model and r not in model]
+        lacks += _deepspeed_lacks(checkpoint, record)
     return lacks
 
 
-def judge(checkpoint: Path) -> tuple[str | None, str | None]:
-    """(the backend that wrote `checkpoint`, None if it holds whole every file that backend's resume reads, else what is wrong)."""
+def judge(checkpoint: Path, record: dict | None = None) -> tuple[str | None, str | None]:
+    """(the backend that wrote `checkpoint`, None if it holds whole every file that backend's resume reads, else what is
+    wrong); `record`, the run's, says what a DeepSpeed checkpoint must hold."""
     backend = backend_of(checkpoint)
     if backend is None:
         return None, "no optimizer state (optimizer.pt; DeepSpeed's latest and global_stepN/; FSDP's optimizer.bin or optimizer_0/)"
-    lacks = _lacks(checkpoint, backend)
+    lacks = _lacks(checkpoint, backend, record)
     if lacks:
         return backend, f"missing {', '.join(lacks)}"
     try:
@@ -141,60 +183,80 @@ def finished(folder: str | Path, checkpoint: str | None) -> bool:
 def latest_complete(folder: Path) -> Path | None:
     """The newest complete checkpoint of `folder` with whole weights, or None: what a scorer can be pointed at in an
     unfinished run (a sharded FSDP checkpoint has none)."""
-    return next((c for c in _checkpoints(folder) if judge(c)[1] is None and any(c.glob("*.safetensors"))), None)
+    record = _saved(folder)
+    return next((c for c in _checkpoints(folder) if judge(c, record)[1] is None and any(c.glob("*.safetensors"))), None)
+
+
+def overwrite_deletes(folder: Path) -> str:
+    """What `--overwrite` deletes in `folder`, named wherever it is offered or done: a run's checkpoints are its trained steps."""
+    found = [p.name for p in reversed(_checkpoints(folder))]
+    named = ([f"{', '.join(found)} (the run's trained steps)"] if found else []) + (["its final model"] if (folder / "config.json").is_file() else [])
+    return ", ".join([*named, RECORD])
 
 
 def plan(folder: str | Path, record: dict, resume: bool, overwrite: bool, backend: str = "plain") -> str | None:
     """Check the folder against this run (trained by `backend`, in `record["world_size"]` processes) before anything
-    is written; the checkpoint to resume from, or None."""
+    is written or loaded; the checkpoint to resume from, or None. The data are compared later (`same_data`)."""
     folder = Path(folder)
-    saved = folder / RECORD
-    holds_run = saved.is_file() or bool(_checkpoints(folder))
+    if resume and overwrite:
+        raise ValueError(f"--resume continues the run in {folder} and --overwrite deletes it; choose one")
+    saved = _saved(folder)
+    holds_run = saved is not None or bool(_checkpoints(folder))
     if not holds_run or overwrite:
         if resume and not holds_run:
             log.warning("--resume: %s holds no run yet; training from the start", folder)
         return None
+    overwrite_does = f"--overwrite, which deletes {overwrite_deletes(folder)}"
     if not resume:
-        raise FileExistsError(f"{folder} holds a training run; add --resume to continue it or --overwrite to replace it")
-    if saved.is_file():
-        before = json.loads(saved.read_text())
-        diff = changes(computed(before), computed(record))
-        if before.get("data_fingerprint") != record["data_fingerprint"]:
-            diff.append("the training data differ")
-        if diff:
-            raise ValueError(f"--resume: {folder} holds another run ({'; '.join(diff)}); use another --output-dir or --overwrite")
-    else:
-        raise FileExistsError(f"--resume: {folder} has checkpoints but no {RECORD} saying which run wrote them; use --overwrite or another folder")
+        raise FileExistsError(f"{folder} holds a training run; add --resume to continue it, or {overwrite_does}")
+    if saved is None:
+        raise FileExistsError(f"--resume: {folder} has checkpoints but no {RECORD} saying which run wrote them; "
+                              f"train into another --output-dir, or {overwrite_does}")
+    diff = changes(computed(saved), computed(record))
+    if diff:
+        raise ValueError(f"--resume: {folder} holds another run ({'; '.join(diff)}); train into another --output-dir, or {overwrite_does}")
     for checkpoint in _checkpoints(folder):
-        written_by, problem = judge(checkpoint)
+        written_by, problem = judge(checkpoint, saved)
         if problem is None:
-            check_resumable(checkpoint, written_by, backend, record["world_size"])
+            check_resumable(checkpoint, written_by, backend, record["world_size"], saved)
             log.warning("resuming from %s", checkpoint)
             return str(checkpoint)
         if _state(checkpoint) is not None:
             raise ValueError(f"--resume: {checkpoint} cannot be judged: {problem}, though its save finished (trainer_state.json, "
-                             "written last, is whole); remove it to resume from an older checkpoint, or use --overwrite")
+                             f"written last, is whole); remove it to resume from an older checkpoint, or {overwrite_does}")
         log.warning("skipping %s: %s", checkpoint, problem)
     log.warning("--resume: no complete checkpoint in %s; training from the start", folder)
     return None
 
 
-def check_resumable(checkpoint: Path, written_by: str, backend: str, world_size: int) -> None:
+def same_data(folder: str | Path, fingerprint: str) -> None:
+    """Refuse to resume a run recorded on other data: the one check that needs the data encoded, so it comes after loading."""
+    saved = _saved(Path(folder))
+    if saved is not None and saved.get("data_fingerprint") not in (None, fingerprint):
+        raise ValueError(f"--resume: {folder} holds another run (the training data differ); train into another --output-dir, "
+                         f"or --overwrite, which deletes {overwrite_deletes(Path(folder))}")
+
+
+def check_resumable(checkpoint: Path, written_by: str, backend: str, world_size: int, record: dict | None = None) -> None:
     """Refuse a checkpoint this run's backend would load only in part (the Trainer reads another backend's
     optimizer state silently as none), or, for DeepSpeed's ZeRO shards, in another number of processes."""
     names = {"plain": "one process or DDP", "deepspeed": "DeepSpeed", "fsdp": "FSDP"}
     if written_by != backend:
         raise ValueError(f"--resume: {checkpoint} was written by {names[written_by]} and this run trains with {names[backend]}; "
                          "resume it with the launcher and config that wrote it")
-    shards = zero_shards(checkpoint) if backend == "deepspeed" else 0
-    if shards and shards != world_size:
-        raise ValueError(f"--resume: {checkpoint} holds DeepSpeed ZeRO state in {shards} shards, one per process, and DeepSpeed "
-                         f"reads them rank by rank; resume it in {shards} processes, not {world_size}")
+    if backend != "deepspeed":
+        return
+    shards, stage = deepspeed_layout(checkpoint, record)
+    if stage >= 1 and shards != world_size:
+        raise ValueError(f"--resume: {checkpoint} holds DeepSpeed ZeRO-{stage} state in {shards} shards, one per process, and "
+                         f"DeepSpeed reads them rank by rank; resume it in {shards} processes, not {world_size}")
 
 
 def start(folder: str | Path, record: dict, overwrite: bool) -> None:
-    """Clear the folder for --overwrite, then write the record (main process only)."""
+    """Clear the folder for --overwrite (saying what goes), then write the record (main process only)."""
     folder = Path(folder)
+    if overwrite and ((folder / RECORD).is_file() or _checkpoints(folder)):
+        log.warning("--overwrite: deleting %s in %s", overwrite_deletes(folder), folder)
     if overwrite:
         for p in _checkpoints(folder):
             shutil.rmtree(p)

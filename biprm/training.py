@@ -31,7 +31,7 @@ from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
 from biprm.config import TrainConfig
 from biprm.checkpoint import share, stamp, write_model_card
 from biprm.data.arrow import encoded_dataset, streamed_dataset, to_encoded
-from biprm.run_folder import RECORD, finished, plan, publish, run_record, start, undone_if_nothing_trained
+from biprm.run_folder import RECORD, finished, plan, publish, run_record, same_data, start, undone_if_nothing_trained
 from biprm.data.encoding import Encoded, Encoder
 from biprm.lora import save_merged, with_lora
 from biprm.data.readers import check_source
@@ -279,22 +279,25 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, enco
     args = training_arguments(cfg)
     if cfg.train_top_layers and cfg.trunk_cache and (args.world_size > 1 or engine != "plain"):
         raise ValueError(TRUNK_ALONE)  # before any rank builds the cache
+    # the folder is judged before the model loads and the data are encoded: a refused resume costs seconds, not minutes
+    record = run_record(asdict(cfg), None, args.world_size, engine_facts(cfg, engine))
+    resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite, engine)
     backbone_dir = resolve_backbone(cfg.backbone)
     tokenizer = load_tokenizer(backbone_dir)
     model = build_model(cfg, engine, backbone_dir, tokenizer)
     encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
-    train_set, eval_set, fingerprint = training_data(cfg, args, model, encoder, encoded)
+    train_set, eval_set, record["data_fingerprint"] = training_data(cfg, args, model, encoder, encoded)
+    if cfg.resume:
+        same_data(cfg.output_dir, record["data_fingerprint"])
+    if finished(cfg.output_dir, resume_from):  # the Trainer would run one more step at lr 0 and log it over the real run
+        log.warning("%s: this run has finished; its model and train_log.json stay as they are", cfg.output_dir)
+        return cfg.output_dir
     options = dict(mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row, pad_id=tokenizer.pad_token_id)
     trainer = BiPRMTrainer(  # built before the folder is touched: a tracker or launcher that fails here leaves nothing behind
         model=model, args=args, train_dataset=train_set, eval_dataset=eval_set,
         data_collator=None if isinstance(train_set, TrunkData) else partial(collate, **options),
         processing_class=tokenizer, callbacks=callbacks, gate_lr_scale=cfg.gate_lr_scale,
     )
-    record = run_record(asdict(cfg), fingerprint, args.world_size)
-    resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite, engine)
-    if finished(cfg.output_dir, resume_from):  # the Trainer would run one more step at lr 0 and log it over the real run
-        log.warning("%s: this run has finished; its model and train_log.json stay as they are", cfg.output_dir)
-        return cfg.output_dir
     created = args.process_index == 0 and (cfg.overwrite or not Path(cfg.output_dir, RECORD).is_file())
     args.distributed_state.wait_for_everyone()  # every rank has looked at the folder before the first one writes to it
     if args.process_index == 0:
@@ -321,6 +324,18 @@ def check_before_loading(cfg: TrainConfig, encoded: list[Encoded] | None) -> str
         raise ValueError(f"{engine} needs a GPU: accelerate starts it only on accelerator devices (on a CPU, DeepSpeed fails to start "
                          "and FSDP trains as plain DDP); train on a CPU without it (one process, or DDP: torchrun --nproc_per_node N)")
     return engine
+
+
+def engine_facts(cfg: TrainConfig, engine: str) -> dict:
+    """The backend, and for DeepSpeed what its checkpoints hold, for the run record: a resume judges a DeepSpeed checkpoint
+    by the ZeRO stage and process count that wrote it, not by the files present (a lost last rank would go unseen), and
+    expects the Trainer's scheduler.pt unless the DeepSpeed config builds its own scheduler."""
+    if engine != "deepspeed":
+        return {"backend": engine}
+    path = cfg.deepspeed or os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")  # `accelerate launch` with a DeepSpeed config
+    ds = json.loads(Path(path).read_text()) if path and Path(path).is_file() else {}
+    stage = ds.get("zero_optimization", {}).get("stage", os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE"))
+    return {"backend": engine, "zero_stage": None if stage in (None, "auto") else int(stage), "scheduler_in_config": "scheduler" in ds}
 
 
 def build_model(cfg: TrainConfig, engine: str, backbone_dir: str, tokenizer: PreTrainedTokenizerBase) -> BiPRMModel:

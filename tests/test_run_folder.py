@@ -4,6 +4,7 @@ libraries on CPU in tests/backend_checkpoints.py; DeepSpeed's also as a fake of 
 without it). A resume takes a complete one, refuses one it cannot judge, and never restarts silently from step 0."""
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,11 @@ from conftest import launch
 
 LAYOUTS = {"fsdp-full": "fsdp", "fsdp-sharded": "fsdp", "deepspeed": "deepspeed", "deepspeed-fake": "deepspeed"}
 SETTINGS = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "seed": 1}
+ZERO3 = {"backend": "deepspeed", "zero_stage": 3, "scheduler_in_config": False}  # what the record of a ZeRO-3 run says
+
+
+def record(world_size: int = 2, engine: dict | None = None, settings: dict = SETTINGS) -> dict:
+    return run_record(settings, "data", world_size, engine)
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +51,14 @@ def run_folder(written: Path, layout: str, dest: Path, world_size: int = 2) -> P
         pytest.skip("deepspeed is not installed; its layout is tested on the fake")
     checkpoint = dest / "checkpoint-2"
     shutil.copytree(written / layout / "checkpoint-2", checkpoint)
-    if LAYOUTS[layout] == "fsdp":
-        torch.save({}, checkpoint / "scheduler.pt")
+    torch.save({}, checkpoint / "scheduler.pt")  # the Trainer's, beside FSDP's and DeepSpeed's parts
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2, "max_steps": 4}))  # the Trainer's last write
-    start(dest, run_record(SETTINGS, "data", world_size), overwrite=False)
+    start(dest, record(world_size, ZERO3 if LAYOUTS[layout] == "deepspeed" else {"backend": "fsdp"}), overwrite=False)
     return dest
 
 
 def resume(folder: Path, backend: str, world_size: int = 2) -> str | None:
-    return plan(folder, run_record(SETTINGS, "data", world_size), resume=True, overwrite=False, backend=backend)
+    return plan(folder, record(world_size, {"backend": backend}), resume=True, overwrite=False, backend=backend)
 
 
 @pytest.mark.slow
@@ -72,9 +77,10 @@ def test_a_checkpoint_of_every_backend_is_complete_and_resumed_by_that_backend_o
     ("fsdp-sharded", "optimizer_0/.metadata", "optimizer.bin or optimizer_0/"),
     ("fsdp-sharded", "pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp.bin or pytorch_model_fsdp_0/"),
     ("fsdp-full", "scheduler.pt", "scheduler.pt"),
-    ("deepspeed", "global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt", "global_step2/ rank 1's ZeRO optimizer shard"),
-    ("deepspeed-fake", "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt", "global_step2/ rank 0's ZeRO-3 model shard"),
+    ("deepspeed", "global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt", "global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+    ("deepspeed-fake", "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt", "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt"),
     ("deepspeed-fake", "latest", "the step folder that `latest` names"),
+    ("deepspeed-fake", "scheduler.pt", "scheduler.pt"),
 ])
 def test_a_finished_save_without_what_its_backend_reads_is_an_error_not_a_restart(written, tmp_path, layout, removed, lacks):
     folder = run_folder(written, layout, tmp_path / "run")
@@ -109,10 +115,53 @@ def test_a_save_cut_short_is_skipped_for_the_older_checkpoint(written, tmp_path,
 def test_deepspeed_zero_shards_resume_only_in_as_many_processes(tmp_path):
     fake_deepspeed(tmp_path / "written" / "deepspeed-fake" / "checkpoint-2")
     folder = run_folder(tmp_path / "written", "deepspeed-fake", tmp_path / "run", world_size=2)
-    assert resume(folder, "deepspeed", world_size=2) == str(folder / "checkpoint-2")
+    assert plan(folder, record(2, ZERO3), resume=True, overwrite=False, backend="deepspeed") == str(folder / "checkpoint-2")
     saved = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "seed": 1}  # the same global batch in 1
-    with pytest.raises(ValueError, match="ZeRO state in 2 shards, one per process.*resume it in 2 processes, not 1"):
-        plan(folder, run_record(saved, "data", 1), resume=True, overwrite=False, backend="deepspeed")
+    with pytest.raises(ValueError, match="ZeRO-3 state in 2 shards, one per process.*resume it in 2 processes, not 1"):
+        plan(folder, record(1, ZERO3, saved), resume=True, overwrite=False, backend="deepspeed")
+
+
+def fake_deepspeed_run(root: Path, ranks: range, world_size: int, stage: int, scheduler_in_config: bool = False) -> Path:
+    """A run folder whose record says `world_size` processes of ZeRO-`stage`, holding checkpoint-2 with the DeepSpeed
+    files of `ranks` only (as a node lost before its save would leave it) and the Trainer's files around them."""
+    checkpoint = root / "checkpoint-2"
+    step = checkpoint / "global_step2"
+    step.mkdir(parents=True)
+    for rank in ranks:
+        (step / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").touch()
+        if stage == 3:
+            (step / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt").touch()
+    if stage < 3:
+        (step / "mp_rank_00_model_states.pt").touch()
+    (checkpoint / "latest").write_text("global_step2")
+    if not scheduler_in_config:
+        torch.save({}, checkpoint / "scheduler.pt")
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2, "max_steps": 4}))
+    start(root, record(world_size, {"backend": "deepspeed", "zero_stage": stage, "scheduler_in_config": scheduler_in_config}), overwrite=False)
+    return root
+
+
+@pytest.mark.parametrize("stage, ranks, missing", [
+    (3, range(3), ["global_step2/zero_pp_rank_3_mp_rank_00_model_states.pt", "global_step2/zero_pp_rank_3_mp_rank_00_optim_states.pt"]),
+    (2, range(3), ["global_step2/zero_pp_rank_3_mp_rank_00_optim_states.pt"]),
+    (1, range(0), [f"global_step2/zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(4)]),  # no optimizer shards at all
+])
+def test_a_deepspeed_checkpoint_lacking_a_rank_is_named_from_the_record_not_guessed_from_the_files(tmp_path, stage, ranks, missing):
+    """4 processes wrote the run; the files hold fewer ranks. Guessed from the files, rank 3's loss went unseen and a
+    resume was advised in 3 processes (ZeRO-3), or a ZeRO-1/2 checkpoint without optimizer shards was taken."""
+    folder = fake_deepspeed_run(tmp_path / "run", ranks, world_size=4, stage=stage)
+    with pytest.raises(ValueError, match=r"checkpoint-2 cannot be judged: missing " + re.escape(", ".join(missing)) + ", though") as error:
+        plan(folder, record(4, ZERO3), resume=True, overwrite=False, backend="deepspeed")
+    assert "\n" not in str(error.value)
+
+
+def test_a_deepspeed_checkpoint_needs_the_trainers_scheduler_unless_its_config_builds_one(tmp_path):
+    folder = fake_deepspeed_run(tmp_path / "own", range(2), world_size=2, stage=2, scheduler_in_config=True)
+    assert judge(folder / "checkpoint-2", json.loads((folder / "biprm_run.json").read_text())) == ("deepspeed", None)
+    folder = fake_deepspeed_run(tmp_path / "trainers", range(2), world_size=2, stage=2)
+    (folder / "checkpoint-2" / "scheduler.pt").unlink()
+    with pytest.raises(ValueError, match=r"checkpoint-2 cannot be judged: missing scheduler.pt, though"):
+        plan(folder, record(2, ZERO3), resume=True, overwrite=False, backend="deepspeed")
 
 
 @pytest.mark.slow
@@ -148,3 +197,39 @@ def test_a_record_from_before_the_world_size_was_kept_is_one_process(tmp_path):
     assert plan(tmp_path, run_record(SETTINGS, "data", 1), resume=True, overwrite=False) is None
     with pytest.raises(ValueError, match="global_batch_size: 2 then, 4 now"):
         plan(tmp_path, run_record(SETTINGS, "data", 2), resume=True, overwrite=False)
+
+
+def test_a_run_is_resumed_by_its_folder_and_files_however_they_are_spelt(tmp_path, monkeypatch):
+    """The record kept --output-dir as typed: `./runs/rel` or its absolute path was "another run", and the advice
+    that followed (--overwrite) deleted the checkpoints. Paths are compared resolved, from any working directory."""
+    monkeypatch.chdir(tmp_path)
+    Path("d.jsonl").touch()
+    settings = {**SETTINGS, "output_dir": "runs/rel", "data": "d.jsonl"}
+    start(Path("runs/rel"), run_record(settings, "data"), overwrite=False)
+    assert json.loads(Path("runs/rel/biprm_run.json").read_text())["config"]["data"] == str(tmp_path / "d.jsonl")
+    for spelt in ("runs/rel", "./runs/rel", str(tmp_path / "runs" / "rel")):
+        assert plan(spelt, run_record({**settings, "output_dir": spelt}, "data"), resume=True, overwrite=False) is None
+    monkeypatch.chdir(tmp_path / "runs")  # a cluster job started from another directory
+    assert plan("rel", run_record({**settings, "output_dir": "rel", "data": "../d.jsonl"}, "data"), resume=True, overwrite=False) is None
+    Path("../e.jsonl").touch()
+    with pytest.raises(ValueError, match=f"data: '{tmp_path / 'd.jsonl'}' then, '{tmp_path / 'e.jsonl'}' now"):
+        plan("rel", run_record({**settings, "data": "../e.jsonl"}, "data"), resume=True, overwrite=False)
+
+
+def test_every_refusal_that_offers_overwrite_names_the_checkpoints_it_deletes(tmp_path, caplog):
+    folder = tmp_path / "run"
+    for step in (1, 3):
+        (folder / f"checkpoint-{step}").mkdir(parents=True)
+    start(folder, record(1), overwrite=False)
+    deletes = re.escape("--overwrite, which deletes checkpoint-1, checkpoint-3 (the run's trained steps), biprm_run.json")
+    with pytest.raises(FileExistsError, match="add --resume to continue it, or " + deletes):
+        plan(folder, record(1), resume=False, overwrite=False)
+    with pytest.raises(ValueError, match=r"holds another run \(seed: 1 then, 2 now\); train into another --output-dir, or " + deletes):
+        plan(folder, record(1, settings={**SETTINGS, "seed": 2}), resume=True, overwrite=False)
+    with pytest.raises(ValueError, match="--resume continues the run in .* and --overwrite deletes it; choose one"):
+        plan(folder, record(1), resume=True, overwrite=True)
+    assert (folder / "checkpoint-3").is_dir()  # nothing refused touched the folder
+    with caplog.at_level(logging.WARNING):
+        start(folder, record(1, settings={**SETTINGS, "seed": 2}), overwrite=True)
+    assert "--overwrite: deleting checkpoint-1, checkpoint-3 (the run's trained steps), biprm_run.json" in caplog.text
+    assert not (folder / "checkpoint-3").exists()

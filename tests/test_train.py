@@ -458,7 +458,8 @@ def test_a_checkpoint_with_another_text_layout_is_flagged(tmp_path, caplog):
 def test_a_folder_holding_a_run_is_refused_resumed_only_by_the_same_run_or_overwritten(tmp_path):
     first = tiny_config(tmp_path / "r", max_steps=2, save_steps=1)
     train(first)
-    with pytest.raises(FileExistsError, match="holds a training run; add --resume"):
+    with pytest.raises(FileExistsError, match=r"holds a training run; add --resume to continue it, or --overwrite, which deletes "
+                                              r"checkpoint-1, checkpoint-2 \(the run's trained steps\), its final model"):
         train(tiny_config(tmp_path / "r", max_steps=2, learning_rate=5e-4))
     with pytest.raises(ValueError, match=r"holds another run \(learning_rate: 0.001 then, 0.0005 now\)"):
         train(tiny_config(tmp_path / "r", max_steps=2, learning_rate=5e-4, resume=True))
@@ -473,6 +474,40 @@ def test_a_folder_holding_a_run_is_refused_resumed_only_by_the_same_run_or_overw
     train(tiny_config(tmp_path / "r", max_steps=2, learning_rate=5e-4, save_steps=10, overwrite=True))
     assert not (tmp_path / "r" / "checkpoint-1").exists()  # the old run's checkpoints went with it
     assert json.loads((tmp_path / "r" / "biprm_run.json").read_text())["config"]["learning_rate"] == 5e-4
+
+
+def test_a_resume_finds_its_run_under_all_three_spellings_of_the_folder(tmp_path, monkeypatch, caplog):
+    """Replays finding 1 of issue 46: `runs/rel` resumed as `./runs/rel` was refused as another run, and the advice
+    (--overwrite) deleted checkpoint-3 and restarted at step 1."""
+    monkeypatch.chdir(tmp_path)
+    train(tiny_config(tmp_path, output_dir="runs/rel", max_steps=6, save_steps=3), callbacks=[StopAt(3)])
+    with caplog.at_level("WARNING"):
+        train(tiny_config(tmp_path, output_dir="./runs/rel", max_steps=6, save_steps=3, resume=True))
+    assert "resuming from runs/rel/checkpoint-3" in caplog.text
+    assert max(e.get("step", 0) for e in json.loads(Path("runs/rel/train_log.json").read_text())) == 6
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        train(tiny_config(tmp_path, output_dir=str(tmp_path / "runs" / "rel"), max_steps=6, save_steps=3, resume=True))
+    assert "this run has finished" in caplog.text
+
+
+def test_every_refusal_that_depends_on_settings_and_files_comes_before_the_model_loads(tmp_path, monkeypatch):
+    """Finding 6 of issue 46: the resume refusals came after the backbone load and the data encoding."""
+    recipe = sys.modules["biprm.training"]
+
+    cfg = tiny_config(tmp_path / "run", max_steps=4, save_steps=2)
+    train(cfg, callbacks=[StopAt(2)])
+    monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the refusal"))
+    monkeypatch.setattr(recipe, "encoded_dataset", lambda *a, **k: pytest.fail("the data were encoded before the refusal"))
+    with pytest.raises(FileExistsError, match="holds a training run"):  # the output folder
+        train(tiny_config(tmp_path / "run", max_steps=4, save_steps=2))
+    with pytest.raises(ValueError, match=r"holds another run \(learning_rate"):  # the resume's settings
+        train(tiny_config(tmp_path / "run", max_steps=4, save_steps=2, learning_rate=5e-4, resume=True))
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    (checkpoint / "optimizer.pt").rename(checkpoint / "optimizer.bin")  # as FSDP writes it
+    (checkpoint / "pytorch_model_fsdp.bin").touch()
+    with pytest.raises(ValueError, match="checkpoint-2 was written by FSDP and this run trains with one process or DDP"):  # the backend
+        train(tiny_config(tmp_path / "run", max_steps=4, save_steps=2, resume=True))
 
 
 def test_resume_skips_an_incomplete_checkpoint_and_says_which_it_takes(tmp_path, caplog):
