@@ -211,15 +211,26 @@ POOL_CASES = [
 ]
 
 
+CLAIRE = "Claire makes a 3 egg omelet every morning for breakfast. How many dozens of eggs will she eat in 4 weeks?"
+
+
 @pytest.mark.parametrize("gold,raw,expected", POOL_CASES)
 def test_prose_answers_of_the_pool_are_cut_to_their_number(gold, raw, expected):
-    answer = extract_answer("\n".join(solution_steps(raw)))
+    answer = extract_answer("\n".join(solution_steps(raw)), CLAIRE if "dozen" in raw else None)
     assert answer == expected
     assert grade(gold, answer)
 
 
+def test_an_amount_in_dozens_needs_the_question():
+    raw = POOL_CASES[0][1]
+    assert extract_answer(raw) is None  # 7 or 84: the question's unit decides
+    assert extract_answer(raw, CLAIRE) == "7"
+    assert extract_answer(raw, "Claire makes a 3 egg omelet every morning. How many eggs will she eat in 4 weeks?") == "84"
+
+
 @pytest.mark.parametrize("gold,pred,expected", [
-    ("7", "7 dozen eggs in 4 weeks", True), ("80", "80cm", True), ("10000", "$10,000/day from these visits", True),
+    ("7", "7 dozen eggs in 4 weeks", False), ("84", "7 dozen eggs in 4 weeks", False),  # unknown without the question
+    ("80", "80cm", True), ("10000", "$10,000/day from these visits", True),
     ("480", "480 a week", True), ("9", "9i + 6", False), ("2", "2 \\sqrt{5}", False),  # maths after a number is not prose
 ])
 def test_grade_cuts_a_number_before_prose(gold, pred, expected):

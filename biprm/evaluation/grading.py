@@ -21,8 +21,11 @@ import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from typing import Literal
 
 from math_verify import parse, verify
+
+from biprm.evaluation.prose import NUMBER_IN_TEXT, Reading, canonical_number, read_prose
 
 logger = logging.getLogger(__name__)
 
@@ -30,20 +33,13 @@ logger = logging.getLogger(__name__)
 for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(lambda r: "Timeout is disabled" not in r.getMessage())
 
-_NUM = (
-    r"(?P<s1>[-\u2212])?(?:\\?\$\s*)?(?P<s2>[-\u2212])?"
-    r"(?P<int>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
-    r"(?:\s*/\s*(?P<den>\d+))?(?P<pct>\s*\\?%)?"
-)
-_NUM_FULL = re.compile(_NUM)
-_NUM_IN_TEXT = re.compile(r"(?<![\w.])" + _NUM)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE = re.compile(r"[{}]")
 _ANSWER_IS = re.compile(r"\banswer is\b[ \t]*:?[ \t]*([^\n]+)", re.IGNORECASE)  # one line: "answer is:\n\nThe answer is 3" is not an answer
-_HASHES = re.compile(r"^[ \t]*####[ \t]*(.+?)[ \t]*$", re.MULTILINE)  # within one line: no backtracking over blank lines
+# anywhere in a line ("Therefore, Claire will eat #### 7 dozen eggs"), up to the line's end or its next "####"
+_HASHES = re.compile(r"####[ \t]*((?:(?!####)[^\n])*)")
 _SENTENCE_END = re.compile(r"\.\s")
-# A number, then words: "7 dozen eggs in 4 weeks", "80cm", "$10,000/day", "480 a week", "240 5 dollar bills".
-_PROSE_AFTER_NUMBER = re.compile(r"(?:\s*/)?\s*[A-Za-z]{2,}|\s+[A-Za-z]\b|\s+\d+[- ][A-Za-z]{2,}")
+_LAST_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 _MATH_WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _TEXT_CMD = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{(.*)\}$")
 _WORD_ONLY = re.compile(r"\(?[A-Za-z][A-Za-z ]*\)?")
@@ -55,32 +51,6 @@ _CACHE_MAX = 200_000
 _CHUNK_ALLOWANCE = 0.25
 
 
-def _canonical_number(text: str) -> str | None:
-    """One spelling per number, so the cache and string comparisons see equal keys."""
-    m = _NUM_FULL.fullmatch(text.strip())
-    if m is None or (m["s1"] and m["s2"]):
-        return None
-    body = m["int"].replace(",", "")
-    if body.startswith("."):
-        body = "0" + body
-    if "." in body:
-        body = body.rstrip("0").rstrip(".")
-    sign = "-" if m["s1"] or m["s2"] else ""
-    den = f"/{m['den']}" if m["den"] else ""
-    return f"{sign}{body}{den}{'%' if m['pct'] else ''}"
-
-
-def _number_before_prose(text: str) -> str | None:
-    """The number a prose answer opens with ("7 dozen eggs in 4 weeks" -> "7"), else None.
-
-    math-verify reads the last number of prose, 4 here, and would grade a right answer wrong.
-    """
-    m = _NUM_FULL.match(text)
-    if m is None or not _PROSE_AFTER_NUMBER.match(text, m.end()):
-        return None
-    return _canonical_number(m[0])
-
-
 def _strip_math(text: str) -> str:
     """Drop whitespace, a trailing period and $...$-style delimiters around an answer."""
     text = text.strip().rstrip(".").strip()
@@ -90,11 +60,18 @@ def _strip_math(text: str) -> str:
     return text
 
 
-def _clean(answer: str) -> str | None:
-    text = _strip_math(answer).replace("\u2212", "-")
+def _read(answer: str, question: str | None) -> Reading | None:
+    """An answer's number, or its text when it is maths; Reading(None) when it is prose that cannot be read
+    (unknown); None when it is empty."""
+    text = _strip_math(answer).replace("\u2212", "-").lstrip("#: \t")
     if not text:
         return None
-    return _canonical_number(text) or _number_before_prose(text) or text
+    number = canonical_number(text)
+    if number is None and not re.search("[A-Za-z]", text):
+        number = canonical_number(text.rsplit("=", 1)[-1])  # "84 - 84 = 0": its last side
+    if number is not None:
+        return Reading(number)
+    return read_prose(text, question) or Reading(text)
 
 
 def _last_boxed(text: str) -> str | None:
@@ -116,19 +93,24 @@ def _last_boxed(text: str) -> str | None:
     return None if last is None else text[content_at[last[0]] : last[1]]
 
 
-def extract_answer(solution: str) -> str | None:
-    """Final answer: last \\boxed{}, else "The answer is", else "#### X", else the last number."""
+def extract_answer(solution: str, question: str | None = None) -> str | None:
+    """The final answer as a person reads it: the last \\boxed{}, else "The answer is ...", else "#### ..." (anywhere
+    in a line), else the last sentence's number. Prose is read by `prose.read_prose`, which needs `question` for
+    amounts whose number depends on the unit asked for ("7 dozen"). None: no answer, or one that cannot be
+    read (unknown); never a guessed number."""
     boxed = _last_boxed(solution)
-    if boxed is not None and (answer := _clean(boxed)):
-        return answer
-    for m in reversed(list(_ANSWER_IS.finditer(solution))):
-        if answer := _clean(_SENTENCE_END.split(m[1], maxsplit=1)[0]):
-            return answer
-    for m in reversed(list(_HASHES.finditer(solution))):
-        if answer := _clean(m[1]):
-            return answer
-    numbers = list(_NUM_IN_TEXT.finditer(solution))
-    return _canonical_number(numbers[-1][0]) if numbers else None
+    marked = [boxed] if boxed is not None else []
+    marked += [_SENTENCE_END.split(m[1], maxsplit=1)[0] for m in reversed(list(_ANSWER_IS.finditer(solution)))]
+    marked += [_SENTENCE_END.split(m[1], maxsplit=1)[0] for m in reversed(list(_HASHES.finditer(solution)))]
+    for answer in marked:
+        if (reading := _read(answer, question)) is not None:
+            return reading.value
+    for sentence in reversed(_LAST_SENTENCE.split(solution)):
+        if (reading := read_prose(sentence, question, marked=False)) is not None:
+            return reading.value
+        if numbers := list(NUMBER_IN_TEXT.finditer(sentence)):
+            return canonical_number(numbers[-1][0])
+    return None
 
 
 def _says_none(answer: str) -> bool:
@@ -138,18 +120,20 @@ def _says_none(answer: str) -> bool:
     return text.strip().strip(".").lower() in _NO_ANSWER
 
 
-def _to_parsable(answer: str) -> str:
-    """Wrap an answer so that math-verify reads all of it.
+def _to_parsable(answer: str) -> str | None:
+    """Wrap an answer so that math-verify reads all of it; None for prose that cannot be read (unknown).
 
-    A number followed by words is cut to the number. Bare LaTeX is not seen at all
+    Prose with a number in it is read as a person reads it (`prose.read_prose`, without the question). Bare LaTeX is not seen at all
     ("\\sqrt{2}" parses to nothing) or only in part ("10\\sqrt{2}" parses to 10), so LaTeX
     goes inside $...$. Other prose is left bare: in math mode its words would become a
     product of symbols. Lone words become \\text{} so that "Evelyn" matches a gold
     "\\text{Evelyn}".
     """
     text = _strip_math(answer).replace("\u2212", "-")
-    if (number := _canonical_number(text) or _number_before_prose(text)) is not None:
+    if (number := canonical_number(text)) is not None:
         return number
+    if (reading := read_prose(text)) is not None:
+        return reading.value
     if "\\" in text or any(c in text for c in "^_{}"):
         return f"${text}$"
     if _WORD_ONLY.fullmatch(text):
@@ -165,16 +149,28 @@ def grade(gold: str, pred: str | None) -> bool:
         return False
     if _says_none(gold):
         return _says_none(pred)
-    gold_parsed = parse(_to_parsable(gold), parsing_timeout=None)
-    pred_parsed = parse(_to_parsable(pred), parsing_timeout=None)
+    gold_text, pred_text = _to_parsable(gold), _to_parsable(pred)
+    if gold_text is None or pred_text is None:
+        return False
+    gold_parsed = parse(gold_text, parsing_timeout=None)
+    pred_parsed = parse(pred_text, parsing_timeout=None)
     if not gold_parsed or not pred_parsed:
         return False
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
-def grade_solution(gold: str, solution: str) -> bool:
-    """Grade a whole generated solution, as Best-of-N needs."""
-    return grade(gold, extract_answer(solution))
+def grade_solution(gold: str, solution: str, question: str | None = None) -> bool:
+    """Grade a whole generated solution, as Best-of-N needs; an answer it cannot read counts as wrong."""
+    return grade(gold, extract_answer(solution, question))
+
+
+def solution_verdict(gold: str, solution: str, question: str | None = None) -> Literal["correct", "wrong", "unknown"]:
+    """A whole solution's grade with "unknown" kept apart: no answer, or prose that cannot be read. Use it to
+    count what the grader could not read instead of folding it into "wrong"."""
+    answer = extract_answer(solution, question)
+    if answer is None:
+        return "unknown"
+    return "correct" if grade(gold, answer) else "wrong"
 
 
 def _grade_chunk(pairs: list[Pair]) -> list[bool]:

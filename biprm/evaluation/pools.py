@@ -51,7 +51,7 @@ def load_pool(
     graded again on the next run (the cache keeps -1 for it, never a verdict)."""
     trajs, name, spec = load_candidates(spec, data_root, limit, questions, questions_split, split_rule)
 
-    preds = [extract_answer("\n".join(t.steps)) for t in trajs]
+    preds = [extract_answer("\n".join(t.steps), t.question) for t in trajs]  # the question decides "7 dozen" (docs/EVALUATION.md)
     if any(t.answer is None and t.correct is None for t in trajs):
         raise DataError(f"{spec}: candidates have no stored 'correct' flag and no gold answer; name the questions as {spec}@QUESTIONS")
     known = np.array([i for i, t in enumerate(trajs) if t.answer is not None], dtype=np.int64)
