@@ -12,7 +12,7 @@ import logging
 import os
 from pathlib import Path
 
-from biprm.data.template import STEP_TAG, render_prompt, render_step
+from biprm.data.template import TEMPLATES
 
 log = logging.getLogger(__name__)
 TRAINED = "pass a folder written by `biprm train` (its --output-dir)"
@@ -22,7 +22,15 @@ class NotACheckpoint(OSError):
     """A path that is not a biprm checkpoint; the message says what it is and what to pass instead.
 
     An OSError, as transformers raises for a model it cannot find, so callers that catch that catch this."""
-LAYOUT = {"prompt": render_prompt("{question}"), "step": render_step("{step}") + STEP_TAG}
+
+
+def layout(kind: str = "biprm") -> dict[str, str]:
+    """A PRM kind's text layout, as a checkpoint records it."""
+    prompt, steps = TEMPLATES[kind].render("{question}", ["{step}", "{step}"])
+    return {"prompt": prompt, "step": steps[0]} | ({"later step": steps[1]} if steps[1] != steps[0] else {})
+
+
+LAYOUT = layout()
 
 
 def stamp(config) -> None:
@@ -30,15 +38,15 @@ def stamp(config) -> None:
     from biprm import __version__
 
     config.biprm_version = __version__
-    config.text_layout = LAYOUT
+    config.text_layout = layout(getattr(config, "prm_kind", "biprm"))
 
 
 def check_layout(config, path: str) -> None:
     """Warn when a checkpoint was trained with another text layout than the one this biprm encodes with."""
-    trained = getattr(config, "text_layout", None)
-    if trained is not None and trained != LAYOUT:
+    trained, now = getattr(config, "text_layout", None), layout(getattr(config, "prm_kind", "biprm"))
+    if trained is not None and trained != now:
         log.warning("%s was trained with the text layout %s (biprm %s), but this biprm encodes %s: its scores may be off",
-                    path, trained, getattr(config, "biprm_version", "?"), LAYOUT)
+                    path, trained, getattr(config, "biprm_version", "?"), now)
 
 
 def looks_local(path: str) -> bool:
@@ -86,12 +94,25 @@ def _what_config(config: Path) -> str | None:
     except ValueError as error:
         return f"config.json is not valid JSON ({error}); the save was cut short: train again or pass another checkpoint"
     kind = values.get("model_type") if isinstance(values, dict) else None
+    if kind != "biprm" and _known_prm(config.parent):
+        return None
     if kind != "biprm":
         return (f"is a plain {kind or 'unknown'} model (a backbone), not a biprm checkpoint; train a PRM on it with "
                 f"`biprm train --backbone {config.parent}`, then {TRAINED}")
     if not any(config.parent.glob("*.safetensors")) and not any(config.parent.glob("*.bin")):
         return "has a biprm config.json but no weights (*.safetensors); the save was cut short: train again or pass another checkpoint"
     return None
+
+
+def _known_prm(folder: Path) -> bool:
+    """A PRM of a kind biprm reads (biprm.prms), weights included."""
+    from biprm.prms import UnknownPRM, detect, weight_files
+
+    try:
+        detect(folder)
+    except UnknownPRM:
+        return False
+    return bool(weight_files(folder))
 
 
 def share(folder: str | Path) -> None:

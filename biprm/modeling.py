@@ -13,21 +13,25 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModel, DynamicCache, PreTrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoTokenizer, DynamicCache, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import ModelOutput
 
 from biprm.checkpoint import check_checkpoint
 from biprm.config import ATTENTION, MODE_TABLE, MODES
-from biprm.data.encoding import add_step_tag
+from biprm.data.encoding import Encoder, add_step_tag
+from biprm.data.template import TEMPLATES
 from biprm.losses import objective_loss
 from biprm.packing import attention_mask, cached_attention_mask
+from biprm.prms import KINDS, UnknownPRM, detect, head_tensors, read_config
 
 HEADS = ("value_head.", "gate.")  # the state-dict prefixes of the parts biprm adds to the body
 
@@ -45,6 +49,9 @@ class BiPRMConfig(PreTrainedConfig):
         step_tag_id: int | None = None,
         detach_gate_inputs: bool = False,  # the paper trains the gate through both streams; True stops its gradient into them
         aux_loss_weight: float = 0.0,
+        prm_kind: str = "biprm",  # whose template and read-out (biprm.prms): a PRM made bidirectional keeps its own
+        value_head: str = "linear",  # "linear": Linear(H, 1); "mlp": Linear(H, H) -> ReLU -> Linear(H, 1) (Qwen's PRM head)
+        gate_init: float | None = None,  # None: a random gate; a number x: sigma starts at sigmoid(x) on every step
         **kwargs,
     ):
         if isinstance(backbone_config, dict):
@@ -58,6 +65,9 @@ class BiPRMConfig(PreTrainedConfig):
         self.step_tag_id = step_tag_id
         self.detach_gate_inputs = detach_gate_inputs
         self.aux_loss_weight = aux_loss_weight
+        self.prm_kind = prm_kind
+        self.value_head = value_head
+        self.gate_init = gate_init
         super().__init__(**kwargs)
 
     @property
@@ -116,14 +126,19 @@ class BiPRMModel(PreTrainedModel):
         check_attention(config._attn_implementation)
         self.backbone = backbone if backbone is not None else AutoModel.from_config(config.backbone_config)
         H = config.backbone_config.hidden_size
-        self.value_head = Float32Linear(H, 1)
+        self.value_head = Float32Linear(H, 1) if config.value_head == "linear" else nn.Sequential(Float32Linear(H, H), nn.ReLU(), Float32Linear(H, 1))
         self.gate = nn.Sequential(Float32Linear(2 * H, H), nn.ReLU(), Float32Linear(H, 1)) if MODE_TABLE[config.mode].fusion == "gate" else None
         self.post_init()
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs) -> "BiPRMModel":
-        """transformers' loader, after `check_checkpoint`: a wrong local folder is named in one line, a missing one never goes to the Hub."""
-        check_checkpoint(str(pretrained_model_name_or_path))
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, prm_kind: str | None = None, **kwargs) -> "BiPRMModel":
+        """transformers' loader, after `check_checkpoint`: a wrong local folder is named in one line, a missing one never goes to the Hub.
+        A folder of another PRM kind (biprm.prms; detected, or named by `prm_kind`) loads through `from_prm`, as an `l2r` model."""
+        path = str(pretrained_model_name_or_path)
+        if prm_kind is None or not Path(path).is_dir():  # a named kind is checked against the folder by `detect`
+            check_checkpoint(path)
+        if Path(path).is_dir() and (kind := detect(path, prm_kind)) != "biprm":
+            return from_prm(path, kind, mode="l2r", **kwargs)
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, state_dict: dict | None = None, **kwargs) -> None:
@@ -134,10 +149,15 @@ class BiPRMModel(PreTrainedModel):
         super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
-        """Only the heads are ours to initialise; the backbone keeps its own scheme."""
-        if module is self.value_head or (self.gate is not None and isinstance(module, nn.Linear) and module in self.gate):
+        """Only the heads are ours to initialise; the backbone keeps its own scheme. With `gate_init` the gate's last
+        layer starts at zero weight and that bias, so sigma starts at sigmoid(gate_init) on every step."""
+        heads = [self.value_head] + ([self.gate] if self.gate is not None else [])
+        if isinstance(module, nn.Linear) and any(module is h or module in h.modules() for h in heads):
             nn.init.normal_(module.weight, std=0.02)
             nn.init.zeros_(module.bias)
+            if self.config.gate_init is not None and self.gate is not None and module is self.gate[-1]:
+                nn.init.zeros_(module.weight)
+                nn.init.constant_(module.bias, self.config.gate_init)
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -222,7 +242,7 @@ class BiPRMModel(PreTrainedModel):
         or of the heads' weights (`Float32Linear`).
         """
         h_l2r, h_r2l = (None if h is None else h.float() for h in (h_l2r, h_r2l))
-        with torch.autocast(self.value_head.weight.device.type, enabled=False):
+        with torch.autocast(h_l2r.device.type if h_l2r is not None else h_r2l.device.type, enabled=False):
             return self._heads(h_l2r, h_r2l, step_offsets, labels)
 
     def _heads(
@@ -363,6 +383,56 @@ def from_backbone(
                 head.to(engine_dtype)
     model.set_attn_implementation(attn_implementation)  # wrapping resets the body's setting
     return model
+
+
+def from_prm(
+    path: str, kind: str | None = None, mode: str = "l2r", dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
+    tokenizer: PreTrainedTokenizerBase | None = None, **config_kwargs,
+) -> BiPRMModel:
+    """A BiPRM built from another PRM's folder (biprm.prms), in any mode, without its remote code: its body as
+    transformers builds it from the folder's config, its read-out as the value head shared by both streams, and its
+    template and tag. The L2R stream is then the source PRM exactly. For the two-stream modes the gate is new; pass
+    `gate_init` (the CLI's --init-from does, 8 by default) so that sigma starts near 1 and the fused score is the source's."""
+    check_attention(attn_implementation)
+    kind = detect(path, kind)
+    if kind == "biprm":
+        raise UnknownPRM(f"{path}: a biprm checkpoint; load it with BiPRMModel.from_pretrained")
+    spec, raw = KINDS[kind], read_config(path)
+    body_config = AutoConfig.for_model(**{k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "model_type")},
+                                       model_type=raw["model_type"])
+    body_class = AutoModel._model_mapping[type(body_config)]
+    with _quiet("transformers.modeling_utils"):  # the head's tensors are "not used" by the body: we read them ourselves
+        backbone = body_class.from_pretrained(path, config=body_config, dtype=dtype, attn_implementation=attn_implementation)
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+    template = TEMPLATES[spec.template]
+    ids = spec.plus_minus(tokenizer) if spec.plus_minus else (0, 0)
+    step_tag_id = tokenizer.encode(template.tag.strip() or template.tag, add_special_tokens=False)[-1]  # the card's encode("ки")[-1]
+    special = {name: getattr(tokenizer, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id") if getattr(tokenizer, name) is not None}
+    config = BiPRMConfig(backbone_config=backbone.config, mode=mode, step_tag_id=step_tag_id, prm_kind=kind, value_head=spec.head,
+                         **special, **config_kwargs)
+    model = BiPRMModel(config, backbone=backbone)
+    missing, _ = model.load_state_dict(spec.read_head(head_tensors(path, spec), ids), strict=False)
+    unset = [k for k in missing if k.startswith("value_head.")]
+    if unset:
+        raise UnknownPRM(f"{path}: the {kind} read-out left {unset} unset")
+    model.set_attn_implementation(attn_implementation)
+    return model
+
+
+def encoder_for(config: BiPRMConfig, tokenizer: PreTrainedTokenizerBase, max_length: int) -> Encoder:
+    """The encoder of a model's own template and tag (biprm's, or the PRM kind's it was made from)."""
+    return Encoder(tokenizer, config.step_tag_id, max_length, TEMPLATES[config.prm_kind])
+
+
+@contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def cache_argument(body: nn.Module) -> str:

@@ -214,8 +214,8 @@ def pack_cached(
     return batch
 
 
-def check_tags(batch: dict[str, torch.Tensor], step_tag_id: int) -> None:
-    """Every indexed position holds the tag id and no tag is left unindexed."""
+def check_tags(batch: dict[str, torch.Tensor], step_tag_id: int, unique: bool = True) -> None:
+    """Every indexed position holds the tag id and, where the tag is `unique` to step ends, no tag is left unindexed."""
     flat = batch["input_ids"].reshape(-1)
     n_tags = int((flat == step_tag_id).sum())
     for key in ("l2r_index", "r2l_index"):
@@ -224,7 +224,7 @@ def check_tags(batch: dict[str, torch.Tensor], step_tag_id: int) -> None:
             if not bool((flat[index] == step_tag_id).all()):
                 raise AssertionError(f"{key} points at a token that is not the step tag")
     n_indexed = sum(len(batch[k]) for k in ("l2r_index", "r2l_index") if k in batch)
-    if n_tags != n_indexed:
+    if unique and n_tags != n_indexed:
         raise AssertionError(f"{n_tags} step tags in input_ids but {n_indexed} indexed steps")
 
 

@@ -30,9 +30,9 @@ from tqdm.auto import tqdm
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_layout
 from biprm.config import MAX_LENGTH, MODE_TABLE, TOKENS_PER_ROW, ScorerSettings
-from biprm.data.encoding import Encoded, Encoder
+from biprm.data.encoding import Encoded
 from biprm.data.trajectory import DataError, Trajectory, validate
-from biprm.modeling import BiPRMModel, BiPRMOutput
+from biprm.modeling import BiPRMModel, BiPRMOutput, encoder_for
 from biprm.packing import check_tags, pack, pack_cached, token_runs
 from biprm.scoring.step_scores import StepScores, offsets_of, step_positions
 
@@ -95,7 +95,7 @@ class Scorer:
         """`tokens_per_batch` and `tokens_per_call` default to the budgets of the model's device (`device_budgets`)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.encoder = Encoder(tokenizer, model.config.step_tag_id, max_length)
+        self.encoder = encoder_for(model.config, tokenizer, max_length)
         self.budgets = device_budgets(model)
         self.tokens_per_batch = tokens_per_batch
         self.tokens_per_row = tokens_per_row
@@ -105,10 +105,11 @@ class Scorer:
 
     @classmethod
     def from_pretrained(cls, path: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-                        max_length: int = MAX_LENGTH, attn_implementation: str = "sdpa", **kwargs) -> "Scorer":
+                        max_length: int = MAX_LENGTH, attn_implementation: str = "sdpa", prm_kind: str | None = None, **kwargs) -> "Scorer":
+        """A biprm checkpoint, or the folder of another PRM kind (biprm.prms: detected, or named by `prm_kind`)."""
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        model = BiPRMModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation).to(device)
+        model = BiPRMModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, prm_kind=prm_kind).to(device)
         check_layout(model.config, path)
         return cls(model, load_tokenizer(path), max_length, **kwargs)
 
@@ -199,7 +200,7 @@ class Scorer:
                 batch = pack_cached(items, self.mode, self.tokens_per_call, pad)
             else:
                 batch = pack(items, self.mode, self.share_prefix, self.tokens_per_row, pad)
-            check_tags(batch, self.model.config.step_tag_id)
+            check_tags(batch, self.model.config.step_tag_id, self.encoder.template.unique_tag)
             run = self.model.score_with_prefix if cached else self.model
             collect(idx, run(**to_device(batch, device)))
         return collect.scores()
