@@ -80,6 +80,11 @@ class TrainConfig:
     """Defaults are the paper's (Appendix A): AdamW, linear schedule, lr 3e-5, 1 epoch, seed 1106."""
 
     backbone: str = arg("tiny", "a Hugging Face causal LM (name or folder), or a built-in: tiny, smollm2-135m")
+    init_from: str | None = arg(None, "a PRM folder of any kind biprm reads (docs/PRMS.md) to start from instead of --backbone: "
+                                      "its body, and its read-out as the value head both streams share")
+    prm_kind: str | None = arg(None, "with --init-from: the PRM's kind (default: detected from its config.json)")
+    gate_init: float = arg(8.0, "with --init-from: the gate starts at sigma = sigmoid(this) on every step, so the fused score "
+                                "starts as the source PRM's (8: within 1e-3 in probability)")
     data: str = arg("synthetic:2000", "a JSONL/JSON/Parquet file (.gz too), a Hub dataset name, or synthetic:N")
     format: Format = arg("auto", "the data layout; auto detects it from the first row")
     output_dir: str = arg("runs/biprm", "where checkpoints, logs and the final model go")
@@ -150,6 +155,8 @@ class ScorerSettings:
     tokens_per_call: int | None = arg(None, "with the prompt cache: continuation tokens per backbone call (default: sized to the device)")
     tokens_per_row: int = arg(TOKENS_PER_ROW, "packed row length; 0 gives every question its own row")
     attn_implementation: Attention = arg("sdpa", "the backbone's attention kernel (both take the per-stream mask)")
+    prm_kind: str | None = arg(None, "for a PRM trained elsewhere: its kind (qwen-prm, skywork-prm, math-shepherd, rlhflow, "
+                                     "token-classification; default: detected from its config.json, see docs/PRMS.md)")
 
     def __post_init__(self) -> None:
         check_choices(self)

@@ -131,14 +131,15 @@ class BiPRMModel(PreTrainedModel):
         self.post_init()
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, prm_kind: str | None = None, **kwargs) -> "BiPRMModel":
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, prm_kind: str | None = None, prm_mode: str = "l2r", **kwargs) -> "BiPRMModel":
         """transformers' loader, after `check_checkpoint`: a wrong local folder is named in one line, a missing one never goes to the Hub.
-        A folder of another PRM kind (biprm.prms; detected, or named by `prm_kind`) loads through `from_prm`, as an `l2r` model."""
+        A folder of another PRM kind (biprm.prms; detected, or named by `prm_kind`) loads through `from_prm`, in `prm_mode`
+        (l2r: as shipped; bi-static or r2l: also, or only, reading its steps reversed, untrained)."""
         path = str(pretrained_model_name_or_path)
         if prm_kind is None or not Path(path).is_dir():  # a named kind is checked against the folder by `detect`
             check_checkpoint(path)
         if Path(path).is_dir() and (kind := detect(path, prm_kind)) != "biprm":
-            return from_prm(path, kind, mode="l2r", **kwargs)
+            return from_prm(path, kind, mode=prm_mode, **kwargs)
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, state_dict: dict | None = None, **kwargs) -> None:
@@ -394,29 +395,37 @@ def from_prm(
     template and tag. The L2R stream is then the source PRM exactly. For the two-stream modes the gate is new; pass
     `gate_init` (the CLI's --init-from does, 8 by default) so that sigma starts near 1 and the fused score is the source's."""
     check_attention(attn_implementation)
-    kind = detect(path, kind)
-    if kind == "biprm":
-        raise UnknownPRM(f"{path}: a biprm checkpoint; load it with BiPRMModel.from_pretrained")
-    spec, raw = KINDS[kind], read_config(path)
-    body_config = AutoConfig.for_model(**{k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "model_type")},
-                                       model_type=raw["model_type"])
-    body_class = AutoModel._model_mapping[type(body_config)]
-    with _quiet("transformers.modeling_utils"):  # the head's tensors are "not used" by the body: we read them ourselves
-        backbone = body_class.from_pretrained(path, config=body_config, dtype=dtype, attn_implementation=attn_implementation)
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
-    template = TEMPLATES[spec.template]
-    ids = spec.plus_minus(tokenizer) if spec.plus_minus else (0, 0)
-    step_tag_id = tokenizer.encode(template.tag.strip() or template.tag, add_special_tokens=False)[-1]  # the card's encode("ки")[-1]
-    special = {name: getattr(tokenizer, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id") if getattr(tokenizer, name) is not None}
-    config = BiPRMConfig(backbone_config=backbone.config, mode=mode, step_tag_id=step_tag_id, prm_kind=kind, value_head=spec.head,
-                         **special, **config_kwargs)
+    config = prm_config(path, kind, tokenizer, mode=mode, **config_kwargs)
+    kind, spec = config.prm_kind, KINDS[config.prm_kind]
+    body_class = AutoModel._model_mapping[type(config.backbone_config)]
+    with _quiet("transformers.modeling_utils"):  # the head's tensors are "not used" by the body: we read them ourselves
+        backbone = body_class.from_pretrained(path, config=config.backbone_config, dtype=dtype, attn_implementation=attn_implementation)
+    config.backbone_config = backbone.config
     model = BiPRMModel(config, backbone=backbone)
+    ids = spec.plus_minus(tokenizer) if spec.plus_minus else (0, 0)
     missing, _ = model.load_state_dict(spec.read_head(head_tensors(path, spec), ids), strict=False)
     unset = [k for k in missing if k.startswith("value_head.")]
     if unset:
         raise UnknownPRM(f"{path}: the {kind} read-out left {unset} unset")
     model.set_attn_implementation(attn_implementation)
     return model
+
+
+def prm_config(path: str, kind: str | None, tokenizer: PreTrainedTokenizerBase, **config_kwargs) -> BiPRMConfig:
+    """The BiPRM config of another PRM's folder, read from its config.json (never its remote code): the body's config
+    as transformers builds it for the folder's model_type, and the kind's head, template and step-tag id."""
+    kind = detect(path, kind)
+    if kind == "biprm":
+        raise UnknownPRM(f"{path}: a biprm checkpoint; load it with BiPRMModel.from_pretrained")
+    raw = read_config(path)
+    body_config = AutoConfig.for_model(**{k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "model_type")},
+                                       model_type=raw["model_type"])
+    tag = TEMPLATES[kind].tag
+    step_tag_id = tokenizer.encode(tag.strip() or tag, add_special_tokens=False)[-1]  # as the cards find it: encode("ки")[-1]
+    special = {name: getattr(tokenizer, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id") if getattr(tokenizer, name) is not None}
+    return BiPRMConfig(backbone_config=body_config, step_tag_id=step_tag_id, prm_kind=kind, value_head=KINDS[kind].head,
+                       **special, **config_kwargs)
 
 
 def encoder_for(config: BiPRMConfig, tokenizer: PreTrainedTokenizerBase, max_length: int) -> Encoder:

@@ -35,7 +35,8 @@ from biprm.run_folder import RECORD, finished, plan, publish, run_record, same_d
 from biprm.data.encoding import Encoded, Encoder
 from biprm.lora import save_merged, with_lora
 from biprm.data.readers import check_source
-from biprm.modeling import BiPRMModel, from_backbone, head_masters
+from biprm.modeling import BiPRMModel, encoder_for, from_backbone, from_prm, head_masters
+from biprm.prms import detect
 from biprm.packing import pack
 from biprm.trunk import TrunkCache, TrunkCollator, TrunkData, freeze_bottom
 
@@ -282,10 +283,10 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, enco
     # the folder is judged before the model loads and the data are encoded: a refused resume costs seconds, not minutes
     record = run_record(asdict(cfg), None, args.world_size, engine_facts(cfg, engine))
     resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite, engine)
-    backbone_dir = resolve_backbone(cfg.backbone)
+    backbone_dir = cfg.init_from or resolve_backbone(cfg.backbone)
     tokenizer = load_tokenizer(backbone_dir)
     model = build_model(cfg, engine, backbone_dir, tokenizer)
-    encoder = Encoder(tokenizer, model.config.step_tag_id, cfg.max_length)
+    encoder = encoder_for(model.config, tokenizer, cfg.max_length)
     train_set, eval_set, record["data_fingerprint"] = training_data(cfg, args, model, encoder, encoded)
     if cfg.resume:
         same_data(cfg.output_dir, record["data_fingerprint"])
@@ -317,6 +318,8 @@ def check_before_loading(cfg: TrainConfig, encoded: list[Encoded] | None) -> str
     a mistake there is cheaper to hear before the backbone loads."""
     if encoded is None:
         check_source(cfg.data)
+    if cfg.init_from:
+        detect(cfg.init_from, cfg.prm_kind)
     if cfg.deepspeed:
         check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r)
     engine = backend(cfg)
@@ -342,11 +345,12 @@ def build_model(cfg: TrainConfig, engine: str, backbone_dir: str, tokenizer: Pre
     """A fresh BiPRM on the backbone, with only the parameters this run trains left trainable (LoRA, top layers, heads)."""
     # fp32 master weights everywhere; --bf16 is autocast (CUDA or CPU), never bf16 weights,
     # which would round most updates at the paper's lr away (0.02 + 3e-5 == 0.02 in bf16)
-    model = from_backbone(
-        backbone_dir, tokenizer, mode=cfg.mode, objective=cfg.objective, zeta=cfg.zeta, dtype=torch.float32,
-        attn_implementation=cfg.attn_implementation,
-        detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight,
-    )
+    options = dict(mode=cfg.mode, objective=cfg.objective, zeta=cfg.zeta, dtype=torch.float32, attn_implementation=cfg.attn_implementation,
+                   detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight)
+    if cfg.init_from:  # another PRM made bidirectional: its L2R stream is the source exactly, and the gate leans on it
+        model = from_prm(cfg.init_from, cfg.prm_kind, tokenizer=tokenizer, gate_init=cfg.gate_init, **options)
+    else:
+        model = from_backbone(backbone_dir, tokenizer, **options)
     if cfg.lora_r and engine == "fsdp":
         raise ValueError("--lora-r with FSDP is not supported (the merged save needs the full weights on one process); use DDP or ZeRO-2")
     if cfg.lora_r and cfg.train_top_layers:

@@ -96,3 +96,36 @@ def test_a_step_holding_the_tag_is_refused(replicas):
 
 def test_every_kind_has_a_template_and_a_reference():
     assert set(KINDS) <= set(TEMPLATES) and set(KINDS) == set(REFERENCES)
+
+
+def test_init_from_trains_a_bidirectional_prm_that_scores_in_its_own_template(replicas, tmp_path):
+    """biprm train --init-from: R2L and the gate train on CPU from a replica; the saved model keeps the PRM's kind."""
+    from safetensors.torch import load_file
+
+    from biprm.training import TrainConfig, train
+
+    out = train(TrainConfig(init_from=str(replicas["qwen-prm"]), data="synthetic:32", output_dir=str(tmp_path / "bi"), mode="bi",
+                            max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=1, learning_rate=1e-2,
+                            save_steps=100, logging_steps=1, show_progress=False))
+    weights = load_file(str(tmp_path / "bi" / "model.safetensors"))
+    assert float(weights["gate.2.bias"]) != 8.0  # the gate moved from its leaning start
+    scorer = Scorer.from_pretrained(out, device="cpu")
+    assert scorer.model.config.prm_kind == "qwen-prm" and scorer.mode == "bi"
+    assert scorer.encoder.template.kind == "qwen-prm"
+    scores = scorer.score(scorer.encode(trajectories())[0], progress=False)
+    assert scores.r2l is not None and scores.sigma is not None and len(scores) == len(PROBLEMS)
+
+
+def test_eval_processbench_prints_a_third_party_row_beside_the_text_free_rows(replicas, tmp_path):
+    import json
+
+    from biprm.cli import main
+
+    rows = [{"id": f"r{i}", "problem": q, "steps": steps, "label": (i % 3) - 1} for i, (q, steps) in enumerate(PROBLEMS * 4)]
+    data = tmp_path / "first_error.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main(["eval", "processbench", "--model", str(replicas["qwen-prm"]), "--data", str(data), "--out", str(tmp_path / "ev")])
+    table = (tmp_path / "ev" / "processbench.md").read_text()
+    for row in ("qwen-prm (as shipped)", "qwen-prm: steps reversed, zero-shot", "qwen-prm: static average, zero-shot",
+                "baseline: always -1 (no error)", "baseline: always step 0"):
+        assert f"| {row}" in table, row

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from biprm.config import ScorerSettings
+from biprm.prms import weight_files
 from biprm.data.trajectory import Trajectory
 from biprm.data.writer import atomic_write
 from biprm.evaluation.sharing import score_shared
@@ -30,6 +31,7 @@ from biprm.scoring.step_scores import StepScores, load_scores, save_scores
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 24
+FOREIGN_MODE = "bi-static"  # a PRM trained elsewhere is evaluated as shipped, reversed (zero-shot) and their average
 
 
 def load_scorer(settings: ScorerSettings, ckpt: str) -> Scorer:
@@ -37,7 +39,7 @@ def load_scorer(settings: ScorerSettings, ckpt: str) -> Scorer:
     own = process_state().device
     device = torch.device(settings.device) if settings.device else own
     device = own if device.type == own.type and device.index is None else device
-    return Scorer.from_settings(ckpt, settings, device)
+    return Scorer.from_settings(ckpt, settings, device, prm_mode=FOREIGN_MODE)
 
 
 def scorer_loader(settings: ScorerSettings) -> Callable[[str], Scorer]:
@@ -103,7 +105,7 @@ class ScoreCache:
     def model_key(self, ckpt: str) -> str:
         if ckpt not in self._model_keys:
             folder = Path(ckpt)
-            weights = sorted(folder.glob("*.safetensors"))
+            weights = weight_files(folder)
             if not (folder / "config.json").is_file() or not weights:
                 raise FileNotFoundError(f"{ckpt}: not a checkpoint folder (needs config.json and *.safetensors weights)")
             h = hashlib.sha256((folder / "config.json").read_bytes())

@@ -18,9 +18,10 @@ from biprm.scoring.aggregate import mean_of_probabilities
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_checkpoint
 from biprm.config import CHECKPOINT_ROLES, MODE_TABLE
-from biprm.data.encoding import Encoder
+from biprm.modeling import BiPRMConfig, encoder_for, prm_config
 from biprm.data.trajectory import Trajectory
-from biprm.evaluation.cache import ScoreCache
+from biprm.evaluation.cache import FOREIGN_MODE, ScoreCache
+from biprm.prms import detect
 from biprm.scoring.step_scores import StepScores
 
 # Ablation rows in the paper's order: (role, expected checkpoint mode, row label).
@@ -59,8 +60,11 @@ class ScoreSource:
 
 
 def checkpoint_config(ckpt: str) -> dict:
-    """A biprm checkpoint's config.json; any other folder is refused in one line (see checkpoint.check_checkpoint)."""
+    """A biprm checkpoint's config.json, or for a PRM of another kind (biprm.prms) its kind and the mode it is evaluated
+    in; any other folder is refused in one line (see checkpoint.check_checkpoint)."""
     check_checkpoint(ckpt)
+    if (kind := detect(ckpt)) != "biprm":
+        return {"mode": FOREIGN_MODE, "prm_kind": kind}
     return json.loads((Path(ckpt) / "config.json").read_text())
 
 
@@ -70,7 +74,11 @@ def checkpoint_mode(ckpt: str) -> str:
 
 def checkpoint_sources(ckpt: str, prefix: str = "") -> list[ScoreSource]:
     """A two-stream checkpoint's fused output and each of its streams, labelled so they cannot pass for separate models."""
-    mode = checkpoint_mode(ckpt)
+    config = checkpoint_config(ckpt)
+    mode, kind = config["mode"], config.get("prm_kind", "biprm")
+    if kind != "biprm":  # the training-free rows: what reversal alone does to this PRM
+        streams = [("l2r", f"{kind} (as shipped)"), ("r2l", f"{kind}: steps reversed, zero-shot"), ("fused", f"{kind}: static average, zero-shot")]
+        return [ScoreSource(prefix + label, [ckpt], stream) for stream, label in streams]
     if MODE_TABLE[mode].fusion is None:
         return [ScoreSource(prefix + mode, [ckpt])]
     streams = [("fused", f"{mode} (fused)"), ("l2r", f"{mode}: L2R stream"), ("r2l", f"{mode}: R2L stream")]
@@ -115,8 +123,8 @@ def token_lengths(ckpt: str, trajs: list[Trajectory], cache: ScoreCache) -> np.n
 
     def compute() -> np.ndarray:
         tokenizer = load_tokenizer(ckpt)
-        step_tag_id = json.loads((Path(ckpt) / "config.json").read_text())["step_tag_id"]
-        encoder = Encoder(tokenizer, step_tag_id, max_length=2**62)
+        config = BiPRMConfig.from_pretrained(ckpt) if detect(ckpt) == "biprm" else prm_config(ckpt, None, tokenizer)
+        encoder = encoder_for(config, tokenizer, max_length=2**62)
         return np.array([encoder.encode(t).n_tokens for t in trajs])
 
     return cache.array("lengths", ckpt, trajs, "n_tokens", compute)

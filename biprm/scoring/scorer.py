@@ -105,19 +105,23 @@ class Scorer:
 
     @classmethod
     def from_pretrained(cls, path: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-                        max_length: int = MAX_LENGTH, attn_implementation: str = "sdpa", prm_kind: str | None = None, **kwargs) -> "Scorer":
-        """A biprm checkpoint, or the folder of another PRM kind (biprm.prms: detected, or named by `prm_kind`)."""
+                        max_length: int = MAX_LENGTH, attn_implementation: str = "sdpa", prm_kind: str | None = None,
+                        prm_mode: str = "l2r", **kwargs) -> "Scorer":
+        """A biprm checkpoint, or the folder of another PRM kind (biprm.prms: detected, or named by `prm_kind`), read
+        as shipped (`prm_mode` l2r) or also reversed, zero-shot, with the static average of the two (bi-static)."""
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        model = BiPRMModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, prm_kind=prm_kind).to(device)
+        model = BiPRMModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, prm_kind=prm_kind,
+                                           prm_mode=prm_mode).to(device)
         check_layout(model.config, path)
         return cls(model, load_tokenizer(path), max_length, **kwargs)
 
     @classmethod
-    def from_settings(cls, path: str, settings: ScorerSettings, device: str | torch.device | None = None) -> "Scorer":
+    def from_settings(cls, path: str, settings: ScorerSettings, device: str | torch.device | None = None, prm_mode: str = "l2r") -> "Scorer":
         """The scorer the flags of `score`, `eval` and `serve` describe; `device` overrides theirs."""
         return cls.from_pretrained(
             path, device=device or settings.device, max_length=settings.max_length, attn_implementation=settings.attn_implementation,
+            prm_kind=settings.prm_kind, prm_mode=prm_mode,
             tokens_per_batch=settings.tokens_per_batch, tokens_per_call=settings.tokens_per_call, tokens_per_row=settings.tokens_per_row or None,
         )
 
