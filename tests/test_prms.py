@@ -129,3 +129,34 @@ def test_eval_processbench_prints_a_third_party_row_beside_the_text_free_rows(re
     for row in ("qwen-prm (as shipped)", "qwen-prm: steps reversed, zero-shot", "qwen-prm: static average, zero-shot",
                 "baseline: always -1 (no error)", "baseline: always step 0"):
         assert f"| {row}" in table, row
+
+
+def test_served_over_http_it_returns_its_reference_scores(replicas):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from biprm.serve.app import build_app
+    from biprm.serve.config import ServeConfig
+
+    folder = replicas["skywork-prm"]
+    (q, steps), = PROBLEMS[:1]
+    scorer = Scorer.from_pretrained(str(folder), device="cpu")
+    with TestClient(build_app(scorer, ServeConfig(model=str(folder)))) as client:
+        body = client.post("/v1/score", json={"question": q, "steps": steps}).json()
+    np.testing.assert_allclose(body["l2r"], REFERENCES["skywork-prm"](folder, q, steps), atol=1e-5)
+    assert body["fused"] == body["l2r"] and body["r2l"] is None
+
+
+def test_a_search_scores_paths_incrementally_as_the_reference_does(replicas):
+    """The search's PathScorer grows L2R on its KV cache depth by depth; every depth gives the card's scores."""
+    from biprm.search.prefix import PrefixScorer
+
+    folder = replicas["qwen-prm"]
+    prefix, scratch = (PrefixScorer.from_pretrained(str(folder), incremental=i, device="cpu") for i in (True, False))
+    for depth in (1, 2, 3):
+        paths = [steps[:depth] for _, steps in PROBLEMS]
+        got = prefix.score([q for q, _ in PROBLEMS], paths, streams="l2r")
+        scratch.score([q for q, _ in PROBLEMS], paths, streams="l2r")
+        for (q, _), path, score in zip(PROBLEMS, paths, got):
+            np.testing.assert_allclose(sigmoid(score.fused), REFERENCES["qwen-prm"](folder, q, path), atol=1e-5)
+    assert prefix.tokens["l2r"] < scratch.tokens["l2r"]  # the earlier steps came from the cache
