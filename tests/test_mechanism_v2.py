@@ -4,6 +4,7 @@ import json
 import math
 import random
 from decimal import Decimal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,6 +118,72 @@ def test_the_verdict_rule_is_the_papers_predictions():
     assert worse["outcome"] == "contradicted" and worse["predictions"]["bi is at least as good as the better single stream (r2l)"] == "contradicted"
     partial = v2.verdict(diffs(F=2.0), ("bi",), "r2l")
     assert partial["outcome"] == "not yet decidable" and len(partial["missing"]) == 4
+    # without prediction 5, the σ interval is not read: a contradicted σ no longer decides
+    no_sigma = v2.verdict(diffs(**everything | {"sigma": -0.05}), ("bi",), "r2l", sigma=False)
+    assert no_sigma["outcome"] == "supported (bi)" and len(no_sigma["predictions"]) == 4
+
+
+def test_one_standard_floors_make_r2l_unable_to_see_a_carried_slip():
+    rows = toy_rows()
+    # L's steps after t (labelled 0) now read like the other three rows' (labelled 1): one group of 4 per step after t
+    # per question, label mean 3/4, entropy 0.5623 nats; those groups hold every step after t.
+    after = sum(len(r.steps) - 1 - r.meta["step"] for r in rows)
+    total = sum(len(r.steps) for r in rows)
+    entropy = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    assert v2.loss_floor(rows, "r2l") < v2.loss_floor(rows, "r2l", one_standard=True)
+    assert v2.loss_floor(rows, "r2l", one_standard=True) == pytest.approx(v2.loss_floor(rows, "r2l") + after / total * entropy, abs=1e-9)
+    assert v2.loss_floor(rows, "l2r", one_standard=True) == v2.loss_floor(rows, "l2r")
+
+
+COMMITTED = Path(__file__).resolve().parents[1] / "results" / "mechanism-v2"
+
+
+def test_the_post_hoc_reread_reproduces_issue_48_on_the_committed_logits(data_dir, tmp_path):
+    """Issue 48's numbers, recomputed from the committed version 2 logits (docs/MECHANISM.md, the post-hoc re-read).
+    Where a number differs from the issue's, the issue's is in the comment."""
+    from biprm.replication.config import MECHANISM_V2, MechanismConfig
+    from biprm.replication.mechanism import build_mechanism
+    from biprm.replication.mechanism_report import _collect
+    from biprm.replication.mechanism_v2_reread import SIGMA_CONTRASTS
+    from biprm.replication.mechanism_v2_report import verdict_tables
+
+    cfg = MechanismConfig(**MECHANISM_V2 | dict(out=str(COMMITTED), work_dir=str(tmp_path), data_root=str(data_dir)))
+    sets, _ = build_mechanism(cfg.data_root, cfg.train_questions, cfg.valid_questions, cfg.test_questions, cfg.data_seed,
+                              labels=cfg.labels, keep_roundness=cfg.keep_roundness)
+    r = verdict_tables(cfg, sets, _collect(cfg))
+    p = r["post_hoc"]
+    assert r["verdict"]["outcome"] == "contradicted"  # the pre-registered outcome stays on record
+    assert {v["outcome"] for v in p["verdicts"].values()} == {"not decided at this power"}
+    pre, fmt, err, _, did = (name for name, _, _ in SIGMA_CONTRASTS)
+    c = {arm: {k: {x: round(v[x], 4) for x in ("mean", "low", "high")} for k, v in cs.items()} for arm, cs in p["sigma_contrasts"].items()}
+    assert c["bi"][pre]["mean"] == -0.0090 and c["bi-gate-lr0.1"][pre]["mean"] == -0.0107  # the docs' -0.009, -0.011
+    assert c["bi"][fmt] == {"mean": -0.0082, "low": -0.0144, "high": -0.0026}  # issue: [-0.0144, -0.0027]
+    assert c["bi-gate-lr0.1"][fmt] == {"mean": -0.0101, "low": -0.0165, "high": -0.0036}  # issue: [-0.0167, -0.0039]
+    assert c["bi"][err] == {"mean": 0.0002, "low": -0.0003, "high": 0.0008}  # issue: [-0.0002, +0.0008]
+    assert c["bi-gate-lr0.1"][err] == {"mean": 0.0005, "low": -0.0003, "high": 0.0013}
+    assert all(v[did]["low"] < 0 < v[did]["high"] for v in c.values())  # the difference-in-differences is null too
+    rho = {n: round(v["spearman"], 3) for n, v in p["sigma_by_position"].items()}
+    assert rho == {"bi-seed1106": -0.125, "bi-seed1107": 0.942, "bi-seed1108": 0.905, "bi-gate-lr0.1-seed1106": 0.486,
+                   "bi-gate-lr0.1-seed1107": 0.788, "bi-gate-lr0.1-seed1108": 0.9}  # issue: +0.49 to +0.93, -0.12
+    share = p["r2l_share_at_t"]["bi-seed1106"]
+    assert (round(share["C"], 3), round(share["R"], 3)) == (0.586, 0.384)
+    assert round(share["σ"]["C"] - share["σ"]["R"], 3) == 0.014  # σ moves by about 0.01 where the share moves by 0.20
+    assert round(p["format_null"]["mean"], 1) == 48.9  # issue: about 48.5 (one draw of tiny noise); exact expectation here
+    assert round(p["primary_beside_null"]["l2r"]["mean"], 1) == 50.1
+    lowest = [x for g in ("l2r", "r2l", "bi-static", "bi", "bi-gate-lr0.1") for x in p["clean_lowest_at_t"][g]]
+    assert (round(100 * min(lowest), 1), round(100 * max(lowest), 1)) == (65.8, 94.0)  # issue: 66-94 %
+    pw = {arm: [round(100 * x) if x > 0.01 else round(x, 4) for x in v.values()] for arm, v in p["power"].items()}
+    assert pw == {"bi": [26, 38, 8, 8, 0.0062], "bi-gate-lr0.1": [43, 38, 15, 16, 0.0072]}  # issue: 26, 43; 8-16; about 0.0065
+    floors = p["loss_floors"]
+    assert round(floors["pre-registered"]["r2l"], 3) == 0.005 and round(floors["one standard"]["l2r"], 3) == 0.075
+    assert round(floors["one standard"]["r2l"], 3) == 0.343  # issue: 0.330
+    assert round(100 * floors["L rows after t, share of training steps"], 1) == 15.3
+    machine = {n: (v["device"], v["bf16"]) for n, v in p["machines"].items()}
+    assert {machine[n] for n in machine if n.endswith(("1106", "1107"))} == {("NVIDIA H200", True)}
+    assert {machine[n] for n in machine if n.endswith("1108")} == {("cpu", False)}
+    for arm in ("bi", "bi-gate-lr0.1"):  # each bi arm's worst seed is the one that trained on the CPU
+        seeds = {n: v["primary"] for n, v in p["machines"].items() if n.startswith(f"{arm}-seed")}
+        assert min(seeds, key=seeds.get) == f"{arm}-seed1108"
 
 
 @pytest.mark.slow

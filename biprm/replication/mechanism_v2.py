@@ -28,10 +28,16 @@ LEVEL = 0.975  # two bi arms are judged, so each interval is 97.5 % (Bonferroni)
 # ---- what each stream can learn -------------------------------------------------------------
 
 
-def _read(traj: Trajectory, k: int, stream: str) -> tuple:
+def _read(traj: Trajectory, k: int, stream: str, one_standard: bool = False) -> tuple:
     """What a stream knows when it scores step k: the question and the steps up to k (l2r), from the last
     step back to k (r2l), or all of them and the position (bi). The value a bare step t states (C and F
-    rows) cannot be checked from before it, so until a later step is read it is only "a value"."""
+    rows) cannot be checked from before it, so until a later step is read it is only "a value".
+
+    `one_standard` (post hoc, issue 48) applies that rule to R2L as well: after t, every value derived from
+    step t's result (the right one in R, C and F, the carried wrong one in L) can be checked only against
+    step t, which R2L has not read yet, so the four rows of a question read alike there."""
+    if one_standard and stream == "r2l" and k > traj.meta.get("step", k):
+        return (traj.question, "after step t", k)
     if stream == "l2r":
         steps = traj.steps[: k + 1]
         if k == traj.meta.get("step") and traj.meta.get("kind") in ("C", "F"):  # only L2R reads step t before what reuses it
@@ -46,7 +52,7 @@ def _entropy(p: float) -> float:
     return 0.0 if p in (0.0, 1.0) else -(p * math.log(p) + (1 - p) * math.log(1 - p))
 
 
-def loss_floor(trajs: list[Trajectory], stream: str) -> float:
+def loss_floor(trajs: list[Trajectory], stream: str, one_standard: bool = False) -> float:
     """The lowest mean BCE (nats per step) a model reading what `stream` reads can reach on these rows.
 
     Steps whose input is the same (`_read`) must get one probability, so the best it can do is each such
@@ -56,7 +62,7 @@ def loss_floor(trajs: list[Trajectory], stream: str) -> float:
     groups: dict[tuple, list[float]] = {}
     for traj in trajs:
         for k, label in enumerate(traj.labels):
-            groups.setdefault(_read(traj, k, stream), []).append(label)
+            groups.setdefault(_read(traj, k, stream, one_standard), []).append(label)
     total = sum(len(g) for g in groups.values())
     return sum(len(g) * _entropy(float(np.mean(g))) for g in groups.values()) / total
 
@@ -146,19 +152,21 @@ def minimum_detectable_effect(se: float, level: float = LEVEL, power: float = 0.
 # ---- the verdict ------------------------------------------------------------------------------
 
 
-def predictions(arm: str, better: str) -> dict[str, tuple[str, str, float]]:
-    """The paper's predictions for one bi arm: name -> (endpoint, paired difference, bound its low end must pass)."""
+def predictions(arm: str, better: str, sigma: bool = True) -> dict[str, tuple[str, str, float]]:
+    """The paper's predictions for one bi arm: name -> (endpoint, paired difference, bound its low end must pass);
+    `sigma=False` leaves out prediction 5 (the post-hoc re-read asks what the rule says without it)."""
     primary = "primary: F's step t below every step of C"
-    return {
+    found = {
         f"{arm} beats l2r on F rows": (primary, f"{arm} − l2r", 0.0),
         f"{arm} is not worse than l2r on L rows": ("P2: L rows, first error exact", f"{arm} − l2r", -MARGIN),
         f"{arm} is at least as good as the better single stream ({better})": (primary, f"{arm} − {better}", -MARGIN),
         f"{arm} is at least as good as bi-static": (primary, f"{arm} − bi-static", -MARGIN),
         f"{arm}'s σ at step t is lower on F rows than on L rows": ("σ at t", f"{arm}: L rows − F rows", 0.0),
     }
+    return found if sigma else {name: p for name, p in found.items() if p[0] != "σ at t"}
 
 
-def verdict(differences: dict[str, dict[str, dict]], arms: tuple[str, ...], better: str) -> dict:
+def verdict(differences: dict[str, dict[str, dict]], arms: tuple[str, ...], better: str, sigma: bool = True) -> dict:
     """The pre-registered rule. Each prediction is "held" (its interval's low end passes its bound),
     "contradicted" (its high end is below the bound) or "undecided" (the interval holds the bound).
     The mechanism is supported when every prediction holds for one bi arm, contradicted when every arm
@@ -169,7 +177,7 @@ def verdict(differences: dict[str, dict[str, dict]], arms: tuple[str, ...], bett
     """
     outcomes, missing = {}, []
     for arm in arms:
-        for name, (endpoint, diff, bound) in predictions(arm, better).items():
+        for name, (endpoint, diff, bound) in predictions(arm, better, sigma).items():
             interval = differences.get(endpoint, {}).get(diff)
             if interval is None:
                 missing.append(name)
@@ -177,7 +185,7 @@ def verdict(differences: dict[str, dict[str, dict]], arms: tuple[str, ...], bett
                 outcomes[name] = "held" if interval["low"] > bound else "contradicted" if interval["high"] < bound else "undecided"
     if missing:
         return {"outcome": "not yet decidable", "predictions": outcomes, "missing": missing}
-    by_arm = {a: [outcomes[name] for name in predictions(a, better)] for a in arms}
+    by_arm = {a: [outcomes[name] for name in predictions(a, better, sigma)] for a in arms}
     supported = [a for a, o in by_arm.items() if all(x == "held" for x in o)]
     if supported:
         outcome = f"supported ({', '.join(supported)})"

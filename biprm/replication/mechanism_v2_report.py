@@ -47,6 +47,7 @@ from biprm.replication.mechanism_v2 import (
     rounder_number_rule,
     verdict,
 )
+from biprm.replication.mechanism_v2_reread import format_reread, reread
 from biprm.scoring.step_scores import StepScores
 
 ARMS = ("bi", "bi-gate-lr0.1")
@@ -118,6 +119,19 @@ def sigma_during_training(out: Path) -> dict[str, list[dict]]:
 def summarise(cfg: MechanismConfig) -> dict:
     sets, pools, data = load_sets(cfg)
     groups = _collect(cfg)
+    found = verdict_tables(cfg, sets, groups)
+    transfer = {g: [run_metrics(sets, s) for _, s in runs] for g, runs in groups.items()}
+    pb_table, pb_base = processbench_tables(sets, transfer)
+    pilot = Path(cfg.out) / "pilot.json"
+    return {"data": data, "groups": {g: [name for name, _ in runs] for g, runs in groups.items()}, **found,
+            "loss_floors": loss_floors(sets["train"]), "sigma_during_training": sigma_during_training(Path(cfg.out)),
+            "pilot": json.loads(pilot.read_text()) if pilot.is_file() else None,
+            "processbench": pb_table, "processbench_baselines": pb_base, "bon": bon_tables(pools, groups)}
+
+
+def verdict_tables(cfg: MechanismConfig, sets: dict[str, list[Trajectory]], groups: dict[str, list]) -> dict:
+    """The endpoints table, σ at t, the paired differences, the pre-registered verdict and the post-hoc re-read:
+    everything that reads only the study's own rows (train, valid, test), not the transfer sets."""
     metrics = {g: [scorer_metrics(sets, s) for _, s in runs] for g, runs in groups.items()}
     rules = {name: [scorer_metrics(sets, s) for s in runs] for name, runs in rule_scorers(sets).items()}
     table = {g: {k: bootstrap_mean(100 * _kept(_stack(ms, k))) for k in ms[0] if not k.startswith("σ")}
@@ -147,15 +161,8 @@ def summarise(cfg: MechanismConfig) -> dict:
     short = [f"{g} {finished.get(g, 0)} of {n}" for g, n in cfg.seeds.items() if finished.get(g, 0) < n]
     if short and not result["missing"]:
         result["outcome"] += f" (provisional: seeds finished {', '.join(short)})"
-
-    transfer = {g: [run_metrics(sets, s) for _, s in runs] for g, runs in groups.items()}
-    pb_table, pb_base = processbench_tables(sets, transfer)
-    pilot = Path(cfg.out) / "pilot.json"
-    return {"data": data, "groups": {g: [name for name, _ in runs] for g, runs in groups.items()}, "table": table,
-            "sigma": sigma, "differences": differences, "better_single_stream": better, "verdict": result,
-            "loss_floors": loss_floors(sets["train"]), "sigma_during_training": sigma_during_training(Path(cfg.out)),
-            "pilot": json.loads(pilot.read_text()) if pilot.is_file() else None,
-            "processbench": pb_table, "processbench_baselines": pb_base, "bon": bon_tables(pools, groups)}
+    return {"table": table, "sigma": sigma, "differences": differences, "better_single_stream": better, "verdict": result,
+            "post_hoc": reread(sets, groups, metrics, table, differences, better, Path(cfg.out))}
 
 
 def _mde(d: dict) -> float:
@@ -215,8 +222,10 @@ def write_report(cfg: MechanismConfig) -> dict:
     out = check_meta(cfg)
     result = summarise(cfg)
     write_json(out / "results.json", result)
-    (out / "report.md").write_text(format_report(result))
+    reread = format_reread(result, result["verdict"])
+    (out / "report.md").write_text(format_report(result) + "\n" + reread)
     plot_figures(result, out)
+    print(reread)
     return result
 
 
