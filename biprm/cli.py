@@ -39,7 +39,7 @@ def cmd_score(cfg: ScoreConfig) -> None:
     from biprm.scoring.score_file import score_file
 
     n = score_file(cfg.model, cfg.input, cfg.output, fmt=cfg.format, skip_invalid=cfg.skip_invalid, settings=cfg, chunk=cfg.chunk,
-                   resume=cfg.resume)
+                   resume=cfg.resume, segmenter=cfg.segmenter)
     print(f"scored {n} trajectories into {'stdout' if cfg.output == '-' else cfg.output}", file=sys.stderr)
 
 

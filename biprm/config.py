@@ -29,7 +29,7 @@ Mode = Literal[tuple(MODE_TABLE)]
 MODES: tuple[str, ...] = get_args(Mode)
 Objective = Literal["bce", "mse", "qrank"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
-FORMATS = ("trl", "steps", "math-shepherd", "processbench", "prmbench", "bon")  # the layouts biprm.data.readers converts
+FORMATS = ("trl", "steps", "math-shepherd", "processbench", "prmbench", "bon", "trace")  # the layouts biprm.data.readers converts
 Format = Literal[("auto", *FORMATS)]
 # the projections of Llama/Mistral/Qwen2-style decoder layers (adapters go only under `backbone.`)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -122,6 +122,8 @@ class TrainConfig:
     lora_dropout: float = arg(0.0, "LoRA dropout")
     lora_targets: str = arg(",".join(LORA_TARGETS), "the backbone's linear layers that get adapters, comma-separated")
     skip_invalid: bool = arg(False, "skip bad rows (each reported with file, row and field) instead of stopping")
+    segmenter: str = arg("given", "how the training rows' steps were cut (given, paragraph, lines, markers, tokens:N): recorded in "
+                                  "the checkpoint, and the default when a trace given as one string is scored with it")
     num_proc: int | None = arg(None, "processes that encode the data (default: up to 8 for 20,000+ rows, else 1)")
     group_by_length: bool = arg(True, "batches of similar lengths (less padding), in a seeded random order")
     streaming: bool = arg(False, "read and encode the data as training consumes it (huge Hub sets); needs --max-steps")
@@ -136,6 +138,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         """Refuse a misspelt choice at once, before any backbone or data loads."""
         check_choices(self)
+        check_segmenter(self.segmenter)
         if self.streaming and (self.max_steps <= 0 or self.eval_fraction):
             raise ValueError("--streaming data has no length: give --max-steps, and hold out no --eval-fraction")
         if self.heads_only and not self.train_top_layers:
@@ -160,6 +163,13 @@ class ScorerSettings:
 
     def __post_init__(self) -> None:
         check_choices(self)
+
+
+def check_segmenter(name: str) -> None:
+    """Refuse an unknown segmenter name at once (biprm.data.segment imports nothing heavy)."""
+    from biprm.data.segment import Segmenter
+
+    Segmenter(name)
 
 
 @dataclass
@@ -188,3 +198,11 @@ class ScoreConfig(ScorerSettings):
     skip_invalid: bool = arg(False, "skip bad rows (reported with file, row and field) instead of stopping")
     chunk: int = arg(1024, "rows scored and written to disk at a time; a kill loses at most one")
     resume: bool = arg(False, "continue a killed run from its OUTPUT.parts folder")
+    segmenter: str | None = arg(None, "how a trace given as one string (and a candidate's text) is cut into steps: paragraph, "
+                                      "lines, markers, tokens:N (default: what the model was trained with; auto where its "
+                                      "steps were given: tags, else paragraphs, else lines)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.segmenter is not None:
+            check_segmenter(self.segmenter)

@@ -52,6 +52,7 @@ class BiPRMConfig(PreTrainedConfig):
         prm_kind: str = "biprm",  # whose template and read-out (biprm.prms): a PRM made bidirectional keeps its own
         value_head: str = "linear",  # "linear": Linear(H, 1); "mlp": Linear(H, H) -> ReLU -> Linear(H, 1) (Qwen's PRM head)
         gate_init: float | None = None,  # None: a random gate; a number x: sigma starts at sigmoid(x) on every step
+        segmenter: str = "given",  # how its training steps were cut (biprm.data.segment): the default for scoring a trace
         **kwargs,
     ):
         if isinstance(backbone_config, dict):
@@ -68,6 +69,7 @@ class BiPRMConfig(PreTrainedConfig):
         self.prm_kind = prm_kind
         self.value_head = value_head
         self.gate_init = gate_init
+        self.segmenter = segmenter
         super().__init__(**kwargs)
 
     @property

@@ -346,7 +346,7 @@ def build_model(cfg: TrainConfig, engine: str, backbone_dir: str, tokenizer: Pre
     # fp32 master weights everywhere; --bf16 is autocast (CUDA or CPU), never bf16 weights,
     # which would round most updates at the paper's lr away (0.02 + 3e-5 == 0.02 in bf16)
     options = dict(mode=cfg.mode, objective=cfg.objective, zeta=cfg.zeta, dtype=torch.float32, attn_implementation=cfg.attn_implementation,
-                   detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight)
+                   detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight, segmenter=cfg.segmenter)
     if cfg.init_from:  # another PRM made bidirectional: its L2R stream is the source exactly, and the gate leans on it
         model = from_prm(cfg.init_from, cfg.prm_kind, tokenizer=tokenizer, gate_init=cfg.gate_init, **options)
     else:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from biprm.config import FORMATS
+from biprm.data.segment import MS_TAG, RULES, SEGMENTERS, Segmenter
 from biprm.data.synthetic import make_dataset
 from biprm.data.trajectory import DataError, Trajectory, labels_from_first_error, validate
 
@@ -23,11 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MS_TAG = "ки"  # Math-Shepherd's step tag (Cyrillic, U+043A U+0438)
 EMPTY_RESPONSE = "(empty response)"  # stands in for a candidate that produced no text, so pools keep their size
 _DATA_SUFFIX = re.compile(r"\.(jsonl?|parquet|csv|txt)(\.gz)?$|\.gz$")
-_SEPARATORS = {"newline": re.compile(r"\n"), "double-newline": re.compile(r"\n\s*\n"), MS_TAG: re.compile(MS_TAG)}
-SPLIT_RULES = ("auto", *_SEPARATORS)
+SPLIT_RULES = (*RULES, *SEGMENTERS[1:-1])  # what a text can be cut by without a tokenizer (biprm.data.segment)
 _ANNOTATION = re.compile(r"<<[^<>]*>>")  # GSM8K calculator annotations: <<3*4=12>>
 # A closing "#### N" (GSM8K style) or "A: N" line, with MetaMath's repeated "The answer is: N" after it.
 _FINAL_MARK = re.compile(r"(?:####|(?m:^)A:)\s*([^\n]*\S)\s*(?:\nThe answer is:?[^\n]*)?\s*\Z")
@@ -140,18 +139,18 @@ def read_table(source: str, split: str = "train", streaming: bool = False) -> tu
 # ---- steps -----------------------------------------------------------------------------
 
 
-def split_steps(text: str, rule: str = "auto") -> list[str]:
-    """Cut a free-text solution into stripped, non-empty steps.
+def split_steps(text: str, rule: str | Segmenter = "auto") -> list[str]:
+    """Cut a free-text solution into stripped, non-empty steps (biprm.data.segment).
 
-    Rules: "newline" (lines), "double-newline" (paragraphs), "ки" (Math-Shepherd tags), and
-    "auto": tags if present, else paragraphs if there are at least two, else lines.
+    Rules: "newline" (lines), "double-newline" (paragraphs), "ки" (Math-Shepherd tags),
+    "auto": tags if present, else paragraphs if there are at least two, else lines; and the
+    segmenters paragraph, lines and markers (or any Segmenter, tokens:N with its tokenizer).
     """
-    if rule == "auto":
-        paragraphs = split_steps(text, "double-newline")
-        return split_steps(text, MS_TAG) if MS_TAG in text else paragraphs if len(paragraphs) >= 2 else split_steps(text, "newline")
-    if rule not in _SEPARATORS:
+    if isinstance(rule, Segmenter):
+        return [s.text for s in rule.text(text)[0]]
+    if rule not in SPLIT_RULES:
         raise ValueError(f"unknown split rule {rule!r}; choose from {list(SPLIT_RULES)}")
-    return [s.strip() for s in _SEPARATORS[rule].split(text) if s.strip()]
+    return [s.text for s in Segmenter(rule).text(text)[0]]
 
 
 def solution_steps(text: str, rule: str = "auto") -> list[str]:
@@ -194,6 +193,21 @@ def from_steps(row: dict, where: str) -> Trajectory:
     extra = {k: v for k, v in row.items() if k not in ("question", "steps", "labels", "answer")}
     traj = Trajectory(checked_field(row, "question", where, str), checked_field(row, "steps", where, list), labels, answer=answer, meta=extra)
     return validate(traj, where)
+
+
+QUESTION_FIELDS = ("question", "problem", "prompt")
+TRACE_FIELDS = ("solution", "response")
+
+
+def from_trace(row: dict, where: str, segmenter: Segmenter) -> Trajectory:
+    """A trace given as one string: {"question" (or "problem", "prompt"), "solution" (or "response")}, cut into steps
+    by `segmenter`. Its meta holds each step's [start, end) in that string, the segmenter and any fallback it took, so
+    they travel with the scores; any other field rides along too."""
+    qkey = next((k for k in QUESTION_FIELDS if k in row), "question")
+    tkey = next((k for k in TRACE_FIELDS if k in row), "solution")
+    cut = segmenter.cut(checked_field(row, tkey, where, str), f"{where}: field '{tkey}'")
+    extra = {k: v for k, v in row.items() if k not in (qkey, tkey)}
+    return validate(Trajectory(checked_field(row, qkey, where, str), cut.texts, meta=extra | cut.meta()), where)
 
 
 def from_math_shepherd(row: dict, where: str) -> Trajectory:
@@ -269,7 +283,7 @@ def from_prmbench(row: dict, where: str) -> list[Trajectory]:
     return trajs
 
 
-def from_bon_pool(row: dict, where: str, split_rule: str = "auto", qid: int = 0) -> list[Trajectory]:
+def from_bon_pool(row: dict, where: str, split_rule: str | Segmenter = "auto", qid: int = 0) -> list[Trajectory]:
     """Best-of-N candidates of one question: PQM's {"question", "responses": [{"text"}]} or
     ours {"question", "answer"?, "candidates": [{"steps"} | {"text"}, "correct"?]}. A candidate
     may also be a plain string (what generators usually write): its text, cut by `split_rule`."""
@@ -305,6 +319,7 @@ _SIGNATURES = (
     ("bon", {"question", "candidates"}),
     ("bon", {"question", "responses"}),
     ("steps", {"question", "steps"}),
+    *(("trace", {q, t}) for q in QUESTION_FIELDS for t in TRACE_FIELDS),
 )
 
 
@@ -317,7 +332,11 @@ def detect_format(row: dict, where: str) -> str:
     return fmt
 
 
-def row_converter(fmt: str, split_rule: str) -> Callable[[dict, str, int], Trajectory | list[Trajectory]]:
+def row_converter(fmt: str, split_rule: str | Segmenter) -> Callable[[dict, str, int], Trajectory | list[Trajectory]]:
+    """`split_rule` cuts a Best-of-N candidate's text and a trace row's string (a name, or a Segmenter)."""
+    if fmt == "trace":
+        segmenter = split_rule if isinstance(split_rule, Segmenter) else Segmenter(split_rule)
+        return lambda row, where, i: from_trace(row, where, segmenter)
     if fmt == "bon":
         return lambda row, where, i: from_bon_pool(row, where, split_rule, qid=i)
     simple = {"trl": from_trl, "steps": from_steps, "math-shepherd": from_math_shepherd, "processbench": from_processbench, "prmbench": from_prmbench}
@@ -337,7 +356,7 @@ class Rows(NamedTuple):
 
 
 def open_source(
-    source: str, fmt: str = "auto", split: str = "train", split_rule: str = "auto", arrow: bool = False, streaming: bool = False,
+    source: str, fmt: str = "auto", split: str = "train", split_rule: str | Segmenter = "auto", arrow: bool = False, streaming: bool = False,
 ) -> Rows:
     """The one door to data, for Python lists (`load_trajectories`) and Arrow tables (`arrow=True` or `streaming`).
 
@@ -388,7 +407,7 @@ def skip_report(name: str, errors: list[tuple[int, str]], total: int, unit: str 
 
 
 def load_with_report(
-    source: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, split_rule: str = "auto", labelled: bool = False,
+    source: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, split_rule: str | Segmenter = "auto", labelled: bool = False,
 ) -> tuple[list[Trajectory], dict[str, int]]:
     """Trajectories of every row, and how many rows were skipped for each reason (empty unless skip_invalid).
 
@@ -421,7 +440,7 @@ def load_with_report(
 
 
 def load_trajectories(
-    source: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, split_rule: str = "auto", labelled: bool = False,
+    source: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, split_rule: str | Segmenter = "auto", labelled: bool = False,
 ) -> list[Trajectory]:
     """`load_with_report` without the report (skips are still logged as a warning)."""
     return load_with_report(source, fmt, split, skip_invalid, split_rule, labelled)[0]

@@ -21,7 +21,9 @@ from tqdm.auto import tqdm
 
 from biprm.checkpoint import check_checkpoint
 from biprm.config import ScorerSettings
+from biprm.backbones import load_tokenizer
 from biprm.data.readers import load_trajectories, skip_report
+from biprm.data.segment import Segmenter, for_model
 from biprm.data.trajectory import DataError
 from biprm.data.writer import atomic_write
 from biprm.run_folder import changes
@@ -53,20 +55,23 @@ def complete_lines(path: Path) -> int:
 
 def score_file(
     model: str, source: str, output: str, fmt: str = "auto", skip_invalid: bool = False, settings: ScorerSettings | None = None,
-    chunk: int = 1024, resume: bool = False,
+    chunk: int = 1024, resume: bool = False, segmenter: str | None = None,
 ) -> int:
+    """Score `source` into `output`; `segmenter` cuts a one-string trace (default: the model's, see `trace_segmenter`)."""
     check_checkpoint(model)
-    trajs = load_trajectories(source, fmt=fmt, skip_invalid=skip_invalid)  # bad rows fail before the model loads
+    settings = settings or ScorerSettings()
+    split = trace_segmenter(model, segmenter)
+    trajs = load_trajectories(source, fmt=fmt, skip_invalid=skip_invalid, split_rule=split)  # bad rows fail before the model loads
     state = process_state()
     rank, world = state.process_index, state.num_processes
     to_stdout = output == "-"
     if to_stdout and world > 1:
         raise ValueError("--output - works with one process; give a file to score with several")
     scratch = Path(output + ".parts") if not to_stdout else None
-    settings = settings or ScorerSettings()
     if scratch is not None and state.is_main_process:  # what decides which rows each part holds, and how they are scored
         run = {"model": str(Path(model).resolve()), "model_files": _stamp(Path(model)), "input": source, "input_file": _stamp(Path(source)),
-               "rows": len(trajs), "processes": world, "format": fmt, "skip_invalid": skip_invalid, "max_length": settings.max_length}
+               "rows": len(trajs), "processes": world, "format": fmt, "skip_invalid": skip_invalid, "max_length": settings.max_length,
+               "segmenter": split.name}
         _check_run(scratch, run, resume)
     state.wait_for_everyone()
 
@@ -109,6 +114,14 @@ def score_file(
         (scratch / "run.json").unlink()  # last: parts never outlive the record that says whose they are
         scratch.rmdir()
     return len(trajs) - sum(_from_every_process([len(problems)], world))
+
+
+def trace_segmenter(model: str, chosen: str | None) -> Segmenter:
+    """What cuts a trace given as one string (and a Best-of-N candidate's text): `chosen`, else the segmenter the model's
+    config records (biprm.data.segment.for_model); tokens:N counts the model's own tokens."""
+    trained = json.loads((Path(model) / "config.json").read_text()).get("segmenter", "given")
+    name = chosen or trained
+    return for_model(chosen, trained, load_tokenizer(model) if name.startswith("tokens:") else None)
 
 
 def _from_every_process(items: list, world: int) -> list:

@@ -3,18 +3,19 @@
 The policy writes steps separated by the search's step token (kept in the text it
 generates, so a continued prefix reads as the policy wrote it); the PRM reads the
 same text cut at that token, with the token itself stripped. Generation and scoring
-both go through these two functions, so they can never cut a solution differently.
+both go through these two functions, so they can never cut a solution differently; the cut
+itself is biprm.data.segment's, the one splitter of biprm.
 """
 from __future__ import annotations
+
+from biprm.data.segment import separator
 
 STEP_TOKEN = "\n\n"
 
 
 def split_steps(text: str, step_token: str = STEP_TOKEN) -> list[str]:
     """Steps of a (partial) solution; pieces that hold only whitespace are not steps."""
-    if not step_token:
-        raise ValueError("the step token must not be empty")
-    return [piece.strip() for piece in text.split(step_token) if piece.strip()]
+    return [step.text for step in separator(step_token)(text)]
 
 
 def join_steps(steps: list[str], step_token: str = STEP_TOKEN) -> str:

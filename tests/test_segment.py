@@ -1,0 +1,163 @@
+"""Segmenters (biprm.data.segment) on hand-cut examples: each step's text and its span in the trace."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from biprm.data.readers import load_trajectories, split_steps
+from biprm.data.segment import JOIN, Markers, Segmenter, for_model, markers
+from biprm.data.trajectory import DataError
+from biprm.search.steps import split_steps as search_split
+
+# A reasoning trace in the style of R1/QwQ: thinking markers, "Wait," passages that re-check, a "But" that must not cut.
+LONG = (
+    "Okay, so I need to find how many apples Tom has left after giving some away. He starts with 23 apples "
+    "and gives 7 to Anna and then 5 to Ben. "
+    "Let me compute the total given away first: 7 + 5 = 12. So he has 23 - 12 = 11 apples left. "
+    "Wait, let me re-check the subtraction. 23 - 12: 23 minus 10 is 13, minus 2 more is 11. Yes, that is right. "
+    "But the question might mean something else, since it says some apples were rotten, and rotten ones are thrown away "
+    "before he gives any to his friends. "
+    "Hmm, re-reading the problem statement, it says 3 of the apples were rotten and were thrown away before that. "
+    "Wait, that changes things. Then he had 23 - 3 = 20 apples, and 20 - 12 = 8 apples left over at the end.\n\n"
+    "Therefore, Tom has 8 apples left, and the answer is 8."
+)
+
+
+def _check_spans(text: str, cut) -> None:
+    """Every step is exactly the text at its span, and the spans are in order and never overlap."""
+    assert all(text[s.start : s.end] == s.text for s in cut)
+    assert all(a.end <= b.start for a, b in zip(cut, cut[1:]))
+
+
+def test_paragraph_and_lines_cut_where_a_person_would_with_spans():
+    text = "  First line.\nSecond line.\n\n \nThird para.\n"
+    paragraphs = Segmenter("paragraph").cut(text, "row 1")
+    assert paragraphs.texts == ["First line.\nSecond line.", "Third para."] and paragraphs.offsets == [[2, 26], [30, 41]]
+    lines = Segmenter("lines").cut(text, "row 1")
+    assert lines.texts == ["First line.", "Second line.", "Third para."] and lines.fallback is None
+    _check_spans(text, paragraphs.steps)
+    _check_spans(text, lines.steps)
+
+
+def test_markers_cut_the_long_trace_as_cut_by_hand():
+    """Cut before "Let me", "So", "Wait,", "Hmm", "Wait,", "Then", "Therefore"; never before "But". Then steps under 100
+    characters run into the next ("Let me compute" + "So he has" + "Wait, let me re-check ... But ..."; "Wait, that
+    changes things." + "Then ..."), and the short closing "Therefore" joins the step before it."""
+    cut = Segmenter("markers").cut(LONG, "row 7")
+    _check_spans(LONG, cut.steps)
+    openings = ["Okay, so I need", "Let me compute the total", "Hmm, re-reading", "Wait, that changes things."]
+    assert [s.text[: len(o)] for s, o in zip(cut.steps, openings)] == openings and len(cut.steps) == 4
+    assert cut.steps[1].text.endswith("before he gives any to his friends.")
+    assert cut.steps[3].text.endswith("the answer is 8.") and cut.fallback is None
+    assert [len(s.text) for s in cut.steps] == [140, 348, 108, 159]
+
+
+def test_markers_merge_short_steps_and_split_long_ones_at_sentences():
+    rule = Markers(min_chars=15, max_chars=60)
+    text = "So x = 1. Wait, no. Let me redo it: x equals one, and then y equals two. Finally z = x + y = 3."
+    steps, fallback = markers(text, rule)
+    assert [s.text for s in steps] == ["So x = 1. Wait, no.", "Let me redo it: x equals one, and then y equals two.",
+                                       "Finally z = x + y = 3."]
+    assert fallback is None
+    long = "A" * 10 + ". " + "The value is found. " * 6  # no marker: the length rule alone, at sentence starts
+    steps, fallback = markers(long, rule)
+    assert all(15 <= len(s.text) <= 60 for s in steps) and "no marker" in fallback
+    _check_spans(long, steps)
+
+
+def test_markers_never_cut_on_but_however_alternatively_and_settings_are_honoured():
+    rule = Markers(min_chars=5, max_chars=500)
+    text = "We add them. But wait, the sum is odd. However, it still works. Alternatively, use a table. So it is 9."
+    assert [s.text for s in markers(text, rule)[0]] == [
+        "We add them. But wait, the sum is odd. However, it still works. Alternatively, use a table.", "So it is 9."]
+    own = Markers(markers=("check",), min_chars=5, max_chars=500)
+    assert [s.text for s in markers("We add. Check: 4. So done.", own)[0]] == ["We add.", "Check: 4. So done."]
+    with pytest.raises(ValueError, match="min_chars < max_chars"):
+        Markers(min_chars=600, max_chars=100)
+
+
+def test_tokens_cut_every_n_tokens_of_the_models_tokenizer():
+    class Words:  # a stand-in tokenizer: one token per word, with offsets
+        def __call__(self, text, add_special_tokens, return_offsets_mapping):
+            import re
+            return {"offset_mapping": [m.span() for m in re.finditer(r"\S+", text)]}
+
+    cut = Segmenter("tokens:2", Words()).cut("a b c d e", "row 2")
+    assert cut.texts == ["a b", "c d", "e"] and cut.offsets == [[0, 3], [4, 7], [8, 9]]
+    with pytest.raises(ValueError, match="tokenizer"):
+        Segmenter("tokens:2").cut("a b", "row 2")
+    with pytest.raises(ValueError, match="N > 0"):
+        Segmenter("tokens:0")
+
+
+def test_given_steps_keep_their_spans_in_the_joined_text_and_are_recut_by_any_other():
+    steps = ["Add 2 and 3.", "So the sum is 5."]
+    cut = Segmenter("given").cut(steps, "row 3")
+    assert cut.texts == steps and [JOIN.join(steps)[a:b] for a, b in cut.offsets] == steps
+    assert Segmenter("lines").cut(steps, "row 3").texts == steps
+
+
+def test_bad_input_is_one_line_naming_the_row():
+    with pytest.raises(DataError, match=r"^row 4: the trace is empty$"):
+        Segmenter("paragraph").cut("  \n ", "row 4")
+    with pytest.raises(DataError, match=r"^row 5: segmenter 'given' keeps .* one string"):
+        Segmenter("given").cut("one text", "row 5")
+    with pytest.raises(DataError, match="^row 6: field 'steps' is empty"):
+        Segmenter("given").cut([], "row 6")
+    with pytest.raises(DataError, match="zero steps"):
+        Segmenter("ки").cut("ки ки", "row 8")
+    with pytest.raises(ValueError, match="unknown segmenter 'sentences'"):
+        Segmenter("sentences")
+    assert "\n" not in str(pytest.raises(DataError, Segmenter("given").cut, "x", "row 9").value)
+
+
+def test_the_old_split_rules_and_the_search_splitter_cut_as_before():
+    text = "First line.\nSecond line.\n\nThird para."
+    assert split_steps(text, "newline") == ["First line.", "Second line.", "Third para."]
+    assert split_steps(text) == ["First line.\nSecond line.", "Third para."] and split_steps("a ки\n\nb ки") == ["a", "b"]
+    assert split_steps("a\nb") == ["a", "b"] and split_steps(text, "markers") == [text]
+    assert search_split("Step one.\n\nStep two.\n\n \n\n", "\n\n") == ["Step one.", "Step two."]
+    assert search_split("a<s>b", "<s>") == ["a", "b"]
+    with pytest.raises(ValueError, match="must not be empty"):
+        search_split("a", "")
+
+
+def test_a_trace_row_is_cut_and_its_offsets_travel_in_meta(tmp_path):
+    rows = tmp_path / "traces.jsonl"
+    rows.write_text("\n".join(json.dumps(r) for r in (
+        {"question": "How many apples?", "solution": LONG, "id": "a"},
+        {"problem": "2 + 2?", "response": "2 + 2 = 4.\n\nThe answer is 4."},
+    )))
+    first, second = load_trajectories(str(rows), split_rule=Segmenter("markers"))
+    assert first.meta["id"] == "a" and first.meta["segmenter"] == "markers"
+    assert [LONG[a:b] for a, b in first.meta["offsets"]] == first.steps
+    assert second.steps == ["2 + 2 = 4.\n\nThe answer is 4."] and second.question == "2 + 2?"  # under 100 characters
+    assert "no marker" in second.meta["segmenter_fallback"]
+    fallback = load_trajectories(str(rows), split_rule=for_model(None, "given"))[1]
+    assert fallback.steps == ["2 + 2 = 4.", "The answer is 4."] and "given steps" in fallback.meta["segmenter_fallback"]
+    rows.write_text(json.dumps({"question": "q", "solution": "   "}))
+    with pytest.raises(DataError, match=r"row 1: field 'solution': the trace is empty"):
+        load_trajectories(str(rows))
+    assert for_model("markers", "given").name == "markers" and for_model(None, "lines").name == "lines"
+
+
+def test_the_segmenter_a_model_was_trained_with_is_recorded_and_cuts_traces_when_scoring(tmp_path, capsys):
+    from biprm.cli import main
+    from biprm.config import TrainConfig
+    from biprm.training import train
+
+    model = train(TrainConfig(backbone="tiny", data="synthetic:4", mode="bi", max_steps=1, per_device_train_batch_size=4,
+                              gradient_accumulation_steps=1, output_dir=str(tmp_path / "m"), save_steps=10**9, show_progress=False,
+                              segmenter="markers"))
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["segmenter"] == "markers"
+    rows, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    rows.write_text(json.dumps({"question": "How many apples?", "solution": LONG}))
+    main(["score", "--model", model, "--input", str(rows), "--output", str(out)])
+    line = json.loads(out.read_text())
+    assert line["meta"]["segmenter"] == "markers" and len(line["fused"]) == len(line["meta"]["offsets"]) == 4
+    main(["score", "--model", model, "--input", str(rows), "--output", str(out), "--segmenter", "paragraph"])
+    assert json.loads(out.read_text())["meta"]["offsets"] == [[0, LONG.index("\n\n")], [LONG.index("\n\n") + 2, len(LONG)]]
+    with pytest.raises(SystemExit):
+        main(["score", "--model", model, "--input", str(rows), "--output", str(out), "--segmenter", "sentences"])
+    assert "unknown segmenter 'sentences'" in capsys.readouterr().err
