@@ -350,3 +350,31 @@ def test_the_grader_overrules_stored_flags_where_the_gold_is_known(tmp_path, cap
         pool = load_pool(str(pool_file), str(tmp_path), grade_workers=0)
     assert pool.correct.tolist() == [False, True, True, False]
     assert "overrules 2 stored correctness flags" in caplog.text
+
+
+def test_a_file_without_gsm8k_rows_gets_a_cross_fitted_threshold_and_flag_step_row():
+    from biprm.data.trajectory import Trajectory, labels_from_first_error
+    from biprm.evaluation.processbench import evaluate_processbench, format_processbench, question_halves
+    from biprm.scoring.step_scores import StepScores
+
+    # A clean, B wrong at step 1, C clean, D wrong at step 0; every probability is above 0.5, so the fixed 0.5 finds nothing.
+    first = {"A": -1, "B": 1, "C": -1, "D": 0}
+    trajs = [Trajectory(f"question {q}", ["s1", "s2"], labels=labels_from_first_error(e, 2), meta={"subset": "mine"}) for q, e in first.items()]
+    probs = [[0.95, 0.9], [0.95, 0.7], [0.95, 0.85], [0.6, 0.95]]
+    scores = StepScores.from_probs(np.arange(0, 9, 2), np.array(probs).ravel())
+    result = evaluate_processbench(trajs, {"m": scores})
+    tuned = result["modes"]["m"]["tuned"]
+    # folds: {A, B} and {C, D}. Tuned on A, B: F1 100 for any threshold in (0.7, 0.9]; the grid (midpoints of
+    # 0, 0.7, 0.9, 0.95, 1) offers 0.8. On C, D: (0.6, 0.85] offers 0.725. Each predicts the other fold exactly.
+    assert tuned["tuned_on"] == "these rows" and [f["threshold"] for f in tuned["folds"]] == pytest.approx([0.8, 0.725])
+    assert tuned["subsets"]["mine"]["f1"] == 100.0 and result["modes"]["m"]["fixed"]["subsets"]["mine"]["f1"] == 0.0
+    # flag step k: on either fold every k has F1 0 (two steps, one clean row and one wrong one), so k = 0 everywhere;
+    # on all rows it finds D only and passes no clean row: F1 0.
+    rule = result["baselines"]["flag step k when there are more than k steps (k = 0, tuned out of sample)"]
+    assert rule["folds"] == [0, 0] and rule["subsets"]["mine"]["acc_error"] == 50.0 and rule["subsets"]["mine"]["f1"] == 0.0
+    markdown = format_processbench(result)
+    assert "(tuned on these rows, cross-fitted over questions)" in markdown and "flag step k" in markdown
+    # rows of one question share a fold, whatever their order
+    twice = trajs + [Trajectory("question A", ["s1", "s2"], labels=[1.0, 1.0], meta={"subset": "mine"})]
+    halves = question_halves(twice, np.arange(5), np.array([-1, 1, -1, 0, -1]))
+    assert [h.tolist() for h in halves] == [[0, 1, 4], [2, 3]]

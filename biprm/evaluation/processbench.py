@@ -6,10 +6,11 @@ their harmonic mean F1; the headline is the mean F1 over subsets.
 
 Thresholds: 0.5 (the reference code's), and with `tune` one chosen where it is not
 reported. ProcessBench's authors tune on the GSM8K subset and report GSM8K too; here the
-GSM8K rows are split in two alternating halves and each half is predicted with the
+GSM8K rows are split in two halves by question and each half is predicted with the
 threshold tuned on the other (cross-fitting), while the other subsets use the threshold
-tuned on all GSM8K rows. With a dev set (`dev`, e.g. `--tune-data FILE`), its threshold
-is used everywhere instead. The in-sample threshold appears only as an upper bound.
+tuned on all GSM8K rows. Rows with no GSM8K subset among them (a user's own file) are
+cross-fitted within themselves the same way. With a dev set (`dev`, e.g. `--tune-data
+FILE`), its threshold is used everywhere instead. The in-sample threshold appears only as an upper bound.
 Content-free rows stand beside: flag nothing, flag step 0, and "flag step k when there
 are more than k steps" with k chosen on the same tuning rows as the threshold.
 """
@@ -41,11 +42,29 @@ def _n_steps(trajs: list[Trajectory]) -> np.ndarray:
     return np.array([len(t.steps) for t in trajs])
 
 
-def _tuning_rows(trajs: list[Trajectory]) -> np.ndarray:
+IN_FILE = "these rows"  # what a threshold is tuned on when no GSM8K row is present: the rows themselves, cross-fitted
+
+
+def _tuning_rows(trajs: list[Trajectory]) -> tuple[np.ndarray, str]:
+    """(the rows choices are made on, their name): the GSM8K subset where present (ProcessBench's convention), else
+    every row, so that a user's own file gets the same out-of-sample rows as the built-in sets (issue 48)."""
     rows = np.flatnonzero(subsets(trajs) == TUNE_ON)
-    if not len(rows):
-        raise ValueError(f"threshold tuning uses the {TUNE_ON} subset; include it in the subsets or name a dev file (--tune-data)")
-    return rows
+    return (rows, TUNE_ON) if len(rows) else (np.arange(len(trajs)), IN_FILE)
+
+
+def question_halves(trajs: list[Trajectory], rows: np.ndarray, first: np.ndarray) -> list[np.ndarray]:
+    """Two folds over questions: alternating within clean and within erroneous rows (so each fold has both), with
+    every row of a question in the fold of its first row, so no question is predicted by a choice made on it."""
+    fold_of: dict[str, int] = {}
+    fold = np.empty(len(rows), dtype=np.int64)
+    for clean in (True, False):
+        count = 0
+        for i in np.flatnonzero((first[rows] == -1) == clean):
+            question = trajs[rows[i]].question
+            if question not in fold_of:
+                fold_of[question], count = count % 2, count + 1
+            fold[i] = fold_of[question]
+    return [np.sort(rows[fold == f]) for f in (0, 1)]
 
 
 Choice = Callable[[np.ndarray], object]  # tuning rows -> a choice (a threshold, a k)
@@ -53,18 +72,17 @@ Apply = Callable[[object], np.ndarray]  # a choice -> a prediction for every row
 
 
 def cross_fitted(trajs: list[Trajectory], choose: Choice, apply: Apply) -> tuple[np.ndarray, object, list]:
-    """(predictions, the choice made on all GSM8K rows, the choice of each half) where no GSM8K row is predicted
-    with a choice made on it: each half of the GSM8K rows (alternating within clean and within erroneous rows)
-    is predicted with the choice made on the other; every other row with the choice made on all GSM8K rows.
-    GSM8K rows get -2 (not measured) when there are too few to split."""
-    rows, first = _tuning_rows(trajs), first_errors(trajs)
+    """(predictions, the choice made on all tuning rows, the choice of each half) where no tuning row is predicted
+    with a choice made on it: each half of the tuning rows (`_tuning_rows`, split by `question_halves`) is predicted
+    with the choice made on the other; every other row with the choice made on all tuning rows. Tuning rows get
+    -2 (not measured) when there are too few to split."""
+    (rows, _), first = _tuning_rows(trajs), first_errors(trajs)
     choice = choose(rows)
     pred = apply(choice).copy()
-    clean, wrong = rows[first[rows] == -1], rows[first[rows] != -1]
-    if min(len(clean), len(wrong)) < 2:
+    halves = question_halves(trajs, rows, first)
+    if any(len(np.unique(first[h] == -1)) < 2 for h in halves):  # a half without clean or without erroneous rows
         pred[rows] = -2
         return pred, choice, []
-    halves = [np.sort(np.r_[clean[0::2], wrong[0::2]]), np.sort(np.r_[clean[1::2], wrong[1::2]])]
     folds = []
     for tune, other in (halves, halves[::-1]):
         folds.append(choose(tune))
@@ -73,7 +91,7 @@ def cross_fitted(trajs: list[Trajectory], choose: Choice, apply: Apply) -> tuple
 
 
 def flag_step_rule(trajs: list[Trajectory], dev: list[Trajectory] | None = None) -> dict:
-    """"Flag step k when there are more than k steps", k tuned on `dev`, else cross-fitted on GSM8K: a content-free row."""
+    """"Flag step k when there are more than k steps", k tuned on `dev`, else cross-fitted (`cross_fitted`): a content-free row."""
     first, where, n_steps = first_errors(trajs), subsets(trajs), _n_steps(trajs)
     if dev is not None:
         k, _ = tune_flag_step(_n_steps(dev), first_errors(dev))
@@ -91,7 +109,7 @@ def out_of_sample(trajs: list[Trajectory], scores: StepScores, dev: tuple[list[T
         return {"threshold": t, "tuned_on": "dev", **first_error_f1_by_subset(predict(t), first, where)}
     choose = lambda rows: tuned_threshold([trajs[i] for i in rows], scores.select(rows))[0]  # noqa: E731
     pred, t, folds = cross_fitted(trajs, choose, predict)
-    return {"threshold": t, "tuned_on": TUNE_ON, "folds": [{"threshold": f} for f in folds], **_report(pred, first, where)}
+    return {"threshold": t, "tuned_on": _tuning_rows(trajs)[1], "folds": [{"threshold": f} for f in folds], **_report(pred, first, where)}
 
 
 def _report(pred: np.ndarray, first: np.ndarray, where: np.ndarray) -> dict:
@@ -106,21 +124,22 @@ def _report(pred: np.ndarray, first: np.ndarray, where: np.ndarray) -> dict:
 def evaluate_processbench(trajs: list[Trajectory], scores: dict[str, StepScores], threshold: float = 0.5, tune: bool = False,
                           dev: tuple[list[Trajectory], dict[str, StepScores]] | None = None) -> dict:
     """Per mode: "fixed" (at `threshold`) and, with `tune` or `dev`, "tuned" (out of sample) and "in_sample" (an upper bound)."""
-    modes = {}
+    modes, where, first = {}, subsets(trajs), first_errors(trajs)
+    # rows without GSM8K rows (a user's own file) are cross-fitted within themselves, where they hold both kinds of row
+    in_file = dev is None and TUNE_ON not in where and len(np.unique(first == -1)) == 2
     for key, s in scores.items():
         modes[key] = {"fixed": first_error_report(trajs, s, threshold)}
-        if tune or dev is not None:
+        if tune or dev is not None or in_file:
             modes[key]["tuned"] = out_of_sample(trajs, s, None if dev is None else (dev[0], dev[1][key]))
             if len(np.unique(judged_rows(trajs, s)[1] == -1)) == 2:  # tuning needs clean and erroneous rows
                 t, f1 = tuned_threshold(trajs, s)
                 modes[key]["in_sample"] = {"threshold": t, "tuning_f1": f1, **first_error_report(trajs, s, t)}
-    names = list(dict.fromkeys(subsets(trajs)))
-    first, where = first_errors(trajs), subsets(trajs)
+    names = list(dict.fromkeys(where))
     baselines = {  # what a verifier must beat: flag nothing, or flag every solution at its first step
         "always -1 (no error)": first_error_f1_by_subset(np.full(len(trajs), -1), first, where),
         "always step 0": first_error_f1_by_subset(np.zeros(len(trajs), dtype=np.int64), first, where),
     }
-    if dev is not None or TUNE_ON in where:
+    if dev is not None or TUNE_ON in where or in_file:
         rule = flag_step_rule(trajs, None if dev is None else dev[0])
         baselines[f"flag step k when there are more than k steps (k = {rule['k']}, tuned out of sample)"] = rule
     return {"threshold": threshold, "subsets": names, "rows": {n: int((where == n).sum()) for n in names}, "modes": modes, "baselines": baselines}
@@ -132,7 +151,7 @@ def format_processbench(result: dict) -> str:
     heads = [TITLES.get(n, n) for n in names]
     f1_row = lambda r: [fmt(r["subsets"][n]["f1"]) for n in names] + [fmt(r["average_f1"])]  # noqa: E731
     rows = [[f"{key} @ {result['threshold']:g}", *f1_row(m["fixed"])] for key, m in modes.items()]
-    source = lambda m: "a dev set" if m["tuned"]["tuned_on"] == "dev" else "GSM8K, cross-fitted"  # noqa: E731
+    source = lambda m: {"dev": "a dev set", TUNE_ON: "GSM8K, cross-fitted"}.get(m["tuned"]["tuned_on"], "these rows, cross-fitted over questions")  # noqa: E731
     rows += [[f"{key} @ {m['tuned']['threshold']:.3f} (tuned on {source(m)})", *f1_row(m["tuned"])] for key, m in modes.items() if "tuned" in m]
     rows += [[f"{key} @ {m['in_sample']['threshold']:.3f} (in sample: an upper bound, not a result)", *f1_row(m["in_sample"])]
              for key, m in modes.items() if "in_sample" in m]
