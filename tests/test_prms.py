@@ -160,3 +160,21 @@ def test_a_search_scores_paths_incrementally_as_the_reference_does(replicas):
         for (q, _), path, score in zip(PROBLEMS, paths, got):
             np.testing.assert_allclose(sigmoid(score.fused), REFERENCES["qwen-prm"](folder, q, path), atol=1e-5)
     assert prefix.tokens["l2r"] < scratch.tokens["l2r"]  # the earlier steps came from the cache
+
+
+def test_search_library_adapters_take_any_kind(replicas):
+    """search-and-learn's PRM.score and its_hub's AbstractProcessRewardModel over a math-shepherd replica: the card's scores."""
+    from biprm.integrations.search_and_learn import SearchAndLearnPRM
+    from biprm.search.prefix import PrefixScorer
+
+    folder = replicas["math-shepherd"]
+    prm = SearchAndLearnPRM(PrefixScorer.from_pretrained(str(folder), device="cpu"))
+    got = prm.score([q for q, _ in PROBLEMS], [["\n\n".join(steps)] for _, steps in PROBLEMS])
+    for (q, steps), per_question in zip(PROBLEMS, got):
+        np.testing.assert_allclose(per_question[0], REFERENCES["math-shepherd"](folder, q, steps), atol=1e-5)
+    pytest.importorskip("its_hub")
+    from biprm.integrations.its_hub import BiPRMProcessRewardModel
+
+    hub = BiPRMProcessRewardModel(PrefixScorer.from_pretrained(str(folder), device="cpu"), aggregation="min")
+    q, steps = PROBLEMS[0]
+    assert hub.score(q, "\n\n".join(steps)) == pytest.approx(min(REFERENCES["math-shepherd"](folder, q, steps)), abs=1e-5)
