@@ -40,6 +40,7 @@ MAX_LENGTH = 4096  # tokens per stream when scoring (score, eval, serve) unless 
 # attention kernels that take biprm's per-stream mask; flash-attention 2 takes none (docs/PERFORMANCE.md)
 ATTENTION = ("sdpa", "eager")
 Attention = Literal[ATTENTION]
+Overlength = Literal["head", "refuse", "tail", "window"]  # biprm.data.encoding.OVERLENGTH
 
 
 def default_data_root() -> str:
@@ -153,7 +154,10 @@ class ScorerSettings:
     """How a checkpoint is run when scoring (`Scorer.from_settings`): score, eval and serve take these flags."""
 
     device: str | None = arg(None, "cuda, cuda:1, cpu (default: cuda if present)")
-    max_length: int = arg(MAX_LENGTH, "tokens per stream; trailing steps past it are not scored")
+    max_length: int = arg(MAX_LENGTH, "tokens per stream; what a longer trajectory gets is --overlength's")
+    overlength: Overlength = arg("head", "past --max-length: head keeps the question and the first steps that fit, tail the "
+                                         "last ones (the steps dropped are counted: n_dropped), refuse stops naming the row "
+                                         "and its length, window scores every step in overlapping windows (docs/LONG_TRACES.md)")
     tokens_per_batch: int | None = arg(None, "tokens per backbone batch (default: sized to the device, see docs/PERFORMANCE.md)")
     tokens_per_call: int | None = arg(None, "with the prompt cache: continuation tokens per backbone call (default: sized to the device)")
     tokens_per_row: int = arg(TOKENS_PER_ROW, "packed row length; 0 gives every question its own row")

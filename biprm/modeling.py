@@ -178,9 +178,18 @@ class BiPRMModel(PreTrainedModel):
         labels: torch.Tensor | None = None,
     ) -> BiPRMOutput:
         """The packed layout of `pack`: both streams of every trajectory in one backbone call (what the Trainer calls)."""
+        tags = self.tag_states(input_ids, position_ids, unit_ids, stream_ids, l2r_index, r2l_index)
+        return self._heads_on(tags, l2r_index, r2l_index, step_offsets, labels)
+
+    def tag_states(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, unit_ids: torch.Tensor, stream_ids: torch.Tensor,
+        l2r_index: torch.Tensor | None = None, r2l_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The body's hidden states at the step tags of `pack`'s layout: the L2R tags, then the R2L ones, each in forward
+        step order. Apart from `forward`, a scorer that reads a long trajectory's streams in different windows calls it."""
         mask = self._for_backend(attention_mask(unit_ids, stream_ids))
         hidden = self.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
-        return self._at_tags(hidden, l2r_index, r2l_index, step_offsets, labels)
+        return hidden.reshape(-1, hidden.shape[-1])[torch.cat([i for i in (l2r_index, r2l_index) if i is not None])]
 
     def score_with_prefix(
         self,
@@ -430,9 +439,9 @@ def prm_config(path: str, kind: str | None, tokenizer: PreTrainedTokenizerBase, 
                        **special, **config_kwargs)
 
 
-def encoder_for(config: BiPRMConfig, tokenizer: PreTrainedTokenizerBase, max_length: int) -> Encoder:
+def encoder_for(config: BiPRMConfig, tokenizer: PreTrainedTokenizerBase, max_length: int, overlength: str = "head") -> Encoder:
     """The encoder of a model's own template and tag (biprm's, or the PRM kind's it was made from)."""
-    return Encoder(tokenizer, config.step_tag_id, max_length, TEMPLATES[config.prm_kind])
+    return Encoder(tokenizer, config.step_tag_id, max_length, TEMPLATES[config.prm_kind], overlength)
 
 
 @contextmanager

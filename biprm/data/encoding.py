@@ -32,12 +32,17 @@ def tag_ends(step_lengths: Sequence[int], stream: str, start: int = 0) -> np.nda
     return stream_order(start + np.cumsum(stream_order(step_lengths, stream)) - 1, stream)
 
 
+OVERLENGTH = ("head", "refuse", "tail", "window")  # what a trajectory past max_length gets (`Encoder`)
+
+
 @dataclass
 class Encoded:
     prompt: list[int]
     steps: list[list[int]]  # every step ends with the step-tag id
     labels: list[float] | None
-    n_dropped: int = 0  # trailing steps cut to fit max_length
+    n_dropped: int = 0  # steps cut to fit max_length: trailing ones, or leading ones where `first` > 0
+    first: int = 0  # the trajectory's index of steps[0]: > 0 where leading steps were dropped ("tail")
+    windowed: bool = False  # past max_length, every step kept: scored in overlapping windows ("window")
 
     @property
     def n_tokens(self) -> int:
@@ -75,15 +80,51 @@ def add_step_tag(tokenizer: PreTrainedTokenizerBase, tag: str = STEP_TAG) -> int
     return ids[0]
 
 
+def step_windows(lengths: Sequence[int], budget: int, overlap: float = 0.5) -> list[tuple[int, int]]:
+    """[a, b) runs of steps, each within `budget` tokens, that cover every step in order: each run holds as many steps
+    as fit from its start, and the next starts where about `overlap` of the budget of steps before the last run's end
+    is kept as context. Read left to right, a step has the most context in the first run that holds it (`first_runs`).
+    Every step must fit the budget alone."""
+    windows, a, T = [], 0, len(lengths)
+    while True:
+        b, used = a, 0
+        while b < T and used + lengths[b] <= budget:
+            used, b = used + lengths[b], b + 1
+        windows.append((a, b))
+        if b == T:
+            return windows
+        nxt, kept = b, 0  # back from b while the context kept fits `overlap` and step b still fits with it
+        while nxt - 1 > a and kept + lengths[nxt - 1] <= overlap * budget and kept + lengths[nxt - 1] + lengths[b] <= budget:
+            nxt, kept = nxt - 1, kept + lengths[nxt - 1]
+        a = nxt
+
+
+def first_runs(windows: list[tuple[int, int]], n_steps: int) -> list[tuple[int, int]]:
+    """(run, position in it) of each step in the first run that holds it."""
+    out, j = [], 0
+    for t in range(n_steps):
+        while not windows[j][0] <= t < windows[j][1]:
+            j += 1
+        out.append((j, t - windows[j][0]))
+    return out
+
+
 class Encoder:
-    """Tokenises trajectories with a PRM kind's template (biprm's own by default); `max_length` bounds one stream."""
+    """Tokenises trajectories with a PRM kind's template (biprm's own by default); `max_length` bounds one stream.
+
+    A trajectory past it gets what `overlength` declares: "head" keeps the question and the first steps that fit,
+    "tail" the question and the last ones, "refuse" is an error naming the row and its length, and "window" keeps
+    every step (the scorer reads it in overlapping windows, `step_windows`). A dropped step is counted (`n_dropped`)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, step_tag_id: int, max_length: int = 2048,
-                 template: Template = TEMPLATES["biprm"]):
+                 template: Template = TEMPLATES["biprm"], overlength: str = "head"):
+        if overlength not in OVERLENGTH:
+            raise ValueError(f"overlength {overlength!r}: choose one of {', '.join(OVERLENGTH)}")
         self.tokenizer = tokenizer
         self.step_tag_id = step_tag_id
         self.max_length = max_length
         self.template = template
+        self.overlength = overlength
         self.prefix = _prefix(tokenizer, template.bos)
         self.tag_ids = tokenizer.encode(template.tag, add_special_tokens=False)
         if not template.joint and (not self.tag_ids or self.tag_ids[-1] != step_tag_id):  # a joint kind checks it in context
@@ -101,19 +142,30 @@ class Encoder:
             bare = [text[: len(text) - len(self.template.tag)] for text in texts]
             steps = [ids + self.tag_ids for ids in self.tokenizer(bare, add_special_tokens=False)["input_ids"]]
         self._check_tags(prompt, steps, where)
-        budget = self.max_length - len(prompt)
-        keep = 0
-        for step in steps:  # drop whole trailing steps, identically for both streams
-            if len(step) > budget:
-                break
-            budget -= len(step)
-            keep += 1
+        return self._fit(prompt, steps, traj.labels, where)
+
+    def _fit(self, prompt: list[int], steps: list[list[int]], labels: list[float] | None, where: str) -> Encoded:
+        """The encoding under `overlength`: whole steps are dropped, identically for both streams, or none."""
+        budget, total = self.max_length - len(prompt), len(prompt) + sum(map(len, steps))
+        if total <= self.max_length:
+            return Encoded(prompt, steps, labels)
+        if self.overlength == "refuse":
+            raise DataError(f"{where}: {total} tokens, past max_length={self.max_length} (overlength policy: refuse)")
+        if self.overlength != "head":
+            longest = max(range(len(steps)), key=lambda t: len(steps[t]))
+            if len(steps[longest]) > budget:
+                raise DataError(f"{where}: step {longest} alone needs {len(steps[longest])} tokens, past the "
+                                f"{budget} that max_length={self.max_length} leaves after the prompt")
+            if self.overlength == "window":
+                return Encoded(prompt, steps, labels, windowed=True)
+        order = steps if self.overlength == "head" else steps[::-1]
+        fit = np.cumsum([len(s) for s in order]) <= budget
+        keep = int(fit.argmin()) if not fit.all() else len(steps)
         if keep == 0:
-            raise DataError(
-                f"{where}: prompt and first step need more than max_length={self.max_length} tokens"
-            )
-        labels = None if traj.labels is None else traj.labels[:keep]
-        return Encoded(prompt, steps[:keep], labels, n_dropped=len(steps) - keep)
+            raise DataError(f"{where}: prompt and first step need more than max_length={self.max_length} tokens")
+        first = 0 if self.overlength == "head" else len(steps) - keep
+        kept = None if labels is None else labels[first : first + keep]
+        return Encoded(prompt, steps[first : first + keep], kept, n_dropped=len(steps) - keep, first=first)
 
     def _joint(self, prompt_text: str, texts: list[str], where: str) -> tuple[list[int], list[list[int]]]:
         """The whole text tokenised at once, as the kind's reference code does, then cut into the prompt and the steps:

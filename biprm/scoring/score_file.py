@@ -71,7 +71,7 @@ def score_file(
     if scratch is not None and state.is_main_process:  # what decides which rows each part holds, and how they are scored
         run = {"model": str(Path(model).resolve()), "model_files": _stamp(Path(model)), "input": source, "input_file": _stamp(Path(source)),
                "rows": len(trajs), "processes": world, "format": fmt, "skip_invalid": skip_invalid, "max_length": settings.max_length,
-               "segmenter": split.name}
+               "overlength": settings.overlength, "segmenter": split.name}
         _check_run(scratch, run, resume)
     state.wait_for_everyone()
 
@@ -99,7 +99,7 @@ def score_file(
     try:
         for a in tqdm(range(done, len(mine), chunk), desc=f"scoring ({scorer.mode})", unit="chunk", disable=not state.is_main_process):
             scores = scorer.score(encs[a : a + chunk], progress=False)
-            sink.writelines(json.dumps(row) + "\n" for row in score_rows(mine[a : a + chunk], scores))
+            sink.writelines(json.dumps(row) + "\n" for row in score_rows(mine[a : a + chunk], scores, encs=encs[a : a + chunk]))
             sink.flush()
             if not to_stdout:
                 os.fsync(sink.fileno())

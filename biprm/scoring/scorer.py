@@ -30,11 +30,11 @@ from tqdm.auto import tqdm
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_layout
 from biprm.config import MAX_LENGTH, MODE_TABLE, TOKENS_PER_ROW, ScorerSettings
-from biprm.data.encoding import Encoded
+from biprm.data.encoding import Encoded, first_runs, step_windows, stream_order
 from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.modeling import BiPRMModel, BiPRMOutput, encoder_for
 from biprm.packing import check_tags, pack, pack_cached, token_runs
-from biprm.scoring.step_scores import StepScores, offsets_of, step_positions
+from biprm.scoring.step_scores import StepScores, concat, offsets_of, step_positions
 
 log = logging.getLogger(__name__)
 CACHE_FROM = 4  # candidates per question from which the prompt cache wins (benchmarks/, scaling plot)
@@ -91,11 +91,13 @@ class Scorer:
         share_prefix: bool = True,
         prefix_cache: bool | None = None,
         tokens_per_call: int | None = None,
+        overlength: str = "head",
     ):
-        """`tokens_per_batch` and `tokens_per_call` default to the budgets of the model's device (`device_budgets`)."""
+        """`tokens_per_batch` and `tokens_per_call` default to the budgets of the model's device (`device_budgets`);
+        `overlength` is what a trajectory past `max_length` gets (biprm.data.encoding.Encoder)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.encoder = encoder_for(model.config, tokenizer, max_length)
+        self.encoder = encoder_for(model.config, tokenizer, max_length, overlength)
         self.budgets = device_budgets(model)
         self.tokens_per_batch = tokens_per_batch
         self.tokens_per_row = tokens_per_row
@@ -123,6 +125,7 @@ class Scorer:
             path, device=device or settings.device, max_length=settings.max_length, attn_implementation=settings.attn_implementation,
             prm_kind=settings.prm_kind, prm_mode=prm_mode,
             tokens_per_batch=settings.tokens_per_batch, tokens_per_call=settings.tokens_per_call, tokens_per_row=settings.tokens_per_row or None,
+            overlength=settings.overlength,
         )
 
     @property
@@ -151,7 +154,7 @@ class Scorer:
 
     @property
     def max_length(self) -> int:
-        """Tokens per stream; trailing steps past it are not scored."""
+        """Tokens per stream; what a longer trajectory gets is the encoder's `overlength` policy."""
         return self.encoder.max_length
 
     def encode(self, trajs: list[Trajectory], names: list[str] | None = None,
@@ -174,24 +177,63 @@ class Scorer:
                 continue
             seen[key] = enc
             encs.append(enc)
-            if enc.n_dropped:
+            if enc.n_dropped or enc.windowed:
                 cut.append(where)
         if cut:
-            log.warning("%d of %d trajectories exceed max_length=%d: their trailing steps are not scored (%s%s)",
-                        len(cut), len(encs), self.max_length, ", ".join(cut[:5]), " ..." if len(cut) > 5 else "")
+            what = {"head": "their trailing steps are not scored", "tail": "their leading steps are not scored",
+                    "window": "every step is scored in overlapping windows"}[self.encoder.overlength]
+            log.warning("%d of %d trajectories exceed max_length=%d: %s (%s%s)",
+                        len(cut), len(encs), self.max_length, what, ", ".join(cut[:5]), " ..." if len(cut) > 5 else "")
         return encs, problems
 
     def score(self, encs: list[Encoded], progress: bool = True) -> StepScores:
         """Scores of `encode`'s encodings, in their order; an encoding given twice (the same object) is scored once.
-        A trajectory cut at `max_length` gets scores for the steps that fit only."""
+        A trajectory cut at `max_length` gets scores for the steps it kept only; a windowed one for every step."""
         first: dict[int, int] = {}
         which = np.array([first.setdefault(id(e), i) for i, e in enumerate(encs)], dtype=np.int64)
         distinct = np.unique(which)
         unique = [encs[i] for i in distinct]
+        windowed = np.array([e.windowed for e in unique], dtype=bool)
+        plain = [e for e in unique if not e.windowed]
         cached = self.prefix_cache
         if cached is None:
-            cached = len(unique) >= CACHE_FROM * len({tuple(e.prompt) for e in unique})
-        return self._score(unique, cached, progress).select(np.searchsorted(distinct, which))
+            cached = len(plain) >= CACHE_FROM * len({tuple(e.prompt) for e in plain})
+        scores = self._score(plain, cached, progress)
+        if windowed.any():
+            scores = concat([scores, self._windows([e for e in unique if e.windowed])])
+            scores = scores.select(np.argsort(np.concatenate([np.flatnonzero(~windowed), np.flatnonzero(windowed)]), kind="stable"))
+        return scores.select(np.searchsorted(distinct, which))
+
+    @torch.inference_mode()
+    def _windows(self, encs: list[Encoded]) -> StepScores:
+        """Trajectories past max_length under the "window" policy. Each stream reads each step in the window where it has
+        the most context: L2R in the first window (`step_windows`) that holds it, with the steps before it; R2L the same
+        on the reversed steps, with the steps after it. The heads then fuse a step's two hidden states as in one pass."""
+        states = {}
+        for stream in self.model.streams:
+            items, where, base = [], [], 0
+            for enc in encs:
+                T = len(enc.steps)
+                runs = step_windows(stream_order([len(s) for s in enc.steps], stream), self.max_length - len(enc.prompt))
+                sizes = np.array([b - a for a, b in runs])
+                starts = base + np.cumsum(sizes) - sizes
+                at = [starts[j] + (u if stream == "l2r" else sizes[j] - 1 - u) for j, u in first_runs(runs, T)]
+                where += stream_order(at, stream)  # forward step order
+                items += [Encoded(enc.prompt, enc.steps[a:b] if stream == "l2r" else enc.steps[T - b : T - a], None) for a, b in runs]
+                base += int(sizes.sum())
+            cost = [e.n_tokens for e in items]
+            found = []
+            for a, b in token_runs(cost, self.tokens_per_batch or self.budgets.one_pass):
+                batch = pack(items[a:b], stream, share_prefix=False, pad_id=self.tokenizer.pad_token_id)
+                check_tags(batch, self.model.config.step_tag_id, self.encoder.template.unique_tag)
+                keys = ("input_ids", "position_ids", "unit_ids", "stream_ids", f"{stream}_index")
+                found.append(self.model.tag_states(**to_device({k: batch[k] for k in keys}, self.model.device)))
+            states[stream] = torch.cat(found)[torch.tensor(where, device=self.model.device)]
+        offsets = offsets_of([len(e.steps) for e in encs])
+        out = self.model.heads(states.get("l2r"), states.get("r2l"), torch.from_numpy(offsets))
+        host = lambda x: None if x is None else x.double().cpu().numpy()  # noqa: E731
+        spec = MODE_TABLE[self.mode]
+        return StepScores(offsets, host(out.fused), host(out.l2r), host(out.r2l), host(out.sigma) if spec.fusion else None)
 
     @torch.inference_mode()
     def _score(self, encs: list[Encoded], cached: bool, progress: bool) -> StepScores:

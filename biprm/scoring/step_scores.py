@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from biprm.data.encoding import Encoded
 from biprm.data.trajectory import Trajectory
 from biprm.data.writer import atomic_write
 from biprm.scoring.aggregate import AGGREGATIONS, aggregate, logit, sigmoid
@@ -86,12 +87,14 @@ def concat(parts: list[StepScores]) -> StepScores:
     return StepScores(offsets_of(np.concatenate([np.diff(p.offsets) for p in parts])), join("fused"), join("l2r"), join("r2l"), join("sigma"))
 
 
-def score_rows(trajs: list[Trajectory], scores: StepScores, digits: int | None = 6) -> Iterator[dict]:
+def score_rows(trajs: list[Trajectory], scores: StepScores, digits: int | None = 6, encs: list[Encoded] | None = None) -> Iterator[dict]:
     """One dict per trajectory, the same keys whatever the mode: a stream the model lacks is null.
 
     The input travels with its scores (question, steps, labels, answer, correct, meta with
     any extra input fields), so the output joins back by content, not by line order.
-    `steps_scored` < len(steps) when steps past max_length were not scored. Step scores
+    `steps_scored` < len(steps) when steps past max_length were not scored; given the encodings (`encs`), each row
+    also says what its length cost: `n_dropped` steps, the index of the first scored step `first_scored` (> 0 where
+    leading steps were dropped), and whether it was `windowed`. Step scores
     are probabilities rounded to `digits` (None: kept whole); `solution` holds each
     aggregation's probability and `solution_logit` its logit, which ranks candidates whose
     probabilities round to the same float (Best-of-N from this file should sort by it).
@@ -105,6 +108,8 @@ def score_rows(trajs: list[Trajectory], scores: StepScores, digits: int | None =
         row["solution"] = {how: float(solution[how][i]) for how in AGGREGATIONS}
         row["solution_logit"] = {how: float(logits[how][i]) for how in AGGREGATIONS}
         row["steps_scored"] = int(scores.offsets[i + 1] - scores.offsets[i])
+        if encs is not None:
+            row |= {"n_dropped": encs[i].n_dropped, "first_scored": encs[i].first, "windowed": encs[i].windowed}
         yield row
 
 
