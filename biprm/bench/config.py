@@ -78,19 +78,22 @@ class DataBenchConfig:
 @dataclass
 class CheckConfig:
     train_config: str = arg("configs/train-paper-qwen2.5-math-1.5b.yaml", "the training config a job would run ('' for none): "
-                                                                         "its launcher settings, precision and DeepSpeed config are what is checked")
+                                                                         "its launcher settings, precision and DeepSpeed config are what is checked; "
+                                                                         "a shipped configs/ file is found from any directory")
     backbone: str = arg("Qwen/Qwen2.5-Math-1.5B", "the body to train (a Hub name, a folder, or a built-in: tiny, smollm2-135m)")
     data: str = arg("trl-lib/math_shepherd", "training rows: a file (its first --rows are used), a Hub name, or synthetic:N")
     rows: int = arg(64, "trajectories of a data file to train and score on")
-    processes: int = arg(1, "training processes, launched with torchrun (one per GPU)")
+    processes: int | None = arg(None, "training processes, launched with torchrun (one per GPU); default 1, and 2 with --smoke")
     latency_solutions: int = arg(16, "solutions scored one at a time per mode for the latency ratio")
-    resume_tolerance: float = arg(1e-3, "largest weight difference between the resumed and the uninterrupted run that passes")
     out: str = arg("check", "where check.{json,md} and the logs go")
-    smoke: bool = arg(False, "every item on the tiny backbone and the synthetic task on the CPU, in about a minute (what the tests run)")
+    smoke: bool = arg(False, "every item on the tiny backbone and the synthetic task on the CPU in 2 processes, in a minute or two "
+                             "(what the tests run)")
 
     def __post_init__(self) -> None:
         if self.smoke:  # the same items on what any machine has, unless a body or data is named
             defaults = {f.name: f.default for f in fields(self)}
-            self.train_config, self.processes = "", 1
+            self.train_config = ""
             self.backbone = "tiny" if self.backbone == defaults["backbone"] else self.backbone
             self.data = f"synthetic:{self.rows}" if self.data == defaults["data"] else self.data
+        if self.processes is None:
+            self.processes = 2 if self.smoke else 1
