@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from biprm.config import LORA_TARGETS
-from biprm.modeling import BiPRMModel
+from biprm.modeling import BiPRMModel, head_masters
 
 
 def with_lora(model: BiPRMModel, r: int, alpha: float, dropout: float = 0.0, targets: tuple[str, ...] = LORA_TARGETS):
@@ -32,10 +34,18 @@ def with_lora(model: BiPRMModel, r: int, alpha: float, dropout: float = 0.0, tar
     return peft_model
 
 
-def save_merged(peft_model, tokenizer, out: str | Path) -> None:
-    """The adapter in out/adapter, and the merged full model (what scoring loads) in out."""
+def lora_head_masters(peft_model) -> dict[str, torch.Tensor]:
+    """The heads' fp32 master weights from a DeepSpeed optimizer, by the merged model's names. PEFT trains the heads as
+    `modules_to_save` copies (`value_head.modules_to_save.default.weight`), and DeepSpeed's bf16 mode keeps bf16 copies
+    of those in the module: a merged save from them rounds the heads. Every rank must call this (ZeRO gathers them)."""
+    return {name.replace(".modules_to_save.default", ""): master for name, master in head_masters(peft_model.get_base_model()).items()}
+
+
+def save_merged(peft_model, tokenizer, out: str | Path, heads: dict[str, torch.Tensor] | None = None) -> None:
+    """The adapter in out/adapter, and the merged full model (what scoring loads) in out, its heads taken from `heads`
+    (`lora_head_masters`) where given."""
     out = Path(out)
     peft_model.save_pretrained(out / "adapter")
     merged = peft_model.merge_and_unload()
-    merged.save_pretrained(out)
+    merged.save_pretrained(out, state_dict={**merged.state_dict(), **(heads or {})})
     tokenizer.save_pretrained(out)

@@ -33,7 +33,7 @@ from biprm.checkpoint import share, stamp, write_model_card
 from biprm.data.arrow import encoded_dataset, streamed_dataset, to_encoded
 from biprm.run_folder import RECORD, finished, plan, publish, run_record, same_data, start, undone_if_nothing_trained
 from biprm.data.encoding import Encoded, Encoder
-from biprm.lora import save_merged, with_lora
+from biprm.lora import lora_head_masters, save_merged, with_lora
 from biprm.data.readers import check_source
 from biprm.modeling import BiPRMModel, encoder_for, from_backbone, from_prm, head_masters
 from biprm.prms import detect
@@ -247,8 +247,9 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
     return TrainingArguments(**ours | cfg.training_args)
 
 
-def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0) -> None:
-    """Refuse, before anything loads, a DeepSpeed config that would lose an option or the final weights."""
+def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0, bf16: bool = False) -> None:
+    """Refuse, before anything loads, a DeepSpeed config that would lose an option or the final weights; warn of one
+    that accumulates bf16 gradients in bf16."""
     try:
         ds = json.loads(Path(path).read_text())
     except (OSError, ValueError) as error:
@@ -259,6 +260,9 @@ def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0) -> 
             f"--deepspeed {path} defines its own {' and '.join(own)}, so --gate-lr-scale {gate_lr_scale} would be ignored; "
             "remove those blocks (the Trainer then builds AdamW and the linear schedule with the gate's group) or drop --gate-lr-scale"
         )
+    if bf16 and ds.get("data_types", {}).get("grad_accum_dtype") not in ("fp32", "float32", "float", "torch.float32"):
+        log.warning("--deepspeed %s: without \"data_types\": {\"grad_accum_dtype\": \"fp32\"} DeepSpeed sums the micro-batches' "
+                    "gradients in bf16 (configs/ds_zero*.json set it)", path)
     zero = ds.get("zero_optimization", {})
     if lora_r and zero.get("stage") == 3:
         raise ValueError(f"--deepspeed {path}: --lora-r with ZeRO-3 is not supported (the merged save needs the full weights "
@@ -321,7 +325,7 @@ def check_before_loading(cfg: TrainConfig, encoded: list[Encoded] | None) -> str
     if cfg.init_from:
         detect(cfg.init_from, cfg.prm_kind)
     if cfg.deepspeed:
-        check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r)
+        check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r, cfg.bf16)
     engine = backend(cfg)
     if engine != "plain" and cpu_only():
         raise ValueError(f"{engine} needs a GPU: accelerate starts it only on accelerator devices (on a CPU, DeepSpeed fails to start "
@@ -389,9 +393,10 @@ def save_final(cfg: TrainConfig, trainer: BiPRMTrainer, model: BiPRMModel, token
     """The final model with its record, log and card, written to a scratch folder and moved into the output folder whole."""
     stamp(model.config)
     scratch = Path(cfg.output_dir, ".final")  # the final save lands here first, then moves in (run_folder.publish)
-    if cfg.lora_r:
+    if cfg.lora_r:  # under DeepSpeed the heads come from the fp32 masters, gathered on every rank before rank 0 writes
+        heads = lora_head_masters(trainer.model) if trainer.is_deepspeed_enabled else {}
         if trainer.is_world_process_zero():
-            save_merged(trainer.model, tokenizer, scratch)
+            save_merged(trainer.model, tokenizer, scratch, heads)
     else:
         trainer.save_model(str(scratch))
     if trainer.is_world_process_zero():

@@ -79,6 +79,7 @@ def test_zero3_in_bf16_trains_the_model_biprm_train_builds():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(result["losses"]) == 2 and all(x == x and abs(x) < 1e3 for x in result["losses"])
     assert result["fused_dtype"] == "torch.float32"  # the heads compute in fp32 whatever the engine stores
+    assert result["grad_accum_dtype"] == "torch.float32"  # the shipped config's data_types; DeepSpeed's default is bf16
     # what a save writes for the heads: the optimizer's fp32 masters, of which the module holds bf16 roundings
     assert result["heads"] == ["gate.0.bias", "gate.0.weight", "gate.2.bias", "gate.2.weight", "value_head.bias", "value_head.weight"]
     assert result["master_dtypes"] == ["torch.float32"]
@@ -103,3 +104,18 @@ def test_a_deepspeed_save_writes_the_heads_gathered_fp32_masters(tmp_path):
     saved = load_file(str(tmp_path / "saved" / "model.safetensors"))
     torch.testing.assert_close(saved["value_head.weight"], master, rtol=0, atol=0)
     assert saved["gate.0.weight"].dtype == torch.float32  # the other heads: the bf16 copy, saved in fp32 as before
+
+
+def test_lora_under_zero2_saves_the_heads_from_their_fp32_masters(tmp_path):
+    """PEFT renames the heads (`modules_to_save`), so `head_masters` found none, and the merged save on rank 0 wrote the
+    module's bf16 copies. `lora_head_masters` gathers the masters by the merged names; the save writes them."""
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("peft")
+    done = launch(["torch.distributed.run", "--standalone", "--nproc_per_node", "1", str(Path(__file__).parent / "lora_zero2_step.py"),
+                   str(tmp_path / "saved")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["optimizer_steps"] == 2 and result["grad_accum_dtype"] == "torch.float32"  # configs/ds_zero2.json
+    assert result["heads"] == ["gate.0.bias", "gate.0.weight", "gate.2.bias", "gate.2.weight", "value_head.bias", "value_head.weight"]
+    assert result["saved_dtypes"] == ["torch.float32"] and result["saved_are_the_masters"]
+    assert result["masters_round_to_the_copies"] and result["masters_finer_than_bf16"]  # the copies would have lost digits

@@ -336,6 +336,42 @@ def test_shipped_deepspeed_configs_pass_the_checks():
 
     for name in ("ds_zero2.json", "ds_zero3.json"):
         check_deepspeed_config(str(ROOT / "configs" / name), gate_lr_scale=0.1)
+        # DeepSpeed's default accumulates the micro-batches' gradients in the model's dtype: bf16 under --bf16
+        assert json.loads((ROOT / "configs" / name).read_text())["data_types"] == {"grad_accum_dtype": "fp32"}
+
+
+def test_a_deepspeed_config_that_sums_bf16_gradients_in_bf16_is_warned_about(tmp_path, caplog):
+    from biprm.training import check_deepspeed_config
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}}))
+    with caplog.at_level("WARNING", logger="biprm.training"):
+        check_deepspeed_config(str(path), 1.0, bf16=False)
+        assert not caplog.records
+        check_deepspeed_config(str(path), 1.0, bf16=True)
+    assert "sums the micro-batches' gradients in bf16" in caplog.text
+
+
+@pytest.mark.parametrize("config, env, facts", [
+    ("ds_zero3.json", {}, {"backend": "deepspeed", "zero_stage": 3, "scheduler_in_config": False}),
+    ({"zero_optimization": {"stage": 2}, "scheduler": {"type": "WarmupLR"}}, {}, {"backend": "deepspeed", "zero_stage": 2, "scheduler_in_config": True}),
+    (None, {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"},  # accelerate launch with a DeepSpeed plugin
+     {"backend": "deepspeed", "zero_stage": 1, "scheduler_in_config": False}),
+])
+def test_the_run_record_says_what_a_deepspeed_checkpoint_holds(tmp_path, monkeypatch, config, env, facts):
+    from biprm.training import backend, engine_facts
+
+    monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    path = None
+    if isinstance(config, str):
+        path = str(ROOT / "configs" / config)
+    elif config:
+        path = str(tmp_path / "ds.json")
+        Path(path).write_text(json.dumps(config))
+    cfg = tiny_config(tmp_path / "run", deepspeed=path)
+    assert engine_facts(cfg, backend(cfg)) == facts
 
 
 @pytest.mark.parametrize("flags, launched_with, name", [

@@ -1,6 +1,6 @@
 """Two optimizer steps of a BiPRM under DeepSpeed ZeRO-3 in bf16 on the CPU (gloo, one process), built the way
 `biprm train` builds it there: with transformers' DeepSpeed config active, so the body loads partitioned under
-zero.Init in the engine's dtype. Prints the losses, the heads' output dtype, and how their fp32 masters (what a save
+zero.Init in the engine's dtype. Prints the losses, the heads' output dtype, the dtype the engine accumulates gradients in, and how their fp32 masters (what a save
 writes) relate to the module's bf16 copies; run by tests/test_distributed.py."""
 import json
 from pathlib import Path
@@ -41,6 +41,7 @@ heads = [p for n, p in engine.module.named_parameters() if n in masters]
 with deepspeed.zero.GatheredParameters(heads):  # the module's bf16 copies, whole
     copies = {n: p.detach().float().clone() for n, p in engine.module.named_parameters() if n in masters}
 print(json.dumps({"losses": losses, "fused_dtype": str(out.fused.dtype), "heads": sorted(masters),
+                  "grad_accum_dtype": str(engine.get_data_types()[1]),
                   "master_dtypes": sorted({str(m.dtype) for m in masters.values()}),
                   "masters_round_to_the_copies": all(torch.equal(masters[n].bfloat16().float(), copies[n]) for n in masters),
                   "masters_finer_than_bf16": any(not torch.equal(m, m.bfloat16().float()) for m in masters.values())}))
