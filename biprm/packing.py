@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from biprm.config import MODE_TABLE
+from biprm.config import DENSE_MAX, MODE_TABLE
 from biprm.data.encoding import Encoded, tag_ends
 from biprm.scoring.step_scores import offsets_of
 
@@ -163,9 +163,14 @@ def pack(
     share_prefix: bool = True,
     max_tokens: int | None = None,
     pad_id: int = 0,
+    dense_max: int | None = DENSE_MAX,
 ) -> dict[str, torch.Tensor]:
-    """Build the one-pass model inputs for `encs` (see module docstring for the layout)."""
+    """Build the one-pass model inputs for `encs` (see module docstring for the layout). Where a trajectory's unit
+    would pass `dense_max` tokens, every stream of the batch gets a plain row of its own: no L x L mask is built
+    (`attention_mask` gives None), so attention memory grows linearly with length. None: the layout asked for."""
     streams = MODE_TABLE[mode].streams
+    if dense_max is not None and encs and _widest(encs, len(streams), share_prefix) > dense_max:
+        share_prefix, max_tokens = False, None
     units = _units(encs, streams, share_prefix, max_tokens)
     sizes = [u.n_tokens for u in units]
     rows = []
@@ -181,6 +186,11 @@ def pack(
                 segments.append(_Segment(ids, P, u, k, i, stream, ends))
         rows.append(segments)
     return _layout(rows, encs, streams, pad_id)
+
+
+def _widest(encs: list[Encoded], n_streams: int, shared: bool) -> int:
+    """Tokens of the largest unit: a trajectory's prompt and all its continuations, or one stream."""
+    return max(len(e.prompt) + n_streams * (e.n_tokens - len(e.prompt)) if shared else e.n_tokens for e in encs)
 
 
 def pack_cached(

@@ -107,3 +107,28 @@ def test_a_trace_past_the_tiny_models_window_under_each_policy(bi_scorer):
     refuse = Scorer(bi_scorer.model, bi_scorer.tokenizer, max_length=limit, overlength="refuse")
     with pytest.raises(DataError, match=rf"trajectory 0: {n_tokens} tokens, past max_length={limit}"):
         refuse.encode([traj])
+
+
+@pytest.mark.parametrize("mode", ["l2r", "r2l", "bi-static", "bi"])
+def test_past_dense_max_a_batch_runs_plain_rows_without_a_mask_and_the_same_scores(bi_scorer, mode):
+    """The switch to one causal row per stream (no L x L mask) gives the tree layout's scores within fp32 tolerance."""
+    import torch
+
+    from biprm.backbones import load_tokenizer, resolve_backbone
+    from biprm.modeling import from_backbone
+    from biprm.packing import attention_mask, pack
+
+    torch.manual_seed(1)
+    tok = load_tokenizer(resolve_backbone("tiny"))
+    model = from_backbone(resolve_backbone("tiny"), tok, mode=mode).eval()
+    encs = [bi_scorer.encoder.encode(t) for t in (_trace(30), _trace(3), _trace(12))]
+    assert 1024 < max(e.n_tokens for e in encs) < 2048
+    dense = pack(encs, mode, share_prefix=True, max_tokens=512, dense_max=None)
+    linear = pack(encs, mode, share_prefix=True, max_tokens=512)
+    assert attention_mask(dense["unit_ids"], dense["stream_ids"]) is not None
+    assert attention_mask(linear["unit_ids"], linear["stream_ids"]) is None
+    with torch.inference_mode():
+        a, b = model(**dense), model(**linear)
+    for key in ("fused", "l2r", "r2l", "sigma"):
+        if getattr(a, key) is not None:
+            torch.testing.assert_close(getattr(b, key), getattr(a, key), atol=1e-4, rtol=1e-4)
