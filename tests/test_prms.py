@@ -178,3 +178,10 @@ def test_search_library_adapters_take_any_kind(replicas):
     hub = BiPRMProcessRewardModel(PrefixScorer.from_pretrained(str(folder), device="cpu"), aggregation="min")
     q, steps = PROBLEMS[0]
     assert hub.score(q, "\n\n".join(steps)) == pytest.approx(min(REFERENCES["math-shepherd"](folder, q, steps)), abs=1e-5)
+
+
+def test_a_third_party_window_caps_max_length_and_says_so(replicas, caplog):
+    """The replicas declare 4,096 positions, as Qwen2.5-Math-PRM does: a longer --max-length reads at most that."""
+    with caplog.at_level("WARNING"):
+        scorer = Scorer.from_pretrained(str(replicas["qwen-prm"]), device="cpu", max_length=10_000)
+    assert scorer.max_length == 4096 and "window of 4096" in caplog.text

@@ -97,6 +97,11 @@ class Scorer:
         `overlength` is what a trajectory past `max_length` gets (biprm.data.encoding.Encoder)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
+        window = getattr(model.config.backbone_config, "max_position_embeddings", None)
+        if model.config.prm_kind != "biprm" and window and max_length > window:  # a PRM trained elsewhere declares its window
+            log.warning("max_length %d is past the %s PRM's window of %d positions: each stream reads at most %d tokens, "
+                        "longer ones by the --overlength policy (%s)", max_length, model.config.prm_kind, window, window, overlength)
+            max_length = window
         self.encoder = encoder_for(model.config, tokenizer, max_length, overlength)
         self.budgets = device_budgets(model)
         self.tokens_per_batch = tokens_per_batch
