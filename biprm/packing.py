@@ -32,7 +32,7 @@ import torch
 
 from biprm.config import DENSE_MAX, MODE_TABLE
 from biprm.data.encoding import Encoded, tag_ends
-from biprm.scoring.step_scores import offsets_of
+from biprm.offsets import offsets_of
 
 @dataclass
 class _Unit:

@@ -43,7 +43,8 @@ from biprm.data.encoding import Encoded, tag_ends
 from biprm.data.writer import atomic_write
 from biprm.modeling import BiPRMModel, split
 from biprm.packing import token_runs
-from biprm.scoring.step_scores import StepScores, offsets_of
+from biprm.offsets import offsets_of
+from biprm.scoring.step_scores import StepScores
 from biprm.scoring.scorer import Collector
 
 _STORE = {torch.float32: np.float32, torch.bfloat16: np.uint16, torch.float16: np.float16}  # bf16 kept as raw bits

@@ -34,7 +34,7 @@ from biprm.evaluation.grading import extract_answer, grade_many
 from biprm.integrations.its_hub import BiPRMProcessRewardModel
 from biprm.metrics.bootstrap import bootstrap_mean
 from biprm.search.noise import NoiseScorer
-from biprm.search.prefix import PrefixScorer
+from biprm.scoring.prefix import PrefixScorer
 from biprm.search.run import load_questions
 from biprm.search.steps import STEP_TOKEN
 

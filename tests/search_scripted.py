@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 
 from biprm.search.policy import StepOut
-from biprm.search.prm import PathScore
+from biprm.scoring.paths import PathScore
 
 SEP = "||"
 

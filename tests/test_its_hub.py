@@ -15,7 +15,7 @@ from its_hub.core.lms.step_generation import StepGeneration  # noqa: E402
 from biprm.data.trajectory import Trajectory  # noqa: E402
 from biprm.integrations.its_hub import BiPRMOutcomeRewardModel, BiPRMProcessRewardModel  # noqa: E402
 from biprm.scoring import Scorer  # noqa: E402
-from biprm.search.prefix import PrefixScorer  # noqa: E402
+from biprm.scoring.prefix import PrefixScorer  # noqa: E402
 from conftest import scored, serving  # noqa: E402
 
 QUESTIONS = ["Tom has 3 apples and buys 5 more. How many apples?", "A box holds 12 eggs. How many eggs are in 4 boxes?"]
@@ -110,7 +110,7 @@ def test_best_of_n_picks_the_best_scored_solution(bi_scorer):
 
 def test_served_scorer_gives_the_local_scores(bi_scorer):
     pytest.importorskip("fastapi")
-    from biprm.search.served import ServedScorer
+    from biprm.scoring.served import ServedScorer
     from biprm.serve.app import build_app
     from biprm.serve.config import ServeConfig
 

@@ -149,6 +149,50 @@ def test_the_vllm_plugin_stands_on_config_and_data_alone():
     assert all(not deps for deps in outside.values()), {n: d for n, d in outside.items() if d}
 
 
+def reach(edges: dict[str, set[str]], start: str) -> dict[str, tuple[str, ...]]:
+    """Every module `start` imports through any chain, with one chain that shows it."""
+    found, todo = {}, [(start,)]
+    while todo:
+        chain = todo.pop(0)
+        for dep in sorted(edges[chain[-1]] - found.keys() - {start}):
+            found[dep] = chain + (dep,)
+            todo.append(found[dep])
+    return found
+
+
+def test_no_ground_floor_module_leans_on_a_wing_that_leans_back_on_it():
+    """A top-level module may use a wing only if nothing in that wing reaches the module again: `packing` importing
+    `scoring`, which imports `packing`, would put one floor on both sides of the other."""
+    assert ground_floor_loops(graph()) == []
+
+
+def ground_floor_loops(edges: dict[str, set[str]]) -> list[str]:
+    """Each top-level module that imports a wing (through any chain) of which some module reaches it back."""
+    loops = []
+    for name in sorted(n for n in edges if wing_of(n) is None and n != "biprm"):
+        wings = {wing_of(dep): chain for dep, chain in reversed(reach(edges, name).items()) if wing_of(dep) is not None}
+        for wing, chain in sorted(wings.items()):
+            back = next((reach(edges, m)[name] for m in sorted(edges) if wing_of(m) == wing and name in reach(edges, m)), None)
+            if back:
+                loops.append(f"{' -> '.join(chain)}, and back: {' -> '.join(back)}")
+    return loops
+
+
+def test_ground_floor_loops_finds_packing_through_scoring():
+    """Before `offsets_of` moved down: packing imported scoring.step_scores, and scoring.scorer imports packing."""
+    edges = {"biprm.packing": {"biprm.scoring.step_scores"}, "biprm.scoring.step_scores": set(),
+             "biprm.scoring.scorer": {"biprm.packing", "biprm.scoring.step_scores"}}
+    assert ground_floor_loops(edges) == ["biprm.packing -> biprm.scoring.step_scores, and back: biprm.scoring.scorer -> biprm.packing"]
+
+
+def test_the_library_never_imports_studies_or_benchmarks():
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(n.split(".")[0] in ("studies", "benchmarks") for n in names), f"{name} imports {names}"
+
+
 def test_find_cycle_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

@@ -149,7 +149,7 @@ def test_served_over_http_it_returns_its_reference_scores(replicas):
 
 def test_a_search_scores_paths_incrementally_as_the_reference_does(replicas):
     """The search's PathScorer grows L2R on its KV cache depth by depth; every depth gives the card's scores."""
-    from biprm.search.prefix import PrefixScorer
+    from biprm.scoring.prefix import PrefixScorer
 
     folder = replicas["qwen-prm"]
     prefix, scratch = (PrefixScorer.from_pretrained(str(folder), incremental=i, device="cpu") for i in (True, False))
@@ -165,7 +165,7 @@ def test_a_search_scores_paths_incrementally_as_the_reference_does(replicas):
 def test_search_library_adapters_take_any_kind(replicas):
     """search-and-learn's PRM.score and its_hub's AbstractProcessRewardModel over a math-shepherd replica: the card's scores."""
     from biprm.integrations.search_and_learn import SearchAndLearnPRM
-    from biprm.search.prefix import PrefixScorer
+    from biprm.scoring.prefix import PrefixScorer
 
     folder = replicas["math-shepherd"]
     prm = SearchAndLearnPRM(PrefixScorer.from_pretrained(str(folder), device="cpu"))

@@ -9,7 +9,7 @@ from biprm.data.trajectory import DataError, Trajectory
 from biprm.integrations.search_and_learn import SearchAndLearnPRM
 from biprm.modeling import from_backbone
 from biprm.scoring import Scorer
-from biprm.search.prefix import PrefixScorer, Row
+from biprm.scoring.prefix import PrefixScorer, Row
 from conftest import scored
 
 QUESTIONS = ["Tom has 3 apples and buys 5 more. How many apples?", "A box holds 12 eggs. How many eggs are in 4 boxes?"]

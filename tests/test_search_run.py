@@ -205,7 +205,7 @@ def test_a_transformers_policy_runs_the_whole_command(config):
 
 @pytest.mark.slow
 def test_a_prefix_scorer_drives_every_strategy(config, bi_scorer):
-    from biprm.search import prefix
+    from biprm.scoring import prefix
     config.algorithms, config.n, config.strategies = ["bon", "beam", "particles"], [2], ["fused", "l2r-rerank", "l2r"]
     run_search(config, ScriptedPolicy(TREE), [prefix.PrefixScorer(bi_scorer)])
     methods = records(config)[1]["methods"]

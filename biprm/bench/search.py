@@ -32,7 +32,7 @@ from biprm.data.readers import read_rows
 from biprm.data.benchmarks import data_file
 from biprm.replication.data import gsm8k_reference
 from biprm.scoring.scorer import Scorer
-from biprm.search.prefix import PrefixScorer
+from biprm.scoring.prefix import PrefixScorer
 
 CONFIGS = {"l2r:incremental": ("l2r", True, "l2r"), "l2r:scratch": ("l2r", False, "l2r"), "bi:fused": ("bi", True, "fused")}
 Level = list[tuple[str, list[str]]]  # the (question, path) pairs one call scores

@@ -26,8 +26,8 @@ import numpy as np
 from its_hub.api import AbstractOutcomeRewardModel, AbstractProcessRewardModel, ChatMessage, ChatMessages
 
 from biprm.scoring.step_scores import StepScores
-from biprm.search.prm import PathScorer, check_streams, fused_scores, response_steps
-from biprm.search.steps import STEP_TOKEN
+from biprm.scoring.paths import PathScorer, check_streams, fused_scores
+from biprm.search.steps import STEP_TOKEN, response_steps
 from biprm.serve.batcher import Batcher
 
 BATCH_WAIT_MS = 10.0  # how long a level's first ascore waits for the other questions' (their policy calls end close together)

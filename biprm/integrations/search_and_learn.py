@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from biprm.search.prm import PathScorer, check_streams, fused_scores, response_steps
-from biprm.search.steps import STEP_TOKEN
+from biprm.scoring.paths import PathScorer, check_streams, fused_scores
+from biprm.search.steps import STEP_TOKEN, response_steps
 
 
 class SearchAndLearnPRM:

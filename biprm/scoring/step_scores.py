@@ -18,6 +18,7 @@ import numpy as np
 from biprm.data.encoding import Encoded
 from biprm.data.trajectory import Trajectory
 from biprm.data.writer import atomic_write
+from biprm.offsets import offsets_of, step_positions
 from biprm.scoring.aggregate import AGGREGATIONS, aggregate, logit, sigmoid
 
 OPTIONAL_OUTPUTS = ("l2r", "r2l", "sigma")  # in StepScores' field order; None where the model lacks them
@@ -68,17 +69,6 @@ class StepScores:
         return StepScores(offsets_of(lengths), self.fused[flat], pick(self.l2r), pick(self.r2l), pick(self.sigma))
 
 
-def offsets_of(lengths) -> np.ndarray:
-    """[0, l0, l0 + l1, ...]: where each trajectory's steps start in a flat array, plus the end."""
-    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
-
-
-def step_positions(offsets: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """Flat positions of all steps of trajectories `index`, in that order (no Python loop)."""
-    index = np.asarray(index, dtype=np.int64)
-    starts, lengths = offsets[index], offsets[index + 1] - offsets[index]
-    first = np.cumsum(lengths) - lengths
-    return np.repeat(starts - first, lengths) + np.arange(lengths.sum())
 
 
 def concat(parts: list[StepScores]) -> StepScores:

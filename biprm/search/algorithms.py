@@ -22,7 +22,7 @@ from biprm.scoring.aggregate import aggregate
 from biprm.scoring.step_scores import offsets_of
 from biprm.search.config import Strategy
 from biprm.search.policy import StepOut
-from biprm.search.prm import PathScore, PathScorer
+from biprm.scoring.paths import PathScore, PathScorer
 
 
 class Policy(Protocol):

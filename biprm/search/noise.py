@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from biprm.search.prm import PathScore
+from biprm.scoring.paths import PathScore
 
 
 class NoiseScorer:

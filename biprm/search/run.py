@@ -32,7 +32,7 @@ from biprm.search.algorithms import Budget, Search, beam_search, choose, dvts, p
 from biprm.search.config import SearchConfig
 from biprm.search.noise import NoiseScorer
 from biprm.search.policy import StepPolicy
-from biprm.search.prm import PathScore, PathScorer
+from biprm.scoring.paths import PathScore, PathScorer
 from biprm.search.report import method_name, summarize
 from biprm.search.synthetic import SyntheticPolicy, synthetic_problems
 
@@ -71,10 +71,10 @@ def build_policy(cfg: SearchConfig) -> StepPolicy:
 
 
 def build_scorer(cfg: SearchConfig, prm: str) -> PathScorer:
-    """One --prm value as a `PathScorer`: the text-free noise scorer, or a checkpoint with incremental L2R (biprm.search.prefix)."""
+    """One --prm value as a `PathScorer`: the text-free noise scorer, or a checkpoint with incremental L2R (biprm.scoring.prefix)."""
     if prm == "noise":
         return NoiseScorer(cfg.seed)
-    from biprm.search.prefix import PrefixScorer  # lazily: the prefix scorer loads torch and the checkpoint
+    from biprm.scoring.prefix import PrefixScorer  # lazily: the prefix scorer loads torch and the checkpoint
 
     return PrefixScorer.from_pretrained(prm, max_cache_mb=cfg.prm_cache_mb, **({"max_length": cfg.prm_max_length} if cfg.prm_max_length else {}))
 

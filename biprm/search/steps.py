@@ -21,3 +21,11 @@ def split_steps(text: str, step_token: str = STEP_TOKEN) -> list[str]:
 def join_steps(steps: list[str], step_token: str = STEP_TOKEN) -> str:
     """The text of a partial solution as the policy continues it: every step closed by the token."""
     return "".join(step + step_token for step in steps)
+
+
+def response_steps(response: str, step_token: str, where: str) -> list[str]:
+    """A search library's response text cut into steps at its step token; one with no step text is an error naming it."""
+    steps = split_steps(response, step_token)
+    if not steps:
+        raise ValueError(f"{where}: no step text after splitting at the step token {step_token!r}")
+    return steps

@@ -1,4 +1,4 @@
-"""What a search asks of a process reward model: per-step scores of partial solutions.
+"""The contract every path scorer keeps: per-step scores of partial solutions, as a search asks for them.
 
 A partial solution of depth D is scored the way a finished one is, on its D steps:
 - L2R reads the question then steps 1..D, so a prefix's scores never change when a
@@ -19,7 +19,6 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from biprm.scoring.step_scores import StepScores, offsets_of
-from biprm.search.steps import split_steps
 
 STREAMS = ("fused", "l2r")  # "fused": both streams and the gate; "l2r": the L2R stream alone
 
@@ -33,13 +32,6 @@ class PathScore:
     fused: np.ndarray
     n_dropped: int = 0  # trailing steps past the PRM's max_length: flagged, never cut silently
 
-
-def response_steps(response: str, step_token: str, where: str) -> list[str]:
-    """A search library's response text cut into steps at its step token; one with no step text is an error naming it."""
-    steps = split_steps(response, step_token)
-    if not steps:
-        raise ValueError(f"{where}: no step text after splitting at the step token {step_token!r}")
-    return steps
 
 
 def fused_scores(paths: Sequence[PathScore]) -> StepScores:

@@ -13,7 +13,7 @@ import urllib.request
 from typing import Sequence
 
 from biprm.scoring.step_scores import StepScores, offsets_of
-from biprm.search.prm import PathScore, check_streams, path_scores
+from biprm.scoring.paths import PathScore, check_streams, path_scores
 
 
 class ServedScorer:

@@ -31,7 +31,7 @@ from biprm.modeling import cache_argument
 from biprm.packing import continuation, cached_attention_mask
 from biprm.scoring.scorer import Scorer
 from biprm.scoring.step_scores import offsets_of
-from biprm.search.prm import PathScore, check_streams, path_scores
+from biprm.scoring.paths import PathScore, check_streams, path_scores
 
 log = logging.getLogger(__name__)
 Key = tuple[str, ...]  # (question, step 1, ..., step j)
