@@ -51,12 +51,10 @@ def cmd_demo(cfg: DemoConfig) -> None:
 
 def cmd_replicate(cfg: ReplicateConfig) -> None:
     if cfg.preset.startswith("mechanism"):
-        from biprm.replication.config import MECHANISM_V2, MechanismConfig
+        from biprm.replication.config import mechanism_config
         from biprm.replication.mechanism_study import run_study, write_report
 
-        given = dict(out=cfg.out, work_dir=cfg.work_dir, data_root=cfg.data_root, bf16=cfg.bf16, top_layers=cfg.top_layers)
-        preset = MECHANISM_V2 if cfg.preset == "mechanism-v2" else {}
-        mechanism = MechanismConfig(**preset | {k: v for k, v in given.items() if v})
+        mechanism = mechanism_config(cfg)
         write_report(mechanism) if cfg.report_only else run_study(mechanism)
         return
     from biprm.replication.recipe import replicate, report_only

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Any, Literal
 
 from biprm.config import arg, default_data_root
 
@@ -48,11 +48,12 @@ NOT_STUDIED = ("out", "work_dir", "data_root", "report_only")  # where the study
 class ReplicateConfig:
     """Every number of the study; fields left None take the preset's value."""
 
-    preset: Literal["quick", "full", "mechanism", "mechanism-v2"] = arg(
+    preset: Literal["quick", "full", "mechanism", "mechanism-v2", "mechanism-v3"] = arg(
         "quick", "quick: 1 seed per mode, a smoke test of the recipe (docs/REPLICATION.md gives its wall clock); "
         "full: 3 seeds for l2r and bi, hours on a CPU; mechanism: the controlled future-only-error test (docs/MECHANISM.md), "
         "which takes only the folders, --bf16 and --top-layers from these settings; mechanism-v2: its second version, "
-        "pre-registered in docs/MECHANISM.md, which takes the same")
+        "pre-registered in docs/MECHANISM.md, which takes the same; mechanism-v3: its third version, whose whole design is "
+        "--mechanism (configs/replicate-mechanism-v3.yaml)")
     out: str = arg("", "results folder (default results/replication/<preset>; results/mechanism for mechanism)")
     work_dir: str = arg("", "trunk caches and run checkpoints (default <biprm cache>/replicate)")
     data_root: str = arg(help="folder holding processbench/, prmbench/, gsm8k/ ... (default $BIPRM_DATA or ../shared/data)",
@@ -78,6 +79,8 @@ class ReplicateConfig:
     bon_questions: int | None = arg(None, "gsm8k_bon_small questions, 12 candidates each (preset's if unset)")
     long_chain_tokens: int = arg(512, "long-chain subset: sequences longer than this")
     save_every: int | None = arg(None, "optimizer steps between checkpoints (preset's if unset)")
+    mechanism: dict[str, Any] | None = arg(None, "mechanism presets: MechanismConfig fields over the preset's (mechanism-v3 reads its "
+                                       "whole design here: configs/replicate-mechanism-v3.yaml)")
 
     def __post_init__(self) -> None:
         if self.preset.startswith("mechanism"):
@@ -122,6 +125,16 @@ class MechanismConfig:
     # version 2: trained at (lr, epochs) unless the pilot finds no learning there; then at these (docs/MECHANISM.md)
     fallback_lr: float = 1e-4
     fallback_epochs: float = 3.0
+    pilot: bool = True  # version 2's pilot before the runs (version 3 has none)
+    first_seed: int = 1106  # seeds first_seed, first_seed + 1, ... per arm
+    # version 3 (docs/MECHANISM.md): the verdict's arm, interval level, each prediction's margin (held: the interval's low
+    # end above it; contradicted: its high end below it), the true values its power is given at, and the one device kind
+    # every run trains on ("" = any)
+    verdict_arm: str = ""
+    level: float = 0.975
+    margins: dict[str, float] | None = None
+    power_at: dict[str, list[float]] | None = None
+    device: str = ""
 
     def __post_init__(self) -> None:
         from biprm.backbones import cache_root  # here, not at import: the CLI lists settings without torch
@@ -135,3 +148,24 @@ MECHANISM_V2 = dict(
     version=2, out="results/mechanism-v2", labels="own", keep_roundness=True, lr=3e-5, epochs=1.0, probe_seeds=0, test_questions=400,
     seeds={"l2r": 3, "r2l": 3, "bi-static": 3, "bi": 3, "bi-gate-lr0.1": 3},
 )
+
+# Version 3 (docs/MECHANISM.md, pre-registered): every number of its design is in configs/replicate-mechanism-v3.yaml,
+# none here; the preset only names the version, and refuses to run without the design (V3_DESIGN).
+MECHANISM_PRESETS = {"mechanism": {}, "mechanism-v2": MECHANISM_V2, "mechanism-v3": dict(version=3, out="results/mechanism-v3")}
+V3_DESIGN = ("labels", "keep_roundness", "data_seed", "train_questions", "valid_questions", "test_questions", "backbone", "lr",
+             "epochs", "batch_size", "warmup_ratio", "max_length", "pilot", "probe_seeds", "first_seed", "seeds", "verdict_arm", "level", "margins", "power_at", "device")
+
+
+def mechanism_config(cfg: ReplicateConfig) -> MechanismConfig:
+    """The mechanism study's settings from `biprm replicate`'s: the preset's, then --mechanism's, then the folders, --bf16
+    and --top-layers where given. mechanism-v3 needs every field of its design in --mechanism (V3_DESIGN)."""
+    given = dict(out=cfg.out, work_dir=cfg.work_dir, data_root=cfg.data_root, bf16=cfg.bf16, top_layers=cfg.top_layers)
+    design = dict(cfg.mechanism or {})
+    unknown = sorted(set(design) - {f.name for f in fields(MechanismConfig)})
+    if unknown:
+        raise ValueError(f"--mechanism: unknown setting {', '.join(unknown)}; known: {', '.join(f.name for f in fields(MechanismConfig))}")
+    missing = [k for k in V3_DESIGN if k not in design] if cfg.preset == "mechanism-v3" else []
+    if missing:
+        raise ValueError(f"--preset mechanism-v3 reads its whole design from --mechanism, which lacks {', '.join(missing)}: "
+                         "run biprm replicate --config configs/replicate-mechanism-v3.yaml")
+    return MechanismConfig(**MECHANISM_PRESETS[cfg.preset] | design | {k: v for k, v in given.items() if v})

@@ -323,7 +323,7 @@ def check_meta(cfg: MechanismConfig) -> Path:
     """The study's output folder, once a run has written what every report reads."""
     out = Path(cfg.out)
     if not (out / "meta.json").is_file():
-        raise FileNotFoundError(f"{out}/meta.json not found: run `biprm replicate --preset mechanism{'' if cfg.version == 1 else '-v2'}` first")
+        raise FileNotFoundError(f"{out}/meta.json not found: run `biprm replicate --preset mechanism{'' if cfg.version == 1 else f'-v{cfg.version}'}` first")
     return out
 
 

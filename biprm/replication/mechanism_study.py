@@ -15,6 +15,9 @@ Read top to bottom:
 5. The report (`biprm.replication.mechanism_report`) is computed from the saved logits
    alone, so it can be redone, or changed, without training.
 
+Version 3 (`--config configs/replicate-mechanism-v3.yaml`) is version 2 without the pilot, more seeds of four arms,
+one machine and precision for every run (`check_machine`) and its own verdict (`mechanism_v3`).
+
 Version 2 (`--preset mechanism-v2`) adds a pilot before step 4: `l2r` and `r2l` seed 1106 at
 the paper's lr and epochs, read on validation; if neither learns, every run trains at the
 fallback budget instead (`pilot_budget`). Its gated runs log σ by step position on the
@@ -43,7 +46,7 @@ from biprm.modeling import from_backbone
 from biprm.analysis.plots import position_curve
 from biprm.replication.config import VARIANTS, MechanismConfig
 from biprm.replication.mechanism import load_sets, scores_path
-from biprm.replication import mechanism_report, mechanism_v2_report
+from biprm.replication import mechanism_report, mechanism_v2_report, mechanism_v3
 from biprm.replication.mechanism_report import rows_by_kind
 from biprm.replication.mechanism_v2 import below_every_clean_step, chance_below_every_clean_step
 from biprm.replication.recipe import release_memory, start, study_key, train_run, trunk_caches
@@ -71,11 +74,11 @@ def runs_of(cfg: MechanismConfig) -> list[Run]:
     """The pilot pair (l2r, r2l) first, then `bi`, then the remaining seeds. Version 1 puts `bi-static`
     and the probes last, so an interrupted study decides as early as it can; version 2's verdict needs
     every arm, so it goes seed by seed."""
-    depth = max(cfg.seeds.values())
-    runs = [Run(m, 1106 + k) for k in range(depth) for m in ORDER if k < cfg.seeds.get(m, 0)]
+    depth, first = max(cfg.seeds.values()), cfg.first_seed
+    runs = [Run(m, first + k) for k in range(depth) for m in ORDER if k < cfg.seeds.get(m, 0)]
     if cfg.version == 1:
         runs.sort(key=lambda run: run.mode == "bi-static")
-    return runs + [Run(m, 1106 + k, heads_only=True) for k in range(cfg.probe_seeds) for m in ("l2r", "r2l", "bi", "bi-static")]
+    return runs + [Run(m, first + k, heads_only=True) for k in range(cfg.probe_seeds) for m in ("l2r", "r2l", "bi", "bi-static")]
 
 
 def run_dir(cfg: MechanismConfig, name: str) -> Path:
@@ -106,6 +109,29 @@ def sigma_during_training(cfg: MechanismConfig, name: str) -> Path:
     return Path(cfg.out) / "runs" / f"{name}.sigma.jsonl"
 
 
+def this_machine(fast: bool) -> dict:
+    """The device a run trains on here (the GPU's name, or "cpu") and its precision, as each run's JSON records them."""
+    return {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "bf16": fast}
+
+
+def check_machine(cfg: MechanismConfig, fast: bool) -> None:
+    """Version 3's one machine and precision (`cfg.device`): refused on another kind of device, and on another GPU or
+    precision than the study's first finished run (a run there would be excluded from the verdict yet take its seed's place)."""
+    if not cfg.device:
+        return
+    here = this_machine(fast)
+    if ("cuda" if torch.cuda.is_available() else "cpu") != cfg.device:
+        raise ValueError(f"{cfg.out}: every run of this study trains on {cfg.device} (docs/MECHANISM.md), and this machine has none")
+    for run in runs_of(cfg):
+        path = Path(cfg.out) / "runs" / f"{run.name}.json"
+        if path.is_file():
+            first = json.loads(path.read_text())
+            if {k: first[k] for k in here} != here:
+                raise ValueError(f"{cfg.out}: its runs train on {first['device']} with bf16 {first['bf16']} (as {run.name} did); "
+                                 f"this machine is {here['device']} with bf16 {here['bf16']}")
+            return
+
+
 def train_and_score(cfg: MechanismConfig, run: Run, sets: dict, encs: dict[str, list[Encoded]], caches: dict, fast: bool) -> dict[str, StepScores]:
     """Train one run (or load it, if finished) on the study's encodings, score every set, and write its logits and JSON."""
     started = time.perf_counter()
@@ -119,9 +145,8 @@ def train_and_score(cfg: MechanismConfig, run: Run, sets: dict, encs: dict[str, 
     with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
         scores = {name: cached_scores(model, caches[name]) for name in sets if name != "train"}
     save_scores(scores_path(cfg, run.name), scores, compress=True)
-    device = torch.cuda.get_device_name() if model.device.type == "cuda" else model.device.type
     result = {"run": run.name, **asdict(run), "lr": cfg.lr, "epochs": cfg.epochs, "gate_lr_scale": run_cfg.gate_lr_scale,
-              "device": device, "bf16": fast, "train": train_log, "seconds": round(time.perf_counter() - started, 1)}
+              **this_machine(fast), "train": train_log, "seconds": round(time.perf_counter() - started, 1)}
     write_json(Path(cfg.out) / "runs" / f"{run.name}.json", result)
     log.info("%s done in %.0f s", run.name, result["seconds"])
     del model  # before the next run builds its own
@@ -170,6 +195,7 @@ def pilot_budget(cfg: MechanismConfig, sets: dict, encs: dict[str, list[Encoded]
 
 def run_study(cfg: MechanismConfig) -> None:
     out, work, fast = start(cfg)
+    check_machine(cfg, fast)
     dtype = torch.bfloat16 if fast else None
 
     sets, _, report = load_sets(cfg)
@@ -184,7 +210,7 @@ def run_study(cfg: MechanismConfig) -> None:
     release_memory()
     write_json(out / "meta.json", {"config": asdict(cfg), "bf16": fast, "sizes": {n: len(t) for n, t in sets.items()}})
 
-    if cfg.version >= 2:
+    if cfg.version >= 2 and cfg.pilot:
         cfg = pilot_budget(cfg, sets, encs, caches, fast)
     for run in runs_of(cfg):
         if not ((out / "runs" / f"{run.name}.json").exists() and scores_path(cfg, run.name).exists()):
@@ -194,4 +220,4 @@ def run_study(cfg: MechanismConfig) -> None:
 
 def write_report(cfg: MechanismConfig) -> dict:
     """The report of the study's version, from the logits in its output folder."""
-    return (mechanism_v2_report if cfg.version >= 2 else mechanism_report).write_report(cfg)
+    return {1: mechanism_report, 2: mechanism_v2_report}.get(cfg.version, mechanism_v3).write_report(cfg)

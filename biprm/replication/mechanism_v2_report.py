@@ -129,9 +129,10 @@ def summarise(cfg: MechanismConfig) -> dict:
             "processbench": pb_table, "processbench_baselines": pb_base, "bon": bon_tables(pools, groups)}
 
 
-def verdict_tables(cfg: MechanismConfig, sets: dict[str, list[Trajectory]], groups: dict[str, list]) -> dict:
-    """The endpoints table, σ at t, the paired differences, the pre-registered verdict and the post-hoc re-read:
-    everything that reads only the study's own rows (train, valid, test), not the transfer sets."""
+def endpoint_tables(sets: dict[str, list[Trajectory]], groups: dict[str, list], arms: tuple[str, ...] = ARMS,
+                    pairs: tuple[tuple[str, str], ...] = DIFFERENCES, level: float = LEVEL) -> dict:
+    """Per-question values of every run and rule ("metrics"), the endpoints table, σ at t of `arms`, and the paired
+    differences `pairs` on VERDICT_ENDPOINTS at `level` (with their MDE). Versions 2 and 3 read their verdicts from these."""
     metrics = {g: [scorer_metrics(sets, s) for _, s in runs] for g, runs in groups.items()}
     rules = {name: [scorer_metrics(sets, s) for s in runs] for name, runs in rule_scorers(sets).items()}
     table = {g: {k: bootstrap_mean(100 * _kept(_stack(ms, k))) for k in ms[0] if not k.startswith("σ")}
@@ -142,14 +143,21 @@ def verdict_tables(cfg: MechanismConfig, sets: dict[str, list[Trajectory]], grou
     table["chance: i.i.d. continuous scores, exactly"] = {
         PRIMARY: bootstrap_mean(100 * chance_below_every_clean_step([len(sets["test"][r].steps) for r in rows["F"]])), "seeds": 0}
     sigma = {g: {k: bootstrap_mean(_kept(_stack(ms, k))) for k in ms[0] if k.startswith("σ")} for g, ms in metrics.items()
-             if g in ARMS}
-
+             if g in arms}
     differences: dict[str, dict] = {k: {} for k in (*VERDICT_ENDPOINTS, "σ at t")}
-    for a, b in DIFFERENCES:
+    for a, b in pairs:
         if a in metrics and b in metrics:
             for k in VERDICT_ENDPOINTS:
-                differences[k][f"{a} − {b}"] = paired_difference(100 * _stack(metrics[a], k), 100 * _stack(metrics[b], k), level=LEVEL)
-                differences[k][f"{a} − {b}"]["mde"] = _mde(differences[k][f"{a} − {b}"])
+                differences[k][f"{a} − {b}"] = paired_difference(100 * _stack(metrics[a], k), 100 * _stack(metrics[b], k), level=level)
+                differences[k][f"{a} − {b}"]["mde"] = _mde(differences[k][f"{a} − {b}"], level)
+    return {"metrics": metrics, "table": table, "sigma": sigma, "differences": differences}
+
+
+def verdict_tables(cfg: MechanismConfig, sets: dict[str, list[Trajectory]], groups: dict[str, list]) -> dict:
+    """The endpoints table, σ at t, the paired differences, the pre-registered verdict and the post-hoc re-read:
+    everything that reads only the study's own rows (train, valid, test), not the transfer sets."""
+    found = endpoint_tables(sets, groups)
+    metrics, table, sigma, differences = found["metrics"], found["table"], found["sigma"], found["differences"]
     for arm in ARMS:
         if arm in metrics:
             gap = _kept(_stack(metrics[arm], "σ at t, L rows") - _stack(metrics[arm], "σ at t, F rows"))
@@ -165,10 +173,10 @@ def verdict_tables(cfg: MechanismConfig, sets: dict[str, list[Trajectory]], grou
             "post_hoc": reread(sets, groups, metrics, table, differences, better, Path(cfg.out))}
 
 
-def _mde(d: dict) -> float:
+def _mde(d: dict, level: float = LEVEL) -> float:
     """The smallest effect this difference's interval could detect at 80 % power (its standard error from its width)."""
-    se = (d["high"] - d["low"]) / (2 * NormalDist().inv_cdf((1 + LEVEL) / 2))
-    return minimum_detectable_effect(se)
+    se = (d["high"] - d["low"]) / (2 * NormalDist().inv_cdf((1 + level) / 2))
+    return minimum_detectable_effect(se, level)
 
 
 def format_report(r: dict) -> str:

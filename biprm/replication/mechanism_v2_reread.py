@@ -47,14 +47,14 @@ def _kept(values: np.ndarray) -> np.ndarray:
     return values[:, ~np.isnan(values).any(0)]
 
 
-def sigma_contrasts(metrics: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, dict[str, dict]]:
-    """Per bi arm, SIGMA_CONTRASTS at LEVEL (intervals over seeds and questions), from `scorer_metrics`' σ columns."""
+def sigma_contrasts(metrics: dict[str, list[dict[str, np.ndarray]]], arms: tuple[str, ...] = ARMS, level: float = LEVEL) -> dict[str, dict[str, dict]]:
+    """Per bi arm, SIGMA_CONTRASTS at `level` (intervals over seeds and questions), from `scorer_metrics`' σ columns."""
     out = {}
-    for arm in ARMS:
+    for arm in arms:
         if arm not in metrics:
             continue
         at = {k: np.stack([m[f"σ at t, {k} rows"] for m in metrics[arm]]) for k in KINDS}
-        out[arm] = {name: bootstrap_mean(_kept(sum(at[k] for k in plus) - sum(at[k] for k in minus)), level=LEVEL)
+        out[arm] = {name: bootstrap_mean(_kept(sum(at[k] for k in plus) - sum(at[k] for k in minus)), level=level)
                     for name, plus, minus in SIGMA_CONTRASTS}
     return out
 
@@ -130,12 +130,15 @@ def lowest_at_t(s: StepScores, test: list[Trajectory]) -> float:
     return float(np.mean([np.argmin(prob[s.offsets[c] : s.offsets[c + 1]]) == step for c, step in zip(rows["C"], t)]))
 
 
-def power(interval: dict, bound: float, true: float, level: float = LEVEL) -> float:
-    """The chance that an interval as wide as `interval` clears `bound` when the true difference is `true`
-    (normal approximation, standard error from the interval's width)."""
+def power(interval: dict, bound: float, true: float, level: float = LEVEL, scale: float = 1.0) -> float:
+    """The chance that an interval as wide as `interval` (its standard error times `scale`) clears `bound` when the true
+    difference is `true`, on the side `true` lies: its low end above a bound below `true`, its high end below a bound
+    above it (normal approximation, standard error from the interval's width)."""
     z = NormalDist().inv_cdf((1 + level) / 2)
-    se = (interval["high"] - interval["low"]) / (2 * z)
-    return NormalDist().cdf((true - bound) / se - z)
+    se = scale * (interval["high"] - interval["low"]) / (2 * z)
+    if se == 0:  # an interval of one point: it sits at the true value
+        return float(true != bound)
+    return NormalDist().cdf(abs(true - bound) / se - z)
 
 
 def prediction_power(differences: dict) -> dict[str, dict]:
