@@ -204,3 +204,21 @@ def test_a_run_that_draws_its_pool_whole_grades_and_records_it(stub, tmp_path):
     assert len(server.bodies) == 2 and all(b["stop"] == [] for b in server.bodies)  # one call per batch of questions
     assert [r["index"] for r in rows] == [0, 1, 2]
     assert all(p["steps"] == ["x y", "The answer is 3"] and p["correct"] for r in rows for p in r["pool"])
+
+
+def test_hf_policy_state_keeps_every_gpus_generator(monkeypatch):
+    """A pool resumed mid-way on a GPU draws as an uninterrupted one only if the GPU generators come back too."""
+    import torch
+
+    from biprm.search.policy import HFPolicy
+
+    gpus = [torch.tensor([1, 2, 3], dtype=torch.uint8)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: list(gpus))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: gpus.__setitem__(slice(None), states))
+    policy = HFPolicy.__new__(HFPolicy)  # state and restore read no model
+    saved = policy.state()
+    assert saved["cuda_rng"] == [[1, 2, 3]]
+    gpus[0] = torch.tensor([9, 9, 9], dtype=torch.uint8)
+    policy.restore(saved)
+    assert gpus[0].tolist() == [1, 2, 3]

@@ -172,6 +172,24 @@ def test_resume_refuses_changed_settings(config):
         run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
 
 
+def test_the_hf_policys_batch_size_is_a_setting_a_resume_shares(config):
+    """It changes what --policy hf draws; with another policy it changes nothing, so it is not compared."""
+    from biprm.search.run import check_settings
+
+    out = Path(config.out)
+    out.mkdir(parents=True)
+    config.policy = "hf"
+    check_settings(out, config)
+    config.policy_batch_size = 8
+    with pytest.raises(ValueError, match="--policy-batch-size was 32, now 8"):
+        check_settings(out, config)
+    other = replace(config, out=str(out.parent / "other"), policy="vllm")
+    Path(other.out).mkdir()
+    check_settings(Path(other.out), other)
+    other.policy_batch_size = 64
+    check_settings(Path(other.out), other)
+
+
 def test_a_grader_that_times_out_gives_unknown_not_wrong(config, monkeypatch):
     monkeypatch.setattr(search_run, "grade_many", lambda pairs, workers, timeout: [None] * len(pairs))  # what grade_many returns on timeouts
     config.algorithms, config.n = ["beam"], [2]

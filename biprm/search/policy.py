@@ -227,14 +227,19 @@ class HFPolicy(StepPolicy):
         torch.manual_seed(seed)
 
     def state(self) -> dict:
+        """The generators sampling draws from: the CPU's, and every GPU's where the policy runs on GPUs (a pool resumed
+        mid-way on a GPU would otherwise draw differently from an uninterrupted one)."""
         import torch
 
-        return {"torch_rng": torch.get_rng_state().tolist()}
+        cuda = {"cuda_rng": [s.tolist() for s in torch.cuda.get_rng_state_all()]} if torch.cuda.is_available() else {}
+        return {"torch_rng": torch.get_rng_state().tolist()} | cuda
 
     def restore(self, state: dict) -> None:
         import torch
 
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda_rng"]])
 
     def _generate(self, prompts: list[str], n: int, max_tokens: int, stop: list[str]) -> list[tuple[str, Ending, int]]:
         import torch

@@ -39,7 +39,8 @@ from biprm.search.synthetic import SyntheticPolicy, synthetic_problems
 log = logging.getLogger(__name__)
 POOL_CHUNK = 64  # finished paths per PRM call when a best-of-N pool is scored (see Batch.score_pool)
 RESULTS = ("data", "limit", "policy", "policy_model", "policy_tokenizer", "prm", "prm_max_length", "algorithms", "n", "width", "strategies",
-           "aggregation", "max_depth", "max_step_tokens", "step_token", "calc_rate", "claim_rate", "temperature", "top_p", "seed", "pool_draw")  # settings a resumed run must share
+           "aggregation", "max_depth", "max_step_tokens", "step_token", "calc_rate", "claim_rate", "temperature", "top_p", "seed", "pool_draw",
+           "policy_batch_size")  # settings a resumed run must share (the batch size only with --policy hf, where it changes the draws)
 
 
 def load_questions(data: str, data_root: str, limit: int | None) -> list[dict]:
@@ -370,13 +371,13 @@ def append(path: Path, records: list[dict]) -> None:
 
 def check_settings(out: Path, cfg: SearchConfig) -> None:
     """A resumed run must be the same experiment: refuse, naming the setting, if one that shapes results changed."""
-    settings = {k: v for k, v in asdict(cfg).items() if k in RESULTS}
+    settings = {k: v for k, v in asdict(cfg).items() if k in RESULTS and (k != "policy_batch_size" or cfg.policy == "hf")}
     saved = out / "settings.json"
     if saved.exists():
         before = json.loads(saved.read_text())
         if isinstance(before.get("prm"), str):  # written when --prm took one value
             before["prm"] = [before["prm"]]
-        changed = [k for k in RESULTS if k in before and before[k] != settings[k]]
+        changed = [k for k in RESULTS if k in before and k in settings and before[k] != settings[k]]
         if changed:
             k = changed[0]
             raise ValueError(f"{saved}: --{k.replace('_', '-')} was {before[k]!r}, now {settings[k]!r}; use another --out to change it")
