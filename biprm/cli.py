@@ -97,6 +97,10 @@ def cmd_bench(cfg: BenchConfig) -> None:
         from biprm.bench.search import main
 
         return main(cfg)
+    elif cfg.preset == "long":
+        from biprm.bench.long import main
+
+        return main(cfg)
     else:
         from biprm.bench.run import main
 

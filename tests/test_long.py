@@ -132,3 +132,17 @@ def test_past_dense_max_a_batch_runs_plain_rows_without_a_mask_and_the_same_scor
     for key in ("fused", "l2r", "r2l", "sigma"):
         if getattr(a, key) is not None:
             torch.testing.assert_close(getattr(b, key), getattr(a, key), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_bench_long_preset_runs_and_reports_its_targets(tmp_path):
+    """`biprm bench --preset long` on tiny sizes: every configuration probed, the targets read from one run."""
+    from biprm.bench.config import BenchConfig
+    from biprm.bench.long import main
+
+    result = main(BenchConfig(preset="long", shape="tiny", out=str(tmp_path), threads=1),
+                  sizes=dict(lengths=[512, 4096], layers=None, tree_max=512, train_length=1024))
+    assert {(r["config"], r["length"]) for r in result["results"]} == {
+        ("l2r", 512), ("bi:plain", 512), ("bi:tree", 512), ("l2r", 4096), ("bi:plain", 4096)}
+    assert [t["target"] for t in result["targets"]][0] == "time per token, bi:plain / l2r"
+    assert (tmp_path / "bench-tiny-long.md").read_text().startswith("# biprm bench: one long trace")

@@ -15,18 +15,21 @@ PRESETS = {  # smoke: every code path in seconds on the tiny shape (tests)
     "vllm": dict(questions=8, requests=64, compare_at=8, time_limit_s=300.0),
     # biprm.bench.search: beam search of depth 8, width 4, 16 paths per question; `group` questions per PathScorer call
     "search": dict(questions=32, depth=8, width=4, paths=16, group=8),
+    # biprm.bench.long: one trace of each length (tokens per stream); the dense tree up to tree_max; tiny training at train_length
+    "long": dict(lengths=[1024, 4096, 8192, 16384], layers=30, tree_max=4096, train_length=8192),
 }
 SIZES = ("questions", "requests", "concurrency", "compare_at", "overload_clients", "overload_queue", "time_limit_s")  # flags that resize a preset
 
 
 @dataclass
 class BenchConfig:
-    preset: Literal["full", "quick", "smoke", "serve", "vllm", "search"] = arg(
+    preset: Literal["full", "quick", "smoke", "serve", "vllm", "search", "long"] = arg(
         "full", "quick: the target ratios on small sizes (docs/PERFORMANCE.md gives its wall clock); full: adds the reference L2R, "
                 "more layouts and the scaling curve; smoke: every code path once, in seconds, on tiny sizes (what the tests run); "
                 "serve: `biprm serve` under concurrent load on loopback (docs/SERVING.md); vllm: biprm's scorer and servers against "
                 "vLLM running biprm's plugin (extra [vllm]); search: scoring a beam search's partial solutions, incremental L2R "
-                "against from scratch and fused (docs/SEARCH.md)")
+                "against from scratch and fused (docs/SEARCH.md); long: one trace of 1k-16k tokens, l2r against each bi layout, "
+                "time per token and peak memory (docs/LONG_TRACES.md)")
     shape: str = arg("smollm2-135m", "backbone whose config and tokenizer to use (random weights): smollm2-135m or tiny")
     data_root: str = arg(help="folder holding gsm8k/ and gsm8k_bon_small/", factory=default_data_root)
     out: str = arg("benchmarks", "where bench-<shape>[-quick].{json,md} and the scaling PNG go (serve-<shape>, vllm-<shape>, bench-<shape>-search for those presets)")

@@ -128,13 +128,19 @@ def _run(command: list[str]) -> str:
 
 def step_memory(shape: str, encs: list[Encoded], name: str, threads: int) -> dict:
     """Peak memory of one training step of configuration `name`, in a fresh process (see module docstring)."""
+    return fresh_process("biprm.bench.measure", {"shape": shape, "encs": encs, "name": name, "threads": threads}, f"memory probe for {name}")
+
+
+def fresh_process(module: str, spec: dict, what: str) -> dict:
+    """What `python -m module SPEC.pkl` prints last, as JSON: a probe run where no earlier allocation counts, with glibc
+    returning freed blocks at once (see module docstring)."""
     with tempfile.NamedTemporaryFile(suffix=".pkl") as f:
-        pickle.dump({"shape": shape, "encs": encs, "name": name, "threads": threads}, f)
+        pickle.dump(spec, f)
         f.flush()
         env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536"}
-        done = subprocess.run([sys.executable, "-m", "biprm.bench.measure", f.name], capture_output=True, text=True, env=env)
+        done = subprocess.run([sys.executable, "-m", module, f.name], capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        raise RuntimeError(f"memory probe for {name} failed:\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
