@@ -1,10 +1,11 @@
-"""`biprm` command line: demo, train, score, eval, replicate, rl-study, serve, export, bench, check, search, bench-data.
+"""`biprm` command line: demo, train, score, eval, serve, export, bench, check, search, bench-data.
 
 Each sub-command's flags come from one dataclass (`biprm.config` and the subpackages'
 `config` modules) through `HfArgumentParser`, so every flag shows its help, default
 and choices, and `--config FILE` (YAML or JSON) fills the same fields; flags given on
 the command line win over the file. Each command then calls one recipe, imported only
-when it runs: `biprm --help` never loads torch.
+when it runs: `biprm --help` never loads torch. `run_program` gives a study beside the
+library (`python -m studies.<name>`) the same flags, `--config FILE` and one-line errors.
 """
 from __future__ import annotations
 
@@ -23,8 +24,6 @@ from biprm import __version__
 from biprm.bench.config import BenchConfig, CheckConfig, DataBenchConfig
 from biprm.config import DemoConfig, ScoreConfig, TrainConfig
 from biprm.evaluation import cli as evaluation
-from biprm.integrations.config import RLStudyConfig
-from biprm.replication.config import ReplicateConfig
 from biprm.search.config import SearchConfig
 from biprm.serve.config import ExportConfig, ServeConfig
 
@@ -47,28 +46,6 @@ def cmd_demo(cfg: DemoConfig) -> None:
     from biprm.demo import run_demo
 
     run_demo(cfg)
-
-
-def cmd_replicate(cfg: ReplicateConfig) -> None:
-    if cfg.preset.startswith("mechanism"):
-        from biprm.replication.config import mechanism_config
-        from biprm.replication.mechanism_study import run_study, write_report
-
-        mechanism = mechanism_config(cfg)
-        write_report(mechanism) if cfg.report_only else run_study(mechanism)
-        return
-    from biprm.replication.recipe import replicate, report_only
-
-    report_only(cfg) if cfg.report_only else replicate(cfg)
-
-
-def cmd_rl_study(cfg: RLStudyConfig) -> None:
-    from biprm.config import check_extras
-
-    check_extras({"trl": "biprm rl-study"})
-    from biprm.integrations.rl_study import run_study, write_report
-
-    print(write_report(cfg)) if cfg.report_only else run_study(cfg)
 
 
 def cmd_serve(cfg: ServeConfig) -> None:
@@ -130,11 +107,9 @@ def cmd_search(cfg: SearchConfig) -> None:
 
 
 COMMANDS = {  # name: (settings, recipe, one-line help)
-    "demo": (DemoConfig, cmd_demo, "train l2r, r2l, bi-static and bi on the synthetic task and compare them (not evidence: see replicate)"),
+    "demo": (DemoConfig, cmd_demo, "train l2r, r2l, bi-static and bi on the synthetic task and compare them (not evidence: see studies/)"),
     "train": (TrainConfig, cmd_train, "train a (Bi)PRM on step-labelled data"),
     "score": (ScoreConfig, cmd_score, "write per-step and solution scores of a data file as JSONL"),
-    "replicate": (ReplicateConfig, cmd_replicate, "the paper's l2r / r2l / bi-static / bi comparison on SmolLM2-135M and real data (resumable: rerun to continue)"),
-    "rl-study": (RLStudyConfig, cmd_rl_study, "outcome, min-score and process GRPO (l2r, bi) from one SFT policy on the synthetic task (resumable)"),
     "serve": (ServeConfig, cmd_serve, "serve a checkpoint over HTTP: /v1/score, /get_reward (OpenRLHF), /health, /metrics (extra [serve])"),
     "export": (ExportConfig, cmd_export, "write a checkpoint in the layout another engine loads (vllm: for `vllm serve` with biprm's plugin)"),
     "bench": (BenchConfig, cmd_bench, "time and measure BiPRM against the reference pattern and L2R, side by side; "
@@ -170,13 +145,18 @@ def _add_commands(parser: argparse.ArgumentParser, dest: str, commands: dict) ->
     """One sub-command per entry of `commands`, its flags and `--config FILE` made from its settings dataclass."""
     sub = parser.add_subparsers(dest=dest, required=True, parser_class=HfArgumentParser)
     for name, (settings, run, text) in commands.items():
-        p = sub.add_parser(name, dataclass_types=[settings], help=text, description=text, formatter_class=_DefaultsOnce)
-        p.add_argument("--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it")
-        _negations_say_so(p)
-        for action in p._actions:
-            if dataclasses.is_dataclass(action.type) or get_origin(action.type) in (dict, tuple):
-                action.type = _structured(action.type)
-        p.set_defaults(func=run, settings=settings)
+        _settings_flags(sub.add_parser(name, dataclass_types=[settings], help=text, description=text, formatter_class=_DefaultsOnce),
+                        settings, run)
+
+
+def _settings_flags(p: HfArgumentParser, settings: type, run: Callable) -> None:
+    """What every command's parser adds to its dataclass's flags: `--config FILE`, honest --no_X help, structured types."""
+    p.add_argument("--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it")
+    _negations_say_so(p)
+    for action in p._actions:
+        if dataclasses.is_dataclass(action.type) or get_origin(action.type) in (dict, tuple):
+            action.type = _structured(action.type)
+    p.set_defaults(func=run, settings=settings)
 
 
 def _structured(kind: Any) -> Callable[[object], object]:
@@ -320,12 +300,27 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     command, chosen = _chosen(parser, argv)
+    _run(parser, chosen, f"biprm {command}", argv)
+
+
+def run_program(settings: type, recipe: Callable, prog: str, argv: list[str] | None = None) -> None:
+    """One settings dataclass and its recipe as a program of its own, parsed as every biprm command is: the studies
+    beside the library run through this (`python -m studies.mechanism --config studies/mechanism/v2.yaml`)."""
+    doc = (settings.__doc__ or "").strip().splitlines()[0]
+    parser = HfArgumentParser([settings], prog=prog, description=doc, formatter_class=_DefaultsOnce)
+    _settings_flags(parser, settings, recipe)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress, and show tracebacks on errors")
+    _run(parser, parser, prog, sys.argv[1:] if argv is None else argv)
+
+
+def _run(parser: argparse.ArgumentParser, chosen: argparse.ArgumentParser, command: str, argv: list[str]) -> None:
+    """Parse (the --config file first), then run the recipe: a bad file, flag or input is one line and exit code 2."""
     config = _config_file(argv)
     if config and "settings" in chosen._defaults:
         try:
             load_config_file(config, chosen)
         except (ValueError, OSError) as error:
-            parser.exit(2, f"biprm {command}: error: {error}\n")
+            parser.exit(2, f"{command}: error: {error}\n")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -333,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, OSError) as error:  # bad input, a missing file: one line; -v shows the traceback
         if args.verbose:
             raise
-        print(f"biprm {command}: error: {error}", file=sys.stderr)
+        print(f"{command}: error: {error}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -288,25 +288,6 @@ def test_train_settings_carry_the_training_arguments_names_and_other_options_pas
         main(["train", "--config", str(tmp_path / "bad.yaml")])
 
 
-def test_replicate_flags_and_files_override_the_preset_which_fills_the_rest(tmp_path, monkeypatch):
-    import biprm.cli as cli
-    from biprm.replication.config import PAPER_SEEDS, DataRecipe, ReplicateConfig
-
-    seen = []
-    monkeypatch.setitem(cli.COMMANDS, "replicate", (ReplicateConfig, seen.append, "replicate"))
-    main(["replicate", "--preset", "full", "--train-top-layers", "4", "--bon-questions", "7"])
-    cfg = seen[-1]
-    assert (cfg.top_layers, cfg.bon_questions, cfg.seeds, cfg.prmbench_rows, cfg.out) == (4, 7, PAPER_SEEDS, 400, "results/replication/full")
-    (tmp_path / "study.yaml").write_text("preset: quick\nseeds: {l2r: 2, bi: 2}\ndata: {gsm8k_questions: 40, valid_fraction: 0.1}\n")
-    main(["replicate", "--config", str(tmp_path / "study.yaml"), "--processbench-subsets", "[gsm8k]"])
-    cfg = seen[-1]
-    assert (cfg.seeds, cfg.data, cfg.processbench_subsets) == ({"l2r": 2, "bi": 2}, DataRecipe(gsm8k_questions=40, valid_fraction=0.1), ("gsm8k",))
-    assert (cfg.processbench_rows, cfg.save_every) == (30, 20)  # the quick preset's
-    (tmp_path / "bad.yaml").write_text("data: {gsm8k_questions: 40, colour: red}\n")
-    with pytest.raises(SystemExit):
-        main(["replicate", "--config", str(tmp_path / "bad.yaml")])
-
-
 def test_eval_commands_take_a_config_file_too(tmp_path, monkeypatch, capsys):
     from biprm.evaluation import cli as evaluation
     from biprm.evaluation.config import AblationConfig, BonConfig
@@ -472,7 +453,7 @@ def test_preset_help_describes_every_preset_and_leaves_timings_to_one_doc():
     import typing
 
     from biprm.bench.config import BenchConfig
-    from biprm.replication.config import ReplicateConfig
+    from studies.replication.config import ReplicateConfig
 
     timing = re.compile(r"\d+(\.\d+)?\s*(s|min|minutes|h|hours)\b")
     for settings in (BenchConfig, ReplicateConfig):
@@ -480,9 +461,10 @@ def test_preset_help_describes_every_preset_and_leaves_timings_to_one_doc():
         text, choices = preset.metadata["help"], typing.get_args(typing.get_type_hints(settings)["preset"])
         assert all(f"{name}: " in text for name in choices) and not timing.search(text), text
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\n", " ")
-    for command in ("biprm replicate --preset quick", "biprm bench --preset quick"):
-        after = readme[readme.index(command):][:200]
-        assert not timing.search(after), after  # the one source is docs/REPLICATION.md or docs/PERFORMANCE.md
+    for command in ("python -m studies.replication --preset quick", "biprm bench --preset quick"):
+        for at in [i for i in range(len(readme)) if readme.startswith(command, i)]:
+            after = readme[at:][:200]
+            assert not timing.search(after), after  # the one source is studies/replication/README.md or docs/PERFORMANCE.md
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:
@@ -544,7 +526,7 @@ def test_every_shipped_yaml_opens_with_its_command_and_parses_through_it(path, m
     args = parser.parse_args([a.replace(f"configs/{path.name}", str(path)) for a in argv])
     monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)  # deepspeed need not be installed to read the file
     settings = args.settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)})
-    assert command in ("train", "replicate", "rl-study") and isinstance(settings, args.settings)
+    assert command == "train" and isinstance(settings, args.settings)
     import yaml
 
     written = yaml.safe_load(path.read_text())

@@ -30,7 +30,7 @@ from biprm.bench.report import _table
 from biprm.bench.workload import build
 from biprm.data.readers import read_rows
 from biprm.data.benchmarks import data_file
-from biprm.replication.data import gsm8k_reference
+from biprm.data.benchmarks import gsm8k_reference
 from biprm.scoring.scorer import Scorer
 from biprm.scoring.prefix import PrefixScorer
 

@@ -202,3 +202,13 @@ def load_processbench(data_root: str, subsets: tuple[str, ...] = PROCESSBENCH_SU
             trajs[i].meta["subset"] = name
             out.append(trajs[i])
     return out
+
+
+def gsm8k_reference(question: str, answer: str, where: str) -> Trajectory:
+    """A GSM8K solution as steps: one per line, calculator notes dropped, "#### N" -> "The answer is N."."""
+    if not isinstance(answer, str) or "####" not in answer:
+        raise DataError(f"{where}: field 'answer' has no '#### N' final answer")
+    steps = solution_steps(answer, "newline")
+    gold = answer.rsplit("####", 1)[1].strip().replace(",", "")
+    traj = Trajectory(question, steps, [1.0] * len(steps), answer=gold, meta={"source": "gsm8k", "kind": "reference"})
+    return validate(traj, where)

@@ -1,1 +1,0 @@
-"""The laptop-scale replication recipe."""
