@@ -426,11 +426,11 @@ def test_score_reads_question_and_steps_rows(checkpoint, tmp_path):
     assert lines[1]["labels"] == [1.0, 1.0] and lines[1]["answer"] == "2" and lines[0]["labels"] is None
 
 
-def test_the_readme_score_section_lists_every_input_layout():
+def test_the_scoring_page_lists_every_input_layout():
     from biprm.config import FORMATS
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("### Score"):readme.index("### Serve")]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "SCORING.md").read_text()
+    section = page[page.index("## Input layouts"):page.index("## Output")]
     assert all(f"- `{fmt}`: " in section for fmt in FORMATS), FORMATS
 
 
