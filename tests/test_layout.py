@@ -112,9 +112,9 @@ def module_table() -> str:
 
 def wing_picture(edges: dict[str, set[str]]) -> str:
     """The wings and the ground floor as a Mermaid graph, an arrow for each import between them. An arrow that a
-    longer path of arrows already implies is left out. The commands (`cli.py`, `demo.py`), which reach wings by design,
-    and `config.py`, on which everything stands, are drawn apart from the rest of the ground floor."""
-    apart = {"biprm.cli": "commands", "biprm.demo": "commands", "biprm.config": "config"}
+    longer path of arrows already implies is left out. The commands (`cli.py`, `demo.py`, `check.py`), which reach wings
+    by design, and `config.py`, on which everything stands, are drawn apart from the rest of the ground floor."""
+    apart = {"biprm.cli": "commands", "biprm.demo": "commands", "biprm.check": "commands", "biprm.config": "config"}
 
     def node(name: str) -> str:
         return apart.get(name) or wing_of(name) or "ground"
@@ -133,7 +133,8 @@ def wing_picture(edges: dict[str, set[str]]) -> str:
             arrows = rest
     ground = sorted(n.split(".")[-1] for n in edges if node(n) == "ground" and n != "biprm")
     names = sorted({n for arrow in arrows for n in arrow} | {node(n) for n in edges})
-    label = {"commands": "cli.py, demo.py", "config": "config.py", "ground": "ground floor: " + ", ".join(ground)}
+    commands = ", ".join(f"{n.split('.')[-1]}.py" for n in apart if apart[n] == "commands" and n in edges)
+    label = {"commands": commands, "config": "config.py", "ground": "ground floor: " + ", ".join(ground)}
     lines = ["```mermaid", "graph TD"]
     lines += [f'    {n}["{label.get(n, n + "/")}"]' for n in names]
     lines += [f"    {a} --> {b}" for a, b in arrows]
