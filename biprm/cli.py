@@ -1,11 +1,11 @@
-"""`biprm` command line: demo, train, score, eval, serve, export, bench, check, search, bench-data.
+"""`biprm` command line: demo, train, score, eval, serve, export, check, search.
 
 Each sub-command's flags come from one dataclass (`biprm.config` and the subpackages'
 `config` modules) through `HfArgumentParser`, so every flag shows its help, default
 and choices, and `--config FILE` (YAML or JSON) fills the same fields; flags given on
 the command line win over the file. Each command then calls one recipe, imported only
 when it runs: `biprm --help` never loads torch. `run_program` gives a study beside the
-library (`python -m studies.<name>`) the same flags, `--config FILE` and one-line errors.
+library (`python -m studies.<name>`, `python -m benchmarks`) the same flags, `--config FILE` and one-line errors.
 """
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from typing import Any, get_origin
 from transformers import HfArgumentParser
 
 from biprm import __version__
-from biprm.bench.config import BenchConfig, CheckConfig, DataBenchConfig
-from biprm.config import DemoConfig, ScoreConfig, TrainConfig
+from biprm.config import CheckConfig, DemoConfig, ScoreConfig, TrainConfig
 from biprm.evaluation import cli as evaluation
 from biprm.search.config import SearchConfig
 from biprm.serve.config import ExportConfig, ServeConfig
@@ -65,28 +64,10 @@ def cmd_export(cfg: ExportConfig) -> None:
     print(f"exported to {export_for_vllm(cfg.model, cfg.out, dtype=cfg.dtype)} in {cfg.dtype}; serve it with: vllm serve {cfg.out}")
 
 
-def cmd_bench(cfg: BenchConfig) -> None:
-    if cfg.preset == "serve":
-        from biprm.bench.serve import run, write
-    elif cfg.preset == "vllm":
-        from biprm.bench.vllm import run, write
-    elif cfg.preset == "search":
-        from biprm.bench.search import main
-
-        return main(cfg)
-    elif cfg.preset == "long":
-        from biprm.bench.long import main
-
-        return main(cfg)
-    else:
-        from biprm.bench.run import main
-
-        return main(cfg)
-    write(run(cfg), cfg.out)
 
 
 def cmd_check(cfg: CheckConfig) -> None:
-    from biprm.bench.check import run_check, write
+    from biprm.check import run_check, write
 
     items = run_check(cfg)
     print(Path(write(items, cfg.out)).read_text())
@@ -94,10 +75,6 @@ def cmd_check(cfg: CheckConfig) -> None:
         raise SystemExit(1)
 
 
-def cmd_bench_data(cfg: DataBenchConfig) -> None:
-    from biprm.bench.data import run, write
-
-    write(run(cfg), cfg.out)
 
 
 def cmd_search(cfg: SearchConfig) -> None:
@@ -112,12 +89,9 @@ COMMANDS = {  # name: (settings, recipe, one-line help)
     "score": (ScoreConfig, cmd_score, "write per-step and solution scores of a data file as JSONL"),
     "serve": (ServeConfig, cmd_serve, "serve a checkpoint over HTTP: /v1/score, /get_reward (OpenRLHF), /health, /metrics (extra [serve])"),
     "export": (ExportConfig, cmd_export, "write a checkpoint in the layout another engine loads (vllm: for `vllm serve` with biprm's plugin)"),
-    "bench": (BenchConfig, cmd_bench, "time and measure BiPRM against the reference pattern and L2R, side by side; "
-                                      "--preset serve|vllm: the servers under load"),
     "check": (CheckConfig, cmd_check, "try the cluster path once on this machine (train, resume, score, latency, vLLM dtype): a pass/fail table"),
     "search": (SearchConfig, cmd_search, "PRM-guided search (best-of-N, beam, DVTS, particle filtering) over a question set, beside "
                                           "majority vote, random pick, a noise-driven twin and pass@N at the same budget (resumable)"),
-    "bench-data": (DataBenchConfig, cmd_bench_data, "time to the first training step and peak RSS per rank on a Math-Shepherd-size file"),
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import MISSING, dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args, get_origin, get_type_hints
 
@@ -45,6 +45,9 @@ ATTENTION = ("sdpa", "eager")
 Attention = Literal[ATTENTION]
 Overlength = Literal["head", "refuse", "tail", "window"]  # biprm.data.encoding.OVERLENGTH
 
+
+SEGMENTERS = ("given", "paragraph", "lines", "markers", "tokens:N")  # how a trace is cut into steps (biprm.data.segment)
+SPLIT_NAMES = ("auto", "newline", "double-newline", "ки")  # the readers' and the server's split rules, kept as they were
 
 def default_data_root() -> str:
     """$BIPRM_DATA, else ../shared/data beside a source checkout (the folder the tests and docs use)."""
@@ -173,10 +176,20 @@ class ScorerSettings:
 
 
 def check_segmenter(name: str) -> None:
-    """Refuse an unknown segmenter name at once (biprm.data.segment imports nothing heavy)."""
-    from biprm.data.segment import Segmenter
+    """Refuse an unknown segmenter name at once, before anything loads (biprm.data.segment reads these names from here)."""
+    tokens_per_step(name)
+    if not name.startswith("tokens:") and name not in (*SEGMENTERS, *SPLIT_NAMES):
+        raise ValueError(f"unknown segmenter {name!r}; choose from {', '.join(SEGMENTERS[:-1] + SPLIT_NAMES)} or tokens:N (N > 0)")
 
-    Segmenter(name)
+
+def tokens_per_step(name: str) -> int | None:
+    """N of "tokens:N", None for any other name; a bad N is refused."""
+    if not name.startswith("tokens:"):
+        return None
+    n = name.removeprefix("tokens:")
+    if not n.isdigit() or int(n) <= 0:
+        raise ValueError(f"segmenter {name!r}: tokens:N needs a whole number N > 0")
+    return int(n)
 
 
 @dataclass
@@ -213,3 +226,26 @@ class ScoreConfig(ScorerSettings):
         super().__post_init__()
         if self.segmenter is not None:
             check_segmenter(self.segmenter)
+
+@dataclass
+class CheckConfig:
+    train_config: str = arg("configs/train-paper-qwen2.5-math-1.5b.yaml", "the training config a job would run ('' for none): "
+                                                                         "its launcher settings, precision and DeepSpeed config are what is checked; "
+                                                                         "a shipped configs/ file is found from any directory")
+    backbone: str = arg("Qwen/Qwen2.5-Math-1.5B", "the body to train (a Hub name, a folder, or a built-in: tiny, smollm2-135m)")
+    data: str = arg("trl-lib/math_shepherd", "training rows: a file (its first --rows are used), a Hub name, or synthetic:N")
+    rows: int = arg(64, "trajectories of a data file to train and score on")
+    processes: int | None = arg(None, "training processes, launched with torchrun (one per GPU); default 1, and 2 with --smoke")
+    latency_solutions: int = arg(16, "solutions scored one at a time per mode for the latency ratio")
+    out: str = arg("check", "where check.{json,md} and the logs go")
+    smoke: bool = arg(False, "every item on the tiny backbone and the synthetic task on the CPU in 2 processes, in a minute or two "
+                             "(what the tests run)")
+
+    def __post_init__(self) -> None:
+        if self.smoke:  # the same items on what any machine has, unless a body or data is named
+            defaults = {f.name: f.default for f in fields(self)}
+            self.train_config = ""
+            self.backbone = "tiny" if self.backbone == defaults["backbone"] else self.backbone
+            self.data = f"synthetic:{self.rows}" if self.data == defaults["data"] else self.data
+        if self.processes is None:
+            self.processes = 2 if self.smoke else 1

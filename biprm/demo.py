@@ -104,7 +104,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     print(
         "A tiny random backbone on a synthetic task: this shows every mode training and being evaluated end to end;"
         "\nits ordering moves with the seed, CPU and thread count and is not evidence for or against BiPRM."
-        "\nFor that, run `biprm replicate` (a real backbone on real data; docs/REPLICATION.md)."
+        "\nFor that, see the replication study (a real backbone on real data; studies/replication/README.md)."
     )
     (out / "results.json").write_text(json.dumps({"config": asdict(cfg), "results": results}, indent=2))
     if "bi" in results:

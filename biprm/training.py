@@ -6,7 +6,7 @@ checkpointing, exact resume (optimizer, scheduler, RNG and data position), loggi
 to TensorBoard/W&B and the progress bar come from the library. Our custom pieces are
 the collator, which packs both streams of every trajectory into one batch, and, with
 --train-top-layers, the trunk cache's dataset and collator (`biprm.trunk`), on which
-`biprm replicate` trains too: one loop for every training run.
+The studies beside the package train through it too: one loop for every training run.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`biprm bench` code paths on the tiny shape: every section runs and reports; no timing is asserted."""
+"""`python -m benchmarks` code paths on the tiny shape: every section runs and reports; no timing is asserted."""
 import json
 import math
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from biprm.bench.config import PRESETS
-from biprm.bench.measure import step_memory
-from biprm.bench.run import BenchConfig, gate_overhead, main
-from biprm.bench.workload import build, training_config
+from benchmarks.config import PRESETS
+from benchmarks.measure import step_memory
+from benchmarks.run import BenchConfig, gate_overhead, main
+from benchmarks.workload import build, training_config
 from biprm.data.encoding import Encoded
 from biprm.data.trajectory import Trajectory
 
@@ -62,7 +62,7 @@ def test_gate_overhead_at_qwen25_math_15b_shape():
 
 def test_each_configuration_pins_its_layout():
     """Left to itself Scorer picks the prompt cache for Best-of-N pools; the bench must not let it."""
-    from biprm.bench.run import scorer
+    from benchmarks.run import scorer
 
     bench = build("tiny")
     layouts = {name: scorer(bench, name).prefix_cache for name in ("l2r:plain", "bi:plain", "bi:default", "bi:kv", "l2r:kv")}
@@ -70,8 +70,8 @@ def test_each_configuration_pins_its_layout():
 
 
 def test_bench_data_rows_chain_solutions_to_the_asked_length(data_dir, tmp_path):
-    from biprm.bench.config import DataBenchConfig
-    from biprm.bench.data import write_rows
+    from benchmarks.config import DataBenchConfig
+    from benchmarks.data import write_rows
     from biprm.data.readers import load_trajectories
 
     steps = {}
@@ -86,7 +86,7 @@ def test_bench_data_rows_chain_solutions_to_the_asked_length(data_dir, tmp_path)
 
 @pytest.mark.slow
 def test_serve_preset_runs_bounded_and_serves_the_scorers_scores(tmp_path, data_dir):
-    from biprm.bench.serve import run, write
+    from benchmarks.serve import run, write
 
     cfg = BenchConfig(preset="serve", shape="tiny", data_root=str(data_dir), requests=8, concurrency=[1, 4], compare_at=4, overload_clients=24,
                       overload_queue=2)
@@ -107,15 +107,18 @@ def test_a_run_sets_the_sizes_it_names_and_takes_the_rest_from_its_preset():
 
 
 def test_bench_presets_run_the_server_benchmarks(monkeypatch):
-    """`biprm bench --preset serve|vllm` run the load test and the vLLM comparison, with the sizes the flags set."""
-    import biprm.bench.serve
-    import biprm.bench.vllm
-    from biprm.cli import main as cli
+    """`python -m benchmarks --preset serve|vllm` run the load test and the vLLM comparison, with the sizes the flags set."""
+    import benchmarks.serve
+    import benchmarks.vllm
+    from benchmarks.__main__ import main
+    from biprm.cli import run_program
+
+    cli = lambda argv: run_program(BenchConfig, main, "python -m benchmarks", argv)  # noqa: E731
 
     ran = []
-    for module in (biprm.bench.serve, biprm.bench.vllm):
+    for module in (benchmarks.serve, benchmarks.vllm):
         monkeypatch.setattr(module, "run", lambda cfg, name=module.__name__: ran.append((name, cfg.sizes)) or {})
         monkeypatch.setattr(module, "write", lambda result, out: None)
-    cli(["bench", "--preset", "serve", "--requests", "8", "--concurrency", "1", "4"])
-    cli(["bench", "--preset", "vllm"])
-    assert ran == [("biprm.bench.serve", PRESETS["serve"] | {"requests": 8, "concurrency": [1, 4]}), ("biprm.bench.vllm", PRESETS["vllm"])]
+    cli(["--preset", "serve", "--requests", "8", "--concurrency", "1", "4"])
+    cli(["--preset", "vllm"])
+    assert ran == [("benchmarks.serve", PRESETS["serve"] | {"requests": 8, "concurrency": [1, 4]}), ("benchmarks.vllm", PRESETS["vllm"])]

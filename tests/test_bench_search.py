@@ -1,10 +1,10 @@
-"""`biprm bench --preset search` on the tiny shape and a small tree: token counts follow the O(D) / O(D^2) accounting."""
+"""`python -m benchmarks --preset search` on the tiny shape and a small tree: token counts follow the O(D) / O(D^2) accounting."""
 import json
 
 import numpy as np
 
-from biprm.bench.config import PRESETS, BenchConfig
-from biprm.bench.search import main, search_tree
+from benchmarks.config import PRESETS, BenchConfig
+from benchmarks.search import main, search_tree
 
 SMALL = dict(questions=2, depth=3, width=2, paths=4, group=2)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from biprm.bench import check
-from biprm.bench.check import Item, error_in, latency_item, run_check, train_command
-from biprm.bench.config import CheckConfig
+from biprm import check
+from biprm.check import Item, error_in, latency_item, run_check, train_command
+from biprm.config import CheckConfig
 
 
 @pytest.mark.slow

@@ -440,7 +440,7 @@ def test_no_help_entry_states_its_default_twice():
 
     parser = build_parser()
     helps = {p.prog: p.format_help() for p in _subparsers(parser) if "settings" in p._defaults}
-    assert {"biprm train", "biprm score", "biprm serve", "biprm eval bon", "biprm bench"} <= set(helps)
+    assert {"biprm train", "biprm score", "biprm serve", "biprm eval bon", "biprm check"} <= set(helps)
     entries = {prog: [" ".join(entry.split()) for entry in re.split(r"\n  (?=-)", text)] for prog, text in helps.items()}
     twice = [f"{prog}: {entry}" for prog, found in entries.items() for entry in found if entry.count("(default:") > 1]
     assert not twice, "\n".join(twice)
@@ -452,7 +452,7 @@ def test_preset_help_describes_every_preset_and_leaves_timings_to_one_doc():
     import dataclasses
     import typing
 
-    from biprm.bench.config import BenchConfig
+    from benchmarks.config import BenchConfig
     from studies.replication.config import ReplicateConfig
 
     timing = re.compile(r"\d+(\.\d+)?\s*(s|min|minutes|h|hours)\b")
@@ -461,7 +461,7 @@ def test_preset_help_describes_every_preset_and_leaves_timings_to_one_doc():
         text, choices = preset.metadata["help"], typing.get_args(typing.get_type_hints(settings)["preset"])
         assert all(f"{name}: " in text for name in choices) and not timing.search(text), text
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\n", " ")
-    for command in ("python -m studies.replication --preset quick", "biprm bench --preset quick"):
+    for command in ("python -m studies.replication --preset quick", "python -m benchmarks --preset quick"):
         for at in [i for i in range(len(readme)) if readme.startswith(command, i)]:
             after = readme[at:][:200]
             assert not timing.search(after), after  # the one source is studies/replication/README.md or docs/PERFORMANCE.md

@@ -136,9 +136,9 @@ def test_past_dense_max_a_batch_runs_plain_rows_without_a_mask_and_the_same_scor
 
 @pytest.mark.slow
 def test_bench_long_preset_runs_and_reports_its_targets(tmp_path):
-    """`biprm bench --preset long` on tiny sizes: every configuration probed, the targets read from one run."""
-    from biprm.bench.config import BenchConfig
-    from biprm.bench.long import main
+    """`python -m benchmarks --preset long` on tiny sizes: every configuration probed, the targets read from one run."""
+    from benchmarks.config import BenchConfig
+    from benchmarks.long import main
 
     result = main(BenchConfig(preset="long", shape="tiny", out=str(tmp_path), threads=1),
                   sizes=dict(lengths=[512, 4096], layers=None, tree_max=512, train_length=1024))

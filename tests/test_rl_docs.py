@@ -29,9 +29,9 @@ def test_the_trl_snippet_trains(tmp_path, bi_scorer, monkeypatch):
     monkeypatch.setattr(trl, "GRPOConfig", functools.partial(trl.GRPOConfig, use_cpu=True))  # the doc's config asks for bf16 on a GPU
 
     tok = load_tokenizer(resolve_backbone("tiny"))
-    for folder, model in (("policy", tiny_policy(tok)), ("rm", bi_scorer.model)):
+    for folder, model, tokenizer in (("policy", tiny_policy(tok), tok), ("rm", bi_scorer.model, bi_scorer.tokenizer)):
         model.save_pretrained(tmp_path / folder)
-        tok.save_pretrained(tmp_path / folder)
+        tokenizer.save_pretrained(tmp_path / folder)  # the PRM's own, which knows its step tag
     monkeypatch.chdir(tmp_path)
     namespace = {"POLICY": str(tmp_path / "policy"), "RM": str(tmp_path / "rm")}
     exec(snippets()[0], namespace)

@@ -256,7 +256,7 @@ def test_a_trunk_cache_run_trains_every_batch_when_they_do_not_fill_the_last_ste
 
 
 def test_replicate_and_train_top_layers_reach_the_same_weights(tmp_path):
-    """`biprm replicate` trains each run through `biprm train`'s trainer on the same trunk cache."""
+    """The replication study trains each run through `biprm train`'s trainer on the same trunk cache."""
     from studies.replication.recipe import ReplicateConfig, train_run
     from biprm.data.readers import load_trajectories
 

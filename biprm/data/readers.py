@@ -14,8 +14,8 @@ from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from biprm.config import FORMATS
-from biprm.data.segment import MS_TAG, RULES, SEGMENTERS, Segmenter
+from biprm.config import FORMATS, SEGMENTERS
+from biprm.data.segment import MS_TAG, RULES, Segmenter
 from biprm.data.synthetic import make_dataset
 from biprm.data.trajectory import DataError, Trajectory, labels_from_first_error, validate
 

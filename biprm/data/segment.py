@@ -21,12 +21,12 @@ import re
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+from biprm.config import SPLIT_NAMES, check_segmenter, tokens_per_step
 from biprm.data.trajectory import DataError
 
 JOIN = "\n\n"  # between given steps, in the text their spans point into
 MS_TAG = "ки"  # Math-Shepherd's step tag (Cyrillic, U+043A U+0438)
-SEGMENTERS = ("given", "paragraph", "lines", "markers", "tokens:N")
-RULES = ("auto", "newline", "double-newline", MS_TAG)  # the readers' and the server's split rules, kept as they were
+RULES = SPLIT_NAMES  # the readers' and the server's split rules, kept as they were (names in biprm.config)
 FALLBACK = "auto"  # what cuts a one-string trace for a model whose steps were given (reported in the output)
 
 MARKERS = (
@@ -181,9 +181,8 @@ class Segmenter:
 
     def __init__(self, name: str, tokenizer=None, rule: Markers = Markers(), note: str | None = None):
         self.name, self.tokenizer, self.rule, self.note = name, tokenizer, rule, note
-        self.tokens_per_step = _tokens_per_step(name)
-        if self.tokens_per_step is None and name not in (*SEGMENTERS, *RULES):
-            raise ValueError(f"unknown segmenter {name!r}; choose from {', '.join(SEGMENTERS[:-1] + RULES)} or tokens:N (N > 0)")
+        check_segmenter(name)
+        self.tokens_per_step = tokens_per_step(name)
 
     def __repr__(self) -> str:
         return f"Segmenter({self.name!r})"
@@ -233,13 +232,3 @@ def for_model(chosen: str | None, trained: str, tokenizer=None) -> Segmenter:
         return Segmenter(name, tokenizer)
     return Segmenter(FALLBACK, tokenizer, note=f"the model was trained on given steps: this trace was cut by {FALLBACK!r} "
                                                 "(tags, else paragraphs, else lines)")
-
-
-def _tokens_per_step(name: str) -> int | None:
-    """N of "tokens:N", None for any other name; a bad N is refused."""
-    if not name.startswith("tokens:"):
-        return None
-    n = name.removeprefix("tokens:")
-    if not n.isdigit() or int(n) <= 0:
-        raise ValueError(f"segmenter {name!r}: tokens:N needs a whole number N > 0")
-    return int(n)

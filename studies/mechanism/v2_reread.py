@@ -1,4 +1,4 @@
-"""Version 2's post-hoc re-read (issue 48; studies/mechanism/README.md, "Version 2: the post-hoc re-read"), from the saved logits alone.
+"""Version 2's post-hoc re-read (studies/mechanism/README.md, "Version 2: the post-hoc re-read"), from the saved logits alone.
 
 Not pre-registered: the pre-registered rule's outcome stays on record beside it. Each piece answers one way the
 pre-registered reading went further than its numbers:

@@ -10,7 +10,7 @@ ARMS = ("outcome", "min", "process-l2r", "process-bi")
 
 @dataclass
 class RLStudyConfig:
-    """Every number of the small RL study (docs/RL.md, "Small study"): one SFT policy, two PRMs, four GRPO arms."""
+    """Every number of the small RL study (studies/rl/README.md): one SFT policy, two PRMs, four GRPO arms."""
 
     out: str = arg("studies/rl/results", "results folder: one JSON per (arm, seed) run, prms.json, report.md and the plot")
     work_dir: str = arg("out/rl-study", "model folders (SFT policy, PRMs) and GRPO scratch; kept out of results, never committed")

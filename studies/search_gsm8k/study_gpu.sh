@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GSM8K search study on a GPU (docs/SEARCH.md, "The same study on a GPU"): the CPU study's design, with the policy
+# The GSM8K search study on a GPU (studies/search_gsm8k/README.md, "The same study on a GPU"): the CPU study's design, with the policy
 # sampled by transformers `generate` on the GPU, and both PRMs trained and scored there.
 #   studies/search_gsm8k/study_gpu.sh
 # A machine without the data folder trains on the trajectories that another one wrote

@@ -1,4 +1,4 @@
-"""`biprm bench --preset search`: what scoring a beam search's partial solutions costs, incremental L2R against from scratch.
+"""`python -m benchmarks --preset search`: what scoring a beam search's partial solutions costs, incremental L2R against from scratch.
 
 The workload is a beam search of depth D and width W over P paths per question: P first
 steps, then at every depth the W kept paths each grow P/W next steps. Real GSM8K reference
@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from biprm.bench.config import BenchConfig
-from biprm.bench.measure import machine
-from biprm.bench.report import _table
-from biprm.bench.workload import build
+from benchmarks.config import BenchConfig
+from benchmarks.measure import machine
+from benchmarks.report import _table
+from benchmarks.workload import build
 from biprm.data.readers import read_rows
 from biprm.data.benchmarks import data_file
 from biprm.data.benchmarks import gsm8k_reference

@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 import torch
 import torch.nn as nn
 
-from biprm.bench.workload import build, train_step, training_config
+from benchmarks.workload import build, train_step, training_config
 from biprm.data.encoding import Encoded
 
 
@@ -128,7 +128,7 @@ def _run(command: list[str]) -> str:
 
 def step_memory(shape: str, encs: list[Encoded], name: str, threads: int) -> dict:
     """Peak memory of one training step of configuration `name`, in a fresh process (see module docstring)."""
-    return fresh_process("biprm.bench.measure", {"shape": shape, "encs": encs, "name": name, "threads": threads}, f"memory probe for {name}")
+    return fresh_process("benchmarks.measure", {"shape": shape, "encs": encs, "name": name, "threads": threads}, f"memory probe for {name}")
 
 
 def fresh_process(module: str, spec: dict, what: str) -> dict:

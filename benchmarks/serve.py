@@ -1,4 +1,4 @@
-"""`biprm bench --preset serve`: `biprm serve` under concurrent load on loopback, bounded in requests and time.
+"""`python -m benchmarks --preset serve`: `biprm serve` under concurrent load on loopback, bounded in requests and time.
 
 A checkpoint of the chosen shape (random weights: speed does not depend on them) is
 written to a temporary folder and served by a real `biprm serve` process; clients in
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from biprm.bench.config import BenchConfig
-from biprm.bench.measure import machine
-from biprm.bench.workload import build
+from benchmarks.config import BenchConfig
+from benchmarks.measure import machine
+from benchmarks.workload import build
 from biprm.data.benchmarks import gsm8k_bon_small
 from biprm.data.trajectory import Trajectory
 from biprm.scoring import Scorer

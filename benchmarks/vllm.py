@@ -1,4 +1,4 @@
-"""`biprm bench --preset vllm`: biprm's own scorer against vLLM with biprm's plugin, side by side in one run.
+"""`python -m benchmarks --preset vllm`: biprm's own scorer against vLLM with biprm's plugin, side by side in one run.
 
 Random weights in a real backbone's shape: speed does not depend on them.
 
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from biprm.bench.config import BenchConfig
-from biprm.bench.measure import machine
-from biprm.bench.serve import Server, drive, save_json
-from biprm.bench.workload import build
+from benchmarks.config import BenchConfig
+from benchmarks.measure import machine
+from benchmarks.serve import Server, drive, save_json
+from benchmarks.workload import build
 from biprm.config import MAX_LENGTH
 from biprm.data.benchmarks import gsm8k_bon_small
 from biprm.scoring import Scorer

@@ -37,10 +37,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from biprm.bench.config import CheckConfig
+from biprm.config import CheckConfig
 
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout or install biprm runs from: configs/ sits beside the package
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the checkout or install biprm runs from: configs/ sits beside the package
 PARTS = (("rng_state", "rng"), ("scheduler", "scheduler"), ("optim", "optimizer"), ("trainer_state", "trainer state"))  # else weights
 STATE_SUFFIXES = (".safetensors", ".pt", ".pth")  # with trainer_state.json: what a checkpoint restores
 NOISE_FACTOR = 2  # a resume that is not exact passes within this many times the gap between two uninterrupted runs

@@ -1,4 +1,4 @@
-"""`biprm bench --preset long`: scoring one long trace, time per token and peak memory, `l2r` against each `bi` layout.
+"""`python -m benchmarks --preset long`: scoring one long trace, time per token and peak memory, `l2r` against each `bi` layout.
 
 A trace of L tokens per stream (a 64-token prompt, then 128-token steps) on a backbone's shape (random weights; `layers`
 keeps its first K layers, as a 2-core machine cannot run 30 layers at 16k tokens in minutes: time per token and the
@@ -9,7 +9,7 @@ attention memory are properties of one layer, the weights' share is not). Config
   tokens per stream: past it its L x L bias alone outgrows the machine.
 Each configuration of each length runs in a fresh process, which reports the wall time of one scoring call and its peak
 memory (VmHWM above the resident set just before the call, with glibc returning freed blocks at once, as
-`biprm.bench.measure` does for training steps). A last probe takes one training step of the tiny bi model on a row of
+`benchmarks.measure` does for training steps). A last probe takes one training step of the tiny bi model on a row of
 `train_length` tokens per stream, against the 8 GB the issue allows. Ratios are read within one run.
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ import torch
 from transformers import AutoConfig, AutoModel
 
 from biprm.backbones import resolve_backbone
-from biprm.bench.config import BenchConfig
-from biprm.bench.measure import _status_mib, fresh_process, machine, step_memory
-from biprm.bench.report import _table
+from benchmarks.config import BenchConfig
+from benchmarks.measure import _status_mib, fresh_process, machine, step_memory
+from benchmarks.report import _table
 from biprm.data.encoding import Encoded
 from biprm.modeling import BiPRMConfig, BiPRMModel
 from biprm.packing import pack
@@ -64,7 +64,7 @@ def batch_of(name: str, length: int) -> dict[str, torch.Tensor]:
 def probe(shape: str, layers: int | None, name: str, length: int, threads: int) -> dict:
     """Seconds and peak memory of one scoring call, in a fresh process."""
     spec = {"shape": shape, "layers": layers, "name": name, "length": length, "threads": threads}
-    return fresh_process("biprm.bench.long", spec, f"long-trace probe {name} at {length} tokens")
+    return fresh_process("benchmarks.long", spec, f"long-trace probe {name} at {length} tokens")
 
 
 def _probe(path: str) -> None:

@@ -1,7 +1,7 @@
-"""Flags of `biprm bench` and `biprm bench-data`: plain dataclasses, so the CLI lists them without importing torch."""
+"""Settings of the benchmarks (`python -m benchmarks`, `python -m benchmarks.data`): plain dataclasses, so --help loads no torch."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 from biprm.config import arg, default_data_root
@@ -10,12 +10,12 @@ PRESETS = {  # smoke: every code path in seconds on the tiny shape (tests)
     "full": dict(batch=4, tokens=256, repeats=3, questions=5, bon_repeats=2, ref_sample=12, latency_sample=3, extra=True, scaling=True),
     "quick": dict(batch=2, tokens=128, repeats=2, questions=2, bon_repeats=1, ref_sample=4, latency_sample=2, extra=False, scaling=False),
     "smoke": dict(batch=2, tokens=128, repeats=1, questions=1, bon_repeats=1, ref_sample=2, latency_sample=1, extra=True, scaling=True),
-    # servers on loopback (biprm.bench.serve, biprm.bench.vllm): requests per measurement, clients, seconds per measurement
+    # servers on loopback (benchmarks.serve, benchmarks.vllm): requests per measurement, clients, seconds per measurement
     "serve": dict(requests=192, concurrency=[1, 8, 32], compare_at=32, overload_clients=256, overload_queue=32, time_limit_s=240.0),
     "vllm": dict(questions=8, requests=64, compare_at=8, time_limit_s=300.0),
-    # biprm.bench.search: beam search of depth 8, width 4, 16 paths per question; `group` questions per PathScorer call
+    # benchmarks.search: beam search of depth 8, width 4, 16 paths per question; `group` questions per PathScorer call
     "search": dict(questions=32, depth=8, width=4, paths=16, group=8),
-    # biprm.bench.long: one trace of each length (tokens per stream); the dense tree up to tree_max; tiny training at train_length
+    # benchmarks.long: one trace of each length (tokens per stream); the dense tree up to tree_max; tiny training at train_length
     "long": dict(lengths=[1024, 4096, 8192, 16384], layers=30, tree_max=4096, train_length=8192),
 }
 SIZES = ("questions", "requests", "concurrency", "compare_at", "overload_clients", "overload_queue", "time_limit_s")  # flags that resize a preset
@@ -76,27 +76,3 @@ class DataBenchConfig:
     def name(self) -> str:
         """data-<rows>, plus -x<solutions per row> for longer rows."""
         return f"data-{self.rows}" + ("" if self.solutions_per_row == 1 else f"-x{self.solutions_per_row:g}")
-
-
-@dataclass
-class CheckConfig:
-    train_config: str = arg("configs/train-paper-qwen2.5-math-1.5b.yaml", "the training config a job would run ('' for none): "
-                                                                         "its launcher settings, precision and DeepSpeed config are what is checked; "
-                                                                         "a shipped configs/ file is found from any directory")
-    backbone: str = arg("Qwen/Qwen2.5-Math-1.5B", "the body to train (a Hub name, a folder, or a built-in: tiny, smollm2-135m)")
-    data: str = arg("trl-lib/math_shepherd", "training rows: a file (its first --rows are used), a Hub name, or synthetic:N")
-    rows: int = arg(64, "trajectories of a data file to train and score on")
-    processes: int | None = arg(None, "training processes, launched with torchrun (one per GPU); default 1, and 2 with --smoke")
-    latency_solutions: int = arg(16, "solutions scored one at a time per mode for the latency ratio")
-    out: str = arg("check", "where check.{json,md} and the logs go")
-    smoke: bool = arg(False, "every item on the tiny backbone and the synthetic task on the CPU in 2 processes, in a minute or two "
-                             "(what the tests run)")
-
-    def __post_init__(self) -> None:
-        if self.smoke:  # the same items on what any machine has, unless a body or data is named
-            defaults = {f.name: f.default for f in fields(self)}
-            self.train_config = ""
-            self.backbone = "tiny" if self.backbone == defaults["backbone"] else self.backbone
-            self.data = f"synthetic:{self.rows}" if self.data == defaults["data"] else self.data
-        if self.processes is None:
-            self.processes = 2 if self.smoke else 1

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from biprm.backbones import load_tokenizer, resolve_backbone
-from biprm.bench.reference import ReferencePRM, reference_inputs
+from benchmarks.reference import ReferencePRM, reference_inputs
 from biprm.config import MAX_LENGTH
 from biprm.data.encoding import Encoded, Encoder, add_step_tag
 from biprm.data.trajectory import Trajectory

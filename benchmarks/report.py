@@ -1,4 +1,4 @@
-"""Targets, Markdown tables and the scaling plot of a `biprm bench` result."""
+"""Targets, Markdown tables and the scaling plot of a `python -m benchmarks` result."""
 from __future__ import annotations
 
 from biprm.analysis.plots import figure, write_figure

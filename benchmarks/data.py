@@ -1,4 +1,4 @@
-"""`biprm bench-data`: the training data pipeline at Math-Shepherd size (docs/PERFORMANCE.md).
+"""`python -m benchmarks.data`: the training data pipeline at Math-Shepherd size (docs/PERFORMANCE.md).
 
 A TRL-format file of N rows (GSM8K-train questions and reference steps, resampled, with
 Math-Shepherd-style labels; `--solutions-per-row 3.8` chains references into rows with 2.7x
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from biprm.bench.config import DataBenchConfig
+from benchmarks.config import DataBenchConfig
 from biprm.data.benchmarks import data_file
 
 
@@ -96,7 +96,7 @@ def _launch(cfg: DataBenchConfig, data: Path, cache: Path, processes: int, name:
     report = work / f"{name}.json"
     spec = json.dumps({"data": str(data), "output_dir": str(work / f"run-{name}"), "max_length": cfg.max_length,
                        "batch_size": cfg.batch_size, "report": str(report)})
-    worker_cmd = ["-m", "biprm.bench.data", spec]
+    worker_cmd = ["-m", "benchmarks.data", spec]
     if processes > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), *worker_cmd]
     else:
@@ -150,4 +150,9 @@ def write(result: dict, out: str) -> Path:
 
 
 if __name__ == "__main__":
-    worker(sys.argv[1])
+    if len(sys.argv) == 2 and not sys.argv[1].startswith("-"):  # one measured process, started by `run` with its settings
+        worker(sys.argv[1])
+    else:
+        from biprm.cli import run_program
+
+        run_program(DataBenchConfig, lambda cfg: write(run(cfg), cfg.out), "python -m benchmarks.data")

@@ -1,4 +1,4 @@
-"""`biprm bench`: BiPRM against the reference pattern and against itself, side by side in one run.
+"""`python -m benchmarks`: BiPRM against the reference pattern and against itself, side by side in one run.
 
 Sections: matmul peak and machine; gate parameters at Qwen2.5-Math-1.5B's shape (meta
 device); fp32 full-vocabulary logits memory (analytic); training step time, FLOP/s and
@@ -6,7 +6,7 @@ peak memory; single-solution latency; Best-of-N scoring of real GSM8K candidates
 against the number of candidates and solution length. Only ratios of times taken in the
 same run are compared (see docs/PERFORMANCE.md).
 
-Configuration names: `ref-<mode>` is the reference pattern (biprm.bench.reference);
+Configuration names: `ref-<mode>` is the reference pattern (benchmarks.reference);
 `<mode>:plain` puts every stream in its own row (prompt copied, no mask); `<mode>:tree`
 puts a trajectory's prompt once, then its streams (the training layout);
 `<mode>:default` is the Scorer's one-pass default (tree rows up to 512 tokens, plain
@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from transformers import Qwen2Config
 
-from biprm.bench.config import BenchConfig
-from biprm.bench.measure import machine, matmul_peak, step_memory, timed
-from biprm.bench.reference import score_one_at_a_time
-from biprm.bench.report import plot_scaling, targets, write_markdown
-from biprm.bench.workload import CANDIDATES, Bench, build, question_pool, train_step, training_batch, training_config
+from benchmarks.config import BenchConfig
+from benchmarks.measure import machine, matmul_peak, step_memory, timed
+from benchmarks.reference import score_one_at_a_time
+from benchmarks.report import plot_scaling, targets, write_markdown
+from benchmarks.workload import CANDIDATES, Bench, build, question_pool, train_step, training_batch, training_config
 from biprm.data.trajectory import Trajectory
 from biprm.data.benchmarks import gsm8k_bon_small
 from biprm.modeling import BiPRMConfig, BiPRMModel
