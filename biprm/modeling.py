@@ -78,6 +78,12 @@ class BiPRMConfig(PreTrainedConfig):
         and refuse to start on a config without it (the paper's recipe did, on its first GPU)."""
         return self.backbone_config.hidden_size
 
+    @hidden_size.setter
+    def hidden_size(self, value: int) -> None:
+        """A config.json that holds the width (a tool wrote it out) loads; one that disagrees with its backbone is refused."""
+        if value != self.backbone_config.hidden_size:
+            raise ValueError(f"hidden_size {value} differs from the backbone's {self.backbone_config.hidden_size}")
+
 
 class Float32Linear(nn.Linear):
     """A linear layer that computes in fp32 whatever dtype an engine casts its weights to.

@@ -349,3 +349,14 @@ def test_deepspeed_fills_its_auto_zero3_buckets_from_the_config(backbone):
     assert ds.config["zero_optimization"]["reduce_bucket_size"] == H * H
     assert ds.config["zero_optimization"]["stage3_param_persistence_threshold"] == 10 * H
     assert "hidden_size" not in model.config.to_dict()  # read from the backbone, never saved twice
+
+
+def test_a_config_json_holding_the_width_loads_and_a_wrong_one_is_refused():
+    from transformers import LlamaConfig
+
+    from biprm.modeling import BiPRMConfig
+
+    body = LlamaConfig(hidden_size=64, num_attention_heads=4).to_dict()
+    assert BiPRMConfig.from_dict({"backbone_config": body, "hidden_size": 64}).hidden_size == 64
+    with pytest.raises(ValueError, match="hidden_size 32 differs from the backbone's 64"):
+        BiPRMConfig.from_dict({"backbone_config": body, "hidden_size": 32})
