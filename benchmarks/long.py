@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModel
 from biprm.backbones import resolve_backbone
 from benchmarks.config import BenchConfig
 from benchmarks.measure import _status_mib, fresh_process, machine, step_memory
-from benchmarks.report import _table
+from benchmarks.report import _table, save
 from biprm.data.encoding import Encoded
 from biprm.modeling import BiPRMConfig, BiPRMModel
 from biprm.packing import pack
@@ -141,11 +141,7 @@ def write_markdown(result: dict, path: str) -> str:
 def main(cfg: BenchConfig, sizes: dict | None = None) -> dict:
     result = run(cfg, sizes)
     result["targets"] = targets(result)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench-{cfg.shape}-long"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
-    print(write_markdown(result, str(out / f"{stem}.md")))
+    save(result, cfg.out, f"bench-{cfg.shape}-long", write_markdown)
     return result
 
 

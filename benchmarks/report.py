@@ -1,6 +1,10 @@
 """Targets, Markdown tables and the scaling plot of a `python -m benchmarks` result."""
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
+
 from biprm.analysis.plots import figure, write_figure
 
 TRAIN_BI, TRAIN_L2R = "bi:tree", "l2r:plain"  # the layouts `biprm train` uses
@@ -114,3 +118,12 @@ def plot_scaling(scaling: dict, path: str, shape: str) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"biprm bench, {shape} shape, fp32")
     write_figure(fig, path)
+
+
+def save(result: dict, out: str, stem: str, markdown: Callable[[dict, str], str]) -> Path:
+    """A preset's result as OUT/STEM.json and OUT/STEM.md (written by `markdown`, and printed): one layout for every preset."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
+    print(markdown(result, str(folder / f"{stem}.md")))
+    return folder

@@ -15,12 +15,10 @@ its candidates (`Scorer(prefix_cache=True)`).
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,7 +27,7 @@ from transformers import Qwen2Config
 from benchmarks.config import BenchConfig
 from benchmarks.measure import machine, matmul_peak, step_memory, timed
 from benchmarks.reference import score_one_at_a_time
-from benchmarks.report import plot_scaling, targets, write_markdown
+from benchmarks.report import plot_scaling, save, targets, write_markdown
 from benchmarks.workload import CANDIDATES, Bench, build, question_pool, train_step, training_batch, training_config
 from biprm.data.trajectory import Trajectory
 from biprm.data.benchmarks import gsm8k_bon_small
@@ -186,10 +184,7 @@ def run(cfg: BenchConfig) -> dict:
 
 def main(cfg: BenchConfig) -> None:
     result = run(cfg)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = f"bench-{cfg.shape}" + ("" if cfg.preset == "full" else f"-{cfg.preset}")
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
+    out = save(result, cfg.out, stem, write_markdown)
     if "scaling" in result["runs"]["float32"]:
         plot_scaling(result["runs"]["float32"]["scaling"], str(out / f"{stem}-scaling.png"), cfg.shape)
-    print(write_markdown(result, str(out / f"{stem}.md")))

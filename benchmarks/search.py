@@ -14,7 +14,6 @@ load from another process slows all of them alike.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict
@@ -26,7 +25,7 @@ from tqdm.auto import tqdm
 
 from benchmarks.config import BenchConfig
 from benchmarks.measure import machine
-from benchmarks.report import _table
+from benchmarks.report import _table, save
 from benchmarks.workload import build
 from biprm.data.readers import read_rows
 from biprm.data.benchmarks import data_file
@@ -134,9 +133,5 @@ def write_markdown(result: dict, path: str) -> str:
 def main(cfg: BenchConfig, sizes: dict | None = None) -> dict:
     result = run(cfg, sizes)
     result["targets"] = targets(result)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench-{cfg.shape}-search"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
-    print(write_markdown(result, str(out / f"{stem}.md")))
+    save(result, cfg.out, f"bench-{cfg.shape}-search", write_markdown)
     return result
