@@ -10,18 +10,20 @@ library (`python -m studies.<name>`, `python -m benchmarks`) the same flags, `--
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, get_origin
 
 from transformers import HfArgumentParser
 
 from biprm import __version__
-from biprm.config import CheckConfig, DemoConfig, ScoreConfig, TrainConfig
+from biprm.config import BOUNDS, CheckConfig, DemoConfig, ScoreConfig, TrainConfig, check_ranges
 from biprm.evaluation import cli as evaluation
 from biprm.search.config import SearchConfig
 from biprm.serve.config import ExportConfig, ServeConfig
@@ -115,9 +117,19 @@ class _DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if "(default:" in (action.help or "") else super()._get_help_string(action)
 
 
+class _Parser(HfArgumentParser):
+    """HfArgumentParser that keeps biprm's own field metadata (`biprm.config.arg`'s range) out of argparse."""
+
+    @staticmethod
+    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+        kept = copy.copy(field)
+        kept.metadata = MappingProxyType({k: v for k, v in field.metadata.items() if k not in BOUNDS})
+        HfArgumentParser._parse_dataclass_field(parser, kept)
+
+
 def _add_commands(parser: argparse.ArgumentParser, dest: str, commands: dict) -> None:
     """One sub-command per entry of `commands`, its flags and `--config FILE` made from its settings dataclass."""
-    sub = parser.add_subparsers(dest=dest, required=True, parser_class=HfArgumentParser)
+    sub = parser.add_subparsers(dest=dest, required=True, parser_class=_Parser)
     for name, (settings, run, text) in commands.items():
         _settings_flags(sub.add_parser(name, dataclass_types=[settings], help=text, description=text, formatter_class=_DefaultsOnce),
                         settings, run)
@@ -281,7 +293,7 @@ def run_program(settings: type, recipe: Callable, prog: str, argv: list[str] | N
     """One settings dataclass and its recipe as a program of its own, parsed as every biprm command is: the studies
     beside the library run through this (`python -m studies.mechanism --config studies/mechanism/v2.yaml`)."""
     doc = (settings.__doc__ or "").strip().splitlines()[0]
-    parser = HfArgumentParser([settings], prog=prog, description=doc, formatter_class=_DefaultsOnce)
+    parser = _Parser([settings], prog=prog, description=doc, formatter_class=_DefaultsOnce)
     _settings_flags(parser, settings, recipe)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress, and show tracebacks on errors")
     _run(parser, parser, prog, sys.argv[1:] if argv is None else argv)
@@ -298,7 +310,9 @@ def _run(parser: argparse.ArgumentParser, chosen: argparse.ArgumentParser, comma
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        args.func(args.settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)}))
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)}
+        check_ranges(args.settings, values)  # before the settings' own checks, which may divide by one of them
+        args.func(args.settings(**values))
     except (ValueError, OSError) as error:  # bad input, a missing file: one line; -v shows the traceback
         if args.verbose:
             raise

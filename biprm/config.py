@@ -77,9 +77,31 @@ def check_extras(needed: dict[str, str]) -> None:
 
 
 def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING, aliases: tuple[str, ...] = (), **flag: Any) -> Any:
-    """A dataclass field with the help text its flag shows, other flags that also set it (`aliases`), and other
-    argparse settings in `flag` (action, choices, metavar)."""
+    """A dataclass field with the help text its flag shows, other flags that also set it (`aliases`), the range a number
+    must lie in (`min`, `max` inclusive; `above`, `below` exclusive:
+    see `check_ranges`), and other argparse settings in `flag` (action, choices, metavar)."""
     return field(default=default, default_factory=factory, metadata={"help": help, **flag} | ({"aliases": list(aliases)} if aliases else {}))
+
+
+BOUNDS = {"min": ("at least", lambda v, b: v >= b), "max": ("at most", lambda v, b: v <= b),
+          "above": ("above", lambda v, b: v > b), "below": ("below", lambda v, b: v < b)}  # arg()'s range keys
+
+
+def range_text(metadata: Any) -> str:
+    """A field's declared range in words ("at least 0 and below 1"), or "" if it has none."""
+    return " and ".join(f"{BOUNDS[k][0]} {metadata[k]}" for k in BOUNDS if k in metadata)
+
+
+def check_ranges(settings: type, values: dict[str, Any]) -> None:
+    """Refuse a number outside its field's declared range, naming the flag, before anything loads: a 0 or a negative
+    otherwise surfaces minutes later, after the model loads, as an arithmetic error far from the flag that caused it.
+    `values` are the settings' field values (a list is checked item by item; None is "unset" and passes)."""
+    for f in fields(settings):
+        value = values.get(f.name)
+        for v in value if isinstance(value, list) else [] if value is None else [value]:
+            if not all(BOUNDS[k][1](v, f.metadata[k]) for k in BOUNDS if k in f.metadata):
+                aliases = f" ({', '.join(f.metadata['aliases'])})" if f.metadata.get("aliases") else ""
+                raise ValueError(f"--{f.name.replace('_', '-')}{aliases} {v}: must be {range_text(f.metadata)}")
 
 
 @dataclass
@@ -97,41 +119,41 @@ class TrainConfig:
     output_dir: str = arg("runs/biprm", "where checkpoints, logs and the final model go")
     mode: Mode = arg("bi", "l2r/r2l: one stream; bi: both, fused by the learned gate; bi-static: both, averaged")
     objective: Objective = arg("bce", "step loss: bce (the paper), mse, or qrank (ranking with margin zeta)")
-    zeta: float = arg(4.0, "qrank margin")
-    learning_rate: float = arg(3e-5, "peak learning rate (AdamW, linear decay)", aliases=("--lr",))
-    num_train_epochs: float = arg(1.0, "passes over the data", aliases=("--epochs",))
-    max_steps: int = arg(-1, "optimizer steps; > 0 overrides --num-train-epochs")
-    per_device_train_batch_size: int = arg(2, "trajectories per device per micro-batch", aliases=("--batch-size", "--batch_size"))
-    gradient_accumulation_steps: int = arg(4, "micro-batches per optimizer step", aliases=("--grad-accum", "--grad_accum"))
-    warmup_ratio: float = arg(0.0, "share of steps spent warming up the learning rate")
-    weight_decay: float = arg(0.0, "AdamW weight decay")
-    seed: int = arg(1106, "seed of the data order and the new weights")
-    max_length: int = arg(2048, "tokens per stream; trailing steps past it are not trained on (and are reported)")
-    max_tokens_per_row: int | None = arg(None, "pack several trajectories' streams into rows of this many tokens")
+    zeta: float = arg(4.0, "qrank margin", min=0)
+    learning_rate: float = arg(3e-5, "peak learning rate (AdamW, linear decay)", aliases=("--lr",), above=0)
+    num_train_epochs: float = arg(1.0, "passes over the data", aliases=("--epochs",), above=0)
+    max_steps: int = arg(-1, "optimizer steps; > 0 overrides --num-train-epochs", min=-1)
+    per_device_train_batch_size: int = arg(2, "trajectories per device per micro-batch", aliases=("--batch-size", "--batch_size"), min=1)
+    gradient_accumulation_steps: int = arg(4, "micro-batches per optimizer step", aliases=("--grad-accum", "--grad_accum"), min=1)
+    warmup_ratio: float = arg(0.0, "share of steps spent warming up the learning rate", min=0, max=1)
+    weight_decay: float = arg(0.0, "AdamW weight decay", min=0)
+    seed: int = arg(1106, "seed of the data order and the new weights", min=0)
+    max_length: int = arg(2048, "tokens per stream; trailing steps past it are not trained on (and are reported)", min=1)
+    max_tokens_per_row: int | None = arg(None, "pack several trajectories' streams into rows of this many tokens", min=1)
     share_prefix: bool = arg(True, "encode the shared question once for both streams (tree attention)")
     bf16: bool = arg(False, "bf16 autocast with fp32 master weights (GPU, or CPU autocast)")
-    save_steps: int = arg(500, "optimizer steps between checkpoints")
-    save_total_limit: int | None = arg(2, "checkpoints kept; older ones are deleted")
-    logging_steps: int = arg(10, "optimizer steps between log lines")
-    eval_fraction: float = arg(0.0, "rows held out for a validation loss at every save (the paper holds out 5 %%)")
+    save_steps: int = arg(500, "optimizer steps between checkpoints", min=1)
+    save_total_limit: int | None = arg(2, "checkpoints kept; older ones are deleted", min=1)
+    logging_steps: int = arg(10, "optimizer steps between log lines", min=1)
+    eval_fraction: float = arg(0.0, "rows held out for a validation loss at every save (the paper holds out 5 %%)", min=0, below=1)
     resume: bool = arg(False, "continue this run from its newest complete checkpoint (the folder's record must match)")
     overwrite: bool = arg(False, "replace the run this folder holds")
     detach_gate_inputs: bool = arg(False, "train the gate on detached hidden states (a side effect of the reference code)")
-    aux_loss_weight: float = arg(0.0, "weight of the per-stream losses added to the fused one")
-    gate_lr_scale: float = arg(1.0, "the gate learns at lr x this; < 1 keeps it from saturating at a high lr")
-    train_top_layers: int | None = arg(None, "freeze the embeddings and all but the top K layers (Llama/Mistral/Qwen2 bodies)")
+    aux_loss_weight: float = arg(0.0, "weight of the per-stream losses added to the fused one", min=0)
+    gate_lr_scale: float = arg(1.0, "the gate learns at lr x this; < 1 keeps it from saturating at a high lr", min=0)
+    train_top_layers: int | None = arg(None, "freeze the embeddings and all but the top K layers (Llama/Mistral/Qwen2 bodies)", min=1)
     trunk_cache: bool = arg(True, "with --train-top-layers: compute the frozen layers once into an on-disk cache and train on it "
                                   "(--no-trunk-cache recomputes them at every step)")
     trunk_cache_dir: str = arg("", "where the trunk cache lives (default: <biprm cache>/trunk)")
     heads_only: bool = arg(False, "with --train-top-layers: freeze the top layers too and train only the value head and gate (a probe)")
-    lora_r: int = arg(0, "> 0: LoRA adapters of this rank; the value head, gate and step-tag row train in full")
-    lora_alpha: float = arg(32.0, "LoRA scaling")
-    lora_dropout: float = arg(0.0, "LoRA dropout")
+    lora_r: int = arg(0, "> 0: LoRA adapters of this rank; the value head, gate and step-tag row train in full", min=0)
+    lora_alpha: float = arg(32.0, "LoRA scaling", above=0)
+    lora_dropout: float = arg(0.0, "LoRA dropout", min=0, below=1)
     lora_targets: str = arg(",".join(LORA_TARGETS), "the backbone's linear layers that get adapters, comma-separated")
     skip_invalid: bool = arg(False, "skip bad rows (each reported with file, row and field) instead of stopping")
     segmenter: str = arg("given", "how the training rows' steps were cut (given, paragraph, lines, markers, tokens:N): recorded in "
                                   "the checkpoint, and the default when a trace given as one string is scored with it")
-    num_proc: int | None = arg(None, "processes that encode the data (default: up to 8 for 20,000+ rows, else 1)")
+    num_proc: int | None = arg(None, "processes that encode the data (default: up to 8 for 20,000+ rows, else 1)", min=1)
     group_by_length: bool = arg(True, "batches of similar lengths (less padding), in a seeded random order")
     streaming: bool = arg(False, "read and encode the data as training consumes it (huge Hub sets); needs --max-steps")
     report_to: str = arg("none", "none, or trackers separated by commas: tensorboard,wandb")
@@ -160,13 +182,13 @@ class ScorerSettings:
     """How a checkpoint is run when scoring (`Scorer.from_settings`): score, eval and serve take these flags."""
 
     device: str | None = arg(None, "cuda, cuda:1, cpu (default: cuda if present)")
-    max_length: int = arg(MAX_LENGTH, "tokens per stream; what a longer trajectory gets is --overlength's")
+    max_length: int = arg(MAX_LENGTH, "tokens per stream; what a longer trajectory gets is --overlength's", min=1)
     overlength: Overlength = arg("head", "past --max-length: head keeps the question and the first steps that fit, tail the "
                                          "last ones (the steps dropped are counted: n_dropped), refuse stops naming the row "
                                          "and its length, window scores every step in overlapping windows (docs/LONG_TRACES.md)")
-    tokens_per_batch: int | None = arg(None, "tokens per backbone batch (default: sized to the device, see docs/PERFORMANCE.md)")
-    tokens_per_call: int | None = arg(None, "with the prompt cache: continuation tokens per backbone call (default: sized to the device)")
-    tokens_per_row: int = arg(TOKENS_PER_ROW, "packed row length; 0 gives every question its own row")
+    tokens_per_batch: int | None = arg(None, "tokens per backbone batch (default: sized to the device, see docs/PERFORMANCE.md)", min=1)
+    tokens_per_call: int | None = arg(None, "with the prompt cache: continuation tokens per backbone call (default: sized to the device)", min=1)
+    tokens_per_row: int = arg(TOKENS_PER_ROW, "packed row length; 0 gives every question its own row", min=0)
     attn_implementation: Attention = arg("sdpa", "the backbone's attention kernel (both take the per-stream mask)")
     prm_kind: str | None = arg(None, "for a PRM trained elsewhere: its kind (qwen-prm, skywork-prm, math-shepherd, rlhflow, "
                                      "token-classification; default: detected from its config.json, see docs/PRMS.md)")
@@ -196,17 +218,26 @@ def tokens_per_step(name: str) -> int | None:
 class DemoConfig:
     output_dir: str = arg("out/demo", "where results.json, the data and the gate plot go")
     modes: str = arg("l2r,r2l,bi-static,bi", "modes to train and compare, comma-separated")
-    n_train: int = arg(4800, "synthetic training solutions")
-    n_test: int = arg(600, "held-out labelled solutions for first-error F1")
-    bon_questions: int = arg(150, "held-out Best-of-N questions")
-    bon_candidates: int = arg(16, "candidates per Best-of-N question")
-    events: list[int] = arg(help="least and most events per problem: short problems a tiny model learns within minutes", factory=lambda: [2, 3])
-    mix: list[float] = arg(help="shares of correct, calculation-error and claim-error solutions", factory=lambda: [0.45, 0.1, 0.45])
-    epochs: float = arg(2.0, "passes over the training data")
-    lr: float = arg(3e-3, "100x the paper's, to learn something in minutes ...")
-    gate_lr_scale: float = arg(0.1, "... at which a full-lr gate saturates (sigma -> 0 or 1) within the first steps")
-    batch_size: int = arg(16, "trajectories per step")
-    seed: int = arg(1106, "seed of the data and the weights")
+    n_train: int = arg(4800, "synthetic training solutions", min=1)
+    n_test: int = arg(600, "held-out labelled solutions for first-error F1", min=1)
+    bon_questions: int = arg(150, "held-out Best-of-N questions", min=1)
+    bon_candidates: int = arg(16, "candidates per Best-of-N question", min=1)
+    events: list[int] = arg(help="least and most events per problem: short problems a tiny model learns within minutes", factory=lambda: [2, 3], min=1)
+    mix: list[float] = arg(help="shares of correct, calculation-error and claim-error solutions", factory=lambda: [0.45, 0.1, 0.45], min=0, max=1)
+    epochs: float = arg(2.0, "passes over the training data", above=0)
+    lr: float = arg(3e-3, "100x the paper's, to learn something in minutes ...", above=0)
+    gate_lr_scale: float = arg(0.1, "... at which a full-lr gate saturates (sigma -> 0 or 1) within the first steps", min=0)
+    batch_size: int = arg(16, "trajectories per step", min=1)
+    seed: int = arg(1106, "seed of the data and the weights", min=0)
+
+    def __post_init__(self) -> None:
+        """The task's shape, refused before anything trains: shares that do not sum to 1 were read as relative weights,
+        so the task trained was not the one the flag said."""
+        if len(self.events) != 2 or self.events[0] > self.events[1]:
+            raise ValueError(f"--events {' '.join(map(str, self.events))}: give two numbers, the least events per problem, then the most")
+        if len(self.mix) != 3 or abs(sum(self.mix) - 1) > 1e-6:
+            raise ValueError(f"--mix {' '.join(map(str, self.mix))}: give three shares (correct, calculation error, claim error) "
+                             f"that sum to 1, not {sum(self.mix):g}")
 
 
 @dataclass
@@ -216,7 +247,7 @@ class ScoreConfig(ScorerSettings):
     output: str = arg("scores.jsonl", "JSONL file, or - for stdout")
     format: Format = arg("auto", "the input's layout; auto detects it from the first row")
     skip_invalid: bool = arg(False, "skip bad rows (reported with file, row and field) instead of stopping")
-    chunk: int = arg(1024, "rows scored and written to disk at a time; a kill loses at most one")
+    chunk: int = arg(1024, "rows scored and written to disk at a time; a kill loses at most one", min=1)
     resume: bool = arg(False, "continue a killed run from its OUTPUT.parts folder")
     segmenter: str | None = arg(None, "how a trace given as one string (and a candidate's text) is cut into steps: paragraph, "
                                       "lines, markers, tokens:N (default: what the model was trained with; auto where its "
@@ -234,9 +265,9 @@ class CheckConfig:
                                                                          "a shipped configs/ file is found from any directory")
     backbone: str = arg("Qwen/Qwen2.5-Math-1.5B", "the body to train (a Hub name, a folder, or a built-in: tiny, smollm2-135m)")
     data: str = arg("trl-lib/math_shepherd", "training rows: a file (its first --rows are used), a Hub name, or synthetic:N")
-    rows: int = arg(64, "trajectories of a data file to train and score on")
-    processes: int | None = arg(None, "training processes, launched with torchrun (one per GPU); default 1, and 2 with --smoke")
-    latency_solutions: int = arg(16, "solutions scored one at a time per mode for the latency ratio")
+    rows: int = arg(64, "trajectories of a data file to train and score on", min=1)
+    processes: int | None = arg(None, "training processes, launched with torchrun (one per GPU); default 1, and 2 with --smoke", min=1)
+    latency_solutions: int = arg(16, "solutions scored one at a time per mode for the latency ratio", min=1)
     out: str = arg("check", "where check.{json,md} and the logs go")
     smoke: bool = arg(False, "every item on the tiny backbone and the synthetic task on the CPU in 2 processes, in a minute or two "
                              "(what the tests run)")

@@ -397,3 +397,45 @@ def test_a_pool_larger_than_a_chunk_is_scored_in_chunks_and_picks_as_in_one_call
     for mine, theirs in zip(records(config), whole):
         assert [p["fused"] for p in mine["pool"]] == [p["fused"] for p in theirs["pool"]]
         assert {m: r.get("pick") for m, r in mine["methods"].items()} == {m: r.get("pick") for m, r in theirs["methods"].items()}
+
+
+def _garbage_prm(tmp_path) -> str:
+    """A folder holding a config.json that names no model biprm reads."""
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "config.json").write_text('{"model_type": "bert", "architectures": ["BertModel"]}')
+    return str(tmp_path / "garbage")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--n", "0"], "--n 0: must be at least 1"),
+    (["--n", "-4"], "--n -4: must be at least 1"),
+    (["--width", "0"], "--width 0: must be at least 1"),
+    (["--n", "3", "--width", "2"], "--n 3: beam search and DVTS need N to be a multiple of --width 2"),
+    (["--data", "{tmp}/empty.jsonl"], "--data {tmp}/empty.jsonl: holds no question"),
+    (["--data", "{tmp}/no-question.jsonl"], "{tmp}/no-question.jsonl row 2: needs 'question' (or 'problem') and 'answer'"),
+    (["--data", "{tmp}/missing.jsonl"], "{tmp}/missing.jsonl: no such data file"),
+    (["--prm", "noise", "{tmp}/no-such-prm"], "--prm {tmp}/no-such-prm: no such folder"),
+    (["--prm", "{garbage}"], "--prm {garbage}: is a plain bert model (a backbone), not a biprm checkpoint"),
+    (["--policy", "server", "--policy-url", "localhost:8000"], "--policy-url 'localhost:8000': expected http://HOST:PORT"),
+])
+def test_a_bad_search_input_is_one_line_before_anything_loads_and_leaves_out_as_it_was(args, says, tmp_path, capsys, monkeypatch):
+    from biprm import cli
+
+    def never(*_):
+        raise AssertionError("loaded a policy or a PRM before the inputs were checked")
+
+    monkeypatch.setattr(search_run, "build_policy", never)
+    monkeypatch.setattr(search_run, "build_scorer", never)
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "no-question.jsonl").write_text('{"question": "one", "answer": "3"}\n{"answer": "5"}\n')
+    (tmp_path / "q.jsonl").write_text('{"question": "one", "answer": "3"}\n')
+    out = tmp_path / "out"  # a finished run's folder, whose corrected rerun must still be taken
+    out.mkdir()
+    (out / "settings.json").write_text('{"n": [4]}')
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    names = {"tmp": str(tmp_path), "garbage": _garbage_prm(tmp_path)}
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["search", "--out", str(out), "--data", str(tmp_path / "q.jsonl"), *[a.format(**names) for a in args]])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith(f"biprm search: error: {says.format(**names)}"), err
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before

@@ -129,8 +129,8 @@ def gsm8k_bon_small(data_dir: str) -> list[Trajectory]:
 def _gold(row: dict, where: str) -> tuple[str, str]:
     """(question, gold answer) of a GSM-Plus / MATH500 / GSM8K row; GSM8K keeps its answer after '####'."""
     question, answer = row.get("question") or row.get("problem"), row.get("answer")
-    if not isinstance(question, str) or answer is None:
-        raise DataError(f"{where}: needs 'question' (or 'problem') and 'answer'")
+    if not isinstance(question, str) or not question.strip() or answer is None:
+        raise DataError(f"{where}: needs 'question' (or 'problem') and 'answer'; a question is non-empty text")
     answer = str(answer)
     return question, answer.rsplit("####", 1)[1].strip() if "####" in answer else answer
 

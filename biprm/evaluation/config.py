@@ -22,9 +22,9 @@ class EvalOptions(ScorerSettings):
     data_root: str = arg(help="benchmark folder: $BIPRM_DATA, else ../shared/data beside the repo", factory=default_data_root)
     out: str = arg("eval", "output folder")
     cache_dir: str | None = arg(None, "score cache (default: OUT/cache)")
-    limit: int | None = arg(None, "at most N questions per pool and rows per ProcessBench subset, evenly spaced (quick runs)")
-    grade_workers: int = arg(2, "processes for math-verify grading (0: inline)")
-    grade_timeout: float = arg(5.0, "seconds per graded answer; slower ones are reported and retried next run")
+    limit: int | None = arg(None, "at most N questions per pool and rows per ProcessBench subset, evenly spaced (quick runs)", min=1)
+    grade_workers: int = arg(2, "processes for math-verify grading (0: inline)", min=0)
+    grade_timeout: float = arg(5.0, "seconds per graded answer; slower ones are reported and retried next run", above=0)
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -33,13 +33,13 @@ class EvalOptions(ScorerSettings):
 @dataclass(kw_only=True)
 class BestOfN:
     agg: Literal[AGGREGATIONS] = arg("min", "step -> solution score")
-    ns: list[int] = arg(help="Best-of-N sizes; those above the pool size are skipped", factory=lambda: list(DEFAULT_NS))
+    ns: list[int] = arg(help="Best-of-N sizes; those above the pool size are skipped", factory=lambda: list(DEFAULT_NS), min=1)
 
 
 @dataclass(kw_only=True)
 class FirstError:
     subsets: list[str] = arg(help="ProcessBench subsets", factory=lambda: list(PROCESSBENCH_SUBSETS))
-    threshold: float = arg(0.5, "first-error threshold on step probabilities")
+    threshold: float = arg(0.5, "first-error threshold on step probabilities", min=0, max=1)
 
 
 @dataclass(kw_only=True)
@@ -52,9 +52,9 @@ class BonConfig(BestOfN, EvalOptions):
     split_rule: str = arg("auto", "how a candidate's text is cut into steps: auto, newline, double-newline, ки")
     protocol: list[str] = arg(help="which n candidates a question offers: first (its first n, the paper's), random (random n-subsets), or both",
                               factory=lambda: list(PROTOCOLS), choices=PROTOCOLS)
-    draws: int = arg(100, "random n-subsets per question under --protocol random")
+    draws: int = arg(100, "random n-subsets per question under --protocol random", min=1)
     aggs: list[str] = arg(help="aggregations reported side by side (mean over n)", factory=lambda: list(AGGS), choices=AGGREGATIONS)
-    seed: int = arg(0, "seed of the random n-subsets, the noise baseline and the bootstrap")
+    seed: int = arg(0, "seed of the random n-subsets, the noise baseline and the bootstrap", min=0)
 
 
 @dataclass(kw_only=True)
@@ -91,9 +91,9 @@ class SuiteConfig(BestOfN, FirstError, EvalOptions):
     pool: list[str] = arg(help=f"extra pools besides gsm8k_bon_small: {POOL}", factory=list, action="extend")
     ablation: list[str] = arg(help=f"separately trained models as ROLE=CKPT (ROLE in {', '.join(CHECKPOINT_ROLES)}); "
                                    "--model fills its own role", factory=list, action="extend", metavar="ROLE=CKPT")
-    long_chain_tokens: int = arg(1024, "long-chain subset: sequences longer than this")
-    perturb_seed: int = arg(1106, "seed of the perturbation analysis")
-    cases: int = arg(3, "case studies to show")
+    long_chain_tokens: int = arg(1024, "long-chain subset: sequences longer than this", min=1)
+    perturb_seed: int = arg(1106, "seed of the perturbation analysis", min=0)
+    cases: int = arg(3, "case studies to show", min=1)
 
     def __post_init__(self) -> None:
         super().__post_init__()

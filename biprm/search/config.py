@@ -5,9 +5,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
+from urllib.parse import urlsplit
 
 from biprm.scoring.aggregate import AGGREGATIONS
-from biprm.config import arg, default_data_root
+from biprm.config import arg, check_ranges, default_data_root
 from biprm.data.readers import synthetic_spec
 
 ALGORITHMS = ("bon", "beam", "dvts", "particles")
@@ -23,51 +24,55 @@ class SearchConfig:
     data: str = arg("gsm8k", "questions: gsm8k (test), math500, a JSONL/JSON file with question (or problem) and answer, or "
                              "synthetic[:N[:SEED]]: N questions of the synthetic task (default 2000, seed 0)")
     data_root: str = arg(help="benchmark data folder (default: $BIPRM_DATA, else ../shared/data)", factory=default_data_root, metavar="DIR")
-    limit: int | None = arg(None, "questions to run, evenly spread over the set (default: all)")
+    limit: int | None = arg(None, "questions to run, evenly spread over the set (default: all)", min=1)
     policy: Literal["server", "vllm", "hf", "synthetic"] = arg("hf", "who writes the steps: an OpenAI-compatible server (--policy-url), "
                                                                      "vLLM in this process (vLLM venv), transformers generate (small CPU "
                                                                      "runs), or synthetic: a scripted policy with known error rates "
                                                                      "(--data synthetic only)")
     policy_model: str = arg("tiny", "policy model: a folder or a biprm backbone name (hf, vllm); the served model's name (server); "
                                     "synthetic: the tokenizer that counts its tokens")
-    policy_batch_size: int = arg(32, "--policy hf: sequences per generate call (a GPU takes hundreds)")
+    policy_batch_size: int = arg(32, "--policy hf: sequences per generate call (a GPU takes hundreds)", min=1)
     policy_url: str = arg("http://localhost:8000", "base URL of the OpenAI-compatible server (--policy server)")
     policy_tokenizer: str | None = arg(None, "tokenizer whose chat template renders the prompts for --policy server (default: --policy-model)")
     prm: list[str] = arg(help="PRMs, all scoring one shared pool and each driving its own searches: biprm checkpoint folders (any "
                               "mode) and/or noise (text-free scores); with several, a PRM's rows end in [its folder's name]",
                          factory=lambda: ["noise"])
     algorithms: list[str] = arg(help="search algorithms, each run at every N and strategy", factory=lambda: ["beam"], choices=ALGORITHMS)
-    n: list[int] = arg(help="generation budgets N: paths per question (particles; beams x expansions)", factory=lambda: [4])
-    width: int = arg(2, "beam search: beams kept; DVTS: children per subtree and level (N must be a multiple)")
+    n: list[int] = arg(help="generation budgets N: paths per question (particles; beams x expansions)", factory=lambda: [4], min=1)
+    width: int = arg(2, "beam search: beams kept; DVTS: children per subtree and level (N must be a multiple)", min=1)
     strategies: list[str] = arg(help="PRM use: fused at every expansion; l2r-rerank: L2R while expanding, one fused rerank of the "
                                      "finished paths; l2r: L2R only", factory=lambda: ["fused"], choices=STRATEGIES)
     aggregation: str = arg("last", "step scores -> path score (last: the newest step's, as search-and-learn scores a path)", choices=AGGREGATIONS)
-    max_depth: int = arg(12, "steps per path at most; a path reaching it is finished")
-    max_step_tokens: int = arg(256, "tokens per step at most: a step without the step token is closed there and marked capped")
+    max_depth: int = arg(12, "steps per path at most; a path reaching it is finished", min=1)
+    max_step_tokens: int = arg(256, "tokens per step at most: a step without the step token is closed there and marked capped", min=1)
     step_token: str = arg("\\n\\n", "the string that ends a step (backslash escapes read: '\\n\\n' is two newlines)")
-    calc_rate: float = arg(0.2, "--policy synthetic: chance per step of a calc slip (a wrong result later steps build on: the answer ends wrong)")
+    calc_rate: float = arg(0.2, "--policy synthetic: chance per step of a calc slip (a wrong result later steps build on: the answer ends wrong)", min=0, max=1)
     claim_rate: float = arg(0.2, "--policy synthetic: chance per step (where another step follows, not right after a claim) of a bare wrong claim that the next "
-                                 "step contradicts (the answer stays right)")
-    temperature: float = arg(0.8, "policy sampling temperature")
-    top_p: float = arg(1.0, "policy nucleus sampling")
-    seed: int = arg(0, "seed of the policy (hf, vllm), particle resampling, random pick, the noise scorer and the bootstrap")
+                                 "step contradicts (the answer stays right)", min=0, max=1)
+    temperature: float = arg(0.8, "policy sampling temperature", min=0)
+    top_p: float = arg(1.0, "policy nucleus sampling", above=0, max=1)
+    seed: int = arg(0, "seed of the policy (hf, vllm), particle resampling, random pick, the noise scorer and the bootstrap", min=0)
     batch_questions: int = arg(8, "questions searched together (one policy and one PRM call per level for all); a killed run "
-                                  "resumes the batch in flight from its checkpoint")
+                                  "resumes the batch in flight from its checkpoint", min=1)
     pool_draw: Literal["steps", "whole"] = arg("steps", "how best-of-N's pool is drawn: steps, a level per call up to the step "
                                                         "token (as the tree searches draw); whole, each solution in one call, cut "
                                                         "into steps afterwards (the same model; a server's batch stays full "
                                                         "between levels)")
-    policy_timeout: float = arg(600.0, "seconds to wait for one policy server call (a whole draw of a large batch takes longest)")
-    retries: int = arg(4, "policy server retries with exponential backoff before giving up")
-    grade_workers: int = arg(2, "grading processes")
-    grade_timeout: float = arg(5.0, "seconds per grade; a grade that takes longer is 'unknown', not wrong")
-    prm_max_length: int | None = arg(None, "PRM tokens per stream (default: the checkpoint's); steps past it are flagged, not scored")
+    policy_timeout: float = arg(600.0, "seconds to wait for one policy server call (a whole draw of a large batch takes longest)", above=0)
+    retries: int = arg(4, "policy server retries with exponential backoff before giving up", min=0)
+    grade_workers: int = arg(2, "grading processes", min=0)
+    grade_timeout: float = arg(5.0, "seconds per grade; a grade that takes longer is 'unknown', not wrong", above=0)
+    prm_max_length: int | None = arg(None, "PRM tokens per stream (default: the checkpoint's); steps past it are flagged, not scored", min=1)
     show_progress: bool = arg(True, "a progress bar over questions, saying what runs now (policy depth, PRM call)")
     prm_cache_mb: float = arg(4096, "PRM keys and values kept between calls (incremental L2R), per PRM; past it, paths rerun from their "
-                                    "prompt: same scores, more tokens")
+                                    "prompt: same scores, more tokens", min=0)
 
     def __post_init__(self) -> None:
+        check_ranges(type(self), vars(self))  # Python callers too: --width 0 would divide by zero below
         self.step_token = self.step_token.replace("\\n", "\n").replace("\\t", "\t")
+        url = urlsplit(self.policy_url)
+        if self.policy == "server" and (url.scheme not in ("http", "https") or not url.netloc):
+            raise ValueError(f"--policy-url {self.policy_url!r}: expected http://HOST:PORT or https://HOST (the server's base URL)")
         if self.policy == "synthetic" and synthetic_spec(self.data) is None:
             raise ValueError(f"--policy synthetic writes the synthetic task's solutions: it needs --data synthetic[:N[:SEED]], not {self.data!r}")
         if self.policy == "synthetic" and self.pool_draw == "whole":

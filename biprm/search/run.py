@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 from tqdm.auto import tqdm
 
+from biprm.checkpoint import NotACheckpoint, check_checkpoint
 from biprm.data.benchmarks import question_golds, spread
 from biprm.data.writer import atomic_write
 from biprm.evaluation.pools import answer_key
@@ -387,12 +388,20 @@ def check_settings(out: Path, cfg: SearchConfig) -> None:
 def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorers: list[PathScorer] | None = None) -> str:
     """Search every question not yet in questions.jsonl, then write the summary and the plot; returns the summary.
     `scorers` stand in for --prm's values, one each, in order."""
+    questions = load_questions(cfg.data, cfg.data_root, cfg.limit)  # bad inputs are refused before --out is touched or anything loads
+    if not questions:
+        raise ValueError(f"--data {cfg.data}: holds no question")
+    for prm in [p for p in cfg.prm if p != "noise"] if scorers is None else []:
+        try:
+            check_checkpoint(prm)  # any kind biprm reads (biprm.prms), named before the policy's minute of loading
+        except OSError as error:
+            raise NotACheckpoint(f"--prm {error}") from None
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     check_settings(out, cfg)
     results = out / "questions.jsonl"
     done = done_indices(results)
-    todo = [it for it in load_questions(cfg.data, cfg.data_root, cfg.limit) if it["index"] not in done]
+    todo = [it for it in questions if it["index"] not in done]
     checkpoint = BatchCheckpoint(out / "batch-in-flight.json")
     if not todo:
         checkpoint.clear()  # left by a kill between the last batch's append and its removal

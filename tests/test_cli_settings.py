@@ -1,0 +1,77 @@
+"""Every command's settings checked as parsed, before a recipe runs: numeric ranges, both list forms, choices in any case."""
+import dataclasses
+import typing
+
+import pytest
+
+from biprm import cli
+from biprm.config import BOUNDS, check_ranges
+from biprm.evaluation import cli as evaluation
+
+UNBOUNDED = {"gate_init"}  # train --gate-init: the gate starts at sigmoid(this), and any real is a gate
+
+
+def commands() -> list[tuple[tuple[str, ...], type]]:
+    """Every command's words and its settings dataclass."""
+    return [((name,), settings) for name, (settings, _, _) in cli.COMMANDS.items()] + \
+           [(("eval", name), settings) for name, (settings, _, _) in evaluation.COMMANDS.items()]
+
+
+def numeric(settings: type) -> list[dataclasses.Field]:
+    """Fields holding a number, or a list of numbers, or none."""
+    hints = typing.get_type_hints(settings)
+    kinds = lambda t: {t} | {k for a in typing.get_args(t) for k in kinds(a)}  # noqa: E731
+    return [f for f in dataclasses.fields(settings) if {int, float} & kinds(hints[f.name]) and bool not in kinds(hints[f.name])]
+
+
+CASES = [(words, settings, f) for words, settings in commands() for f in numeric(settings)]
+
+
+@pytest.fixture
+def no_recipe(monkeypatch):
+    """Every command's recipe replaced by one that fails the test: a refusal must come before it."""
+    def ran(cfg):
+        raise AssertionError(f"the recipe ran with {cfg}")
+
+    for table in (cli.COMMANDS, evaluation.COMMANDS):
+        for name, (settings, _, text) in list(table.items()):
+            monkeypatch.setitem(table, name, (settings, ran, text))
+
+
+def out_of_range(f: dataclasses.Field, value: float) -> bool:
+    return not all(BOUNDS[k][1](value, f.metadata[k]) for k in BOUNDS if k in f.metadata)
+
+
+@pytest.mark.parametrize("words, settings, f", CASES, ids=[f"{' '.join(w)} --{f.name}" for w, _, f in CASES])
+def test_every_numeric_setting_is_range_checked_before_anything_runs(words, settings, f, no_recipe, capsys):
+    assert f.name in UNBOUNDED or set(BOUNDS) & set(f.metadata), f"{' '.join(words)} --{f.name} declares no range (biprm.config.arg's min/max)"
+    flag = f"--{f.name.replace('_', '-')}"
+    parser = cli._chosen(cli.build_parser(), list(words))[1]
+    required = [w for a in parser._actions if a.required for w in (a.option_strings[0], "x")]
+    big = f.metadata.get("max", f.metadata.get("below", 10**9)) * 10 + 1
+    for value in (0, -1, -10**9, big):
+        if not out_of_range(f, value):
+            check_ranges(settings, {f.name: value})  # in range: passes
+            continue
+        with pytest.raises(SystemExit) as stop:
+            cli.main([*words, *required, flag, str(value)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"biprm {' '.join(words)}: error: {flag}") and "must be" in err, err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["score", "--model", "m", "--input", "i", "--chunk", "0"], "biprm score: error: --chunk 0: must be at least 1\n"),
+    (["serve", "--model", "m", "--port", "99999"], "biprm serve: error: --port 99999: must be at least 1 and at most 65535\n"),
+    (["eval", "bon", "--limit", "-3"], "biprm eval bon: error: --limit -3: must be at least 1\n"),
+    (["train", "--lr", "-1"], "biprm train: error: --learning-rate (--lr) -1.0: must be above 0\n"),
+    (["train", "--batch-size", "0"], "biprm train: error: --per-device-train-batch-size (--batch-size, --batch_size) 0: must be at least 1\n"),
+    (["demo", "--mix", "0.5", "0.5", "0.5"], "biprm demo: error: --mix 0.5 0.5 0.5: give three shares (correct, calculation error, "
+                                              "claim error) that sum to 1, not 1.5\n"),
+    (["demo", "--events", "3", "2"], "biprm demo: error: --events 3 2: give two numbers, the least events per problem, then the most\n"),
+])
+def test_the_issues_numbers_are_refused_in_one_line_naming_the_flag(argv, says, no_recipe, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2 and capsys.readouterr().err == says
+
