@@ -192,9 +192,15 @@ class ScorerSettings:
     attn_implementation: Attention = arg("sdpa", "the backbone's attention kernel (both take the per-stream mask)")
     prm_kind: str | None = arg(None, "for a PRM trained elsewhere: its kind (qwen-prm, skywork-prm, math-shepherd, rlhflow, "
                                      "token-classification; default: detected from its config.json, see docs/PRMS.md)")
+    segmenter: str | None = arg(None, "how a trace given as one string (and a candidate's text) is cut into steps: paragraph, "
+                                      "lines, markers, tokens:N, or a split rule (auto, newline, double-newline); default: what "
+                                      "the model was trained with, auto where its steps were given (tags, else paragraphs, else lines)",
+                                aliases=("--split", "--split-rule"))
 
     def __post_init__(self) -> None:
         check_choices(self)
+        if self.segmenter is not None:
+            check_segmenter(self.segmenter)
 
 
 def check_segmenter(name: str) -> None:
@@ -249,14 +255,7 @@ class ScoreConfig(ScorerSettings):
     skip_invalid: bool = arg(False, "skip bad rows (reported with file, row and field) instead of stopping")
     chunk: int = arg(1024, "rows scored and written to disk at a time; a kill loses at most one", min=1)
     resume: bool = arg(False, "continue a killed run from its OUTPUT.parts folder")
-    segmenter: str | None = arg(None, "how a trace given as one string (and a candidate's text) is cut into steps: paragraph, "
-                                      "lines, markers, tokens:N (default: what the model was trained with; auto where its "
-                                      "steps were given: tags, else paragraphs, else lines)")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.segmenter is not None:
-            check_segmenter(self.segmenter)
 
 @dataclass
 class CheckConfig:

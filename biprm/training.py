@@ -35,6 +35,7 @@ from biprm.run_folder import RECORD, finished, plan, publish, run_record, same_d
 from biprm.data.encoding import Encoded, Encoder
 from biprm.lora import lora_head_masters, save_merged, with_lora
 from biprm.data.readers import check_source
+from biprm.data.segment import Segmenter
 from biprm.modeling import BiPRMModel, encoder_for, from_backbone, from_prm, head_masters
 from biprm.prms import detect
 from biprm.packing import pack
@@ -372,6 +373,12 @@ def build_model(cfg: TrainConfig, engine: str, backbone_dir: str, tokenizer: Pre
     return model
 
 
+def row_segmenter(cfg: TrainConfig, encoder: Encoder) -> Segmenter:
+    """What cuts a training row given as one string (a 'trace' row): --segmenter, the name the checkpoint records; under
+    'given' such a row is refused, naming it (it has no steps of its own)."""
+    return Segmenter(cfg.segmenter, encoder.tokenizer)
+
+
 def training_data(cfg: TrainConfig, args: TrainingArguments, model: BiPRMModel, encoder: Encoder,
                   encoded: list[Encoded] | None) -> tuple[object, object | None, str]:
     """(training rows, held-out rows or None, their fingerprint for the run record): trunk features, a stream, or an encoded file."""
@@ -382,9 +389,11 @@ def training_data(cfg: TrainConfig, args: TrainingArguments, model: BiPRMModel, 
     if encoded is not None:
         raise ValueError("training on encodings given in Python needs the trunk cache (--train-top-layers K)")
     if cfg.streaming:
-        return streamed_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid), None, f"stream:{cfg.data}"
+        stream = streamed_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, segmenter=row_segmenter(cfg, encoder))
+        return stream, None, f"stream:{cfg.data}"
     with args.main_process_first(desc="encoding the training data"):  # rank 0 builds the cache, the others map it
-        data = encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)
+        data = encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc,
+                               segmenter=row_segmenter(cfg, encoder))
     train_set, eval_set = holdout(data, cfg.eval_fraction, cfg.seed)
     return train_set, eval_set, data._fingerprint
 
@@ -413,7 +422,8 @@ def trunk_set(cfg: TrainConfig, model: BiPRMModel, encoder: Encoder, encoded: li
     if cfg.eval_fraction or cfg.streaming:
         raise ValueError("--train-top-layers trains on the trunk cache, which takes no --eval-fraction or --streaming; add --no-trunk-cache")
     if encoded is None:
-        encs = [to_encoded(r) for r in encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc)]
+        encs = [to_encoded(r) for r in encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc,
+                                                       segmenter=row_segmenter(cfg, encoder))]
     else:
         encs = encoded
         bad = next((i for i, e in enumerate(encs) if e.n_tokens > encoder.max_length or any(s[-1] != encoder.step_tag_id for s in e.steps)), None)

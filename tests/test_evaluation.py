@@ -18,7 +18,9 @@ from biprm.evaluation.cache import ScoreCache
 import biprm.data.benchmarks as benchmarks
 from biprm.data.synthetic import make_dataset
 from biprm.data.template import STEP_TAG
-from biprm.data.trajectory import DataError
+from biprm.config import ScorerSettings
+from biprm.data.segment import Segmenter
+from biprm.data.trajectory import DataError, Trajectory
 from biprm.data.benchmarks import balanced_slice, gsm8k_bon_small, spread
 from biprm.evaluation.pools import load_pool
 from biprm.evaluation.models import ScoreSource, ablation_sources, checkpoint_sources, score_sources
@@ -70,6 +72,18 @@ def test_cache_scores_each_dataset_once(ckpt, tmp_path, score_calls):
     cache.scores(ckpt, trajs)
     assert score_calls == [6, 6]
     assert len(json.loads((tmp_path / "file_hashes.json").read_text())) == 2  # one weights file, two paths
+
+
+def test_cache_keeps_overlength_policies_and_segmenters_apart(ckpt, tmp_path, score_calls):
+    """Scores under two overlength policies, or of two cuts of one trace, never share an entry; the same cut by another name does."""
+    text = "Wait, 3 + 4 = 7.\nSo the answer is 7.\n\nLet me check: 7 - 4 = 3."
+    cuts = [Trajectory("q", Segmenter(name).cut(text, "row 1").texts) for name in ("paragraph", "lines", "double-newline")]
+    assert [len(t.steps) for t in cuts] == [2, 3, 2]
+    for policy in ("head", "tail", "head"):
+        cache = ScoreCache(tmp_path, ScorerSettings(overlength=policy))
+        for t in cuts:
+            cache.scores(ckpt, [t])
+    assert score_calls == [1, 1, 1, 1]  # head: paragraph, lines (double-newline is paragraph's cut); tail: the same two again
 
 
 def test_ensemble_mode_averages_probabilities():

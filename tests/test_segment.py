@@ -6,7 +6,7 @@ import json
 import pytest
 
 from biprm.data.readers import load_trajectories, split_steps
-from biprm.data.segment import JOIN, Markers, Segmenter, for_model, markers
+from biprm.data.segment import JOIN, Markers, Segmenter, first_error_on, for_model, markers, step_at
 from biprm.data.trajectory import DataError
 from biprm.search.steps import split_steps as search_split
 
@@ -161,3 +161,59 @@ def test_the_segmenter_a_model_was_trained_with_is_recorded_and_cuts_traces_when
     with pytest.raises(SystemExit):
         main(["score", "--model", model, "--input", str(rows), "--output", str(out), "--segmenter", "sentences"])
     assert "unknown segmenter 'sentences'" in capsys.readouterr().err
+
+
+def test_a_position_lands_on_the_step_that_holds_it_and_a_first_error_maps_across_cuts():
+    given = [[0, 10], [12, 30], [32, 50]]  # three steps joined by two-character gaps
+    assert [step_at(given, c) for c in (0, 9, 10, 11, 12, 49, 50)] == [0, 0, 1, 1, 1, 2, -1]
+    cut = [[0, 5], [6, 20], [21, 40], [41, 50]]  # a finer cut of the same text
+    # cut step 1 starts at 6 (in given step 0), cut step 2 at 21 (given 1), cut step 3 at 41 (given 2); -1 stays -1
+    assert [first_error_on(k, cut, given) for k in (-1, 0, 1, 2, 3)] == [-1, 0, 0, 1, 2]
+
+
+def test_a_labelled_trace_row_is_labelled_under_every_cut(tmp_path):
+    text = "3 + 4 = 7.\nSo 7 * 2 = 15.\n\nThe answer is 15."  # the slip starts at character 14 ("7 * 2 = 15")
+    rows = tmp_path / "t.jsonl"
+    rows.write_text(json.dumps({"question": "q", "solution": text, "first_error_char": text.index("7 * 2")}))
+    lines, = load_trajectories(str(rows), split_rule=Segmenter("lines"))
+    paragraphs, = load_trajectories(str(rows), split_rule=Segmenter("paragraph"))
+    assert lines.labels == [1.0, 0.0, 0.0] and paragraphs.labels == [0.0, 0.0] and "first_error_char" not in lines.meta
+    rows.write_text(json.dumps({"question": "q", "solution": text, "first_error_char": -1}))
+    assert load_trajectories(str(rows), split_rule=Segmenter("lines"))[0].labels == [1.0] * 3
+    rows.write_text(json.dumps({"question": "q", "solution": text, "first_error_char": 999}))
+    with pytest.raises(DataError, match="row 1: field 'first_error_char' is 999, past the last step of field 'solution'"):
+        load_trajectories(str(rows), split_rule=Segmenter("lines"))
+
+
+def test_score_eval_and_serve_resolve_one_segmenter(tmp_path):
+    from biprm.cli import build_parser
+    from biprm.scoring.score_file import trace_segmenter
+
+    assert trace_segmenter([], "lines").name == "lines" and trace_segmenter([], None).name == "auto"  # no model: the readers' rule
+    for name, segmenter in (("a", "markers"), ("b", "lines")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"segmenter": segmenter}))
+    models = [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert trace_segmenter(models[:1], None).name == "markers" and trace_segmenter(models, "paragraph").name == "paragraph"
+    with pytest.raises(ValueError, match=r"trained with different segmenters \(lines, markers\): name one with --segmenter"):
+        trace_segmenter(models, None)
+    parser = build_parser()  # the old flags of eval bon and serve name the same setting
+    assert parser.parse_args(["eval", "bon", "--split-rule", "lines"]).segmenter == "lines"
+    assert parser.parse_args(["serve", "--model", "m", "--split", "newline"]).segmenter == "newline"
+    assert parser.parse_args(["eval", "processbench", "--model", "m", "--segmenter", "markers"]).segmenter == "markers"
+
+
+def test_training_cuts_trace_rows_by_its_segmenter(tmp_path):
+    from biprm.config import TrainConfig
+    from biprm.training import train
+
+    rows = tmp_path / "traces.jsonl"
+    rows.write_text("\n".join(json.dumps({"question": "How many apples?", "solution": LONG, "first_error_char": at})
+                              for at in (-1, LONG.index("23 - 12"), LONG.index("Therefore"))))
+    settings = dict(backbone="tiny", data=str(rows), mode="bi", max_steps=1, per_device_train_batch_size=3, gradient_accumulation_steps=1,
+                    save_steps=10**9, show_progress=False, max_length=1024)
+    train(TrainConfig(**settings, output_dir=str(tmp_path / "m"), segmenter="paragraph"))
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["segmenter"] == "paragraph"
+    # the encoded rows' cache is keyed by the segmenter too: the paragraph run's rows are not reused under 'given'
+    with pytest.raises(DataError, match=r"traces.jsonl row 1: field 'solution': segmenter 'given' keeps a row's own steps"):
+        train(TrainConfig(**settings, output_dir=str(tmp_path / "g")))

@@ -58,7 +58,7 @@ def test_score_equals_the_scorer_for_steps_and_free_text(bi_scorer):
 def test_get_reward_speaks_the_openrlhf_interface(bi_scorer):
     prompt = f"<|user|>{Q}<|assistant|>"
     responses = ["3 + 4 = 7.\nThe answer is 7.", "3 + 4 = 8.\nThe answer is 8.</s>"]
-    with client(bi_scorer, aggregation="mean", split="newline") as c:
+    with client(bi_scorer, aggregation="mean", segmenter="newline") as c:
         body = c.post("/get_reward", json={"query": [prompt + r for r in responses], "prompts": [prompt, prompt]}).json()
     assert set(body) == {"rewards", "scores", "extra_logs", "step_rewards"} and len(body["rewards"]) == 2
     trajs = [Trajectory(prompt, split_steps(r.replace(bi_scorer.tokenizer.eos_token, ""), "newline")) for r in responses]
@@ -67,12 +67,28 @@ def test_get_reward_speaks_the_openrlhf_interface(bi_scorer):
     assert body["step_rewards"] == [want.of(0).tolist(), want.of(1).tolist()]
 
 
+def test_a_solution_is_cut_by_the_segmenter_the_request_or_the_server_names(bi_scorer):
+    """One splitter: the request's segmenter ('split' is its old name), else the server's; each step's span comes back."""
+    text = "3 + 4 = 7.\nSo the answer is 7.\n\nWait, let me check: 7 - 4 = 3."
+    with client(bi_scorer, segmenter="paragraph") as c:
+        server = c.post("/v1/score", json={"question": Q, "solution": text}).json()
+        lines, old = (c.post("/v1/score", json={"question": Q, "solution": text, key: "lines"}).json() for key in ("segmenter", "split"))
+    assert server["segmenter"] == "paragraph" and server["offsets"] == [[0, 30], [32, 62]]
+    assert lines == old and lines["segmenter"] == "lines" and lines["offsets"] == [[0, 10], [11, 30], [32, 62]]
+    assert [text[a:b] for a, b in lines["offsets"]] == lines["steps"]
+    with client(bi_scorer) as c:  # a model trained on given steps: auto cuts, and says so
+        auto = c.post("/v1/score", json={"question": Q, "solution": text}).json()
+    assert auto["segmenter"] == "auto" and len(auto["steps"]) == 2 and "given steps" in auto["segmenter_fallback"]
+
+
 @pytest.mark.parametrize("path, body, message", [
     ("/v1/score", {"steps": STEPS}, "field 'question'"),
     ("/v1/score", {"question": Q, "steps": STEPS, "solution": "x"}, "exactly one of 'steps' and 'solution'"),
     ("/v1/score", [{"question": Q, "steps": STEPS}, {"question": Q, "steps": []}], "item 1: field 'steps'"),
-    ("/v1/score", {"question": Q, "solution": "a", "split": "words"}, "'split' must be one of"),
-    ("/v1/score", {"question": Q, "solution": " \n "}, "field 'solution': no step text"),
+    ("/v1/score", {"question": Q, "solution": "a", "split": "words"}, "unknown segmenter 'words'"),
+    ("/v1/score", {"question": Q, "solution": "a", "segmenter": "tokens:0"}, "tokens:N needs a whole number N > 0"),
+    ("/v1/score", {"question": Q, "solution": " \n "}, "item 0: field 'solution': the trace is empty"),
+    ("/v1/score", {"question": Q, "solution": "a", "segmenter": "given"}, "item 0: field 'solution': segmenter 'given' keeps"),
     ("/v1/score", {"question": Q, "steps": ["ok"], "colour": 1}, "field 'colour'"),
     ("/get_reward", {"query": ["a"]}, "field 'prompts'"),
     ("/get_reward", {"query": ["ab", "cd"], "prompts": ["a"]}, "field 'prompts' has 1 entries for 2"),

@@ -22,6 +22,7 @@ import datasets
 
 from biprm.data.encoding import Encoded, Encoder
 from biprm.data.readers import open_source, skip_report
+from biprm.data.segment import Segmenter
 from biprm.data.trajectory import DataError
 
 log = logging.getLogger(__name__)
@@ -75,12 +76,16 @@ def _tokenizer_id(encoder: Encoder) -> str:
 
 def encoded_dataset(
     source: str, encoder: Encoder, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, num_proc: int | None = None,
+    segmenter: Segmenter | None = None,
 ) -> datasets.Dataset:
-    """Labelled rows of `source`, encoded (columns of FEATURES but `error`); bad rows raise, or are skipped and reported."""
-    raw, name, fmt, columns, convert = open_source(source, fmt, split, arrow=True)
+    """Labelled rows of `source`, encoded (columns of FEATURES but `error`); bad rows raise, or are skipped and reported.
+    `segmenter` cuts a row given as one string (default: the readers' auto rule); its name is part of the cache key."""
+    segmenter = segmenter or Segmenter("auto")
+    raw, name, fmt, columns, convert = open_source(source, fmt, split, segmenter, arrow=True)
     if num_proc is None:
         num_proc = min(os.cpu_count() or 1, 8) if len(raw) >= 20_000 else None
-    key = _fingerprint(raw._fingerprint, fmt, str(skip_invalid), str(encoder.max_length), str(encoder.step_tag_id), str(encoder.prefix), _tokenizer_id(encoder), ENCODER_VERSION)
+    key = _fingerprint(raw._fingerprint, fmt, str(skip_invalid), str(encoder.max_length), str(encoder.step_tag_id), str(encoder.prefix), _tokenizer_id(encoder), ENCODER_VERSION,
+                       repr((segmenter.name, segmenter.rule)))
     encode = partial(_encode_rows, convert=convert, name=name, encoder=encoder, skip_invalid=skip_invalid)
     out = raw.map(encode, batched=True, batch_size=256, with_indices=True, remove_columns=columns, features=FEATURES,
                   num_proc=num_proc if fmt != "synthetic" else None, new_fingerprint=key, desc=f"encoding {Path(name).name}")
@@ -90,10 +95,11 @@ def encoded_dataset(
     return out.remove_columns("error")
 
 
-def streamed_dataset(source: str, encoder: Encoder, fmt: str = "auto", split: str = "train", skip_invalid: bool = False) -> datasets.IterableDataset:
+def streamed_dataset(source: str, encoder: Encoder, fmt: str = "auto", split: str = "train", skip_invalid: bool = False,
+                     segmenter: Segmenter | None = None) -> datasets.IterableDataset:
     """`encoded_dataset` for data read as it is consumed (no full download, no cache, no length): rows are encoded
     on the fly; a skipped row is logged as it passes, since there is no end to count at."""
-    raw, name, _, columns, convert = open_source(source, fmt, split, streaming=True)
+    raw, name, _, columns, convert = open_source(source, fmt, split, segmenter or Segmenter("auto"), streaming=True)
     encode = partial(_encode_rows, convert=convert, name=name, encoder=encoder, skip_invalid=skip_invalid)
     out = raw.map(encode, batched=True, batch_size=256, with_indices=True, remove_columns=columns, features=FEATURES)
 

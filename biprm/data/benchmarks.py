@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.data.segment import Segmenter
 from biprm.data.readers import EMPTY_RESPONSE, checked_field, load_trajectories, read_rows, solution_steps
 from biprm.data.trajectory import DataError, Trajectory, validate
 
@@ -157,7 +158,7 @@ def _attach_golds(trajs: list[Trajectory], spec: str, data_root: str, split: str
 
 
 def load_candidates(
-    spec: str, data_root: str, limit: int | None = None, questions: str | None = None, questions_split: str = "test", split_rule: str = "auto",
+    spec: str, data_root: str, limit: int | None = None, questions: str | None = None, questions_split: str = "test", split_rule: str | Segmenter = "auto",
 ) -> tuple[list[Trajectory], str, str]:
     """(candidates of `limit` questions spread over the pool, the pool's name, the spec without @QUESTIONS); golds attached
     from `questions` (or the spec's @QUESTIONS) where the candidates carry none."""

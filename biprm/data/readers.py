@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from biprm.config import FORMATS, SEGMENTERS
-from biprm.data.segment import MS_TAG, RULES, Segmenter
+from biprm.data.segment import MS_TAG, RULES, Segmenter, step_at
 from biprm.data.synthetic import make_dataset
 from biprm.data.trajectory import DataError, Trajectory, labels_from_first_error, validate
 
@@ -202,12 +202,21 @@ TRACE_FIELDS = ("solution", "response")
 def from_trace(row: dict, where: str, segmenter: Segmenter) -> Trajectory:
     """A trace given as one string: {"question" (or "problem", "prompt"), "solution" (or "response")}, cut into steps
     by `segmenter`. Its meta holds each step's [start, end) in that string, the segmenter and any fallback it took, so
-    they travel with the scores; any other field rides along too."""
+    they travel with the scores; any other field rides along too. An optional "first_error_char" (where the first wrong
+    text starts in the string, -1 for none) labels the steps of any cut: those before the step that holds it are
+    correct (ProcessBench's rule), so one labelled trace trains under every segmenter."""
     qkey = next((k for k in QUESTION_FIELDS if k in row), "question")
     tkey = next((k for k in TRACE_FIELDS if k in row), "solution")
     cut = segmenter.cut(checked_field(row, tkey, where, str), f"{where}: field '{tkey}'")
-    extra = {k: v for k, v in row.items() if k not in (qkey, tkey)}
-    return validate(Trajectory(checked_field(row, qkey, where, str), cut.texts, meta=extra | cut.meta()), where)
+    extra = {k: v for k, v in row.items() if k not in (qkey, tkey, "first_error_char")}
+    labels = None
+    if "first_error_char" in row:
+        at = checked_field(row, "first_error_char", where, int)
+        first = -1 if at < 0 else step_at(cut.offsets, at)
+        if at >= 0 and first < 0:
+            raise DataError(f"{where}: field 'first_error_char' is {at}, past the last step of field '{tkey}'")
+        labels = labels_from_first_error(first, len(cut.steps))
+    return validate(Trajectory(checked_field(row, qkey, where, str), cut.texts, labels, meta=extra | cut.meta()), where)
 
 
 def from_math_shepherd(row: dict, where: str) -> Trajectory:

@@ -96,6 +96,20 @@ def spans(text: str, cuts: list[int]) -> list[Span]:
     return out
 
 
+def step_at(offsets: list[list[int]], char: int) -> int:
+    """The step whose [start, end) holds character `char` of the trace; where `char` falls between two steps, the next
+    one; -1 past the last. How a position in the text (a labelled first error, or the start of a step of another cut)
+    lands on these steps."""
+    return next((t for t, (_, end) in enumerate(offsets) if char < end), -1)
+
+
+def first_error_on(first_error: int, cut: list[list[int]], given: list[list[int]]) -> int:
+    """A first error predicted on one cut of a trace (step index, -1 for none) as a step of another cut of the same text:
+    the step of `given` that holds the first character of the predicted step, so first-error F1 compares across
+    segmenters on the given steps' labels."""
+    return -1 if first_error < 0 else step_at(given, cut[first_error][0])
+
+
 def by_pattern(text: str, pattern: re.Pattern) -> list[Span]:
     """Cut where `pattern` matches; the matched text belongs to no step."""
     out, at = [], 0

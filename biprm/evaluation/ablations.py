@@ -18,6 +18,7 @@ from biprm.evaluation.pools import load_pool
 from biprm.evaluation.models import ROLES, ablation_sources, checkpoint_config, score_sources
 from biprm.evaluation.processbench import evaluate_processbench, format_processbench
 from biprm.metrics.bon import PROTOCOLS
+from biprm.scoring.score_file import trace_segmenter
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +62,10 @@ def run_ablations(cfg: AblationConfig) -> dict:
     if (warning := unlike_objectives(cfg.checkpoints)):
         logger.warning(warning)
     sources = ablation_sources(cfg.checkpoints)
-    bon = []
+    bon, segmenter = [], trace_segmenter(list(cfg.checkpoints.values()), cfg.segmenter)
     for spec in cfg.pool or ["gsm8k_bon_small"]:
-        pool = load_pool(spec, cfg.data_root, cfg.limit, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
+        pool = load_pool(spec, cfg.data_root, cfg.limit, split_rule=segmenter, cache=cache, grade_workers=cfg.grade_workers,
+                         grade_timeout=cfg.grade_timeout)
         bon.append(evaluate_bon(pool, score_sources(sources, cache, pool.trajs), cfg.agg, cfg.ns, PROTOCOLS))
     trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
     pb = evaluate_processbench(trajs, score_sources(sources, cache, trajs), cfg.threshold, cfg.tune_threshold)

@@ -24,6 +24,7 @@ from biprm.evaluation.pools import Pool, load_pool
 from biprm.evaluation.models import sources_of, score_sources
 from biprm.metrics.bon import DEFAULT_NS, best_of, bon_table, content_free, pool_bounds, subsets, vote
 from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
+from biprm.scoring.score_file import trace_segmenter
 from biprm.scoring.step_scores import StepScores, offsets_of
 
 
@@ -122,7 +123,7 @@ def format_bon(result: dict) -> str:
 def run_bon(cfg: BonConfig) -> dict:
     cache = open_cache(cfg)
     pool = load_pool(cfg.pool, cfg.data_root, cfg.limit, questions=cfg.questions, questions_split=cfg.questions_split,
-                     split_rule=cfg.split_rule, cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
+                     split_rule=trace_segmenter(cfg.model, cfg.segmenter), cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
     scores = score_sources(sources_of(cfg.model), cache, pool.trajs) if cfg.model else {}
     result = evaluate_bon(pool, scores, cfg.agg, cfg.ns, cfg.protocol, cfg.aggs, cfg.draws, cfg.seed)
     markdown = "# Best-of-N\n\n" + format_bon(result) + "\n"

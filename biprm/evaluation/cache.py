@@ -5,7 +5,8 @@ safetensors weights, a dataset is its questions and steps. Copying a checkpoint 
 its scores; retraining into the same folder, or editing one step, invalidates them.
 Weight files are hashed once per (path, size, mtime), remembered in the cache folder.
 Scores live as `<root>/<model key>/scores-<dataset key>-logits-<settings>.npz` (float64
-logits); the settings part holds what changes the numbers (device type, hence dtype, and max_length).
+logits); the settings part holds what changes the numbers (device type, hence dtype, max_length, the attention kernel
+and the overlength policy). A segmenter changes the steps, hence the dataset key: two cuts never share scores.
 """
 from __future__ import annotations
 
@@ -121,7 +122,8 @@ class ScoreCache:
     def scores(self, ckpt: str, trajs: list[Trajectory]) -> StepScores:
         device = torch.device(self.settings.device) if self.settings.device else default_device()
         kernel = "" if self.settings.attn_implementation == "sdpa" else f"-{self.settings.attn_implementation}"  # sdpa: the keys before the choice
-        path = self._path("scores", ckpt, trajs, f"logits-{device.type}-len{self.settings.max_length}{kernel}")
+        policy = "" if self.settings.overlength == "head" else f"-{self.settings.overlength}"  # head: the keys before the choice
+        path = self._path("scores", ckpt, trajs, f"logits-{device.type}-len{self.settings.max_length}{kernel}{policy}")
         if (cached := _read(path, lambda p: load_scores(p)[""])) is not None:
             return cached
         scores = score_shared(self.scorer, ckpt, trajs)  # on every process of the launch, if there are several

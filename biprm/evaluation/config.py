@@ -49,7 +49,6 @@ class BonConfig(BestOfN, EvalOptions):
     pool: str = arg("gsm8k_bon_small", POOL)
     questions: str | None = arg(None, "gold answers, matched by position: gsm_plus, math500, gsm8k, a file or a Hub dataset")
     questions_split: str = arg("test", "split when --questions is a Hub dataset (GSM-Plus: testmini)")
-    split_rule: str = arg("auto", "how a candidate's text is cut into steps: auto, newline, double-newline, ки")
     protocol: list[str] = arg(help="which n candidates a question offers: first (its first n, the paper's), random (random n-subsets), or both",
                               factory=lambda: list(PROTOCOLS), choices=PROTOCOLS)
     draws: int = arg(100, "random n-subsets per question under --protocol random", min=1)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from biprm.data.benchmarks import load_candidates
+from biprm.data.segment import Segmenter
 from biprm.data.trajectory import DataError, Trajectory
 from biprm.evaluation.cache import ScoreCache
 from biprm.evaluation.grading import extract_answer, grade_many
@@ -40,7 +41,7 @@ def answer_key(answer: str | None, i: int) -> str:
 
 def load_pool(
     spec: str, data_root: str, limit: int | None = None, questions: str | None = None, questions_split: str = "test",
-    split_rule: str = "auto", cache: ScoreCache | None = None, grade_workers: int = 2, grade_timeout: float = 5.0,
+    split_rule: str | Segmenter = "auto", cache: ScoreCache | None = None, grade_workers: int = 2, grade_timeout: float = 5.0,
 ) -> Pool:
     """A pool with correctness per candidate: math-verify against the gold wherever the gold is known,
     the stored flag only where it is not.

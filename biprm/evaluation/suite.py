@@ -50,6 +50,7 @@ from biprm.evaluation.models import ScoreSource, ablation_sources, checkpoint_mo
 from biprm.evaluation.processbench import TUNE_ON, evaluate_processbench, format_processbench
 from biprm.evaluation.report import format_curves, format_long_chain
 from biprm.metrics.bon import PROTOCOLS
+from biprm.scoring.score_file import trace_segmenter
 
 
 class Stages:
@@ -129,7 +130,8 @@ def header(cfg: SuiteConfig, ablation: dict[str, str]) -> str:
 def bon_section(suite: Suite, spec: str) -> Section:
     """Best-of-N on one pool: the protocol, aggregation sensitivity, long chains."""
     cfg = suite.cfg
-    pool = load_pool(spec, cfg.data_root, cfg.limit, cache=suite.cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
+    pool = load_pool(spec, cfg.data_root, cfg.limit, split_rule=trace_segmenter([cfg.model], cfg.segmenter), cache=suite.cache,
+                     grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
     scores = suite.scores(pool.trajs)
     lengths = token_lengths(cfg.model, pool.trajs, suite.cache)
     bon = evaluate_bon(pool, scores, cfg.agg, cfg.ns, PROTOCOLS)

@@ -60,7 +60,7 @@ def score_file(
     """Score `source` into `output`; `segmenter` cuts a one-string trace (default: the model's, see `trace_segmenter`)."""
     check_checkpoint(model)
     settings = settings or ScorerSettings()
-    split = trace_segmenter(model, segmenter)
+    split = trace_segmenter([model], segmenter)
     trajs = load_trajectories(source, fmt=fmt, skip_invalid=skip_invalid, split_rule=split)  # bad rows fail before the model loads
     state = process_state()
     rank, world = state.process_index, state.num_processes
@@ -116,12 +116,24 @@ def score_file(
     return len(trajs) - sum(_from_every_process([len(problems)], world))
 
 
-def trace_segmenter(model: str, chosen: str | None) -> Segmenter:
-    """What cuts a trace given as one string (and a Best-of-N candidate's text): `chosen`, else the segmenter the model's
-    config records (biprm.data.segment.for_model); tokens:N counts the model's own tokens."""
-    trained = json.loads((Path(model) / "config.json").read_text()).get("segmenter", "given")
-    name = chosen or trained
-    return for_model(chosen, trained, load_tokenizer(model) if name.startswith("tokens:") else None)
+def trained_segmenter(model: str) -> str:
+    """The segmenter a checkpoint's config records; "given" where it records none (a PRM trained elsewhere) or `model`
+    is no folder (a built-in name)."""
+    config = Path(model) / "config.json"
+    return json.loads(config.read_text()).get("segmenter", "given") if config.is_file() else "given"
+
+
+def trace_segmenter(models: list[str], chosen: str | None, tokenizer=None) -> Segmenter:
+    """What cuts a trace given as one string (and a Best-of-N candidate's text) for score, eval and serve: `chosen`, else
+    the segmenter the models' configs record (biprm.data.segment.for_model; models that disagree must be told which);
+    tokens:N counts the first model's tokens (or `tokenizer`'s)."""
+    trained = sorted({trained_segmenter(m) for m in models}) or ["given"]
+    if chosen is None and len(trained) > 1:
+        raise ValueError(f"the models were trained with different segmenters ({', '.join(trained)}): name one with --segmenter")
+    name = chosen or trained[0]
+    if name.startswith("tokens:") and tokenizer is None and models:
+        tokenizer = load_tokenizer(models[0])
+    return for_model(chosen, trained[0], tokenizer)
 
 
 def _from_every_process(items: list, world: int) -> list:

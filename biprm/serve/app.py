@@ -2,12 +2,12 @@
 
 Endpoints:
 - POST /v1/score: one solution or a list of them, each a question plus `steps` or a
-  free-text `solution` cut by a split rule; per-step l2r, r2l, sigma and fused scores
-  and the solution score under every aggregation come back.
+  free-text `solution` cut by a segmenter (the item's, else the server's); per-step l2r, r2l, sigma and fused
+  scores and the solution score under every aggregation come back, and for a cut solution each step's [start, end).
 - POST /get_reward: the remote reward-model interface of OpenRLHF (and of trainers that
   copy it): {"query": [prompt + response, ...], "prompts": [prompt, ...]} in,
   {"rewards", "scores": [one float per query], "extra_logs": {...}, "step_rewards": [[...]]} out;
-  aggregation, split rule and the policy's chat template are server flags.
+  aggregation, segmenter and the policy's chat template are server flags.
 - GET /health, GET /metrics (Prometheus text: queue depth, batch sizes, latencies).
 
 With --api-key (or BIPRM_API_KEY) every endpoint but /health wants `Authorization: Bearer KEY`.
@@ -33,14 +33,15 @@ from contextlib import asynccontextmanager
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from biprm.config import MODE_TABLE
+from biprm.config import MODE_TABLE, check_segmenter
 from biprm.data.encoding import Encoded
-from biprm.data.readers import SPLIT_RULES, split_steps
+from biprm.data.segment import Cut, Segmenter
 from biprm.data.trajectory import DataError, Trajectory
 from biprm.metrics.processbench import predict_first_error
 from biprm.scoring.step_scores import STEP_OUTPUTS, StepScores, score_rows
+from biprm.scoring.score_file import trace_segmenter
 from biprm.scoring.scorer import Scorer
 from biprm.serve.batcher import Batcher, Overloaded
 from biprm.serve.chat import ChatPrompt
@@ -55,15 +56,16 @@ class ScoreItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1)
     steps: list[str] | None = Field(default=None, min_length=1, description="the solution's steps, in order")
-    solution: str | None = Field(default=None, description="free text, cut into steps by `split`")
-    split: str | None = Field(default=None, description=f"one of {SPLIT_RULES}; the server's rule if unset")
+    solution: str | None = Field(default=None, description="free text, cut into steps by `segmenter`")
+    segmenter: str | None = Field(default=None, validation_alias=AliasChoices("segmenter", "split"),
+                                  description="paragraph, lines, markers, tokens:N or a split rule; the server's if unset ('split': its old name)")
 
     @model_validator(mode="after")
     def _one_of(self) -> "ScoreItem":
         if (self.steps is None) == (self.solution is None):
             raise ValueError("give exactly one of 'steps' and 'solution'")
-        if self.split is not None and self.split not in SPLIT_RULES:
-            raise ValueError(f"'split' must be one of {list(SPLIT_RULES)}")
+        if self.segmenter is not None:
+            check_segmenter(self.segmenter)
         return self
 
 
@@ -80,11 +82,12 @@ class ServiceError(Exception):
         self.status, self.retry = status, retry
 
 
-def _steps(text: str, rule: str, where: str) -> list[str]:
-    steps = split_steps(text, rule)
-    if not steps:
-        raise ServiceError(400, f"{where}: no step text after splitting by {rule!r}")
-    return steps
+def _cut(text: str, segmenter: Segmenter, where: str) -> Cut:
+    """The steps of a free-text solution with their spans; an empty one, or one cut into no steps, is a 400 naming `where`."""
+    try:
+        return segmenter.cut(text, where)
+    except DataError as error:
+        raise ServiceError(400, str(error)) from None
 
 
 class Service:
@@ -98,6 +101,7 @@ class Service:
         self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="biprm-tokenize")
         self.chat = ChatPrompt.load(cfg.chat_template) if cfg.chat_template else None
         tok = scorer.tokenizer
+        self.segmenter = trace_segmenter([cfg.model], cfg.segmenter, tok)
         self.special = sorted({t for t in (tok.eos_token, tok.pad_token, *(self.chat.special if self.chat else ())) if t}, key=len, reverse=True)
 
     def check_text(self, chars: int, where: str) -> None:
@@ -142,14 +146,16 @@ class Service:
             raise ServiceError(413 if "max_length" in str(error) else 400, str(error)) from None
 
     async def score(self, items: list[ScoreItem]) -> list[dict]:
-        trajs = []
+        trajs, cuts = [], []
         for i, it in enumerate(items):
             self.check_text(len(it.question) + (len(it.solution) if it.steps is None else sum(map(len, it.steps))), f"item {i}")
-            steps = it.steps if it.steps is not None else _steps(it.solution, it.split or self.cfg.split, f"item {i}: field 'solution'")
-            trajs.append(Trajectory(it.question, steps))
+            segmenter = self.segmenter if it.segmenter is None else Segmenter(it.segmenter, self.scorer.tokenizer)
+            cuts.append(None if it.steps is not None else _cut(it.solution, segmenter, f"item {i}: field 'solution'"))
+            trajs.append(Trajectory(it.question, it.steps if cuts[-1] is None else cuts[-1].texts))
         scores, dropped = await self.run(trajs, [f"item {i}" for i in range(len(items))])
         keys = ("steps", *STEP_OUTPUTS, "solution", "solution_logit", "steps_scored")  # what `biprm score` writes, less the input's own fields
-        return [{**{k: row[k] for k in keys}, "truncated": bool(d)} for row, d in zip(score_rows(trajs, scores, digits=None), dropped)]
+        return [{**{k: row[k] for k in keys}, "truncated": bool(d), **(cut.meta() if cut else {})}
+                for row, d, cut in zip(score_rows(trajs, scores, digits=None), dropped, cuts)]
 
     def question(self, prompt: str, i: int) -> str:
         """The plain question: the prompt itself, or its last user message under --chat-template."""
@@ -175,7 +181,7 @@ class Service:
             response = query[len(prompt):]
             for token in self.special:  # the policy's turn markup, padding and end-of-sequence text are not part of the answer
                 response = response.replace(token, "")
-            trajs.append(Trajectory(self.question(prompt, i), _steps(response, self.cfg.split, f"field 'query' [{i}]")))
+            trajs.append(Trajectory(self.question(prompt, i), _cut(response, self.segmenter, f"field 'query' [{i}]").texts))
         scores, _ = await self.run(trajs, [f"field 'query' [{i}]" for i in range(len(trajs))])
         rewards = scores.solution_scores(self.cfg.aggregation).tolist()
         probs = scores.prob()

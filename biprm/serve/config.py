@@ -7,11 +7,9 @@ from typing import Literal
 
 from biprm.scoring.aggregate import AGGREGATIONS
 from biprm.config import ScorerSettings, arg, check_choices
-from biprm.data.readers import SPLIT_RULES
 from biprm.vllm_plugin import SERVED_DTYPES
 
 Aggregation = Literal[AGGREGATIONS]
-SplitRule = Literal[SPLIT_RULES]
 ServedDtype = Literal[SERVED_DTYPES]
 API_KEY_ENV = "BIPRM_API_KEY"  # where the server (and biprm's client) read the API key when no flag names it
 
@@ -30,7 +28,6 @@ class ServeConfig(ScorerSettings):
     max_queue: int = arg(1024, "solutions waiting at most; past it requests get 503 at once", min=1)
     on_overlength: Literal["flag", "refuse"] = arg("flag", "flag: score the steps that fit and say so; refuse: answer 413")
     aggregation: Aggregation = arg("min", "solution score of /get_reward")
-    split: SplitRule = arg("auto", "how free text is cut into steps")
     max_body_bytes: int = arg(8 * 2**20, "larger request bodies get 413 before they are read in full", min=1)
     max_text_chars: int = arg(65536, "characters per solution (question and steps); longer ones get 413 before they are tokenized", min=1)
     chat_template: str | None = arg(None, "the policy's tokenizer (folder or name): /get_reward takes the user's question out of prompts rendered with its chat template")
