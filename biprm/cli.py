@@ -98,7 +98,7 @@ COMMANDS = {  # name: (settings, recipe, one-line help)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="biprm", description=__doc__.splitlines()[0])
+    parser = _OneLine(prog="biprm", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"biprm {__version__}")
     _add_commands(parser, "command", COMMANDS)
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -111,19 +111,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 class _DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
     """Append each flag's default to its help, unless the help already says it: a default computed at run time
-    (None, '') reads better in words, "(default: cuda if present)", than as a second "(default: None)"."""
+    (None, '') reads better in words, "(default: cuda if present)", than as a second "(default: None)". A required
+    flag says so instead of showing a default it does not have."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required:
+            return f"{action.help} (required)"
         return action.help if "(default:" in (action.help or "") else super()._get_help_string(action)
 
 
-class _Parser(HfArgumentParser):
-    """HfArgumentParser that keeps biprm's own field metadata (`biprm.config.arg`'s range) out of argparse."""
+class _OneLine(argparse.ArgumentParser):
+    """A parser that answers a bad command or flag in one line, not after a page of usage."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Parser(_OneLine, HfArgumentParser):
+    """HfArgumentParser that keeps biprm's own field metadata (`biprm.config.arg`'s range and `commas`) out of argparse."""
 
     @staticmethod
     def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
         kept = copy.copy(field)
-        kept.metadata = MappingProxyType({k: v for k, v in field.metadata.items() if k not in BOUNDS})
+        kept.metadata = MappingProxyType({k: v for k, v in field.metadata.items() if k not in (*BOUNDS, "commas")})
         HfArgumentParser._parse_dataclass_field(parser, kept)
 
 
@@ -142,7 +152,47 @@ def _settings_flags(p: HfArgumentParser, settings: type, run: Callable) -> None:
     for action in p._actions:
         if dataclasses.is_dataclass(action.type) or get_origin(action.type) in (dict, tuple):
             action.type = _structured(action.type)
+        elif action.choices and action.type:
+            action.type = _any_case(action.type, action.choices)
     p.set_defaults(func=run, settings=settings)
+
+
+def _any_case(convert: Callable[[str], Any], choices: Any) -> Callable[[str], Any]:
+    """A choice's type that takes it in any case (--mode BI is bi); what matches none is left for argparse to refuse."""
+
+    def match(text: str) -> Any:
+        hits = [str(c) for c in choices if str(c).lower() == text.lower()]
+        return convert(hits[0] if len(hits) == 1 else text)
+
+    match.__name__ = getattr(convert, "__name__", "value")
+    return match
+
+
+def _comma_fields(parser: argparse.ArgumentParser) -> set[str]:
+    """The settings of `parser` that hold a comma-separated list in one str (`biprm.config.arg`'s `commas=True`)."""
+    settings = parser._defaults.get("settings")
+    return {f.name for f in dataclasses.fields(settings) if f.metadata.get("commas")} if settings else set()
+
+
+def _lists(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """argv with both list forms read on every list flag: a flag of several values (--n, --algorithms) takes them
+    space- or comma-separated (--n 4 8, --n 4,8), and a str that holds a comma-separated list (--modes, `commas=True`)
+    takes them space-separated too (--modes l2r bi is --modes l2r,bi)."""
+    joined = _comma_fields(parser)
+    kinds = {o: a.dest in joined for a in parser._actions if a.nargs == "+" or a.dest in joined for o in a.option_strings}
+    out, i = [], 0
+    while i < len(argv):
+        flag, eq, rest = argv[i].partition("=")
+        i += 1
+        if flag not in kinds:
+            out.append(argv[i - 1])
+            continue
+        values = [rest] if eq else []
+        while not eq and i < len(argv) and not (argv[i].startswith("-") and not argv[i][1:2].isdigit()):
+            values, i = values + [argv[i]], i + 1
+        words = [w for v in values for w in v.split(",") if w]
+        out += [flag, ",".join(words)] if kinds[flag] and words else [flag, *words]
+    return out
 
 
 def _structured(kind: Any) -> Callable[[object], object]:
@@ -214,6 +264,10 @@ def load_config_file(path: str, parser: argparse.ArgumentParser) -> None:
             passed |= value if isinstance(value, dict) else {}
             continue
         actions = [a for a in parser._actions if a.dest == dest]  # a bool has two: --x and --no_x
+        if isinstance(value, str) and actions[0].nargs == "+":  # both list forms, as on the command line (_lists)
+            value = [w for w in value.split(",") if w]
+        elif isinstance(value, list) and dest in _comma_fields(parser):
+            value = ",".join(map(str, value))
         value = _typed(next((a for a in actions if a.type), actions[0]), value, where)
         for action in actions:
             wrong = [v for v in (value if isinstance(value, list) else [value]) if action.choices and v not in action.choices]
@@ -307,7 +361,9 @@ def _run(parser: argparse.ArgumentParser, chosen: argparse.ArgumentParser, comma
             load_config_file(config, chosen)
         except (ValueError, OSError) as error:
             parser.exit(2, f"{command}: error: {error}\n")
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(_lists(chosen, argv))
+    if unknown:  # named by the command they were given to, not by the top-level parser
+        chosen.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)}

@@ -78,8 +78,8 @@ def check_extras(needed: dict[str, str]) -> None:
 
 def arg(default: Any = MISSING, help: str = "", factory: Any = MISSING, aliases: tuple[str, ...] = (), **flag: Any) -> Any:
     """A dataclass field with the help text its flag shows, other flags that also set it (`aliases`), the range a number
-    must lie in (`min`, `max` inclusive; `above`, `below` exclusive:
-    see `check_ranges`), and other argparse settings in `flag` (action, choices, metavar)."""
+    must lie in (`min`, `max` inclusive; `above`, `below` exclusive: see `check_ranges`), `commas=True` for a str that
+    holds a comma-separated list, and other argparse settings in `flag` (action, choices, metavar)."""
     return field(default=default, default_factory=factory, metadata={"help": help, **flag} | ({"aliases": list(aliases)} if aliases else {}))
 
 
@@ -149,14 +149,14 @@ class TrainConfig:
     lora_r: int = arg(0, "> 0: LoRA adapters of this rank; the value head, gate and step-tag row train in full", min=0)
     lora_alpha: float = arg(32.0, "LoRA scaling", above=0)
     lora_dropout: float = arg(0.0, "LoRA dropout", min=0, below=1)
-    lora_targets: str = arg(",".join(LORA_TARGETS), "the backbone's linear layers that get adapters, comma-separated")
+    lora_targets: str = arg(",".join(LORA_TARGETS), "the backbone's linear layers that get adapters, comma-separated", commas=True)
     skip_invalid: bool = arg(False, "skip bad rows (each reported with file, row and field) instead of stopping")
     segmenter: str = arg("given", "how the training rows' steps were cut (given, paragraph, lines, markers, tokens:N): recorded in "
                                   "the checkpoint, and the default when a trace given as one string is scored with it")
     num_proc: int | None = arg(None, "processes that encode the data (default: up to 8 for 20,000+ rows, else 1)", min=1)
     group_by_length: bool = arg(True, "batches of similar lengths (less padding), in a seeded random order")
     streaming: bool = arg(False, "read and encode the data as training consumes it (huge Hub sets); needs --max-steps")
-    report_to: str = arg("none", "none, or trackers separated by commas: tensorboard,wandb")
+    report_to: str = arg("none", "none, or trackers separated by commas: tensorboard,wandb", commas=True)
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass (less memory, more time)")
     attn_implementation: Attention = arg("sdpa", "the backbone's attention kernel (both take the per-stream mask)")
     deepspeed: str | None = arg(None, "a DeepSpeed JSON config, e.g. configs/ds_zero3.json (launch with accelerate or deepspeed)")
@@ -223,7 +223,7 @@ def tokens_per_step(name: str) -> int | None:
 @dataclass
 class DemoConfig:
     output_dir: str = arg("out/demo", "where results.json, the data and the gate plot go")
-    modes: str = arg("l2r,r2l,bi-static,bi", "modes to train and compare, comma-separated")
+    modes: str = arg("l2r,r2l,bi-static,bi", "modes to train and compare, comma-separated", commas=True)
     n_train: int = arg(4800, "synthetic training solutions", min=1)
     n_test: int = arg(600, "held-out labelled solutions for first-error F1", min=1)
     bon_questions: int = arg(150, "held-out Best-of-N questions", min=1)

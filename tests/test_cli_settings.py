@@ -75,3 +75,59 @@ def test_the_issues_numbers_are_refused_in_one_line_naming_the_flag(argv, says, 
         cli.main(argv)
     assert stop.value.code == 2 and capsys.readouterr().err == says
 
+
+
+@pytest.fixture
+def parsed(monkeypatch):
+    """The settings each command would run with, by command: the recipes record instead of running."""
+    seen = {}
+    for table in (cli.COMMANDS, evaluation.COMMANDS):
+        for name, (settings, _, text) in list(table.items()):
+            monkeypatch.setitem(table, name, (settings, lambda cfg, name=name: seen.__setitem__(name, cfg), text))
+    return seen
+
+
+@pytest.mark.parametrize("argv, field, expected", [
+    (["search", "--out", "o", "--n", "4", "8"], "n", [4, 8]),
+    (["search", "--out", "o", "--n", "4,8"], "n", [4, 8]),
+    (["search", "--out", "o", "--n=4,8", "-v"], "n", [4, 8]),
+    (["search", "--out", "o", "--prm", "noise,noise2", "--algorithms", "bon", "beam,dvts"], "algorithms", ["bon", "beam", "dvts"]),
+    (["demo", "--modes", "l2r,bi"], "modes", "l2r,bi"),
+    (["demo", "--modes", "l2r", "bi"], "modes", "l2r,bi"),
+    (["demo", "--mix", "0.5,0.25,0.25", "--events", "1", "4"], "mix", [0.5, 0.25, 0.25]),
+    (["train", "--lora-targets", "q_proj", "v_proj", "--max-steps", "-1"], "lora_targets", "q_proj,v_proj"),
+    (["train", "--mode", "BI"], "mode", "bi"),
+    (["search", "--out", "o", "--algorithms", "BEAM", "Bon", "--policy", "Synthetic", "--data", "synthetic"], "algorithms", ["beam", "bon"]),
+])
+def test_every_list_flag_takes_both_forms_and_every_choice_any_case(argv, field, expected, parsed):
+    cli.main(argv)
+    assert getattr(parsed[argv[0]], field) == expected
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["train", "--mode", "bx"], "biprm train: error: argument --mode: invalid choice: 'bx' (choose from 'l2r', 'r2l', 'bi-static', 'bi') "
+                                "(see biprm train --help)\n"),
+    (["search", "--out", "o", "--n", "4;8"], "biprm search: error: argument --n: invalid int value: '4;8' (see biprm search --help)\n"),
+    (["search"], "biprm search: error: the following arguments are required: --out (see biprm search --help)\n"),
+    (["eval", "bon", "--nss", "4"], "biprm eval bon: error: unrecognized arguments: --nss 4 (see biprm eval bon --help)\n"),
+])
+def test_a_bad_flag_is_one_line_without_the_usage(argv, says, parsed, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2 and capsys.readouterr().err == says and not parsed
+
+
+def test_required_flags_say_so_in_the_help():
+    helps = {p.prog: " ".join(p.format_help().split()) for p in cli._subparsers(cli.build_parser()) if "settings" in p._defaults}
+    assert "(one line per question, appended; rerun to resume), summary.md, accuracy.png (required)" in helps["biprm search"]
+    assert "checkpoint folder written by `biprm train` (required)" in helps["biprm score"]
+    assert all(text.count("(required)") == sum(a.required for a in p._actions)
+               for p in cli._subparsers(cli.build_parser()) if "settings" in p._defaults for text in [" ".join(p.format_help().split())])
+
+
+@pytest.mark.parametrize("text, field, expected", [("n: 4,8\n", "n", [4, 8]), ("modes: [l2r, bi]\n", "modes", "l2r,bi")])
+def test_a_settings_file_takes_both_list_forms_too(text, field, expected, parsed, tmp_path):
+    (tmp_path / "run.yaml").write_text(text)
+    command = "search" if field == "n" else "demo"
+    cli.main([command, "--config", str(tmp_path / "run.yaml"), *(["--out", "o"] if command == "search" else [])])
+    assert getattr(parsed[command], field) == expected

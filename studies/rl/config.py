@@ -15,7 +15,7 @@ class RLStudyConfig:
     out: str = arg("studies/rl/results", "results folder: one JSON per (arm, seed) run, prms.json, report.md and the plot")
     work_dir: str = arg("out/rl-study", "model folders (SFT policy, PRMs) and GRPO scratch; kept out of results, never committed")
     arms: str = arg(",".join(ARMS), "GRPO arms, comma-separated: outcome (answer correct), min (BiPRMReward, bi PRM), "
-                    "process-l2r (ProcessGRPOTrainer, l2r PRM), process-bi (ProcessGRPOTrainer, bi PRM, fused)")
+                    "process-l2r (ProcessGRPOTrainer, l2r PRM), process-bi (ProcessGRPOTrainer, bi PRM, fused)", commas=True)
     seeds: list[int] = arg(help="GRPO seeds: every arm runs each, with the same prompts and sampling seed", factory=lambda: [0, 1, 2])
     events: list[int] = arg(help="least and most events per problem in the PRMs' training and held-out data (as `biprm demo`)",
                             factory=lambda: [2, 3])
