@@ -43,6 +43,21 @@ class ScriptedPolicy:
         self.tokens += sum(o.tokens for o in outs)
         return outs
 
+    def generate_solution(self, prompts: list[str], n: int, max_steps: int) -> list[list[StepOut]]:
+        """n whole solutions per prompt in one call: each walks the tree as a step-by-step draw would, one child a step."""
+        self.calls += 1
+        outs = []
+        for p in prompts:
+            for _ in range(n):
+                key, steps = tuple(p.split(SEP)), []
+                while not steps or not (steps[-1].finished or len(steps) >= max_steps):
+                    text = self.next_step(key)
+                    steps.append(StepOut(text, finished=text.startswith("answer"), capped=False, tokens=len(text)))
+                    key += (text,)
+                outs.append(steps)
+        self.tokens += sum(o.tokens for steps in outs for o in steps)
+        return outs
+
 
 class ScriptedScorer:
     """Step logits looked up by step text (fused in `fused`, L2R in `l2r`, default: the fused value); paths longer than

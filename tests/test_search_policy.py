@@ -179,6 +179,24 @@ def test_a_solution_drawn_whole_is_cut_where_a_step_by_step_draw_closes_its_step
     assert steps_of(cut_solution("  ", "end", 1, words, 10, 3)) == [("", True, False, 1)]
 
 
+def test_a_whole_draw_is_cut_again_by_a_segmenter_within_the_depth_and_keeps_its_tokens():
+    from biprm.data.segment import Segmenter
+    from biprm.search.policy import StepOut, recut
+
+    drawn = [StepOut("a\nb\nc", False, False, 6), StepOut("d", True, True, 4)]  # text "a\nb\nc\n\nd": 9 characters, 10 tokens
+    lines = Segmenter("lines")
+    # four lines; tokens by characters up to the next step: a 10*2//9 = 2, b 2, c 10*3//9 = 3, d the rest 3
+    assert steps_of(recut(drawn, lines, "\n\n", 10)) == [("a", False, False, 2), ("b", False, False, 2), ("c", False, False, 3),
+                                                          ("d", True, True, 3)]
+    # at most 3 steps: the third holds the rest of the text, and the rest of the tokens
+    assert steps_of(recut(drawn, lines, "\n\n", 3)) == [("a", False, False, 2), ("b", False, False, 2), ("c\n\nd", True, True, 6)]
+    assert steps_of(recut([StepOut("", True, False, 1)], lines, "\n\n", 3)) == [("", True, False, 1)]  # empty stays empty
+    with pytest.raises(ValueError, match="--segmenter lines: cuts a solution drawn whole"):
+        SearchConfig(out="x", data="gsm8k", segmenter="lines")
+    with pytest.raises(ValueError, match="unknown segmenter 'words'"):
+        SearchConfig(out="x", data="gsm8k", pool_draw="whole", segmenter="words")
+
+
 def test_a_whole_draw_is_one_call_with_no_stop_and_gives_finished_paths(stub):
     server = stub(lambda body: [choice(i, "x y\n\nThe answer is 3") for i in range(len(body["prompt"]) * body["n"])])
     policy = ServerPolicy(server.url, "m", Words(), max_step_tokens=10)

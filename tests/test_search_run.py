@@ -439,3 +439,25 @@ def test_a_bad_search_input_is_one_line_before_anything_loads_and_leaves_out_as_
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith(f"biprm search: error: {says.format(**names)}"), err
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+
+
+def test_a_pool_drawn_whole_is_cut_by_the_chosen_segmenter_before_it_is_scored(tmp_path):
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question": "one", "answer": "3"}) + "\n")
+    tree = {("one",): ["a = 1\nb = 2", "c = 9"], ("one", "a = 1\nb = 2"): ["answer 3"], ("one", "c = 9"): ["answer 4"]}
+    logits = {"a = 1\nb = 2": -3.0, "a = 1": 1.0, "b = 2": 1.0, "c = 9": 0.0, "answer 3": 1.0, "answer 4": 0.5}
+    base = SearchConfig(out="x", data=str(data), algorithms=["bon"], n=[2], strategies=["fused"], aggregation="min",
+                        pool_draw="whole", grade_workers=0)
+    runs = {}
+    for segmenter in (None, "lines"):
+        cfg = replace(base, out=str(tmp_path / str(segmenter)), segmenter=segmenter)
+        scorer = ScriptedScorer(logits)
+        run_search(cfg, ScriptedPolicy(tree), [scorer])
+        runs[segmenter] = records(cfg)[0], scorer.seen
+    (step_token, seen_token), (lines, seen_lines) = runs[None], runs["lines"]
+    assert [p["steps"] for p in step_token["pool"]] == [["a = 1\nb = 2", "answer 3"], ["c = 9", "answer 4"]]  # as drawn
+    assert [p["steps"] for p in lines["pool"]] == [["a = 1", "b = 2", "answer 3"], ["c = 9", "answer 4"]]  # cut by lines
+    assert [tuple(p) for _, paths in seen_lines for p in paths] == [("a = 1", "b = 2", "answer 3"), ("c = 9", "answer 4")]
+    assert [p["tokens"] for p in lines["pool"]] == [p["tokens"] for p in step_token["pool"]] == [19, 13]  # the draw's cost, kept
+    # min over steps: the step token's cut reads the first solution's lines as one bad step (-3), the lines cut as two good ones
+    assert step_token["methods"]["bon-max/fused@2"]["answer"] == "4" and lines["methods"]["bon-max/fused@2"]["answer"] == "3"

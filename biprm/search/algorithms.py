@@ -21,7 +21,9 @@ import numpy as np
 from biprm.scoring.aggregate import aggregate
 from biprm.scoring.step_scores import offsets_of
 from biprm.search.config import Strategy
-from biprm.search.policy import StepOut
+from biprm.data.segment import Segmenter
+from biprm.search.policy import StepOut, recut
+from biprm.search.steps import STEP_TOKEN
 from biprm.scoring.paths import PathScore, PathScorer
 
 
@@ -94,8 +96,11 @@ class Search:
     """One search over a batch of questions: expands with the policy, scores with the PRM, keeps the accounts."""
 
     def __init__(self, questions: list[str], policy: Policy, scorer: PathScorer, max_depth: int = 16, aggregation: str = "last",
-                 strategy: Strategy = "fused", note: Callable[[str], None] = lambda _: None):
+                 strategy: Strategy = "fused", note: Callable[[str], None] = lambda _: None, segmenter: Segmenter | None = None,
+                 step_token: str = STEP_TOKEN):
+        """`segmenter`, where given, cuts each solution drawn whole again (`recut`); `step_token` joins its pieces."""
         self.questions, self.policy, self.scorer, self.max_depth = questions, policy, scorer, max_depth
+        self.segmenter, self.step_token = segmenter, step_token
         self.aggregation, self.strategy, self.note = aggregation, strategy, note  # note: says what runs now (a progress bar's status)
         self.budget = Budget(len(questions))
 
@@ -127,6 +132,8 @@ class Search:
         self.note(f"policy: {len(paths) * k} whole solutions")
         start = time.perf_counter()
         solutions = self.policy.generate_solution(self.prompts(paths), k, self.max_depth)
+        if self.segmenter is not None:
+            solutions = [recut(steps, self.segmenter, self.step_token, self.max_depth) for steps in solutions]
         self.charge_policy(paths, k, np.array([sum(o.tokens for o in steps) for steps in solutions], dtype=float), start)
         children = []
         for i, steps in enumerate(solutions):

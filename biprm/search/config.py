@@ -8,7 +8,7 @@ from typing import Literal, get_args
 from urllib.parse import urlsplit
 
 from biprm.scoring.aggregate import AGGREGATIONS
-from biprm.config import arg, check_ranges, default_data_root
+from biprm.config import arg, check_ranges, check_segmenter, default_data_root
 from biprm.data.readers import synthetic_spec
 
 ALGORITHMS = ("bon", "beam", "dvts", "particles")
@@ -58,6 +58,9 @@ class SearchConfig:
                                                         "token (as the tree searches draw); whole, each solution in one call, cut "
                                                         "into steps afterwards (the same model; a server's batch stays full "
                                                         "between levels)")
+    segmenter: str | None = arg(None, "--pool-draw whole: what cuts each drawn solution into steps before it is scored: paragraph, "
+                                      "lines, markers, tokens:N (the policy's tokens) or a split rule (default: the step token, "
+                                      "as a step-by-step draw cuts)")
     policy_timeout: float = arg(600.0, "seconds to wait for one policy server call (a whole draw of a large batch takes longest)", above=0)
     retries: int = arg(4, "policy server retries with exponential backoff before giving up", min=0)
     grade_workers: int = arg(2, "grading processes", min=0)
@@ -77,6 +80,11 @@ class SearchConfig:
             raise ValueError(f"--policy synthetic writes the synthetic task's solutions: it needs --data synthetic[:N[:SEED]], not {self.data!r}")
         if self.policy == "synthetic" and self.pool_draw == "whole":
             raise ValueError("--pool-draw whole: the synthetic policy writes one step per call; use --pool-draw steps")
+        if self.segmenter is not None:
+            check_segmenter(self.segmenter)
+            if self.pool_draw != "whole" or self.segmenter == "given":
+                raise ValueError(f"--segmenter {self.segmenter}: cuts a solution drawn whole (--pool-draw whole) into steps; "
+                                 "a step-by-step draw is cut by --step-token")
         bad = [n for n in self.n if n % self.width and any(a in ("beam", "dvts") for a in self.algorithms)]
         if bad:
             raise ValueError(f"--n {bad[0]}: beam search and DVTS need N to be a multiple of --width {self.width}")

@@ -17,6 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
+from biprm.data.segment import Segmenter, Span
 from biprm.search.steps import STEP_TOKEN, join_steps
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,23 @@ def cut_solution(raw: str, ending: Ending, tokens: int, tokenizer, max_steps: in
         return [StepOut("", True, False, tokens)]
     rest = tokens - sum(s.tokens for s in steps[:-1])
     return steps[:-1] + [StepOut(steps[-1].text, True, steps[-1].capped, max(rest, 0))]
+
+
+def recut(steps: list[StepOut], segmenter: Segmenter, step_token: str, max_steps: int) -> list[StepOut]:
+    """A solution drawn whole, cut again by `segmenter` (`--segmenter` with `--pool-draw whole`): its text (the pieces
+    joined by the step token) is cut where the segmenter cuts, into at most `max_steps` steps, the last holding the rest
+    of the text (nothing is dropped). Tokens are shared out by characters, the last step taking the remainder, so the
+    path counts all it cost; the last step ends the solution and keeps the draw's cap flag."""
+    text, total = join_steps([s.text for s in steps if s.text], step_token), sum(s.tokens for s in steps)
+    if not text:
+        return steps  # an empty solution stays the empty step that ends it
+    cut = segmenter.cut(text, "a drawn solution").steps
+    if len(cut) > max_steps:
+        cut = cut[: max_steps - 1] + [Span(text[cut[max_steps - 1].start : cut[-1].end], cut[max_steps - 1].start, cut[-1].end)]
+    ends = [c.start for c in cut[1:]] + [len(text)]
+    tokens = [total * (b - a.start) // len(text) for a, b in zip(cut[:-1], ends)]
+    return ([StepOut(c.text, False, False, t) for c, t in zip(cut, tokens)]
+            + [StepOut(cut[-1].text, True, steps[-1].capped, total - sum(tokens))])
 
 
 class PolicyError(ConnectionError):

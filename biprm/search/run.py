@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from biprm.checkpoint import NotACheckpoint, check_checkpoint
 from biprm.data.benchmarks import question_golds, spread
+from biprm.data.segment import Segmenter
 from biprm.data.writer import atomic_write
 from biprm.evaluation.pools import answer_key
 from biprm.evaluation.grading import extract_answer, grade_many
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 POOL_CHUNK = 64  # finished paths per PRM call when a best-of-N pool is scored (see Batch.score_pool)
 RESULTS = ("data", "limit", "policy", "policy_model", "policy_tokenizer", "prm", "prm_max_length", "algorithms", "n", "width", "strategies",
            "aggregation", "max_depth", "max_step_tokens", "step_token", "calc_rate", "claim_rate", "temperature", "top_p", "seed", "pool_draw",
-           "policy_batch_size")  # settings a resumed run must share (the batch size only with --policy hf, where it changes the draws)
+           "segmenter", "policy_batch_size")  # settings a resumed run must share (the batch size only with --policy hf, where it changes the draws)
 
 
 def load_questions(data: str, data_root: str, limit: int | None) -> list[dict]:
@@ -193,6 +194,8 @@ class Batch:
         self.searched: dict[str, list[SearchPath]] = {}
         self.scored: dict[str, tuple[list[SearchPath], Search]] = {}  # PRM name -> its scored copy of the pool, and its accounts
         self.noise_pool: list[SearchPath] = []  # the pool scored by the noise scorer
+        # what cuts a solution drawn whole (tokens:N counts the policy's tokens); None: the step token, as drawn
+        self.segmenter = Segmenter(cfg.segmenter, getattr(policy, "tokenizer", None)) if cfg.segmenter else None
 
     def label(self, prm: str) -> str | None:
         """The PRM's name in method names; none with one PRM, so a one-PRM run keeps the names it always had."""
@@ -200,7 +203,7 @@ class Batch:
 
     def search(self, scorer, strategy: str) -> Search:
         c = self.cfg
-        return Search(self.questions, self.policy, scorer, c.max_depth, c.aggregation, strategy, self.note)
+        return Search(self.questions, self.policy, scorer, c.max_depth, c.aggregation, strategy, self.note, self.segmenter, c.step_token)
 
     def run(self) -> list[dict]:
         self.policy.reseed(self.cfg.seed + self.items[0]["index"])
