@@ -63,7 +63,8 @@ def cmd_serve(cfg: ServeConfig) -> None:
 def cmd_export(cfg: ExportConfig) -> None:
     from biprm.serve.export import export_for_vllm
 
-    print(f"exported to {export_for_vllm(cfg.model, cfg.out, dtype=cfg.dtype)} in {cfg.dtype}; serve it with: vllm serve {cfg.out}")
+    out = export_for_vllm(cfg.model, cfg.out, dtype=cfg.dtype, prm_kind=cfg.prm_kind, mode=cfg.mode)
+    print(f"exported to {out} in {cfg.dtype}; serve it with: vllm serve {cfg.out}")
 
 
 

@@ -31,7 +31,7 @@ from biprm.data.encoding import Encoder, add_step_tag
 from biprm.data.template import TEMPLATES
 from biprm.losses import objective_loss
 from biprm.packing import attention_mask, cached_attention_mask
-from biprm.prms import KINDS, UnknownPRM, detect, head_tensors, read_config
+from biprm.prms import KINDS, UnknownPRM, detect, read_config, read_out
 
 HEADS = ("value_head.", "gate.")  # the state-dict prefixes of the parts biprm adds to the body
 
@@ -420,8 +420,7 @@ def from_prm(
         backbone = body_class.from_pretrained(path, config=config.backbone_config, dtype=dtype, attn_implementation=attn_implementation)
     config.backbone_config = backbone.config
     model = BiPRMModel(config, backbone=backbone)
-    ids = spec.plus_minus(tokenizer) if spec.plus_minus else (0, 0)
-    missing, _ = model.load_state_dict(spec.read_head(head_tensors(path, spec), ids), strict=False)
+    missing, _ = model.load_state_dict(read_out(path, spec, tokenizer), strict=False)
     unset = [k for k in missing if k.startswith("value_head.")]
     if unset:
         raise UnknownPRM(f"{path}: the {kind} read-out left {unset} unset")

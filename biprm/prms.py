@@ -167,3 +167,10 @@ def head_tensors(folder: str | Path, kind: Kind) -> Tensors:
     if missing:
         raise UnknownPRM(f"{folder}: a {kind.name} checkpoint needs the tensors {missing}, which its safetensors files lack")
     return found
+
+
+def read_out(folder: str | Path, kind: Kind, tokenizer) -> Tensors:
+    """`folder`'s read-out as biprm's value-head tensors, by state-dict name: what `from_prm` loads and what the
+    vLLM export writes beside the body."""
+    ids = kind.plus_minus(tokenizer) if kind.plus_minus else (0, 0)
+    return kind.read_head(head_tensors(folder, kind), ids)

@@ -60,9 +60,9 @@ def _tokenizer(specials: list[str], bos: str | None, eos: str, chat: str | None,
     return tok
 
 
-def _small(config_class, vocab: int, **kw):
-    return config_class(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, max_position_embeddings=4096, **kw)
+def _small(config_class, vocab: int, heads: int, **kw):
+    return config_class(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=heads,
+                        num_key_value_heads=max(heads // 2, 1), max_position_embeddings=4096, **kw)
 
 
 def _save_remote_code_layout(out: Path, body: Qwen2Model, head: dict[str, torch.Tensor], arch: str, extra: dict, pickle: bool = False) -> None:
@@ -78,13 +78,13 @@ def _save_remote_code_layout(out: Path, body: Qwen2Model, head: dict[str, torch.
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def build(kind: str, out: Path) -> Path:
-    """The replica of `kind` in `out` (created), seeded."""
+def build(kind: str, out: Path, heads: int = 4) -> Path:
+    """The replica of `kind` in `out` (created), seeded. vLLM's CPU attention takes head sizes from 32: `heads=1` gives one."""
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     if kind in ("qwen-prm", "skywork-prm", "token-classification"):
         tok = _tokenizer(QWEN_SPECIALS, "<|im_start|>" if kind == "skywork-prm" else None, "<|im_end|>", QWEN_CHAT)
-        config = _small(Qwen2Config, len(tok), tie_word_embeddings=False)
+        config = _small(Qwen2Config, len(tok), heads, tie_word_embeddings=False)
         if kind == "token-classification":
             config.num_labels = 2
             model = Qwen2ForTokenClassification(config)
@@ -105,10 +105,10 @@ def build(kind: str, out: Path) -> Path:
             _save_remote_code_layout(out, body, head, "Qwen2ForPrmModel", {"auto_map": auto}, pickle=True)
     elif kind == "math-shepherd":
         tok = _tokenizer(["<s>", "</s>"], "<s>", "</s>", None, sentencepiece=True)
-        MistralForCausalLM(_small(MistralConfig, len(tok), tie_word_embeddings=False)).save_pretrained(out)
+        MistralForCausalLM(_small(MistralConfig, len(tok), heads, tie_word_embeddings=False)).save_pretrained(out)
     elif kind == "rlhflow":
         tok = _tokenizer(LLAMA_SPECIALS, "<|begin_of_text|>", "<|eot_id|>", LLAMA_CHAT)
-        LlamaForCausalLM(_small(LlamaConfig, len(tok), tie_word_embeddings=False)).save_pretrained(out)
+        LlamaForCausalLM(_small(LlamaConfig, len(tok), heads, tie_word_embeddings=False)).save_pretrained(out)
     else:
         raise ValueError(kind)
     tok.save_pretrained(out)

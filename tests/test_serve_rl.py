@@ -65,7 +65,7 @@ def test_get_reward_scores_the_plain_question_of_an_openrlhf_payload(tmp_path, b
         policy = load_tokenizer(str(folder))
         payload = openrlhf_payload(policy, Q, RESPONSES)
         assert payload["query"][0].startswith(payload["prompts"][0]) and payload["prompts"][0] != Q
-        with TestClient(build_app(bi_scorer, ServeConfig(model="tiny", chat_template=str(folder), split="newline", threshold=0.55))) as c:
+        with TestClient(build_app(bi_scorer, ServeConfig(model="tiny", chat_template=str(folder), segmenter="newline", threshold=0.55))) as c:
             body = c.post("/get_reward", json=payload).json()
             wrong = c.post("/get_reward", json={"query": [Q + "x"], "prompts": [Q]})
         want = scored(bi_scorer, [Trajectory(Q, r.split("\n")) for r in RESPONSES])

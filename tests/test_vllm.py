@@ -146,7 +146,7 @@ def test_get_reward_through_the_server_equals_the_engine(bi_scorer):
     """test_serve's /get_reward test, with the same tolerance."""
     prompt = f"<|user|>{Q}<|assistant|>"
     responses = ["3 + 4 = 7.\nThe answer is 7.", "3 + 4 = 8.\nThe answer is 8.</s>"]
-    with client(bi_scorer, aggregation="mean", split="newline") as c:
+    with client(bi_scorer, aggregation="mean", segmenter="newline") as c:
         body = c.post("/get_reward", json={"query": [prompt + r for r in responses], "prompts": [prompt, prompt]}).json()
     assert set(body) == {"rewards", "scores", "extra_logs", "step_rewards"} and body["scores"] == body["rewards"]
     want = scored(bi_scorer, [Trajectory(prompt, r.replace(bi_scorer.tokenizer.eos_token, "").split("\n")) for r in responses])

@@ -5,7 +5,8 @@ import torch
 
 from biprm.modeling import BiPRMModel
 from biprm.config import MODE_TABLE
-from biprm.vllm_plugin.fusion import fuse, stream_rows
+from biprm.data.encoding import Encoded
+from biprm.vllm_plugin.fusion import at_step_ends, fuse, stream_rows
 
 
 @pytest.mark.parametrize("mode", ["bi", "bi-static", "l2r", "r2l"])
@@ -36,3 +37,14 @@ def test_sigmoid_takes_reversed_rows_of_any_length_without_overflow():
     for x in (np.array([1.39531755])[::-1], np.array([-800.0, -2.0, 0.0, 3.0, 800.0])[::-1]):
         want = np.array([1 / (1 + np.exp(-v)) if v > -700 else 0.0 for v in x])
         assert np.allclose(sigmoid(x), want, rtol=1e-12, atol=0)
+
+
+def test_rows_are_read_at_each_step_pieces_end_where_the_tag_is_ordinary_text():
+    """A text tag (7 here, as Skywork's "\n") inside the question and a step is pooled too; only each piece's last token
+    is a step tag, in the stream's order."""
+    enc = Encoded(prompt=[1, 7, 2], steps=[[3, 7, 4, 7], [5, 7]], labels=None)
+    for stream, ends in (("l2r", [6, 8]), ("r2l", [4, 8])):
+        rows = np.flatnonzero(np.array(enc.stream(stream)) == 7)[:, None]  # the model's rows, each holding its position
+        assert at_step_ends(rows, enc, stream, 7)[:, 0].tolist() == ends
+    with pytest.raises(ValueError, match="pooled 3 rows where the l2r prompt holds 4 step-tag tokens"):
+        at_step_ends(np.zeros((3, 1)), enc, "l2r", 7)

@@ -325,7 +325,7 @@ def serve(cfg: ServeConfig) -> None:
     import uvicorn
 
     if cfg.engine == "vllm":
-        scorer = VLLMScorer.from_pretrained(cfg.model, cfg.max_length, **json.loads(cfg.engine_args))
+        scorer = VLLMScorer.from_pretrained(cfg.model, cfg.max_length, cfg.prm_kind, **json.loads(cfg.engine_args))
     else:
         scorer = Scorer.from_settings(cfg.model, cfg)
     log.info("serving %s (%s) on http://%s:%d", cfg.model, scorer.mode, cfg.host, cfg.port)

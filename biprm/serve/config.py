@@ -43,8 +43,12 @@ class ServeConfig(ScorerSettings):
 
 @dataclass
 class ExportConfig:
-    model: str = arg(help="checkpoint folder written by `biprm train`")
+    model: str = arg(help="checkpoint folder written by `biprm train`, or a PRM trained elsewhere (docs/PRMS.md)")
     out: str = arg(help="folder to write the export into")
+    prm_kind: str | None = arg(None, "for a PRM trained elsewhere: its kind (qwen-prm, skywork-prm, math-shepherd, rlhflow, "
+                                     "token-classification; default: detected from its config.json)")
+    mode: str | None = arg(None, "for a PRM trained elsewhere: l2r (as shipped, the default), or zero-shot r2l or bi-static; "
+                                 "a biprm checkpoint keeps the mode it was trained in")
     format: Literal["vllm"] = arg("vllm", "vllm: the backbone's flat config naming biprm's vLLM architecture, for `vllm serve`")
     dtype: ServedDtype = arg("bfloat16", "the dtype `vllm serve` runs the backbone in (the heads stay fp32); vLLM would turn a float32 "
                                          "config into float16, so for fp32 (CPU, or scores equal to biprm's) pass --dtype float32 to vllm serve")

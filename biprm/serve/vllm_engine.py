@@ -22,19 +22,21 @@ import numpy as np
 import torch
 
 from biprm.backbones import load_tokenizer
-from biprm.data.encoding import Encoded, Encoder
+from biprm.data.encoding import Encoded
 from biprm.scoring.step_scores import StepScores, offsets_of
 from biprm.scoring.scorer import Scorer
 from biprm.vllm_plugin import ARCHITECTURE
+from biprm.vllm_plugin.spec import spec_encoder
 from biprm.serve.export import export_for_vllm
 
 
-def vllm_folder(path: str) -> str:
-    """`path` if it is already an export, else an export beside it in a scratch folder (weights linked, not copied)."""
+def vllm_folder(path: str, prm_kind: str | None = None) -> str:
+    """`path` if it is already an export, else an export beside it in a scratch folder (weights linked, not copied);
+    a PRM trained elsewhere (of the kind detected, or `prm_kind`) is read as shipped."""
     config = json.loads((Path(path) / "config.json").read_text())
     if config.get("architectures") == [ARCHITECTURE]:
         return path
-    return str(export_for_vllm(path, tempfile.mkdtemp(prefix="biprm-vllm-"), link=True))
+    return str(export_for_vllm(path, tempfile.mkdtemp(prefix="biprm-vllm-"), link=True, prm_kind=prm_kind))
 
 
 def one_line(error: BaseException) -> str:
@@ -79,17 +81,18 @@ class VLLMScorer:
         spec = json.loads((Path(folder) / "config.json").read_text())["biprm"]
         self.mode = spec["mode"]
         self.tokenizer = load_tokenizer(folder)
-        self.encoder = Encoder(self.tokenizer, spec["step_tag_id"], llm.llm_engine.model_config.max_model_len)
+        self.encoder = spec_encoder(spec, self.tokenizer, llm.llm_engine.model_config.max_model_len)
         self.closing = False
         if self.processes():
             threading.Thread(target=self._watch, name="biprm-vllm-watch", daemon=True).start()
 
     @classmethod
-    def from_pretrained(cls, path: str, max_length: int, **engine_args) -> "VLLMScorer":
-        """The engine over `path`; a checkpoint it cannot run is a ValueError in one line, before the engine starts."""
+    def from_pretrained(cls, path: str, max_length: int, prm_kind: str | None = None, **engine_args) -> "VLLMScorer":
+        """The engine over `path` (a biprm checkpoint, its export, or a PRM trained elsewhere: biprm.prms); a checkpoint
+        it cannot run is a ValueError in one line, before the engine starts."""
         from vllm import LLM
 
-        folder = vllm_folder(path)
+        folder = vllm_folder(path, prm_kind)
         engine_args = {"dtype": "bfloat16" if torch.cuda.is_available() else "float32", "model": folder, "max_model_len": max_length, **engine_args}
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # CPU builds pin threads to cores otherwise
         check_engine(path, engine_args)

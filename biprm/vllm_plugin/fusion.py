@@ -2,8 +2,9 @@
 
 Each stream is one prompt: the question, then the steps in the stream's order, each ending
 with the step tag (the same token pieces as biprm's Encoder, so both engines see the same
-ids). The model returns per tag [value logit (, W1_L·h + b1, W1_R·h)] in the stream's order;
-the R2L rows are turned back to forward step order here, then the gate is finished and fused.
+ids). The model returns [value logit (, W1_L·h + b1, W1_R·h)] at every token whose id is the tag,
+in the stream's order; the rows at the step pieces' last tokens are kept (`at_step_ends`), the R2L
+rows are turned back to forward step order, then the gate is finished and fused.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from biprm.data.encoding import stream_order
+from biprm.data.encoding import Encoded, stream_order, tag_ends
 from biprm.config import MODE_TABLE
 
 
@@ -21,7 +22,17 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return np.exp(-np.logaddexp(0.0, -np.asarray(x, dtype=np.float64)))
 
 
-def stream_rows(h: torch.Tensor, value_head: nn.Linear, gate: nn.Sequential | None) -> torch.Tensor:
+def at_step_ends(rows: np.ndarray, enc: Encoded, stream: str, tag: int) -> np.ndarray:
+    """The rows of `stream`'s prompt at each step piece's last token, in the stream's order, from the model's rows at
+    every token whose id is `tag`. Where the tag is ordinary text (Skywork's and TRL's "\n", RLHFlow's "\n\n") it
+    also occurs inside the question or a step, and only a piece's end is a step tag; for a unique tag all rows are."""
+    at_tag = np.flatnonzero(np.asarray(enc.stream(stream)) == tag)
+    if len(at_tag) != len(rows):
+        raise ValueError(f"the model pooled {len(rows)} rows where the {stream} prompt holds {len(at_tag)} step-tag tokens")
+    return rows[np.isin(at_tag, tag_ends([len(s) for s in enc.steps], stream, len(enc.prompt)))]
+
+
+def stream_rows(h: torch.Tensor, value_head: nn.Module, gate: nn.Sequential | None) -> torch.Tensor:
     """[value logit (, W1_L·h + b1, W1_R·h)] per step-tag hidden state h, in fp32; computed where a stream is pooled."""
     h = h.to(torch.float32)
     value = value_head(h)

@@ -7,9 +7,15 @@ solution, the per-step probabilities `fused`, `l2r`, `r2l`, the gate weight `sig
 where the mode lacks them), the logits they come from, and `steps_scored`. A solution
 longer than the engine's max_model_len keeps the steps that fit, as biprm's Scorer does
 with its max_length, so `steps_scored` is then below the number of steps sent.
+
+Text items are encoded with the template of the export's PRM kind. The model pools every token whose
+id is the step tag, and only this processor knows where each step piece ends, so it keeps a
+request's encodings from `pre_process` to `post_process` (by request id; offline, where vLLM gives
+none, `LLM.encode` runs one request at a time) and reads each step at its piece's last token.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from numbers import Integral
 from pathlib import Path
@@ -23,10 +29,13 @@ from vllm.outputs import PoolingRequestOutput
 from vllm.plugins.io_processors.interface import IOProcessor
 from vllm.renderers import BaseRenderer
 
-from biprm.data.encoding import Encoded, Encoder
+from biprm.data.encoding import Encoded
 from biprm.config import MODE_TABLE
 from biprm.data.trajectory import Trajectory, validate
-from biprm.vllm_plugin.fusion import fuse, sigmoid
+from biprm.vllm_plugin.fusion import at_step_ends, fuse, sigmoid
+from biprm.vllm_plugin.spec import spec_encoder
+
+IN_FLIGHT = 4096  # requests whose encodings are kept until their answer; past it the oldest (one its client left) goes
 
 
 def _second_gate_layer(folder: Path) -> tuple[np.ndarray, float]:
@@ -44,7 +53,8 @@ class BiPRMIOProcessor(IOProcessor):
         model = vllm_config.model_config
         spec = model.hf_config.biprm
         self.mode, self.streams = spec["mode"], MODE_TABLE[spec["mode"]].streams
-        self.encoder = Encoder(AutoTokenizer.from_pretrained(model.tokenizer), spec["step_tag_id"], model.max_model_len)
+        self.encoder = spec_encoder(spec, AutoTokenizer.from_pretrained(model.tokenizer), model.max_model_len)
+        self.in_flight: OrderedDict[str | None, list[Encoded]] = OrderedDict()
         self.vocab_size = model.get_vocab_size()
         self.w2, self.b2 = _second_gate_layer(Path(model.model)) if MODE_TABLE[self.mode].fusion == "gate" else (None, 0.0)
 
@@ -63,9 +73,9 @@ class BiPRMIOProcessor(IOProcessor):
             raise ValueError(f"{where}: field 'step_ids' must be a list of lists of token ids")
         steps = [self.token_ids(s, f"{where}: field 'step_ids' [{j}]") for j, s in enumerate(item["step_ids"])]
         enc = Encoded(self.token_ids(item["prompt_ids"], f"{where}: field 'prompt_ids'"), steps, None)
-        tag = self.encoder.step_tag_id
-        if not enc.steps or any(not s or s[-1] != tag or s.count(tag) != 1 for s in enc.steps) or tag in enc.prompt:
-            raise ValueError(f"{where}: every step must end with the step tag {tag} and hold no other")
+        tag, unique = self.encoder.step_tag_id, self.encoder.template.unique_tag  # a text tag ("\n") may occur anywhere
+        if not enc.steps or any(not s or s[-1] != tag or (unique and s.count(tag) != 1) for s in enc.steps) or (unique and tag in enc.prompt):
+            raise ValueError(f"{where}: every step must end with the step tag {tag}" + (" and hold no other" if unique else ""))
         if enc.n_tokens > self.encoder.max_length:
             raise ValueError(f"{where}: {enc.n_tokens} tokens per stream; this engine takes at most {self.encoder.max_length}")
         return enc
@@ -80,10 +90,19 @@ class BiPRMIOProcessor(IOProcessor):
         return [int(t) for t in ids]
 
     def pre_process(self, prompt: list[Encoded], request_id: str | None = None, **kwargs) -> list[TokensPrompt]:
+        self.in_flight[request_id] = prompt
+        while len(self.in_flight) > IN_FLIGHT:
+            self.in_flight.popitem(last=False)
         return [TokensPrompt(prompt_token_ids=e.stream(s)) for e in prompt for s in self.streams]
 
     def post_process(self, model_output: Sequence[PoolingRequestOutput], request_id: str | None = None, **kwargs) -> list[dict]:
-        outs = [o.outputs.data.double().cpu().numpy() for o in model_output]
+        encs = self.in_flight.pop(request_id, None)
+        sent = [(e, s) for e in encs or [] for s in self.streams]
+        if len(sent) != len(model_output) or any(list(o.prompt_token_ids) != e.stream(s) for o, (e, s) in zip(model_output, sent)):
+            raise ValueError(f"request {request_id}: its encodings are not the prompts answered (a request id sent twice at once, "
+                             f"or more than {IN_FLIGHT} requests in flight)")
+        tag = self.encoder.step_tag_id
+        outs = [at_step_ends(o.outputs.data.double().cpu().numpy(), e, s, tag) for o, (e, s) in zip(model_output, sent)]
         answers = []
         for i in range(len(outs) // len(self.streams)):
             rows = dict(zip(self.streams, outs[i * len(self.streams) : (i + 1) * len(self.streams)]))

@@ -1,5 +1,12 @@
 """The vLLM model: a backbone from vLLM's own model zoo, then biprm's heads at the step tags.
 
+The value head is the export's: Linear(H, 1), or Linear(H, H) -> ReLU -> Linear(H, 1) (Qwen's PRM
+head), which also reads any PRM's read-out, written as one logit by the export (vLLM's own STEP
+pooling reads a causal-LM PRM's hidden dimensions where it means its "+"/"-" logits, vLLM #16545).
+The pooler returns a row at every token whose id is the step tag; where a kind's tag is ordinary
+text ("\n") some of those lie inside the question or a step, and the IO processor, which knows
+where each step piece ends, keeps the rows at those ends.
+
 vLLM runs each stream as its own prompt, so one forward pass never sees both streams of a
 trajectory. The gate's first layer splits by stream, W1·[h_L; h_R] = W1_L·h_L + W1_R·h_R,
 so each stream's share is computed where that stream is pooled; the IO processor adds the
@@ -35,7 +42,7 @@ def body_class(model_type: str) -> type[nn.Module]:
 
 
 class StepHeads(Pooler):
-    """Hidden states at the step tags of each request -> the head rows described above."""
+    """Hidden states at the tokens of each request whose id is the step tag -> the head rows described above."""
 
     def __init__(self, model: "BiPRMForStepScoring", step_tag_id: int):
         super().__init__()
@@ -73,11 +80,13 @@ class BiPRMForStepScoring(nn.Module):
         config = vllm_config.model_config.hf_config
         self.mode = config.biprm["mode"]
         self.model = body_class(config.model_type)(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
-        H = config.hidden_size
-        self.value_head = nn.Linear(H, 1, dtype=torch.float32)
+        H, fp32 = config.hidden_size, torch.float32
+        self.value_head = (nn.Linear(H, 1, dtype=fp32) if config.biprm.get("value_head", "linear") == "linear"
+                           else nn.Sequential(nn.Linear(H, H, dtype=fp32), nn.ReLU(), nn.Linear(H, 1, dtype=fp32)))
         gated = MODE_TABLE[self.mode].fusion == "gate"
-        self.gate = nn.Sequential(nn.Linear(2 * H, H, dtype=torch.float32), nn.ReLU(), nn.Linear(H, 1, dtype=torch.float32)) if gated else None
+        self.gate = nn.Sequential(nn.Linear(2 * H, H, dtype=fp32), nn.ReLU(), nn.Linear(H, 1, dtype=fp32)) if gated else None
         self.pooler = StepHeads(self, config.biprm["step_tag_id"])
+        self.skip_prefixes = config.biprm.get("skip_prefixes", [])  # a source PRM's own head, which the value head replaces
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
 
     def heads(self, h: torch.Tensor) -> torch.Tensor:
@@ -96,4 +105,4 @@ class BiPRMForStepScoring(nn.Module):
         return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return AutoWeightsLoader(self).load_weights(weights, mapper=self.hf_to_vllm_mapper)
+        return AutoWeightsLoader(self, ignore_unexpected_prefixes=self.skip_prefixes).load_weights(weights, mapper=self.hf_to_vllm_mapper)
