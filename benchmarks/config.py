@@ -76,3 +76,19 @@ class DataBenchConfig:
     def name(self) -> str:
         """data-<rows>, plus -x<solutions per row> for longer rows."""
         return f"data-{self.rows}" + ("" if self.solutions_per_row == 1 else f"-x{self.solutions_per_row:g}")
+
+
+@dataclass
+class BoundaryBenchConfig:
+    """ProcessBench's long subsets re-cut by each segmenter: how close the cuts fall to the given steps."""
+
+    data_root: str = arg(help="folder holding processbench/", factory=default_data_root)
+    subsets: list[str] = arg(help="ProcessBench subsets, joined into one set of rows", factory=lambda: ["olympiadbench", "omnimath"])
+    segmenters: list[str] = arg(help="segmenters that re-cut the joined steps", factory=lambda: ["paragraph", "lines", "markers", "tokens:64"])
+    joins: list[str] = arg(help="what lies between the given steps when they are laid end to end (backslash escapes read): a blank "
+                                "line keeps the layout the steps came with, a space takes it away", factory=lambda: ["\\n\\n", " "])
+    tokenizer: str = arg("smollm2-135m", "the tokenizer tokens:N counts (a biprm backbone name or a folder)")
+    within: int = arg(100, "characters between a given boundary and a cut for the boundary to count as found", min=0)
+    resamples: int = arg(1000, "bootstrap resamples of the rows", min=1)
+    seed: int = arg(0, "seed of the bootstrap", min=0)
+    out: str = arg("benchmarks", "where processbench-boundaries.{json,md} go")

@@ -232,3 +232,22 @@ def test_judged_rows_leaves_out_first_errors_past_the_scored_steps():
     trajs = [Trajectory("q", ["a", "b", "c"], [1, 1, 0]), Trajectory("q", ["a", "b"], [1, 0]), Trajectory("q", ["a"], [1])]
     part, first = judged_rows(trajs, scores([[0.9, 0.8], [0.7, 0.1], [0.6]]))  # row 1 lost its third (wrong) step
     assert first.tolist() == [1, -1] and part.offsets.tolist() == [0, 2, 3] and np.allclose(part.prob(), [0.7, 0.1, 0.6])
+
+
+def test_boundary_agreement_counts_given_boundaries_found_and_cuts_near_one_by_hand():
+    from biprm.analysis.boundaries import agreement, boundaries, even_cut, laid_out, near, row_counts
+
+    assert laid_out(["ab", "c"], " ") == ("ab c", [[0, 2], [3, 4]])
+    assert even_cut(10, 3) == [[0, 3], [3, 6], [6, 10]]
+    assert near([100], [0], 100) == 1 and near([101], [0], 100) == 0 and near([5], [], 100) == 0  # the window is inclusive
+    given, cut = [[0, 10], [12, 300], [302, 320]], [[0, 50], [51, 250], [251, 320]]
+    assert boundaries(given) == [12, 302] and boundaries(cut) == [51, 251]
+    assert row_counts(given, cut, 100) == (2, 2, 2, 2)  # 12 <-> 51 is 39 characters, 302 <-> 251 is 51
+    assert row_counts(given, cut, 40) == (1, 2, 1, 2)
+    # a second row of one given step has no boundary; its one cut (at 3) is near none
+    result = agreement([given, [[0, 5]]], [cut, [[0, 2], [3, 5]]], within=40, resamples=200)
+    assert result["found"]["mean"] == 0.5 and result["near"]["mean"] == pytest.approx(1 / 3)  # 1 of 2; (1 + 0) of (2 + 1)
+    assert result["given_steps"] == 2.0 and result["cut_steps"] == 2.5 and result["rows"] == 2
+    assert 0.0 <= result["found"]["low"] <= result["found"]["high"] <= 1.0
+    with pytest.raises(ValueError, match="2 rows of given steps but 1 of cut steps"):
+        agreement([given, given], [cut])

@@ -122,3 +122,20 @@ def test_bench_presets_run_the_server_benchmarks(monkeypatch):
     cli(["--preset", "serve", "--requests", "8", "--concurrency", "1", "4"])
     cli(["--preset", "vllm"])
     assert ran == [("benchmarks.serve", PRESETS["serve"] | {"requests": 8, "concurrency": [1, 4]}), ("benchmarks.vllm", PRESETS["vllm"])]
+
+
+def test_the_boundary_table_recuts_processbench_rows_per_join_and_segmenter(tmp_path):
+    from benchmarks.boundaries import STEM, markdown, run
+    from benchmarks.config import BoundaryBenchConfig
+    from benchmarks.report import save
+
+    steps = ["Let x = 2.", "So x + 1 = 3, and therefore the answer is 3, which we check by substituting x back into it."]
+    (tmp_path / "long.json").write_text(json.dumps([{"id": "a", "problem": "q", "steps": steps, "label": -1}]))
+    cfg = BoundaryBenchConfig(data_root=str(tmp_path), subsets=[str(tmp_path / "long.json")], segmenters=["paragraph", "lines"],
+                              resamples=10, out=str(tmp_path / "out"))
+    result = run(cfg)
+    blank, space = result["joins"][repr("\n\n")], result["joins"][repr(" ")]
+    assert blank["paragraph"]["all"]["found"]["mean"] == 1.0 and space["paragraph"]["all"]["found"]["mean"] == 0.0  # the layout, or none
+    assert space["lines"]["all"]["cut_steps"] == 1.0 and result["subsets"] == {"long": 1}
+    save(result, cfg.out, STEM, markdown)
+    assert "| a space | paragraph | 1.0 | 0.0 [0.0, 0.0]" in (tmp_path / "out" / f"{STEM}.md").read_text()
