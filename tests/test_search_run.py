@@ -461,3 +461,39 @@ def test_a_pool_drawn_whole_is_cut_by_the_chosen_segmenter_before_it_is_scored(t
     assert [p["tokens"] for p in lines["pool"]] == [p["tokens"] for p in step_token["pool"]] == [19, 13]  # the draw's cost, kept
     # min over steps: the step token's cut reads the first solution's lines as one bad step (-3), the lines cut as two good ones
     assert step_token["methods"]["bon-max/fused@2"]["answer"] == "4" and lines["methods"]["bon-max/fused@2"]["answer"] == "3"
+
+
+def test_every_answer_says_how_it_was_read_and_the_table_counts_the_fallback(config):
+    run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+    rows = records(config)
+    assert {p["read"] for r in rows for p in r["pool"]} == {"fallback"}  # "answer 3": a last number, no marker
+    assert rows[0]["methods"]["bon-max/fused@2"]["read"] == "fallback" and rows[0]["methods"]["pass@2"]["read"] == "fallback"
+    assert all(p["read"] == "fallback" for p in rows[1]["methods"]["beam/fused@4"]["paths"])
+    summary = json.loads((Path(config.out) / "summary.json").read_text())
+    right = {r["method"]: r for r in summary["rows"]}
+    assert right["pass@4"]["right_by_fallback"] == 2 and right["beam/fused@4"]["right_by_fallback"] == 2  # questions one and two
+
+
+def test_the_table_names_the_pool_ceiling_and_counts_rows_right_by_the_fallback_only():
+    from biprm.search.report import method_rows, table
+
+    def record(i):
+        cost = {"budget": {}}
+        return {"methods": {"pass@4": {"correct": True, "read": "marked" if i else "fallback", **cost},  # a marked right sample counts as marked
+                            "beam/fused@4": {"correct": i < 3, "read": "fallback" if i < 2 else "marked", **cost},
+                            "random@4": {"correct": True, "solution": "so 7" if i else "The answer is 7.", **cost}}}  # written before
+    rows = {r["method"]: r for r in method_rows([record(i) for i in range(4)])}  # answers said how they were read: read again
+    assert rows["pass@4"]["right_by_fallback"] == 1 and rows["beam/fused@4"]["right_by_fallback"] == 2
+    assert rows["random@4"]["right_by_fallback"] == 3
+    lines = {line.split(" | ")[0]: line for line in table(list(rows.values())).splitlines()}
+    assert lines["| pass@4 (pool ceiling)"].endswith("| 75.0 (1) |") and lines["| beam/fused@4"].endswith("| 25.0 (2) |")
+    assert lines["| random@4"].endswith("| 25.0 (3) |")
+
+
+def test_read_answer_says_marked_or_fallback():
+    from biprm.evaluation.grading import read_answer
+
+    assert read_answer("3 + 4 = 7\n\nThe answer is 7.") == ("7", "marked")
+    assert read_answer("so it is \\boxed{7}") == ("7", "marked")
+    assert read_answer("she has 3 + 4 = 7 apples") == ("7", "fallback")  # GSM8K's last number: also what a cut-off path gives
+    assert read_answer("no number at all") == (None, None)

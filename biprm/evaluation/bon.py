@@ -5,7 +5,7 @@ runs over the paper's {8, 16, 32, 64, 128} where the pools are large enough. Whi
 candidates a question offers is the protocol (biprm.metrics.bon): the paper's first n,
 or random n-subsets; every table names its protocol. Beside every PRM row stand the
 scorers that read no text (random pick, majority vote with fair ties, fewest and most
-steps, i.i.d. noise under the same aggregation) and the pass@n ceiling, each with a 95 %
+steps, i.i.d. noise under the same aggregation) and pass@n (the pool ceiling), each with a 95 %
 bootstrap interval over questions; every pair of PRMs gets a paired difference, marked
 "within noise" where its interval holds 0.
 """

@@ -45,6 +45,7 @@ _TEXT_CMD = re.compile(r"^\\(?:text|textbf|mathrm|mbox)\{(.*)\}$")
 _WORD_ONLY = re.compile(r"\(?[A-Za-z][A-Za-z ]*\)?")
 _NO_ANSWER = {"none", "no answer", "no solution", "not enough information", "cannot be determined"}
 Pair = tuple[str, str | None]
+Reads = Literal["marked", "fallback"]  # how read_answer found an answer
 _CACHE: dict[Pair, bool] = {}
 _CACHE_MAX = 200_000
 # Seconds per item on top of `timeout`, so that a chunk of fast items never trips it.
@@ -98,19 +99,26 @@ def extract_answer(solution: str, question: str | None = None) -> str | None:
     in a line), else the last sentence's number. Prose is read by `prose.read_prose`, which needs `question` for
     amounts whose number depends on the unit asked for ("7 dozen"). None: no answer, or one that cannot be
     read (unknown); never a guessed number."""
+    return read_answer(solution, question)[0]
+
+
+def read_answer(solution: str, question: str | None = None) -> tuple[str | None, Reads | None]:
+    """`extract_answer`'s answer and how it was read: "marked" (a box, "The answer is", "####") or "fallback" (the last
+    sentence's number, the GSM8K convention), None with no answer. A table says which right answers rest on the fallback:
+    a path cut off mid-solution has a last number too."""
     boxed = _last_boxed(solution)
     marked = [boxed] if boxed is not None else []
     marked += [_SENTENCE_END.split(m[1], maxsplit=1)[0] for m in reversed(list(_ANSWER_IS.finditer(solution)))]
     marked += [_SENTENCE_END.split(m[1], maxsplit=1)[0] for m in reversed(list(_HASHES.finditer(solution)))]
     for answer in marked:
         if (reading := _read(answer, question)) is not None:
-            return reading.value
+            return reading.value, "marked" if reading.value is not None else None
     for sentence in reversed(_LAST_SENTENCE.split(solution)):
         if (reading := read_prose(sentence, question, marked=False)) is not None:
-            return reading.value
+            return reading.value, "fallback" if reading.value is not None else None
         if numbers := list(NUMBER_IN_TEXT.finditer(sentence)):
-            return canonical_number(numbers[-1][0])
-    return None
+            return canonical_number(numbers[-1][0]), "fallback"
+    return None, None
 
 
 def _says_none(answer: str) -> bool:

@@ -1,13 +1,16 @@
 """questions.jsonl -> the summary table (accuracy with 95 % intervals, cost per question) and the cost plot.
 
-Rows come per N: pass@N (the ceiling), majority vote and random pick over the same
+Rows come per N: pass@N (the pool ceiling: some one of the pool's N samples is right; a tree
+search draws other paths and can beat it), majority vote and random pick over the same
 samples, then each PRM-driven method (every PRM's row side by side) followed by the same
 method driven by noise. A PRM row's "vs noise" is the paired difference to its noise twin
 on the same questions: an interval that holds 0 means the search learned nothing from the
 PRM there. Every method but the baselines has a "vs majority": its paired difference to majority
 vote over the same number of samples, the bar a verifier has to clear to be worth its cost. With exactly
 two PRMs a second table gives each method's paired difference between them, on the same
-pool and questions.
+pool and questions. "right by fallback" counts the questions a row has right only through an answer read
+as the text's last number, with no answer marker (biprm.evaluation.grading.read_answer): GSM8K's convention, but a
+path cut off mid-solution has a last number too.
 """
 from __future__ import annotations
 
@@ -62,6 +65,22 @@ def graded(records: list[dict], method: str) -> np.ndarray:
     return np.array([np.nan if (v := r["methods"][method]["correct"]) is None else float(v) for r in records])
 
 
+def how_read(record: dict, method: str) -> str | None:
+    """How a method's answer to a question was read (marked or fallback: biprm.evaluation.grading.read_answer), as its
+    record says, else read again from its text (records written before they said); pass@N's is "marked" when a marked
+    sample is right."""
+    from biprm.evaluation.grading import read_answer
+
+    m = record["methods"][method]
+    if "read" in m:
+        return m["read"]
+    if "solution" in m:
+        return read_answer(m["solution"])[1]
+    right = [p for p in record.get("pool", [])[: parts(method)[1]] if p["correct"]]  # a hand-made record may hold none
+    reads = [p["read"] if "read" in p else read_answer("\n".join(p["steps"]))[1] for p in right]
+    return "marked" if "marked" in reads else "fallback" if right else None
+
+
 def paired(a: np.ndarray, b: np.ndarray, seed: int) -> dict | None:
     """mean(a) - mean(b) with its interval, over the questions graded in both; None if there is none."""
     both = ~np.isnan(a) & ~np.isnan(b)
@@ -76,6 +95,10 @@ def method_rows(records: list[dict], seed: int = 0) -> list[dict]:
     for m in names:
         known = ~np.isnan(correct[m])
         row = {"method": m, "line": family(m), "questions": int(known.sum()), "unknown": int((~known).sum())}
+        by_fallback = np.array([correct[m][i] == 1 and how_read(r, m) == "fallback" for i, r in enumerate(records)])
+        row["right_by_fallback"] = int(by_fallback.sum())
+        if known.any():
+            row["accuracy_marked"] = float(np.mean(correct[m][known] * ~by_fallback[known]))
         if known.any():
             row |= {f"accuracy_{k}": v for k, v in bootstrap_mean(correct[m][known], seed=seed).items()}
         if (twin := noise_twin(m)) in correct and (d := paired(correct[m], correct[twin], seed)):
@@ -114,7 +137,8 @@ def table(rows: list[dict]) -> str:
     """The markdown table `biprm search` prints and writes to summary.md."""
     streams = sorted({k.removeprefix("prm_tokens_") for r in rows for k in r["budget"] if k.startswith("prm_tokens_")})
     head = ["method", "accuracy % [95% CI]", "vs noise (pts) [95% CI]", "vs majority (pts) [95% CI]", "unknown", "policy tok/q",
-            f"PRM tok/q ({' / '.join(streams) or '-'})", "calls/q policy / PRM", "wall s/q policy / PRM"]
+            f"PRM tok/q ({' / '.join(streams) or '-'})", "calls/q policy / PRM", "wall s/q policy / PRM",
+            "marked only % (right by fallback)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         b = r["budget"]
@@ -123,8 +147,10 @@ def table(rows: list[dict]) -> str:
         vs = f"{points(d)}{' (noise)' if d['within_noise'] else ''}" if d else ""
         vs_majority = f"{points(m)}{' (tie)' if m['within_noise'] else ''}" if m else ""
         prm = " / ".join(f"{b.get(f'prm_tokens_{s}', 0):.0f}" for s in streams) or "0"
-        cells = [r["method"], acc, vs, vs_majority, str(r["unknown"]), f"{b.get('policy_tokens', 0):.0f}", prm,
-                 f"{b.get('policy_calls', 0):.1f} / {b.get('prm_calls', 0):.1f}", f"{b.get('policy_s', 0):.2f} / {b.get('prm_s', 0):.2f}"]
+        name = f"{r['method']} (pool ceiling)" if parts(r["method"])[0] == "pass" else r["method"]
+        cells = [name, acc, vs, vs_majority, str(r["unknown"]), f"{b.get('policy_tokens', 0):.0f}", prm,
+                 f"{b.get('policy_calls', 0):.1f} / {b.get('prm_calls', 0):.1f}", f"{b.get('policy_s', 0):.2f} / {b.get('prm_s', 0):.2f}",
+                 f"{100 * r['accuracy_marked']:.1f} ({r['right_by_fallback']})" if "accuracy_marked" in r else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -146,7 +172,8 @@ def summarize(out: Path, seed: int = 0) -> str:
     rows, differences = method_rows(records, seed), prm_differences(records, seed)
     total = {k: sum(r["budget"].get(k, 0.0) for r in records) for k in {k for r in records for k in r["budget"]}}
     text = (f"{len(records)} questions; accuracy over the questions graded (a grade that timed out is unknown); "
-            f"'(noise)', '(tie)': the interval holds 0.\n\n{table(rows)}\n\nthe run's whole cost (the pool once, every search): "
+            f"'(noise)', '(tie)': the interval holds 0; marked only: accuracy counting only answers with a marker (box, 'The answer "
+            f"is', ####), beside the questions right only through the text's last number.\n\n{table(rows)}\n\nthe run's whole cost (the pool once, every search): "
             + ", ".join(f"{k} {v:.1f}" for k, v in sorted(total.items())) + "\n")
     if differences:
         text += f"\nthe two PRMs on the same pool and questions, paired; '(tie)': the interval holds 0.\n\n{difference_table(differences)}\n"

@@ -27,7 +27,7 @@ from biprm.data.benchmarks import question_golds, spread
 from biprm.data.segment import Segmenter
 from biprm.data.writer import atomic_write
 from biprm.evaluation.pools import answer_key
-from biprm.evaluation.grading import extract_answer, grade_many
+from biprm.evaluation.grading import grade_many, read_answer
 from biprm.scoring.aggregate import sigmoid
 from biprm.search.algorithms import Path as SearchPath
 from biprm.search.algorithms import Budget, Search, beam_search, choose, dvts, particle_filter, sample, vote
@@ -90,10 +90,10 @@ def scores_row(p: SearchPath) -> dict:
     return row | {"score": round(float(sigmoid(p.score)), 6), "n_dropped": p.scored.n_dropped}
 
 
-def path_row(p: SearchPath, answer: str | None, correct: bool | None) -> dict:
-    """A path as the JSONL keeps it: steps, flags, grade, and the PRM's scores."""
+def path_row(p: SearchPath, answer: str | None, read: str | None, correct: bool | None) -> dict:
+    """A path as the JSONL keeps it: steps, flags, its answer and how it was read (marked or fallback), grade, and the PRM's scores."""
     return {"steps": list(p.steps), "finished": p.finished, "capped": list(p.capped), "tokens": p.tokens, "answer": answer,
-            "correct": correct, **scores_row(p)}
+            "read": read, "correct": correct, **scores_row(p)}
 
 
 def add(total: dict[str, float], row: dict[str, float]) -> None:
@@ -226,7 +226,8 @@ class Batch:
         drawn = self.checkpoint.restore_pool(s.budget, self.policy)
         self.pool = sample(s, max(c.n), drawn, lambda paths: self.checkpoint.save_pool(s.budget, self.policy, paths), c.pool_draw == "whole")
         self.pool_budget = s.budget
-        self.answers = [extract_answer("\n".join(p.steps)) for p in self.pool]
+        readings = [read_answer("\n".join(p.steps)) for p in self.pool]
+        self.answers, self.reads = [a for a, _ in readings], [r for _, r in readings]  # r: marked or fallback (biprm.evaluation.grading)
         self.keys = [answer_key(a, i) for i, a in enumerate(self.answers)]
         if "bon" in c.algorithms:
             self.scored = {prm: self.score_pool(scorer, "l2r" if c.strategies == ["l2r"] else "fused", prm) for prm, scorer in self.scorers.items()}
@@ -306,10 +307,10 @@ class Batch:
     def records(self) -> list[dict]:
         """Grade every path once (a timed-out grade is None: unknown) and write one record per question."""
         self.note("grading")
-        searched = {name: [extract_answer("\n".join(p.steps)) for p in paths] for name, paths in self.searched.items()}
+        searched = {name: [read_answer("\n".join(p.steps)) for p in paths] for name, paths in self.searched.items()}
         golds = [it["gold"] for it in self.items]
         pairs = [(golds[p.q], a) for p, a in zip(self.pool, self.answers)]
-        pairs += [(golds[p.q], a) for name, paths in self.searched.items() for p, a in zip(paths, searched[name])]
+        pairs += [(golds[p.q], a) for name, paths in self.searched.items() for p, (a, _) in zip(paths, searched[name])]
         verdicts = grade_many(pairs, self.cfg.grade_workers, self.cfg.grade_timeout)
         pool_ok, rest = verdicts[: len(self.pool)], iter(verdicts[len(self.pool) :])
         search_ok = {name: [next(rest) for _ in paths] for name, paths in self.searched.items()}
@@ -327,23 +328,25 @@ class Batch:
                 m = per_question[q]
                 if "any" in m:
                     seen = [pool_ok[i] for i in m["any"]]
-                    record["methods"][name] = {"correct": True if any(seen) else None if None in seen else False, "budget": m["budget"]}
+                    read = "marked" if any(pool_ok[i] and self.reads[i] == "marked" for i in m["any"]) else "fallback" if any(seen) else None
+                    record["methods"][name] = {"correct": True if any(seen) else None if None in seen else False, "read": read,
+                                               "budget": m["budget"]}
                 elif "paths" in m:
-                    paths = [path_row(self.searched[name][i], searched[name][i], search_ok[name][i]) for i in m["paths"]]
+                    paths = [path_row(self.searched[name][i], *searched[name][i], search_ok[name][i]) for i in m["paths"]]
                     chosen = paths[m["pick"]]
                     record["methods"][name] = {"pick": m["pick"], "solution": "\n\n".join(chosen["steps"]), "answer": chosen["answer"],
-                                               "correct": chosen["correct"], "budget": m["budget"], "paths": paths}
+                                               "read": chosen["read"], "correct": chosen["correct"], "budget": m["budget"], "paths": paths}
                 else:
                     i = m["pick"]
                     record["methods"][name] = {"pick": i - q * nmax, "solution": "\n\n".join(self.pool[i].steps), "answer": self.answers[i],
-                                               "correct": pool_ok[i], "budget": m["budget"]}
+                                               "read": self.reads[i], "correct": pool_ok[i], "budget": m["budget"]}
             out.append(record)
         return out
 
     def pool_row(self, i: int, correct: bool | None) -> dict:
         """Pool sample i with its PRM scores: beside the steps with one PRM (as before several could be given), by name under "prms"
         with several."""
-        row = path_row(self.pool[i], self.answers[i], correct)
+        row = path_row(self.pool[i], self.answers[i], self.reads[i], correct)
         scores = {prm: scores_row(paths[i]) for prm, (paths, _) in self.scored.items()}
         if len(self.scorers) == 1:
             row |= next(iter(scores.values()), {})
