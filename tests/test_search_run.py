@@ -497,3 +497,18 @@ def test_read_answer_says_marked_or_fallback():
     assert read_answer("so it is \\boxed{7}") == ("7", "marked")
     assert read_answer("she has 3 + 4 = 7 apples") == ("7", "fallback")  # GSM8K's last number: also what a cut-off path gives
     assert read_answer("no number at all") == (None, None)
+
+
+@pytest.mark.parametrize("grade_cut", [False, True])
+def test_a_path_cut_at_max_depth_has_no_answer_unless_asked(grade_cut, tmp_path):
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question": "q", "answer": "7"}) + "\n")
+    cfg = SearchConfig(out=str(tmp_path / "out"), data=str(data), algorithms=["bon", "beam"], n=[2], width=2, max_depth=1,
+                       grade_cut_paths=grade_cut, grade_workers=0)
+    run_search(cfg, ScriptedPolicy({("q",): ["3 + 4 = 7"], ("q", "3 + 4 = 7"): ["answer 7"]}), [ScriptedScorer({"3 + 4 = 7": 0.0})])
+    record = records(cfg)[0]
+    assert all(p["cut"] and p["finished"] for p in record["pool"])  # the policy never ended them: --max-depth 1 did
+    expected = ("7", "fallback", True) if grade_cut else (None, "cut", False)
+    for method in ("majority@2", "beam/fused@2"):
+        m = record["methods"][method]
+        assert (m["answer"], m["read"], m["correct"]) == expected

@@ -55,14 +55,15 @@ class Path:
     steps: tuple[str, ...] = ()
     capped: tuple[bool, ...] = ()  # per step: closed at the token cap
     finished: bool = False
+    cut: bool = False  # finished by --max-depth, not by the policy: its text stops mid-solution
     tokens: int = 0  # policy tokens along this path
     scored: PathScore | None = None
     score: float = -np.inf  # aggregate of the ranking stream; -inf until scored or when no step fits the PRM
 
     def child(self, out: StepOut, max_depth: int) -> "Path":
         steps, capped = (self.steps + (out.text,), self.capped + (out.capped,)) if out.text else (self.steps, self.capped)
-        return replace(self, steps=steps, capped=capped, finished=out.finished or len(steps) >= max_depth, tokens=self.tokens + out.tokens,
-                       scored=None, score=-np.inf)
+        return replace(self, steps=steps, capped=capped, finished=out.finished or len(steps) >= max_depth,
+                       cut=not out.finished and len(steps) >= max_depth, tokens=self.tokens + out.tokens, scored=None, score=-np.inf)
 
 
 @dataclass

@@ -64,6 +64,8 @@ class SearchConfig:
     policy_timeout: float = arg(600.0, "seconds to wait for one policy server call (a whole draw of a large batch takes longest)", above=0)
     retries: int = arg(4, "policy server retries with exponential backoff before giving up", min=0)
     grade_workers: int = arg(2, "grading processes", min=0)
+    grade_cut_paths: bool = arg(False, "grade a path cut at --max-depth (the policy never ended it) by the last number in its text, "
+                                       "GSM8K's fallback, instead of as no answer")
     grade_timeout: float = arg(5.0, "seconds per grade; a grade that takes longer is 'unknown', not wrong", above=0)
     prm_max_length: int | None = arg(None, "PRM tokens per stream (default: the checkpoint's); steps past it are flagged, not scored", min=1)
     show_progress: bool = arg(True, "a progress bar over questions, saying what runs now (policy depth, PRM call)")

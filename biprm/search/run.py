@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 POOL_CHUNK = 64  # finished paths per PRM call when a best-of-N pool is scored (see Batch.score_pool)
 RESULTS = ("data", "limit", "policy", "policy_model", "policy_tokenizer", "prm", "prm_max_length", "algorithms", "n", "width", "strategies",
            "aggregation", "max_depth", "max_step_tokens", "step_token", "calc_rate", "claim_rate", "temperature", "top_p", "seed", "pool_draw",
-           "segmenter", "policy_batch_size")  # settings a resumed run must share (the batch size only with --policy hf, where it changes the draws)
+           "segmenter", "grade_cut_paths", "policy_batch_size")  # settings a resumed run must share (the batch size only with --policy hf, where it changes the draws)
 
 
 def load_questions(data: str, data_root: str, limit: int | None) -> list[dict]:
@@ -90,9 +90,15 @@ def scores_row(p: SearchPath) -> dict:
     return row | {"score": round(float(sigmoid(p.score)), 6), "n_dropped": p.scored.n_dropped}
 
 
+def reading(p: SearchPath, grade_cut: bool) -> tuple[str | None, str | None]:
+    """A path's answer and how it was read (marked, fallback: biprm.evaluation.grading.read_answer); a path cut at --max-depth
+    has none ("cut") unless --grade-cut-paths: its last number is wherever the text stopped."""
+    return (None, "cut") if p.cut and not grade_cut else read_answer("\n".join(p.steps))
+
+
 def path_row(p: SearchPath, answer: str | None, read: str | None, correct: bool | None) -> dict:
-    """A path as the JSONL keeps it: steps, flags, its answer and how it was read (marked or fallback), grade, and the PRM's scores."""
-    return {"steps": list(p.steps), "finished": p.finished, "capped": list(p.capped), "tokens": p.tokens, "answer": answer,
+    """A path as the JSONL keeps it: steps, flags, its answer and how it was read (marked, fallback or cut), grade, and the PRM's scores."""
+    return {"steps": list(p.steps), "finished": p.finished, "cut": p.cut, "capped": list(p.capped), "tokens": p.tokens, "answer": answer,
             "read": read, "correct": correct, **scores_row(p)}
 
 
@@ -138,7 +144,8 @@ class BatchCheckpoint:
         return [SearchPath(**(p | {"steps": tuple(p["steps"]), "capped": tuple(p["capped"])})) for p in saved["paths"]]
 
     def save_pool(self, budget: Budget, policy: StepPolicy, paths: list[SearchPath]) -> None:
-        rows = [{"q": p.q, "group": p.group, "steps": p.steps, "capped": p.capped, "finished": p.finished, "tokens": p.tokens} for p in paths]
+        rows = [{"q": p.q, "group": p.group, "steps": p.steps, "capped": p.capped, "finished": p.finished, "cut": p.cut, "tokens": p.tokens}
+                for p in paths]
         self.data["pool"] = {"budget": budget.to_json(), "policy": policy.state(), "paths": rows}
         self.write()
 
@@ -226,7 +233,7 @@ class Batch:
         drawn = self.checkpoint.restore_pool(s.budget, self.policy)
         self.pool = sample(s, max(c.n), drawn, lambda paths: self.checkpoint.save_pool(s.budget, self.policy, paths), c.pool_draw == "whole")
         self.pool_budget = s.budget
-        readings = [read_answer("\n".join(p.steps)) for p in self.pool]
+        readings = [reading(p, c.grade_cut_paths) for p in self.pool]
         self.answers, self.reads = [a for a, _ in readings], [r for _, r in readings]  # r: marked or fallback (biprm.evaluation.grading)
         self.keys = [answer_key(a, i) for i, a in enumerate(self.answers)]
         if "bon" in c.algorithms:
@@ -307,7 +314,7 @@ class Batch:
     def records(self) -> list[dict]:
         """Grade every path once (a timed-out grade is None: unknown) and write one record per question."""
         self.note("grading")
-        searched = {name: [read_answer("\n".join(p.steps)) for p in paths] for name, paths in self.searched.items()}
+        searched = {name: [reading(p, self.cfg.grade_cut_paths) for p in paths] for name, paths in self.searched.items()}
         golds = [it["gold"] for it in self.items]
         pairs = [(golds[p.q], a) for p, a in zip(self.pool, self.answers)]
         pairs += [(golds[p.q], a) for name, paths in self.searched.items() for p, (a, _) in zip(paths, searched[name])]
