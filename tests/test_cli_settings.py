@@ -18,10 +18,10 @@ def commands() -> list[tuple[tuple[str, ...], type]]:
 
 
 def numeric(settings: type) -> list[dataclasses.Field]:
-    """Fields holding a number, or a list of numbers, or none."""
+    """Fields holding a number, or a list of numbers, or none (a mapping, given as YAML, is its recipe's to check)."""
     hints = typing.get_type_hints(settings)
-    kinds = lambda t: {t} | {k for a in typing.get_args(t) for k in kinds(a)}  # noqa: E731
-    return [f for f in dataclasses.fields(settings) if {int, float} & kinds(hints[f.name]) and bool not in kinds(hints[f.name])]
+    kinds = lambda t: {t, typing.get_origin(t)} | {k for a in typing.get_args(t) for k in kinds(a)}  # noqa: E731
+    return [f for f in dataclasses.fields(settings) if {int, float} & kinds(hints[f.name]) and not {bool, dict} & kinds(hints[f.name])]
 
 
 CASES = [(words, settings, f) for words, settings in commands() for f in numeric(settings)]
@@ -58,6 +58,33 @@ def test_every_numeric_setting_is_range_checked_before_anything_runs(words, sett
         err = capsys.readouterr().err
         assert stop.value.code == 2 and err.count("\n") == 1, err
         assert err.startswith(f"biprm {' '.join(words)}: error: {flag}") and "must be" in err, err
+
+
+def studies() -> list[tuple[str, type]]:
+    """Each study's program and its settings: parsed like a command (biprm.cli.run_program)."""
+    from studies.mechanism.config import MechanismConfig
+    from studies.replication.config import ReplicateConfig
+    from studies.rl.config import RLStudyConfig
+
+    return [("mechanism", MechanismConfig), ("replication", ReplicateConfig), ("rl", RLStudyConfig)]
+
+
+STUDY_CASES = [(study, settings, f) for study, settings in studies() for f in numeric(settings)]
+
+
+@pytest.mark.parametrize("study, settings, f", STUDY_CASES, ids=[f"{s} --{f.name}" for s, _, f in STUDY_CASES])
+def test_every_numeric_setting_of_a_study_is_range_checked_too(study, settings, f, capsys):
+    def ran(cfg):
+        raise AssertionError(f"the recipe ran with {cfg}")
+
+    assert set(BOUNDS) & set(f.metadata), f"studies.{study} --{f.name} declares no range (biprm.config.arg's min/max)"
+    prog, flag = f"python -m studies.{study}", f"--{f.name.replace('_', '-')}"
+    for value in (0, -1, f.metadata.get("max", f.metadata.get("below", 10**9)) * 10 + 1):
+        if out_of_range(f, value):
+            with pytest.raises(SystemExit) as stop:
+                cli.run_program(settings, ran, prog, [flag, str(value)])
+            err = capsys.readouterr().err
+            assert stop.value.code == 2 and err.startswith(f"{prog}: error: {flag}") and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize("argv, says", [
