@@ -134,7 +134,7 @@ class _Parser(_OneLine, HfArgumentParser):
     @staticmethod
     def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
         kept = copy.copy(field)
-        kept.metadata = MappingProxyType({k: v for k, v in field.metadata.items() if k not in (*BOUNDS, "commas")})
+        kept.metadata = MappingProxyType({k: v for k, v in field.metadata.items() if k not in (*BOUNDS, "commas", "group")})
         HfArgumentParser._parse_dataclass_field(parser, kept)
 
 
@@ -150,12 +150,26 @@ def _settings_flags(p: HfArgumentParser, settings: type, run: Callable) -> None:
     """What every command's parser adds to its dataclass's flags: `--config FILE`, honest --no_X help, structured types."""
     p.add_argument("--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it")
     _negations_say_so(p)
+    _grouped(p, settings)
     for action in p._actions:
         if dataclasses.is_dataclass(action.type) or get_origin(action.type) in (dict, tuple):
             action.type = _structured(action.type)
         elif action.choices and action.type:
             action.type = _any_case(action.type, action.choices)
     p.set_defaults(func=run, settings=settings)
+
+
+def _grouped(parser: argparse.ArgumentParser, settings: type) -> None:
+    """--help in sections (data, model, ...) for the fields that name one (`biprm.config.arg`'s `group`), so a long list of
+    flags reads by what each is about; a field without one stays under "options"."""
+    sections: dict[str, argparse._ArgumentGroup] = {}
+    for f in dataclasses.fields(settings):
+        if title := f.metadata.get("group"):
+            if title not in sections:
+                sections[title] = parser.add_argument_group(title)
+            for action in [a for a in parser._optionals._group_actions if a.dest == f.name]:  # --x and its --no_x
+                parser._optionals._group_actions.remove(action)
+                sections[title]._group_actions.append(action)
 
 
 def _any_case(convert: Callable[[str], Any], choices: Any) -> Callable[[str], Any]:

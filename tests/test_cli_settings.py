@@ -1,5 +1,6 @@
 """Every command's settings checked as parsed, before a recipe runs: numeric ranges, both list forms, choices in any case."""
 import dataclasses
+import re
 import typing
 
 import pytest
@@ -158,3 +159,11 @@ def test_a_settings_file_takes_both_list_forms_too(text, field, expected, parsed
     command = "search" if field == "n" else "demo"
     cli.main([command, "--config", str(tmp_path / "run.yaml"), *(["--out", "o"] if command == "search" else [])])
     assert getattr(parsed[command], field) == expected
+
+
+def test_train_help_reads_in_sections():
+    text = cli._chosen(cli.build_parser(), ["train"])[1].format_help()
+    sections = {title: body for title, body in re.findall(r"\n\n(\w+):\n(.*?)(?=\n\n\w+:\n|\Z)", text, re.S)}
+    assert list(sections) == ["options", "model", "data", "output", "optimisation", "compute"]
+    assert "--lr" in sections["optimisation"] and "--resume" in sections["output"] and "--data " in sections["data"]
+    assert "--no_share_prefix" in sections["compute"] and "--share_prefix" in sections["compute"]  # a flag and its negation stay together
