@@ -13,9 +13,10 @@ import numpy as np
 
 from benchmarks.config import BoundaryBenchConfig
 from benchmarks.report import save
-from biprm.analysis.boundaries import agreement, even_cut, laid_out
+from biprm.analysis.boundaries import agreement, even_cut, f1_interval, first_errors_on_given, laid_out
 from biprm.data.benchmarks import load_processbench
 from biprm.data.segment import Segmenter
+from biprm.metrics.processbench import flag_step, tune_flag_step
 
 STEM = "processbench-boundaries"
 EVEN = "even (text-free: as many equal pieces as given steps)"
@@ -23,8 +24,10 @@ JOINS = {repr("\n\n"): "a blank line", repr(" "): "a space"}  # how the table na
 
 
 def run(cfg: BoundaryBenchConfig) -> dict:
-    """Per join and segmenter, over all rows and per subset: `agreement` of its cuts with the given steps."""
-    trajs = load_processbench(cfg.data_root, tuple(cfg.subsets))
+    """Per join and segmenter, over all rows and per subset: `agreement` of its cuts with the given steps; first-error F1
+    of the text-free rules on the given labels, and with --model, of the model's scores of each cut (and of the given
+    steps), its predictions mapped back to the given steps by character offset."""
+    trajs = load_processbench(cfg.data_root, tuple(cfg.subsets), cfg.limit)
     tokenizer = None
     if any(name.startswith("tokens:") for name in cfg.segmenters):
         from biprm.backbones import load_tokenizer
@@ -34,6 +37,19 @@ def run(cfg: BoundaryBenchConfig) -> dict:
     parts = {"all": range(len(trajs))} | {s: [i for i, t in enumerate(trajs) if t.meta["subset"] == s] for s in names}
     result = {"config": asdict(cfg), "subsets": {s: len(parts[s]) for s in names},
               "given_chars_per_step": float(np.mean([len(s) for t in trajs for s in t.steps])), "joins": {}}
+    label, n_steps = np.array([t.meta["first_error"] for t in trajs]), np.array([len(t.steps) for t in trajs])
+    k, _ = tune_flag_step(n_steps, label)
+    result["first_error"] = {name: f1_interval(pred, label, cfg.resamples, cfg.seed) for name, pred in (
+        ("flag nothing (text-free)", np.full(len(trajs), -1)), ("flag step 0 (text-free)", flag_step(n_steps, 0)),
+        (f"flag step k when there are more than k (k = {k}, tuned on these rows: an upper bound; text-free)", flag_step(n_steps, k)))}
+    scorer = None
+    if cfg.model:
+        from biprm.config import ScorerSettings
+        from biprm.scoring.scorer import Scorer
+
+        scorer = Scorer.from_settings(cfg.model, ScorerSettings(max_length=cfg.max_length))
+        given = [Segmenter("given").cut(t.steps, t.meta["id"]) for t in trajs]
+        result["first_error"][f"{cfg.model}: the given steps"] = model_f1(scorer, trajs, given, [g.offsets for g in given], label, cfg)
     for join in cfg.joins:
         join = join.encode().decode("unicode_escape")
         laid = [laid_out(t.steps, join) for t in trajs]
@@ -45,10 +61,33 @@ def run(cfg: BoundaryBenchConfig) -> dict:
                 part: agreement([laid[i][1] for i in rows], [cuts[i].offsets for i in rows], cfg.within, cfg.resamples, cfg.seed)
                 for part, rows in parts.items()
             } | {"fallbacks": sum(c.fallback is not None for c in cuts)}
+            if scorer is not None:
+                result["first_error"][f"{cfg.model}: joined by {JOINS.get(repr(join), repr(join))}, cut by {name}"] = (
+                    model_f1(scorer, trajs, cuts, [spans for _, spans in laid], label, cfg))
         even = [even_cut(len(text), len(spans)) for text, spans in laid]
         per_segmenter[EVEN] = {part: agreement([laid[i][1] for i in rows], [even[i] for i in rows], cfg.within, cfg.resamples, cfg.seed)
                                for part, rows in parts.items()} | {"fallbacks": 0}
     return result
+
+
+def model_f1(scorer, trajs: list, cuts: list, given: list, label: np.ndarray, cfg: BoundaryBenchConfig) -> dict:
+    """First-error F1 of the model's scores of one cut of every row, its predictions mapped to the given steps. A row
+    the model cannot read (a first step past --max-length: a cut into one long step) flags nothing, and is counted."""
+    from biprm.data.trajectory import Trajectory
+
+    encs, unread = scorer.encode([Trajectory(t.question, c.texts) for t, c in zip(trajs, cuts)], [t.meta["id"] for t in trajs],
+                                 skip_invalid=True)
+    kept = sorted(set(range(len(trajs))) - {i for i, _ in unread})
+    scores = scorer.score(encs, progress=False)
+    pred = np.full(len(trajs), -1)
+    pred[kept] = first_errors_on_given(scores.prob(), scores.offsets, cfg.threshold, [cuts[i].offsets for i in kept], [given[i] for i in kept])
+    return f1_interval(pred, label, cfg.resamples, cfg.seed) | {"unread": len(unread)}
+
+
+def _f1(x: dict) -> str:
+    """F1 with its interval, and how many rows the model could not read (they flag nothing)."""
+    unread = f" ({x['unread']} rows unread)" if x.get("unread") else ""
+    return f"{x['mean']:.1f} [{x['low']:.1f}, {x['high']:.1f}]{unread}"
 
 
 def _pct(x: dict) -> str:
@@ -79,7 +118,15 @@ def markdown(result: dict, path: str) -> str:
         "|" + "---|" * len(head),
         *("| " + " | ".join(r) + " |" for r in rows),
         "",
-        "Command: `python -m benchmarks.boundaries` (data under `--data-root`, default `../shared/data`).",
+        "First-error F1 (%) on the given labels, all rows joined (ProcessBench's threshold "
+        f"{cfg['threshold']:g}; a model's first error on a cut maps to the given step that holds its first character):",
+        "",
+        "| rule or model | F1 (%) |",
+        "|---|---|",
+        *(f"| {name} | {_f1(x)} |" for name, x in result["first_error"].items()),
+        "",
+        "Command: `python -m benchmarks.boundaries` (data under `--data-root`, default `../shared/data`; `--model CKPT` adds "
+        "a PRM's rows).",
         "",
     ])
     with open(path, "w") as f:

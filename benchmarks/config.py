@@ -91,4 +91,9 @@ class BoundaryBenchConfig:
     within: int = arg(100, "characters between a given boundary and a cut for the boundary to count as found", min=0)
     resamples: int = arg(1000, "bootstrap resamples of the rows", min=1)
     seed: int = arg(0, "seed of the bootstrap", min=0)
+    limit: int | None = arg(None, "rows per subset, evenly spread (default: all)", min=1)
+    model: str | None = arg(None, "a PRM checkpoint: also first-error F1 of its scores of each cut, mapped back to the given steps "
+                                  "by character offset (default: the text-free rows alone)")
+    threshold: float = arg(0.5, "first-error threshold on step probabilities", min=0, max=1)
+    max_length: int = arg(4096, "--model: tokens per stream; trailing steps past it are not scored", min=1)
     out: str = arg("benchmarks", "where processbench-boundaries.{json,md} go")

@@ -251,3 +251,20 @@ def test_boundary_agreement_counts_given_boundaries_found_and_cuts_near_one_by_h
     assert 0.0 <= result["found"]["low"] <= result["found"]["high"] <= 1.0
     with pytest.raises(ValueError, match="2 rows of given steps but 1 of cut steps"):
         agreement([given, given], [cut])
+
+
+def test_a_first_error_predicted_on_a_recut_lands_on_the_given_step_that_holds_it():
+    from biprm.analysis.boundaries import f1_interval, first_errors_on_given
+
+    # row 0: re-cut into 3 steps; at 0.5 the third (chars 21-40) is the first below, and char 21 is in given step 1 (12-40);
+    # at 0.65 the second (chars 6-20), which starts in given step 0 (0-10). Row 1: at 0.5 none; at 0.65 its second step
+    probs, offsets = np.array([0.9, 0.6, 0.2, 0.9, 0.62]), np.array([0, 3, 5])
+    cuts = [[[0, 5], [6, 20], [21, 40]], [[0, 4], [5, 9]]]
+    given = [[[0, 10], [12, 40]], [[0, 9]]]
+    pred = first_errors_on_given(probs, offsets, 0.5, cuts, given)
+    assert pred.tolist() == [1, -1]
+    assert first_errors_on_given(probs, offsets, 0.65, cuts, given).tolist() == [0, 0]
+    with pytest.warns(RuntimeWarning, match="All-NaN"):  # no clean row: F1 is undefined, and so is its interval
+        assert np.isnan(f1_interval(pred, np.array([1, 0]), resamples=20)["mean"])
+    assert f1_interval(pred, np.array([1, -1]), resamples=20)["mean"] == 100.0
+    assert f1_interval(pred, np.array([0, -1]), resamples=20)["mean"] == 0.0  # right on clean rows, wrong on the rest

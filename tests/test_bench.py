@@ -130,12 +130,33 @@ def test_the_boundary_table_recuts_processbench_rows_per_join_and_segmenter(tmp_
     from benchmarks.report import save
 
     steps = ["Let x = 2.", "So x + 1 = 3, and therefore the answer is 3, which we check by substituting x back into it."]
-    (tmp_path / "long.json").write_text(json.dumps([{"id": "a", "problem": "q", "steps": steps, "label": -1}]))
+    (tmp_path / "long.json").write_text(json.dumps([{"id": i, "problem": "q", "steps": steps, "label": label} for i, label in (("a", -1), ("b", 1))]))
     cfg = BoundaryBenchConfig(data_root=str(tmp_path), subsets=[str(tmp_path / "long.json")], segmenters=["paragraph", "lines"],
                               resamples=10, out=str(tmp_path / "out"))
     result = run(cfg)
     blank, space = result["joins"][repr("\n\n")], result["joins"][repr(" ")]
     assert blank["paragraph"]["all"]["found"]["mean"] == 1.0 and space["paragraph"]["all"]["found"]["mean"] == 0.0  # the layout, or none
-    assert space["lines"]["all"]["cut_steps"] == 1.0 and result["subsets"] == {"long": 1}
+    assert space["lines"]["all"]["cut_steps"] == 1.0 and result["subsets"] == {"long": 2}
     save(result, cfg.out, STEM, markdown)
     assert "| a space | paragraph | 1.0 | 0.0 [0.0, 0.0]" in (tmp_path / "out" / f"{STEM}.md").read_text()
+
+
+def test_the_boundary_table_scores_each_cut_with_a_model_and_maps_first_errors_back(tmp_path):
+    from benchmarks.boundaries import run
+    from benchmarks.config import BoundaryBenchConfig
+    from biprm.config import TrainConfig
+    from biprm.training import train
+
+    model = train(TrainConfig(backbone="tiny", data="synthetic:8", max_steps=1, per_device_train_batch_size=8, gradient_accumulation_steps=1,
+                              output_dir=str(tmp_path / "m"), save_steps=10**9, show_progress=False))
+    steps = ["Let x = 2.\nThen x + 1 = 3.", "So the answer is 4."]
+    rows = [{"id": f"r{i}", "problem": "q", "steps": steps, "label": label} for i, label in enumerate((-1, 1))]
+    (tmp_path / "long.json").write_text(json.dumps(rows))
+    cfg = BoundaryBenchConfig(data_root=str(tmp_path), subsets=[str(tmp_path / "long.json")], segmenters=["lines"], joins=[" "],
+                              resamples=10, model=model, max_length=64, threshold=1.0)  # threshold 1: every step is an error
+    f1 = run(cfg)["first_error"]
+    # every row's first error is the first cut's first step, in given step 0: right on no row (labels -1 and 1)
+    assert f1[f"{model}: the given steps"]["mean"] == 0.0 and f1[f"{model}: joined by a space, cut by lines"]["mean"] == 0.0
+    assert set(f1) == {"flag nothing (text-free)", "flag step 0 (text-free)", f"{model}: the given steps",
+                       f"{model}: joined by a space, cut by lines",
+                       "flag step k when there are more than k (k = 0, tuned on these rows: an upper bound; text-free)"}

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from biprm.data.segment import first_error_on
 from biprm.metrics.bootstrap import bootstrap_statistic
+from biprm.metrics.processbench import predict_first_error, processbench_scores
 
 WITHIN = 100  # characters, as ThinkBooster counts a boundary found
 
@@ -73,3 +75,17 @@ def agreement(given: Sequence[Sequence[Sequence[int]]], cuts: Sequence[Sequence[
         "given_steps": float(np.mean([len(g) for g in given])),
         "cut_steps": float(np.mean([len(c) for c in cuts])),
     }
+
+
+def first_errors_on_given(probs: np.ndarray, offsets: np.ndarray, threshold: float, cuts: Sequence[Sequence[Sequence[int]]],
+                          given: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
+    """Each row's first error predicted on its re-cut steps (the first step below `threshold`; `probs` flat with
+    `offsets`), as the given step that holds its first character (segment.first_error_on): the given labels then score
+    any segmenter, so first-error F1 compares across them."""
+    pred = predict_first_error(probs, offsets, threshold)
+    return np.array([first_error_on(int(p), c, g) for p, c, g in zip(pred, cuts, given)], dtype=np.int64)
+
+
+def f1_interval(pred: np.ndarray, label: np.ndarray, resamples: int = 1000, seed: int = 0) -> dict:
+    """ProcessBench's first-error F1 (%) of `pred` against `label`, with a percentile interval over resampled rows."""
+    return bootstrap_statistic(lambda i: processbench_scores(pred[i], label[i])["f1"], len(label), resamples, seed)
