@@ -45,7 +45,7 @@ def test_the_openrlhf_reward_function_reduces_step_rewards(bi_scorer):
 
     prompts = ["What is 3 + 4?"] * 2
     responses = ["3 + 4 = 7.\nThe answer is 7.", "3 + 4 = 8.\nSo 8.\nThe answer is 8."]
-    with serving(build_app(bi_scorer, ServeConfig(model="tiny", split="newline"))) as url:
+    with serving(build_app(bi_scorer, ServeConfig(model="tiny", segmenter="newline"))) as url:
         namespace = {"URL": url}
         exec(snippets()[1], namespace)
         out = namespace["reward_func"]([p + r for p, r in zip(prompts, responses)], prompts, ["7", "7"])
