@@ -57,12 +57,23 @@ def looks_local(path: str) -> bool:
     return path.startswith(("/", ".", "~")) or path.count("/") > 1 or (parent != Path(".") and parent.is_dir())
 
 
-def check_checkpoint(path: str) -> None:
-    """Raise NotACheckpoint, in one line, unless `path` is a biprm checkpoint folder or may be a Hub model id.
+def check_checkpoint(path: str, prm_kind: str | None = None) -> None:
+    """Raise NotACheckpoint, in one line, unless `path` is a biprm checkpoint folder, a PRM of a kind biprm reads
+    (named by `prm_kind` where its config cannot say, as for a plain causal LM), or may be a Hub model id.
 
     Run before anything loads, so a wrong folder is named at once instead of by a long transformers error,
     and a missing local path is never retried on the Hub."""
-    problem = _what_is(Path(path).expanduser()) if Path(path).expanduser().exists() or looks_local(path) else None
+    folder = Path(path).expanduser()
+    if prm_kind is not None and (folder / "config.json").is_file():
+        from biprm.prms import UnknownPRM, detect, weight_files
+
+        try:
+            detect(folder, prm_kind)
+        except UnknownPRM as error:
+            raise NotACheckpoint(str(error)) from None
+        if weight_files(folder):
+            return
+    problem = _what_is(folder) if folder.exists() or looks_local(path) else None
     if problem:
         raise NotACheckpoint(f"{path}: {problem}")
 

@@ -54,7 +54,7 @@ def cmd_serve(cfg: ServeConfig) -> None:
     from biprm.config import check_extras
 
     check_extras({"serve": "biprm serve", **({"vllm": "biprm serve --engine vllm"} if cfg.engine == "vllm" else {})})
-    check_checkpoint(cfg.model)  # before the server stack loads
+    check_checkpoint(cfg.model, cfg.prm_kind)  # before the server stack loads
     from biprm.serve.app import serve
 
     serve(cfg)

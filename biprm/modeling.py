@@ -144,8 +144,7 @@ class BiPRMModel(PreTrainedModel):
         A folder of another PRM kind (biprm.prms; detected, or named by `prm_kind`) loads through `from_prm`, in `prm_mode`
         (l2r: as shipped; bi-static or r2l: also, or only, reading its steps reversed, untrained)."""
         path = str(pretrained_model_name_or_path)
-        if prm_kind is None or not Path(path).is_dir():  # a named kind is checked against the folder by `detect`
-            check_checkpoint(path)
+        check_checkpoint(path, prm_kind)
         if Path(path).is_dir() and (kind := detect(path, prm_kind)) != "biprm":
             return from_prm(path, kind, mode=prm_mode, **kwargs)
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)

@@ -119,7 +119,8 @@ def detect(folder: str | Path, kind: str | None = None) -> str:
     if kind is not None:
         if kind not in KINDS:
             raise UnknownPRM(f"--prm-kind {kind!r}: not one of biprm, {', '.join(KINDS)}")
-        if not any(a.endswith(k) for a in arch for k in KINDS[kind].architectures) and not _causal(arch):
+        spec = KINDS[kind]  # a causal-LM read-out fits any causal LM; a head of its own needs its own architecture
+        if not any(a.endswith(k) for a in arch for k in spec.architectures) and not (_causal(arch) and spec.plus_minus):
             raise UnknownPRM(f"{seen}: not a {kind} checkpoint (it expects {' or '.join(KINDS[kind].architectures)})")
         return kind
     for name, spec in KINDS.items():

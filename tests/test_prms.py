@@ -185,3 +185,30 @@ def test_a_third_party_window_caps_max_length_and_says_so(replicas, caplog):
     with caplog.at_level("WARNING"):
         scorer = Scorer.from_pretrained(str(replicas["qwen-prm"]), device="cpu", max_length=10_000)
     assert scorer.max_length == 4096 and "window of 4096" in caplog.text
+
+
+def test_a_named_kind_reaches_every_command_for_a_folder_whose_config_cannot_say(replicas, tmp_path):
+    """A causal LM's folder named like any other: --prm-kind gets it past the up-front check of score, serve and eval."""
+    import json
+    import shutil
+
+    from biprm.checkpoint import NotACheckpoint, check_checkpoint
+    from biprm.cli import main
+
+    plain = tmp_path / "my-prm"
+    shutil.copytree(replicas["math-shepherd"], plain)
+    with pytest.raises(NotACheckpoint, match="plain mistral model"):
+        check_checkpoint(str(plain))
+    check_checkpoint(str(plain), "math-shepherd")
+    with pytest.raises(NotACheckpoint, match="not a qwen-prm checkpoint"):
+        check_checkpoint(str(plain), "qwen-prm")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"question": q, "steps": s}) + "\n" for q, s in PROBLEMS))
+    main(["score", "--model", str(plain), "--prm-kind", "math-shepherd", "--input", str(rows), "--output", str(tmp_path / "out.jsonl")])
+    got = [json.loads(line)["l2r"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    for (q, steps), scores in zip(PROBLEMS, got):
+        np.testing.assert_allclose(scores, REFERENCES["math-shepherd"](plain, q, steps), atol=1e-5)
+    data = tmp_path / "first_error.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "problem": q, "steps": s, "label": -1}) + "\n" for i, (q, s) in enumerate(PROBLEMS)))
+    main(["eval", "processbench", "--model", str(plain), "--prm-kind", "math-shepherd", "--data", str(data), "--out", str(tmp_path / "ev")])
+    assert "| math-shepherd (as shipped)" in (tmp_path / "ev" / "processbench.md").read_text()

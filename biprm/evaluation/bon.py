@@ -124,7 +124,7 @@ def run_bon(cfg: BonConfig) -> dict:
     cache = open_cache(cfg)
     pool = load_pool(cfg.pool, cfg.data_root, cfg.limit, questions=cfg.questions, questions_split=cfg.questions_split,
                      split_rule=trace_segmenter(cfg.model, cfg.segmenter), cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
-    scores = score_sources(sources_of(cfg.model), cache, pool.trajs) if cfg.model else {}
+    scores = score_sources(sources_of(cfg.model, cfg.prm_kind), cache, pool.trajs) if cfg.model else {}
     result = evaluate_bon(pool, scores, cfg.agg, cfg.ns, cfg.protocol, cfg.aggs, cfg.draws, cfg.seed)
     markdown = "# Best-of-N\n\n" + format_bon(result) + "\n"
     print(markdown)

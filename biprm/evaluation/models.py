@@ -59,11 +59,11 @@ class ScoreSource:
         return StepScores(parts[0].offsets, logits[0] if len(logits) == 1 else mean_of_probabilities(logits))
 
 
-def checkpoint_config(ckpt: str) -> dict:
+def checkpoint_config(ckpt: str, prm_kind: str | None = None) -> dict:
     """A biprm checkpoint's config.json, or for a PRM of another kind (biprm.prms) its kind and the mode it is evaluated
     in; any other folder is refused in one line (see checkpoint.check_checkpoint)."""
-    check_checkpoint(ckpt)
-    if (kind := detect(ckpt)) != "biprm":
+    check_checkpoint(ckpt, prm_kind)
+    if (kind := detect(ckpt, prm_kind)) != "biprm":
         return {"mode": FOREIGN_MODE, "prm_kind": kind}
     return json.loads((Path(ckpt) / "config.json").read_text())
 
@@ -72,9 +72,9 @@ def checkpoint_mode(ckpt: str) -> str:
     return checkpoint_config(ckpt)["mode"]
 
 
-def checkpoint_sources(ckpt: str, prefix: str = "") -> list[ScoreSource]:
+def checkpoint_sources(ckpt: str, prefix: str = "", prm_kind: str | None = None) -> list[ScoreSource]:
     """A two-stream checkpoint's fused output and each of its streams, labelled so they cannot pass for separate models."""
-    config = checkpoint_config(ckpt)
+    config = checkpoint_config(ckpt, prm_kind)
     mode, kind = config["mode"], config.get("prm_kind", "biprm")
     if kind != "biprm":  # the training-free rows: what reversal alone does to this PRM
         streams = [("l2r", f"{kind} (as shipped)"), ("r2l", f"{kind}: steps reversed, zero-shot"), ("fused", f"{kind}: static average, zero-shot")]
@@ -85,9 +85,9 @@ def checkpoint_sources(ckpt: str, prefix: str = "") -> list[ScoreSource]:
     return [ScoreSource(prefix + label, [ckpt], stream) for stream, label in streams]
 
 
-def sources_of(ckpts: list[str]) -> list[ScoreSource]:
+def sources_of(ckpts: list[str], prm_kind: str | None = None) -> list[ScoreSource]:
     """The sources of several checkpoints; with more than one, keys start with the folder name."""
-    return [m for c in ckpts for m in checkpoint_sources(c, f"{Path(c).name}: " if len(ckpts) > 1 else "")]
+    return [m for c in ckpts for m in checkpoint_sources(c, f"{Path(c).name}: " if len(ckpts) > 1 else "", prm_kind)]
 
 
 def ablation_sources(ckpts: dict[str, str]) -> list[ScoreSource]:

@@ -167,7 +167,7 @@ def format_processbench(result: dict) -> str:
 def run_processbench(cfg: ProcessBenchConfig) -> dict:
     cache = open_cache(cfg)
     trajs = load_processbench(cfg.data_root, cfg.data or cfg.subsets, cfg.limit)
-    sources = sources_of(cfg.model)
+    sources = sources_of(cfg.model, cfg.prm_kind)
     dev = None
     if cfg.tune_data:
         dev_trajs = load_processbench(cfg.data_root, (cfg.tune_data,))

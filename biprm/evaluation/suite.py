@@ -89,7 +89,7 @@ def run_suite(cfg: SuiteConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ablation = {checkpoint_mode(cfg.model): cfg.model} | cfg.roles if cfg.ablation else {}
-    suite = Suite(cfg, open_cache(cfg), ablation_sources(ablation) if ablation else checkpoint_sources(cfg.model), out)
+    suite = Suite(cfg, open_cache(cfg), ablation_sources(ablation) if ablation else checkpoint_sources(cfg.model, prm_kind=cfg.prm_kind), out)
     pools = ["gsm8k_bon_small", *cfg.pool]
     stage = Stages(len(pools) + 5)
     results: dict = {"config": asdict(cfg), "modes": {m.key: {"checkpoints": m.checkpoints, "stream": m.stream} for m in suite.sources}, "bon": {}}

@@ -58,8 +58,8 @@ def score_file(
     chunk: int = 1024, resume: bool = False, segmenter: str | None = None,
 ) -> int:
     """Score `source` into `output`; `segmenter` cuts a one-string trace (default: the model's, see `trace_segmenter`)."""
-    check_checkpoint(model)
     settings = settings or ScorerSettings()
+    check_checkpoint(model, settings.prm_kind)
     split = trace_segmenter([model], segmenter)
     trajs = load_trajectories(source, fmt=fmt, skip_invalid=skip_invalid, split_rule=split)  # bad rows fail before the model loads
     state = process_state()
