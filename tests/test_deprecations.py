@@ -10,7 +10,7 @@ from biprm.data.encoding import Encoder
 from biprm.modeling import from_backbone
 from biprm.scoring import Scorer
 from conftest import scored
-from test_model import CANDIDATES
+from test_modeling import CANDIDATES
 
 
 @pytest.fixture

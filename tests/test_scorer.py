@@ -15,7 +15,7 @@ from biprm.modeling import from_backbone
 from biprm.scoring import CPU_BUDGETS, Budgets, Scorer, device_budgets
 from biprm.scoring.scorer import Collector, budgets_for_memory
 from conftest import scored
-from test_model import CANDIDATES, TRAJS, assert_same_scores, backbone, count_backbone_calls, make  # noqa: F401 (backbone: a fixture)
+from test_modeling import CANDIDATES, TRAJS, assert_same_scores, backbone, count_backbone_calls, make  # noqa: F401 (backbone: a fixture)
 
 QWEN_1_5B = Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2)
 

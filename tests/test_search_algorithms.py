@@ -71,9 +71,9 @@ def test_particle_filter_follows_dominant_weights():
 
 
 def test_resample_draws_in_proportion_to_exp_score():
-    from biprm.search.algorithms import Path
+    from biprm.search.algorithms import SearchPath
 
-    paths = [Path(0, score=0.0), Path(0, score=np.log(3.0))] + [Path(1, score=-np.inf), Path(1, score=-np.inf)]
+    paths = [SearchPath(0, score=0.0), SearchPath(0, score=np.log(3.0))] + [SearchPath(1, score=-np.inf), SearchPath(1, score=-np.inf)]
     draws = [resample(paths, 2, np.random.default_rng(seed)) for seed in range(2000)]
     second = np.mean([d[j].score > 0 for d in draws for j in (0, 1)])
     assert abs(second - 0.75) < 0.02

@@ -47,7 +47,7 @@ class Policy(Protocol):
 
 
 @dataclass
-class Path:
+class SearchPath:
     """A partial solution of question `q` (and of DVTS subtree `group`), with its latest scores."""
 
     q: int
@@ -60,7 +60,7 @@ class Path:
     scored: PathScore | None = None
     score: float = -np.inf  # aggregate of the ranking stream; -inf until scored or when no step fits the PRM
 
-    def child(self, out: StepOut, max_depth: int) -> "Path":
+    def child(self, out: StepOut, max_depth: int) -> "SearchPath":
         steps, capped = (self.steps + (out.text,), self.capped + (out.capped,)) if out.text else (self.steps, self.capped)
         return replace(self, steps=steps, capped=capped, finished=out.finished or len(steps) >= max_depth,
                        cut=not out.finished and len(steps) >= max_depth, tokens=self.tokens + out.tokens, scored=None, score=-np.inf)
@@ -109,18 +109,18 @@ class Search:
     def ranking_stream(self) -> str:
         return "fused" if self.strategy == "fused" else "l2r"
 
-    def roots(self, groups: int = 1) -> list[Path]:
-        return [Path(q, g) for q in range(len(self.questions)) for g in range(groups)]
+    def roots(self, groups: int = 1) -> list[SearchPath]:
+        return [SearchPath(q, g) for q in range(len(self.questions)) for g in range(groups)]
 
-    def prompts(self, paths: list[Path]) -> list[str]:
+    def prompts(self, paths: list[SearchPath]) -> list[str]:
         return [self.policy.prompt(self.questions[p.q], p.steps) for p in paths]
 
-    def charge_policy(self, paths: list[Path], k: int, tokens: np.ndarray, start: float) -> None:
+    def charge_policy(self, paths: list[SearchPath], k: int, tokens: np.ndarray, start: float) -> None:
         """A policy call that gave k outputs per path (`tokens` each, path-major), charged to their questions."""
         qs = np.repeat([p.q for p in paths], k).astype(np.int64)
         self.budget.charge("policy", qs, tokens, time.perf_counter() - start, {"policy_tokens": tokens.sum()})
 
-    def expand(self, paths: list[Path], k: int) -> list[Path]:
+    def expand(self, paths: list[SearchPath], k: int) -> list[SearchPath]:
         """k children of every path in one policy call, path-major."""
         self.note(f"policy: {len(paths) * k} steps at depth {1 + max(len(p.steps) for p in paths)}")
         start = time.perf_counter()
@@ -128,7 +128,7 @@ class Search:
         self.charge_policy(paths, k, np.array([o.tokens for o in outs], dtype=float), start)
         return [paths[i // k].child(o, self.max_depth) for i, o in enumerate(outs)]
 
-    def draw(self, paths: list[Path], k: int) -> list[Path]:
+    def draw(self, paths: list[SearchPath], k: int) -> list[SearchPath]:
         """k whole solutions from every path in one policy call, path-major (best-of-N's pool, `--pool-draw whole`)."""
         self.note(f"policy: {len(paths) * k} whole solutions")
         start = time.perf_counter()
@@ -144,7 +144,7 @@ class Search:
             children.append(child)
         return children
 
-    def score(self, paths: list[Path], stream: str) -> None:
+    def score(self, paths: list[SearchPath], stream: str) -> None:
         """Score `paths` in one PRM call and set their scores; a path with no steps stays at -inf."""
         todo = [p for p in paths if p.steps]
         if not todo:
@@ -169,7 +169,7 @@ class Search:
             out[kept] = aggregate(np.concatenate([v for v in values if len(v)]), offsets, self.aggregation)
         return out
 
-    def finish(self, paths: list[Path]) -> list[Path]:
+    def finish(self, paths: list[SearchPath]) -> list[SearchPath]:
         """The final rerank of l2r-rerank: the finished paths scored once with both streams."""
         if self.strategy == "l2r-rerank":
             self.score(paths, "fused")
@@ -182,7 +182,7 @@ def ranked(result: PathScore, stream: str) -> np.ndarray:
     return np.asarray(result.fused if values is None else values, dtype=np.float64)
 
 
-def top(paths: list[Path], keep: int) -> list[Path]:
+def top(paths: list[SearchPath], keep: int) -> list[SearchPath]:
     """The `keep` best paths of each (question, group), best first; ties keep their order."""
     qs, groups = np.array([p.q for p in paths]), np.array([p.group for p in paths])
     key = qs * (groups.max() + 1) + groups
@@ -192,7 +192,7 @@ def top(paths: list[Path], keep: int) -> list[Path]:
     return [paths[i] for i in order[rank < keep]]
 
 
-def grow(s: Search, paths: list[Path]) -> list[Path]:
+def grow(s: Search, paths: list[SearchPath]) -> list[SearchPath]:
     """One more step for every unfinished path, in place of it (order kept)."""
     live = [i for i, p in enumerate(paths) if not p.finished]
     paths = list(paths)
@@ -201,8 +201,8 @@ def grow(s: Search, paths: list[Path]) -> list[Path]:
     return paths
 
 
-def sample(s: Search, n: int, paths: list[Path] | None = None, save: Callable[[list[Path]], None] = lambda _: None,
-           whole: bool = False) -> list[Path]:
+def sample(s: Search, n: int, paths: list[SearchPath] | None = None, save: Callable[[list[SearchPath]], None] = lambda _: None,
+           whole: bool = False) -> list[SearchPath]:
     """n independent solutions per question, unscored: the best-of-N pool, question-major, that every PRM then scores
     (the pick: the highest score, or `vote` weighted by probability). Drawn a level at a time, or `whole` in one call.
     `paths`, a pool part-drawn by a killed run, goes on from its last level; `save` gets the pool after every level."""
@@ -215,7 +215,7 @@ def sample(s: Search, n: int, paths: list[Path] | None = None, save: Callable[[l
     return paths
 
 
-def tree_search(s: Search, keep: int, k: int, groups: int) -> list[Path]:
+def tree_search(s: Search, keep: int, k: int, groups: int) -> list[SearchPath]:
     """Keep the `keep` best paths of each group, give each unfinished one k children, repeat until all kept are finished.
 
     A finished path stays in the running for its group's slots (as in its_hub) but is never copied."""
@@ -227,21 +227,21 @@ def tree_search(s: Search, keep: int, k: int, groups: int) -> list[Path]:
     return s.finish(kept)
 
 
-def beam_search(s: Search, n: int, width: int) -> list[Path]:
+def beam_search(s: Search, n: int, width: int) -> list[SearchPath]:
     """its_hub's BeamSearch: `width` beams, each expanded n / width ways (the root too)."""
     if n % width:
         raise ValueError(f"beam search: N ({n}) must be a multiple of the width ({width})")
     return tree_search(s, keep=width, k=n // width, groups=1)
 
 
-def dvts(s: Search, n: int, width: int) -> list[Path]:
+def dvts(s: Search, n: int, width: int) -> list[SearchPath]:
     """search-and-learn's DVTS: n / width independent subtrees, each keeping its best of `width` children per level."""
     if n % width:
         raise ValueError(f"DVTS: N ({n}) must be a multiple of the width ({width})")
     return tree_search(s, keep=1, k=width, groups=n // width)
 
 
-def resample(paths: list[Path], n: int, rng: np.random.Generator) -> list[Path]:
+def resample(paths: list[SearchPath], n: int, rng: np.random.Generator) -> list[SearchPath]:
     """n draws with replacement per question, weights softmax(score) (its_hub's multinomial resampling).
     `paths` holds n particles per question, question-major; a question whose particles all score -inf draws uniformly."""
     scores = np.array([p.score for p in paths]).reshape(-1, n)
@@ -253,7 +253,7 @@ def resample(paths: list[Path], n: int, rng: np.random.Generator) -> list[Path]:
     return [replace(paths[i]) for i in flat]
 
 
-def particle_filter(s: Search, n: int, rng: np.random.Generator) -> list[Path]:
+def particle_filter(s: Search, n: int, rng: np.random.Generator) -> list[SearchPath]:
     """its_hub's ParticleFiltering: n particles; each level extends the unfinished ones and resamples all by weight
     exp(score) (the logit of the aggregated probability, as its_hub's inverse sigmoid). Finished ones keep their weight."""
     particles = s.expand(s.roots(), n)
@@ -266,7 +266,7 @@ def particle_filter(s: Search, n: int, rng: np.random.Generator) -> list[Path]:
     return s.finish(particles)
 
 
-def choose(paths: list[Path]) -> dict[int, int]:
+def choose(paths: list[SearchPath]) -> dict[int, int]:
     """question -> index in `paths` of its best path (the first of equals)."""
     best: dict[int, int] = {}
     for i in np.lexsort((-np.array([p.score for p in paths]), [p.q for p in paths])):

@@ -29,7 +29,7 @@ from biprm.data.writer import atomic_write
 from biprm.evaluation.pools import answer_key
 from biprm.evaluation.grading import grade_many, read_answer
 from biprm.scoring.aggregate import sigmoid
-from biprm.search.algorithms import Path as SearchPath
+from biprm.search.algorithms import SearchPath
 from biprm.search.algorithms import Budget, Search, beam_search, choose, dvts, particle_filter, sample, vote
 from biprm.search.config import SearchConfig
 from biprm.search.noise import NoiseScorer
