@@ -200,7 +200,14 @@ def test_score_eval_and_serve_resolve_one_segmenter(tmp_path):
     parser = build_parser()  # the old flags of eval bon and serve name the same setting
     assert parser.parse_args(["eval", "bon", "--split-rule", "lines"]).segmenter == "lines"
     assert parser.parse_args(["serve", "--model", "m", "--split", "newline"]).segmenter == "newline"
-    assert parser.parse_args(["eval", "processbench", "--model", "m", "--segmenter", "markers"]).segmenter == "markers"
+    from biprm.evaluation.config import BonConfig, ProcessBenchConfig
+    from biprm.serve.config import ServeConfig
+
+    for settings in (BonConfig, ServeConfig):  # a misspelt name is refused with the other settings, before a model loads
+        with pytest.raises(ValueError, match="unknown segmenter 'sentences'"):
+            settings(model="m", segmenter="sentences")
+    with pytest.raises(ValueError, match="eval processbench scores the given steps; to re-cut them .* benchmarks.boundaries"):
+        ProcessBenchConfig(model=["m"], segmenter="markers")
 
 
 def test_training_cuts_trace_rows_by_its_segmenter(tmp_path):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from biprm.scoring.aggregate import AGGREGATIONS
-from biprm.config import CHECKPOINT_ROLES, PROCESSBENCH_SUBSETS, ScorerSettings, arg, check_choices, default_data_root
+from biprm.config import CHECKPOINT_ROLES, PROCESSBENCH_SUBSETS, ScorerSettings, arg, default_data_root
 from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS
 
 AGGS = ("min", "mean", "last", "prod")  # the aggregations `eval bon` reports side by side unless told
@@ -27,7 +27,7 @@ class EvalOptions(ScorerSettings):
     grade_timeout: float = arg(5.0, "seconds per graded answer; slower ones are reported and retried next run", above=0)
 
     def __post_init__(self) -> None:
-        check_choices(self)
+        super().__post_init__()  # the choices, and the segmenter's name
 
 
 @dataclass(kw_only=True)
@@ -65,6 +65,12 @@ class ProcessBenchConfig(FirstError, EvalOptions):
                                 metavar="FILE")
     data: list[str] = arg(help="files in ProcessBench's layout (problem, steps, label) to evaluate instead of --subsets",
                           factory=list, action="extend", metavar="FILE")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.segmenter not in (None, "given"):
+            raise ValueError(f"--segmenter {self.segmenter}: eval processbench scores the given steps; to re-cut them and map "
+                             "each first error back to them, run python -m benchmarks.boundaries --model CKPT")
 
 
 @dataclass(kw_only=True)

@@ -34,7 +34,7 @@ class ServeConfig(ScorerSettings):
     threshold: float = arg(0.5, "/get_reward's extra_logs name the first step whose probability is below this", min=0, max=1)
 
     def __post_init__(self) -> None:
-        check_choices(self)
+        super().__post_init__()  # the choices, and the segmenter's name
         if self.api_key == "":
             raise ValueError("--api-key is empty: give a key, or leave the flag out to serve without one")
         if self.api_key is None:
