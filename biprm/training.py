@@ -297,6 +297,7 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, enco
         same_data(cfg.output_dir, record["data_fingerprint"])
     if finished(cfg.output_dir, resume_from):  # the Trainer would run one more step at lr 0 and log it over the real run
         log.warning("%s: this run has finished; its model and train_log.json stay as they are", cfg.output_dir)
+        end_processes(args)
         return cfg.output_dir
     options = dict(mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row, pad_id=tokenizer.pad_token_id)
     trainer = BiPRMTrainer(  # built before the folder is touched: a tracker or launcher that fails here leaves nothing behind
@@ -315,7 +316,16 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, enco
     with undone_if_nothing_trained(cfg.output_dir, created, lambda: trainer.state.global_step):
         trainer.train(resume_from_checkpoint=resume_from)
     save_final(cfg, trainer, model, tokenizer, args.world_size)
+    end_processes(args)
     return cfg.output_dir
+
+
+def end_processes(args: TrainingArguments) -> None:
+    """Close the process group once every rank is done: a rank that exits with it open can abort in gloo's teardown
+    ("terminate called without an active exception"), and torchrun then reports a run that trained and saved as failed."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        args.distributed_state.wait_for_everyone()
+        torch.distributed.destroy_process_group()
 
 
 def check_before_loading(cfg: TrainConfig, encoded: list[Encoded] | None) -> str:
