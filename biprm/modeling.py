@@ -424,6 +424,8 @@ def from_prm(
     if unset:
         raise UnknownPRM(f"{path}: the {kind} read-out left {unset} unset")
     model.set_attn_implementation(attn_implementation)
+    logging.getLogger(__name__).info("%s: read as %s, %s; its authors rank solutions by the %s of its step scores",
+                                     path, kind, spec.source, spec.aggregation)
     return model
 
 
