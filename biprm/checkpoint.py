@@ -64,15 +64,8 @@ def check_checkpoint(path: str, prm_kind: str | None = None) -> None:
     Run before anything loads, so a wrong folder is named at once instead of by a long transformers error,
     and a missing local path is never retried on the Hub."""
     folder = Path(path).expanduser()
-    if prm_kind is not None and (folder / "config.json").is_file():
-        from biprm.prms import UnknownPRM, detect, weight_files
-
-        try:
-            detect(folder, prm_kind)
-        except UnknownPRM as error:
-            raise NotACheckpoint(str(error)) from None
-        if weight_files(folder):
-            return
+    if prm_kind is not None and (folder / "config.json").is_file() and _known_prm(folder, prm_kind):
+        return
     problem = _what_is(folder) if folder.exists() or looks_local(path) else None
     if problem:
         raise NotACheckpoint(f"{path}: {problem}")
@@ -115,14 +108,17 @@ def _what_config(config: Path) -> str | None:
     return None
 
 
-def _known_prm(folder: Path) -> bool:
-    """A PRM of a kind biprm reads (biprm.prms), weights included."""
+def _known_prm(folder: Path, kind: str | None = None) -> bool:
+    """A PRM of a kind biprm reads (biprm.prms), weights included. A `kind` the folder does not fit is refused in one
+    line; without one, a folder of no known kind is simply not a PRM."""
     from biprm.prms import UnknownPRM, detect, weight_files
 
     try:
-        detect(folder)
-    except UnknownPRM:
-        return False
+        detect(folder, kind)
+    except UnknownPRM as error:
+        if kind is None:
+            return False
+        raise NotACheckpoint(str(error)) from None
     return bool(weight_files(folder))
 
 

@@ -46,7 +46,7 @@ def _lm_head(t: Tensors, ids: tuple[int, int]) -> Tensors:
 @dataclass(frozen=True)
 class Kind:
     """One PRM family: how its config.json names it, the value head biprm builds for it, the checkpoint tensors
-    that head is made of, and its defaults. `template` names its layout in biprm.data.template.TEMPLATES."""
+    that head is made of, and its defaults. Its layout is biprm.data.template.TEMPLATES[name]."""
 
     name: str
     architectures: tuple[str, ...]
@@ -56,10 +56,6 @@ class Kind:
     aggregation: str = "min"
     source: str = ""
     plus_minus: Callable[[object], tuple[int, int]] | None = None  # (good, bad) token ids, for LM-head read-outs
-
-    @property
-    def template(self) -> str:
-        return self.name
 
 
 def _shepherd_ids(tokenizer) -> tuple[int, int]:
