@@ -191,7 +191,9 @@ class ScorerSettings:
     tokens_per_row: int = arg(TOKENS_PER_ROW, "packed row length; 0 gives every question its own row", min=0)
     attn_implementation: Attention = arg("sdpa", "the backbone's attention kernel (both take the per-stream mask)")
     prm_kind: str | None = arg(None, "for a PRM trained elsewhere: its kind (qwen-prm, skywork-prm, math-shepherd, rlhflow, "
-                                     "token-classification; default: detected from its config.json, see docs/PRMS.md)")
+                                     "eurus-prm, token-classification; default: detected from its config.json, see docs/PRMS.md)")
+    prm_reference: str | None = arg(None, "for an implicit PRM (eurus-prm): the folder of the reference LM its log-ratio is "
+                                          "taken against (EurusPRM's cards use Qwen2.5-Math-7B-Instruct)")
     segmenter: str | None = arg(None, "how a trace given as one string (and a candidate's text) is cut into steps: paragraph, "
                                       "lines, markers, tokens:N, or a split rule (auto, newline, double-newline); default: what "
                                       "the model was trained with, auto where its steps were given (tags, else paragraphs, else lines)",

@@ -31,7 +31,7 @@ from biprm.data.encoding import Encoder, add_step_tag
 from biprm.data.template import TEMPLATES
 from biprm.losses import objective_loss
 from biprm.packing import attention_mask, cached_attention_mask
-from biprm.prms import KINDS, UnknownPRM, detect, read_config, read_out
+from biprm.prms import KINDS, UnknownPRM, detect, folder_config, read_out
 
 HEADS = ("value_head.", "gate.")  # the state-dict prefixes of the parts biprm adds to the body
 
@@ -379,8 +379,7 @@ def from_backbone(
 ) -> BiPRMModel:
     """A fresh BiPRM on a pretrained body; adds the step tag to `tokenizer` and gives it a row (`init_new_rows`).
 
-    The config takes the tokenizer's pad, bos and eos ids: transformers' Trainer reads them from the top-level
-    config and, finding none there, would set them itself and print a notice on every first run."""
+    The config takes the tokenizer's pad, bos and eos ids (`special_ids`)."""
     check_attention(attn_implementation)
     backbone = AutoModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     known = len(tokenizer)
@@ -388,9 +387,8 @@ def from_backbone(
     if len(tokenizer) > backbone.get_input_embeddings().num_embeddings:
         backbone.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     init_new_rows(backbone.get_input_embeddings().weight, known, len(tokenizer))
-    special = {name: getattr(tokenizer, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id") if getattr(tokenizer, name) is not None}
     config = BiPRMConfig(
-        backbone_config=backbone.config, mode=mode, objective=objective, step_tag_id=step_tag_id, **special, **config_kwargs
+        backbone_config=backbone.config, mode=mode, objective=objective, step_tag_id=step_tag_id, **special_ids(tokenizer), **config_kwargs
     )
     model = BiPRMModel(config, backbone=backbone)  # the body in `dtype`, the heads in fp32 (as a bf16 checkpoint loads them)
     engine_dtype = next((p.dtype for p in backbone.parameters() if getattr(p, "ds_id", None) is not None), None)
@@ -435,14 +433,20 @@ def prm_config(path: str, kind: str | None, tokenizer: PreTrainedTokenizerBase, 
     kind = detect(path, kind)
     if kind == "biprm":
         raise UnknownPRM(f"{path}: a biprm checkpoint; load it with BiPRMModel.from_pretrained")
-    raw = read_config(path)
-    body_config = AutoConfig.for_model(**{k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "model_type")},
-                                       model_type=raw["model_type"])
+    if KINDS[kind].implicit:
+        raise UnknownPRM(f"{path}: an implicit PRM ({kind}) has no value head to build a BiPRM on; score it against its "
+                         "reference LM (--prm-reference, Scorer.from_pretrained(..., prm_reference=...))")
+    body_config = folder_config(path)
     tag = TEMPLATES[kind].tag
     step_tag_id = tokenizer.encode(tag.strip() or tag, add_special_tokens=False)[-1]  # as the cards find it: encode("ки")[-1]
-    special = {name: getattr(tokenizer, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id") if getattr(tokenizer, name) is not None}
     return BiPRMConfig(backbone_config=body_config, step_tag_id=step_tag_id, prm_kind=kind, value_head=KINDS[kind].head,
-                       **special, **config_kwargs)
+                       **special_ids(tokenizer), **config_kwargs)
+
+
+def special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
+    """The tokenizer's pad, bos and eos ids, for a model config: transformers' Trainer reads them from the top-level
+    config and, finding none there, would set them itself and print a notice on every first run."""
+    return {name: getattr(tokenizer, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id") if getattr(tokenizer, name) is not None}
 
 
 def encoder_for(config: BiPRMConfig, tokenizer: PreTrainedTokenizerBase, max_length: int, overlength: str = "head") -> Encoder:

@@ -6,6 +6,9 @@ what biprm's value head produces: a two-class head becomes the difference of its
 read-out the difference of those two rows of its LM head, and Qwen's Linear -> ReLU -> Linear head stays whole
 with its last layer so differenced. The body is the checkpoint's own, built by transformers from its config
 (never its remote code). Templates and tags live in `biprm.data.template`; the model is built in `biprm.modeling`.
+
+The implicit kind (EurusPRM) has no head: its step score is a sum of per-token log-ratios between the PRM and a
+reference LM, a logit too, which `biprm.implicit` reads from the two models' vocabulary logits.
 """
 from __future__ import annotations
 
@@ -50,12 +53,23 @@ class Kind:
 
     name: str
     architectures: tuple[str, ...]
-    head: str  # "linear": Linear(H, 1); "mlp": Linear(H, H) -> ReLU -> Linear(H, 1)
+    head: str  # "linear": Linear(H, 1); "mlp": Linear(H, H) -> ReLU -> Linear(H, 1); "implicit": no head (biprm.implicit)
     head_keys: tuple[str, ...]  # checkpoint tensors the head is built from (any one of a group of alternatives)
-    read_head: Callable[[Tensors, tuple[int, int]], Tensors]
+    read_head: Callable[[Tensors, tuple[int, int]], Tensors] | None
     aggregation: str = "min"
     source: str = ""
     plus_minus: Callable[[object], tuple[int, int]] | None = None  # (good, bad) token ids, for LM-head read-outs
+    beta: float = 0.0  # an implicit PRM's coefficient on its log-ratio against the reference model
+
+    @property
+    def implicit(self) -> bool:
+        """Scored as beta * log(pi / pi_ref) summed over the tokens read so far: two causal LMs, no value head."""
+        return self.head == "implicit"
+
+    @property
+    def causal(self) -> bool:
+        """Read from a causal LM's vocabulary logits, so any causal LM's folder may hold one: its name or --prm-kind says."""
+        return self.plus_minus is not None or self.implicit
 
 
 def _shepherd_ids(tokenizer) -> tuple[int, int]:
@@ -87,12 +101,15 @@ KINDS = {
         "rlhflow", ("LlamaForCausalLM",), "linear", ("lm_head.weight|model.embed_tokens.weight",), _lm_head,
         aggregation="mean", source="RLHFlow/RLHF-Reward-Modeling math-rm (softmax over '+'/'-' before the assistant's answer)",
         plus_minus=_rlhflow_ids),
+    "eurus-prm": Kind(
+        "eurus-prm", ("Qwen2ForCausalLM",), "implicit", (), None, aggregation="min", beta=0.001,
+        source="PRIME-RL/EurusPRM-Stage1 and -Stage2 cards (beta * log-ratio to the reference, summed up to each step)"),
     "token-classification": Kind(
         "token-classification", ("ForTokenClassification",), "linear", ("score.weight", "score.bias"),
         lambda t, ids: _rows(t["score.weight"], t.get("score.bias"), 1, 0),
         aggregation="min", source="TRL PRMTrainer (2 labels, class 1 = correct, at each separator)"),
 }
-CAUSAL_HINTS = {"math-shepherd": "math-shepherd", "rlhflow": "rlhflow"}  # a causal-LM PRM's name -> its kind
+CAUSAL_HINTS = {"math-shepherd": "math-shepherd", "rlhflow": "rlhflow", "eurusprm": "eurus-prm", "eurus-prm": "eurus-prm"}  # name -> kind
 
 
 def read_config(folder: str | Path) -> dict:
@@ -116,22 +133,46 @@ def detect(folder: str | Path, kind: str | None = None) -> str:
         if kind not in KINDS:
             raise UnknownPRM(f"--prm-kind {kind!r}: not one of biprm, {', '.join(KINDS)}")
         spec = KINDS[kind]  # a causal-LM read-out fits any causal LM; a head of its own needs its own architecture
-        if not any(a.endswith(k) for a in arch for k in spec.architectures) and not (_causal(arch) and spec.plus_minus):
+        if not any(a.endswith(k) for a in arch for k in spec.architectures) and not (_causal(arch) and spec.causal):
             raise UnknownPRM(f"{seen}: not a {kind} checkpoint (it expects {' or '.join(KINDS[kind].architectures)})")
         return kind
     for name, spec in KINDS.items():
-        if spec.architectures[0] in ("MistralForCausalLM", "LlamaForCausalLM"):
+        if spec.causal:
             continue  # a causal LM says nothing of its read-out: named below, or by hand
         if any(a.endswith(k) for a in arch for k in spec.architectures):
             return name
     if _causal(arch):
         named = str(config.get("_name_or_path", "")).lower() + " " + str(folder).lower()
-        hits = [kind for hint, kind in CAUSAL_HINTS.items() if hint in named]
+        hits = sorted({kind for hint, kind in CAUSAL_HINTS.items() if hint in named})
         if len(hits) == 1:
             return hits[0]
-        raise UnknownPRM(f"{seen}: a causal LM, whose read-out its config does not say; pass --prm-kind math-shepherd "
-                         "or --prm-kind rlhflow (or train a biprm on it: biprm train --backbone ...)")
+        raise UnknownPRM(f"{seen}: a causal LM, whose read-out its config does not say; pass --prm-kind math-shepherd, "
+                         "rlhflow or eurus-prm (or train a biprm on it: biprm train --backbone ...)")
     raise UnknownPRM(f"{seen}: no PRM kind biprm knows ({', '.join(['biprm', *KINDS])}); see docs/PRMS.md to add one")
+
+
+def folder_config(folder: str | Path):
+    """The config transformers builds for the folder's model_type, from its config.json: its remote code (auto_map)
+    and the architecture names that would pick it are left out."""
+    from transformers import AutoConfig
+
+    raw = read_config(folder)
+    return AutoConfig.for_model(**{k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "model_type")},
+                                model_type=raw["model_type"])
+
+
+def check_reference(path: str, kind: str | None, reference: str | None) -> None:
+    """Before anything loads: an implicit PRM's folder (of `kind`, or as detected) needs the folder of a reference LM."""
+    if not (Path(path) / "config.json").is_file():
+        return
+    kind = detect(path, kind)
+    if kind not in KINDS or not KINDS[kind].implicit:
+        return
+    if reference is None:
+        raise UnknownPRM(f"{path}: a {kind} PRM scores each step against a reference LM; pass --prm-reference FOLDER "
+                         "(EurusPRM's cards use Qwen2.5-Math-7B-Instruct)")
+    if not (Path(reference) / "config.json").is_file():
+        raise UnknownPRM(f"--prm-reference {reference}: no config.json there; pass the reference LM's folder")
 
 
 def _causal(arch: tuple[str, ...]) -> bool:

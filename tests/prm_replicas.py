@@ -15,12 +15,15 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          PreTrainedTokenizerFast, Qwen2Config, Qwen2ForTokenClassification, Qwen2Model)
+                          PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification, Qwen2Model)
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<extra_0>"]
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 QWEN_CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Qwen2.5-Math-Instruct's template (EurusPRM's base): a conversation without a system turn gets the default one
+EURUS_CHAT = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nPlease reason step by step, and put your final "
+              "answer within \\boxed{}.<|im_end|>\n{% endif %}" + QWEN_CHAT)
 LLAMA_CHAT = ("{{ bos_token }}<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
               "Today Date: 26 Jul 2024\n\n<|eot_id|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
               "\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}")
@@ -82,7 +85,12 @@ def build(kind: str, out: Path, heads: int = 4) -> Path:
     """The replica of `kind` in `out` (created), seeded. vLLM's CPU attention takes head sizes from 32: `heads=1` gives one."""
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    if kind in ("qwen-prm", "skywork-prm", "token-classification"):
+    if kind == "eurus-prm":  # the implicit PRM and, beside it, its reference LM: two causal LMs with one tokenizer
+        tok = _tokenizer(QWEN_SPECIALS, None, "<|im_end|>", EURUS_CHAT)
+        for folder in (out, reference_lm(out)):
+            Qwen2ForCausalLM(_small(Qwen2Config, len(tok), heads, tie_word_embeddings=False)).save_pretrained(folder)
+            tok.save_pretrained(folder)
+    elif kind in ("qwen-prm", "skywork-prm", "token-classification"):
         tok = _tokenizer(QWEN_SPECIALS, "<|im_start|>" if kind == "skywork-prm" else None, "<|im_end|>", QWEN_CHAT)
         config = _small(Qwen2Config, len(tok), heads, tie_word_embeddings=False)
         if kind == "token-classification":
@@ -113,6 +121,11 @@ def build(kind: str, out: Path, heads: int = 4) -> Path:
         raise ValueError(kind)
     tok.save_pretrained(out)
     return out
+
+
+def reference_lm(folder: Path) -> Path | None:
+    """Where a replica's reference LM is (an implicit PRM's), or None for kinds that need none."""
+    return folder.with_name(folder.name + "-reference") if folder.name.startswith("eurus") else None
 
 
 # --- the cards' reference code, transcribed -------------------------------------------------------------
@@ -206,5 +219,34 @@ def reference_token_classification(folder: Path, question: str, steps: list[str]
     return logits[0, ends].softmax(-1)[:, 1].tolist()
 
 
+@torch.no_grad()
+def eurus_logits(folder: Path, question: str, steps: list[str]) -> list[float]:
+    """EurusPRM cards: the conversation [user: question, assistant: steps joined by "\\n\\n"], chat-templated; each
+    prefix's end found as len(ids) - 2 of its stripped chat text (with "\\n\\n" added but for none or all steps);
+    beta (0.001) times the per-token log-ratio of the PRM to the reference, masked before the first end, summed
+    cumulatively and taken at the other ends: q per step, a logit."""
+    tok = AutoTokenizer.from_pretrained(folder)
+    chat = lambda answer: tok.apply_chat_template([{"role": "user", "content": question}, {"role": "assistant", "content": answer}],  # noqa: E731
+                                                  tokenize=False)
+    ids = torch.tensor([tok.encode(chat("\n\n".join(steps)), add_special_tokens=False)])
+    ends = []
+    for k in range(len(steps) + 1):
+        text = chat("\n\n".join(steps[:k])).strip() + ("\n\n" if 0 < k < len(steps) else "")
+        ends.append(len(tok.encode(text, add_special_tokens=False)) - 2)
+
+    def logps(path: Path) -> torch.Tensor:
+        logits = Qwen2ForCausalLM.from_pretrained(path).eval()(ids).logits[:, :-1]
+        return logits.log_softmax(-1).gather(2, ids[:, 1:, None])[..., 0]
+
+    mask = torch.zeros_like(ids)
+    mask[0, ends[0]:] = 1
+    q = (0.001 * (logps(folder) - logps(reference_lm(folder))) * mask[:, 1:]).cumsum(-1)
+    return q[0, ends[1:]].tolist()
+
+
+def reference_eurus_prm(folder: Path, question: str, steps: list[str]) -> list[float]:
+    return torch.sigmoid(torch.tensor(eurus_logits(folder, question, steps), dtype=torch.float64)).tolist()
+
+
 REFERENCES = {"qwen-prm": reference_qwen_prm, "skywork-prm": reference_skywork_prm, "math-shepherd": reference_math_shepherd,
-              "rlhflow": reference_rlhflow, "token-classification": reference_token_classification}
+              "rlhflow": reference_rlhflow, "token-classification": reference_token_classification, "eurus-prm": reference_eurus_prm}

@@ -9,9 +9,10 @@ from biprm.data.trajectory import DataError
 from biprm.modeling import BiPRMModel, from_prm
 from biprm.prms import KINDS, UnknownPRM, detect
 from biprm.scoring.aggregate import sigmoid
-from tests.prm_replicas import PROBLEMS, REFERENCES, build
+from tests.prm_replicas import PROBLEMS, REFERENCES, build, eurus_logits, reference_lm
 
 KIND_NAMES = sorted(REFERENCES)
+HEAD_KINDS = [k for k in KIND_NAMES if not KINDS[k].implicit]  # the kinds a BiPRM can be built on
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def trajectories():
 def test_each_kind_scores_as_its_reference_code(replicas, kind):
     folder = replicas[kind]
     assert detect(folder) == kind
-    scorer = Scorer.from_pretrained(str(folder), device="cpu")
+    scorer = Scorer.from_pretrained(str(folder), device="cpu", prm_reference=reference_lm(folder))
     assert scorer.mode == "l2r" and scorer.model.config.prm_kind == kind
     encs, problems = scorer.encode(trajectories())
     assert not problems
@@ -37,7 +38,7 @@ def test_each_kind_scores_as_its_reference_code(replicas, kind):
         np.testing.assert_allclose(scores.of(i, "l2r"), REFERENCES[kind](folder, q, steps), atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", KIND_NAMES)
+@pytest.mark.parametrize("kind", HEAD_KINDS)
 def test_made_bidirectional_it_starts_as_the_source(replicas, kind):
     """--init-from: the L2R stream is the source exactly, and the gate leans on it, so fused is the source within 1e-3."""
     folder = replicas[kind]
@@ -212,3 +213,89 @@ def test_a_named_kind_reaches_every_command_for_a_folder_whose_config_cannot_say
     data.write_text("".join(json.dumps({"id": f"r{i}", "problem": q, "steps": s, "label": -1}) + "\n" for i, (q, s) in enumerate(PROBLEMS)))
     main(["eval", "processbench", "--model", str(plain), "--prm-kind", "math-shepherd", "--data", str(data), "--out", str(tmp_path / "ev")])
     assert "| math-shepherd (as shipped)" in (tmp_path / "ev" / "processbench.md").read_text()
+
+
+def eurus(replicas, mode="l2r", **kwargs) -> Scorer:
+    folder = replicas["eurus-prm"]
+    return Scorer.from_pretrained(str(folder), device="cpu", prm_reference=str(reference_lm(folder)), prm_mode=mode, **kwargs)
+
+
+def test_an_implicit_prm_reads_the_cards_log_ratios_in_both_streams(replicas):
+    """EurusPRM's q per step (a logit of about 1e-3 here, where one token's share is about 1e-4) equals the card's code
+    within 1e-8, with its read positions (one token past a step's "\\n\\n", the end token after the last step); the
+    reversed stream is the card's code on the reversed steps; bi-static is their mean. A one-step path ends at once."""
+    folder = replicas["eurus-prm"]
+    problems = PROBLEMS + [(PROBLEMS[0][0], PROBLEMS[0][1][:1])]
+    scorer = eurus(replicas, "bi-static")
+    scores = scorer.score(scorer.encode([Trajectory(q, s) for q, s in problems])[0], progress=False)
+    for i, (q, steps) in enumerate(problems):
+        at = slice(scores.offsets[i], scores.offsets[i + 1])
+        np.testing.assert_allclose(scores.l2r[at], eurus_logits(folder, q, steps), rtol=0, atol=1e-8)
+        np.testing.assert_allclose(scores.r2l[at], eurus_logits(folder, q, steps[::-1])[::-1], rtol=0, atol=1e-8)
+    np.testing.assert_allclose(scores.fused, (scores.l2r + scores.r2l) / 2)
+    assert np.abs(scores.l2r).max() > 1e-4 and not np.allclose(scores.l2r, scores.r2l, atol=1e-6)
+
+
+def test_an_implicit_prm_is_refused_where_it_cannot_go(replicas, tmp_path):
+    """No reference, a reference of another vocabulary, a learned gate, --init-from and windows: one line each."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    folder = replicas["eurus-prm"]
+    with pytest.raises(UnknownPRM, match="pass --prm-reference FOLDER"):
+        Scorer.from_pretrained(str(folder), device="cpu")
+    with pytest.raises(UnknownPRM, match="no config.json there"):
+        Scorer.from_pretrained(str(folder), device="cpu", prm_reference=str(tmp_path))
+    other = tmp_path / "other"
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                 num_key_value_heads=2)).save_pretrained(other)
+    with pytest.raises(UnknownPRM, match="vocabulary of 50 tokens"):
+        Scorer.from_pretrained(str(folder), device="cpu", prm_reference=str(other))
+    with pytest.raises(UnknownPRM, match="needs a gate to train"):
+        eurus(replicas, "bi")
+    with pytest.raises(UnknownPRM, match="has no value head"):
+        from_prm(str(folder))
+    with pytest.raises(ValueError, match="--overlength window"):
+        eurus(replicas, overlength="window")
+
+
+def test_an_implicit_prm_reaches_score_eval_and_search(replicas, tmp_path):
+    """--prm-reference through the CLI: score's rows are the card's, eval prints its three rows, a search ranks by it."""
+    import json
+
+    from biprm.cli import main
+    from biprm.scoring.prefix import PrefixScorer
+
+    folder, ref = replicas["eurus-prm"], str(reference_lm(replicas["eurus-prm"]))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"question": q, "steps": s}) + "\n" for q, s in PROBLEMS))
+    main(["score", "--model", str(folder), "--prm-reference", ref, "--input", str(rows), "--output", str(tmp_path / "out.jsonl")])
+    got = [json.loads(line)["l2r"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    for (q, steps), scores in zip(PROBLEMS, got):
+        np.testing.assert_allclose(scores, REFERENCES["eurus-prm"](folder, q, steps), atol=1e-5)
+    data = tmp_path / "first_error.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "problem": q, "steps": s, "label": (i % 3) - 1}) + "\n"
+                            for i, (q, s) in enumerate(PROBLEMS * 2)))
+    main(["eval", "processbench", "--model", str(folder), "--prm-reference", ref, "--data", str(data), "--out", str(tmp_path / "ev")])
+    table = (tmp_path / "ev" / "processbench.md").read_text()
+    for row in ("eurus-prm (as shipped)", "eurus-prm: steps reversed, zero-shot", "baseline: always step 0"):
+        assert f"| {row}" in table, row
+    prefix = PrefixScorer.from_pretrained(str(folder), device="cpu", prm_reference=ref)
+    for depth in (1, 2):
+        paths = [steps[:depth] for _, steps in PROBLEMS]
+        for (q, _), path, score in zip(PROBLEMS, paths, prefix.score([q for q, _ in PROBLEMS], paths, streams="l2r")):
+            np.testing.assert_allclose(score.fused, eurus_logits(folder, q, path), atol=1e-8)
+
+
+def test_a_search_with_an_implicit_prm_and_no_reference_stops_before_anything_loads(replicas, tmp_path):
+    import json
+
+    from biprm.checkpoint import NotACheckpoint
+    from biprm.search.config import SearchConfig
+    from biprm.search.run import run_search
+
+    data = tmp_path / "questions.jsonl"
+    data.write_text(json.dumps({"question": "What is 2 + 3?", "answer": "5"}) + "\n")
+    cfg = SearchConfig(out=str(tmp_path / "out"), data=str(data), prm=[str(replicas["eurus-prm"])], algorithms=["bon"], n=[2])
+    with pytest.raises(NotACheckpoint, match="--prm .*pass --prm-reference FOLDER"):
+        run_search(cfg)
+    assert not (tmp_path / "out").exists()

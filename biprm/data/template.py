@@ -43,6 +43,7 @@ class Template:
     joint: bool = False
     unique_tag: bool = True
     bos: str = "ids"
+    close: str = ""  # the token a chat template ends the answer with, where a kind's score reads it (biprm.implicit)
 
     def render(self, question: str, steps: list[str]) -> tuple[str, list[str]]:
         """(prompt text, each step's text with its tag), in forward order."""
@@ -83,6 +84,10 @@ TEMPLATES = {
                    f"<|start_header_id|>user<|end_header_id|>\n\n{q.lstrip()} "),
         _rlhflow_step, "\n\n", joint=True, unique_tag=False, bos="none",
     ),
+    # EurusPRM (implicit): the chat template, steps joined by "\n\n"; the <|im_end|> that closes the answer follows only a
+    # stream's last step, so the model reads it there itself (biprm.implicit) rather than as part of a step
+    "eurus-prm": Template("eurus-prm", _qwen_chat, lambda s, t: s, "\n\n", joint=True, unique_tag=False, bos="none",
+                          close="<|im_end|>"),
     # TRL's PRMTrainer: bos + prompt ids + (step ids + separator ids) per step
     "token-classification": Template("token-classification", lambda q: q, lambda s, t: s, "\n", unique_tag=False),
 }

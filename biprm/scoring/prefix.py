@@ -14,7 +14,7 @@ the nodes on the paths of that call are kept, so memory follows the live paths o
 search, not its history, and at most `max_cache_mb` of step nodes stay: past it, the steps
 of the call's last paths are dropped, and those paths rerun from their prompt if they grow.
 `incremental=False` drops every node before each call: L2R from scratch, each question's
-prompt still run once per call, for comparison.
+prompt still run once per call, for comparison. An implicit PRM (biprm.implicit) reads every path whole.
 """
 from __future__ import annotations
 
@@ -109,6 +109,11 @@ class PrefixScorer:
         if not encs:  # nothing fits: every path is flagged, none scored
             none = lambda s: np.zeros(0) if s in self.model.streams else None  # noqa: E731
             return path_scores(lengths, dropped, none("l2r"), none("r2l"), np.zeros(0), streams)
+        if self.scorer.implicit:  # two LMs and no tag states to cache: each path is read whole, from its question on
+            scores = self.scorer.score(encs, progress=False)
+            for stream in self.model.streams:
+                self.tokens[stream] += sum(e.n_tokens for e in encs)
+            return path_scores(lengths, dropped, scores.l2r, scores.r2l, scores.fused, streams)
         return self._path_scores(*self._tag_states(keys, encs, run_l2r, run_r2l), lengths, dropped, streams)
 
     def _tag_states(self, keys: list[Key], encs: list[Encoded], run_l2r: bool, run_r2l: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -22,18 +22,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from biprm.backbones import load_tokenizer
-from biprm.checkpoint import check_layout
+from biprm.checkpoint import check_checkpoint, check_layout
 from biprm.config import MAX_LENGTH, MODE_TABLE, TOKENS_PER_ROW, ScorerSettings
 from biprm.data.encoding import Encoded, first_runs, step_windows, stream_order
 from biprm.data.trajectory import DataError, Trajectory, validate
+from biprm.implicit import ImplicitPRM, from_implicit
 from biprm.modeling import BiPRMModel, BiPRMOutput, encoder_for
 from biprm.packing import check_tags, pack, pack_cached, token_runs
+from biprm.prms import KINDS, detect
 from biprm.scoring.step_scores import StepScores, concat, offsets_of, step_positions
 
 log = logging.getLogger(__name__)
@@ -83,7 +86,7 @@ def device_budgets(model: BiPRMModel) -> Budgets:
 class Scorer:
     def __init__(
         self,
-        model: BiPRMModel,
+        model: BiPRMModel | ImplicitPRM,
         tokenizer,
         max_length: int = MAX_LENGTH,
         tokens_per_batch: int | None = None,
@@ -97,6 +100,10 @@ class Scorer:
         `overlength` is what a trajectory past `max_length` gets (biprm.data.encoding.Encoder)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
+        self.implicit = isinstance(model, ImplicitPRM)  # its own layout: plain causal rows, read from vocabulary logits
+        if self.implicit and overlength == "window":
+            raise ValueError(f"--overlength window: an implicit PRM ({model.config.prm_kind}) sums its log-ratios from the "
+                             "question on, so a window that starts later changes every score; use head, tail or refuse")
         window = getattr(model.config.backbone_config, "max_position_embeddings", None)
         if model.config.prm_kind != "biprm" and window and max_length > window:  # a PRM trained elsewhere declares its window
             log.warning("max_length %d is past the %s PRM's window of %d positions: each stream reads at most %d tokens, "
@@ -113,22 +120,29 @@ class Scorer:
     @classmethod
     def from_pretrained(cls, path: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                         max_length: int = MAX_LENGTH, attn_implementation: str = "sdpa", prm_kind: str | None = None,
-                        prm_mode: str = "l2r", **kwargs) -> "Scorer":
+                        prm_mode: str = "l2r", prm_reference: str | None = None, **kwargs) -> "Scorer":
         """A biprm checkpoint, or the folder of another PRM kind (biprm.prms: detected, or named by `prm_kind`), read
-        as shipped (`prm_mode` l2r) or also reversed, zero-shot, with the static average of the two (bi-static)."""
+        as shipped (`prm_mode` l2r) or also reversed, zero-shot, with the static average of the two (bi-static). An
+        implicit PRM (biprm.implicit) is read against the reference LM in `prm_reference`."""
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        model = BiPRMModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, prm_kind=prm_kind,
-                                           prm_mode=prm_mode).to(device)
+        check_checkpoint(path, prm_kind)
+        tokenizer = load_tokenizer(path)
+        kind = detect(path, prm_kind) if Path(path).is_dir() else "biprm"
+        if kind in KINDS and KINDS[kind].implicit:
+            model = from_implicit(path, kind, prm_reference, tokenizer, prm_mode, dtype, attn_implementation).to(device)
+        else:
+            model = BiPRMModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, prm_kind=prm_kind,
+                                               prm_mode=prm_mode).to(device)
         check_layout(model.config, path)
-        return cls(model, load_tokenizer(path), max_length, **kwargs)
+        return cls(model, tokenizer, max_length, **kwargs)
 
     @classmethod
     def from_settings(cls, path: str, settings: ScorerSettings, device: str | torch.device | None = None, prm_mode: str = "l2r") -> "Scorer":
         """The scorer the flags of `score`, `eval` and `serve` describe; `device` overrides theirs."""
         return cls.from_pretrained(
             path, device=device or settings.device, max_length=settings.max_length, attn_implementation=settings.attn_implementation,
-            prm_kind=settings.prm_kind, prm_mode=prm_mode,
+            prm_kind=settings.prm_kind, prm_mode=prm_mode, prm_reference=settings.prm_reference,
             tokens_per_batch=settings.tokens_per_batch, tokens_per_call=settings.tokens_per_call, tokens_per_row=settings.tokens_per_row or None,
             overlength=settings.overlength,
         )
@@ -200,8 +214,8 @@ class Scorer:
         unique = [encs[i] for i in distinct]
         windowed = np.array([e.windowed for e in unique], dtype=bool)
         plain = [e for e in unique if not e.windowed]
-        cached = self.prefix_cache
-        if cached is None:
+        cached = self.prefix_cache and not self.implicit
+        if cached is None and not self.implicit:
             cached = len(plain) >= CACHE_FROM * len({tuple(e.prompt) for e in plain})
         scores = self._score(plain, cached, progress)
         if windowed.any():
@@ -247,6 +261,9 @@ class Scorer:
         device = self.model.device
         for idx in tqdm(self.batches(encs, cached), desc=f"scoring ({self.mode})", disable=not progress, unit="batch"):
             items, pad = [encs[i] for i in idx], self.tokenizer.pad_token_id
+            if self.implicit:
+                collect(idx, self.model(items))
+                continue
             if cached:
                 batch = pack_cached(items, self.mode, self.tokens_per_call, pad)
             else:

@@ -68,6 +68,7 @@ class SearchConfig:
                                        "GSM8K's fallback, instead of as no answer")
     grade_timeout: float = arg(5.0, "seconds per grade; a grade that takes longer is 'unknown', not wrong", above=0)
     prm_max_length: int | None = arg(None, "PRM tokens per stream (default: the checkpoint's); steps past it are flagged, not scored", min=1)
+    prm_reference: str | None = arg(None, "for an implicit PRM among --prm (eurus-prm): the folder of its reference LM")
     show_progress: bool = arg(True, "a progress bar over questions, saying what runs now (policy depth, PRM call)")
     prm_cache_mb: float = arg(4096, "PRM keys and values kept between calls (incremental L2R), per PRM; past it, paths rerun from their "
                                     "prompt: same scores, more tokens", min=0)

@@ -79,7 +79,8 @@ def build_scorer(cfg: SearchConfig, prm: str) -> PathScorer:
         return NoiseScorer(cfg.seed)
     from biprm.scoring.prefix import PrefixScorer  # lazily: the prefix scorer loads torch and the checkpoint
 
-    return PrefixScorer.from_pretrained(prm, max_cache_mb=cfg.prm_cache_mb, **({"max_length": cfg.prm_max_length} if cfg.prm_max_length else {}))
+    return PrefixScorer.from_pretrained(prm, max_cache_mb=cfg.prm_cache_mb, prm_reference=cfg.prm_reference,
+                                        **({"max_length": cfg.prm_max_length} if cfg.prm_max_length else {}))
 
 
 def scores_row(p: SearchPath) -> dict:
@@ -405,9 +406,12 @@ def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorers: lis
     if not questions:
         raise ValueError(f"--data {cfg.data}: holds no question")
     for prm in [p for p in cfg.prm if p != "noise"] if scorers is None else []:
+        from biprm.prms import check_reference  # lazily: it reads torch
+
         try:
             check_checkpoint(prm)  # any kind biprm reads (biprm.prms), named before the policy's minute of loading
-        except OSError as error:
+            check_reference(prm, None, cfg.prm_reference)
+        except (OSError, ValueError) as error:
             raise NotACheckpoint(f"--prm {error}") from None
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,130 @@
+"""Implicit PRMs (EurusPRM, PRIME): a step's score is a log-ratio between two causal LMs, read in either stream.
+
+An implicit PRM is an outcome reward model whose reward is r(y) = beta * log(pi(y) / pi_ref(y)), with pi the PRM and
+pi_ref a reference LM. Its value after t tokens,
+
+    q_t = beta * sum_{i <= t} [log pi(y_i | y_<i) - log pi_ref(y_i | y_<i)],
+
+is a logit: sigmoid(q_t) is the chance the answer turns out right, so it is what biprm's value heads give per step,
+and every aggregation, metric and table reads it unchanged. A step's score is q where the card reads it (`stream_row`);
+the R2L stream is the card's text of the same steps in reverse order, read the same way, zero-shot.
+There is no head, so nothing here trains: a gate cannot be learned, and only l2r, r2l and bi-static are read.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from biprm.config import MODE_TABLE
+from biprm.data.encoding import Encoded, stream_order
+from biprm.data.template import TEMPLATES
+from biprm.modeling import BiPRMConfig, BiPRMOutput, check_attention, special_ids
+from biprm.prms import KINDS, UnknownPRM, check_reference, folder_config
+
+LOGIT_CHUNK = 512  # positions whose vocabulary logits exist at once: memory is chunk x vocabulary, not length x vocabulary
+MODES = ("l2r", "r2l", "bi-static")  # an implicit PRM has no gate to learn
+
+
+def stream_row(enc: Encoded, stream: str, tag_length: int, close_id: int) -> tuple[list[int], np.ndarray]:
+    """One stream as the card's chat text: the prompt, then the steps in the stream's order joined by the tag ("\\n\\n"),
+    the answer closed by the end token (<|im_end|>, `Template.close`) in place of the last step's tag; and, in forward
+    step order, the index j of each step's q among the row's log-ratios (j is that of token j + 1). As the EurusPRM
+    cards index it (`len(ids) - 2` of each prefix's chat text), q of a step the stream goes on after runs through the
+    token after its tag (the next step's first), and q of the stream's last step through the end token."""
+    pieces = stream_order(enc.steps, stream)
+    pieces = [*pieces[:-1], pieces[-1][:-tag_length] + [close_id]]
+    reads = len(enc.prompt) - 1 + np.cumsum([len(p) for p in pieces])
+    reads[-1] -= 1
+    return enc.prompt + [t for p in pieces for t in p], stream_order(reads, stream)
+
+
+class ImplicitPRM(nn.Module):
+    """The PRM and its reference, each a causal LM built by transformers from its folder's config (no remote code),
+    with `BiPRMModel`'s config fields and output, so `Scorer` and everything above it read it as any PRM."""
+
+    def __init__(self, policy: PreTrainedModel, reference: PreTrainedModel, config: BiPRMConfig, beta: float, close_id: int,
+                 tag_length: int):
+        super().__init__()
+        if config.mode not in MODES:
+            raise UnknownPRM(f"an implicit PRM reads the modes {', '.join(MODES)}; {config.mode!r} needs a gate to train, "
+                             "and it has no head to train one on")
+        self.policy, self.reference, self.config = policy, reference, config
+        self.beta, self.close_id, self.tag_length = beta, close_id, tag_length
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return MODE_TABLE[self.config.mode].streams
+
+    @property
+    def device(self) -> torch.device:
+        return self.policy.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.policy.dtype
+
+    def forward(self, encs: list[Encoded]) -> BiPRMOutput:
+        """Per-step logits of each stream, forward step order, flat over `encs`; every stream is a plain causal row."""
+        built = [stream_row(e, s, self.tag_length, self.close_id) for s in self.streams for e in encs]
+        width = max(len(row) for row, _ in built)
+        ids = torch.full((len(built), width), self.config.pad_token_id or 0, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, (row, _) in enumerate(built):
+            ids[r, : len(row)], mask[r, : len(row)] = torch.tensor(row), 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        ratio = self.beta * (next_token_logps(self.policy, ids, mask) - next_token_logps(self.reference, ids, mask))
+        starts = torch.tensor([len(e.prompt) - 2 for e in encs] * len(self.streams), device=self.device)
+        counted = torch.arange(width - 1, device=self.device)[None] >= starts[:, None]  # from the prompt's last token, as the cards do
+        q = torch.cumsum(ratio * counted, dim=1)
+        rows = torch.from_numpy(np.repeat(np.arange(len(built)), [len(reads) for _, reads in built])).to(self.device)
+        at = torch.from_numpy(np.concatenate([reads for _, reads in built])).to(self.device)
+        per_stream = q[rows, at].split(len(at) // len(self.streams))
+        out = dict(zip(self.streams, per_stream))
+        l2r, r2l = out.get("l2r"), out.get("r2l")
+        sigma = torch.full_like(l2r, 0.5) if MODE_TABLE[self.config.mode].fusion == "static" else None
+        fused = l2r if r2l is None else r2l if l2r is None else sigma * l2r + (1 - sigma) * r2l
+        return BiPRMOutput(fused=fused, l2r=l2r, r2l=r2l, sigma=sigma)
+
+
+def next_token_logps(lm: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[R, L - 1]: log p(token j + 1 | tokens up to j), in fp32. The LM head runs a chunk of positions at a time, so no
+    [R, L, vocabulary] tensor is ever made."""
+    hidden = lm.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
+    flat, targets = hidden.reshape(-1, hidden.shape[-1]), ids[:, 1:].reshape(-1)
+    head, out = lm.get_output_embeddings(), torch.empty(len(flat), device=ids.device)
+    for a in range(0, len(flat), LOGIT_CHUNK):
+        logits = head(flat[a : a + LOGIT_CHUNK]).float()
+        out[a : a + LOGIT_CHUNK] = logits.gather(1, targets[a : a + LOGIT_CHUNK, None])[:, 0] - logits.logsumexp(-1)
+    return out.view(hidden.shape[:2])
+
+
+def causal_lm(path: str | Path, dtype: torch.dtype, attn_implementation: str) -> PreTrainedModel:
+    """A causal LM from its folder, built by transformers from the config's model_type (auto_map and remote code ignored)."""
+    config = folder_config(path)
+    model = AutoModelForCausalLM._model_mapping[type(config)].from_pretrained(path, config=config, dtype=dtype)
+    model.set_attn_implementation(attn_implementation)  # given a config, from_pretrained leaves its kernel unset
+    return model.eval()
+
+
+def from_implicit(path: str, kind: str, reference: str | None, tokenizer: PreTrainedTokenizerBase, mode: str = "l2r",
+                  dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa") -> ImplicitPRM:
+    """The implicit PRM in `path` against the reference LM in `reference`, read in `mode` (l2r: as its card reads it)."""
+    check_reference(path, kind, reference)
+    check_attention(attn_implementation)
+    policy, ref = (causal_lm(p, dtype, attn_implementation) for p in (path, reference))
+    if ref.config.vocab_size != policy.config.vocab_size:
+        raise UnknownPRM(f"--prm-reference {reference}: a vocabulary of {ref.config.vocab_size} tokens, where {path} has "
+                         f"{policy.config.vocab_size}: the log-ratio needs both to read the same tokens")
+    template = TEMPLATES[kind]
+    tag = tokenizer.encode(template.tag, add_special_tokens=False)
+    config = BiPRMConfig(backbone_config=copy.deepcopy(policy.config), mode=mode, step_tag_id=tag[-1], prm_kind=kind,
+                         value_head="implicit", **special_ids(tokenizer))  # a copy of the LM's config: BiPRMConfig would reset its kernel
+    close = tokenizer.encode(template.close, add_special_tokens=False)
+    if len(close) != 1:
+        raise UnknownPRM(f"{path}: its tokenizer encodes {template.close!r}, which closes a {kind} answer, to {close}, not one token")
+    return ImplicitPRM(policy, ref, config, KINDS[kind].beta, close[0], len(tag))
