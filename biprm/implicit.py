@@ -77,18 +77,25 @@ class ImplicitPRM(nn.Module):
         for r, (row, _) in enumerate(built):
             ids[r, : len(row)], mask[r, : len(row)] = torch.tensor(row), 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        ratio = self.beta * (next_token_logps(self.policy, ids, mask) - next_token_logps(self.reference, ids, mask))
-        starts = torch.tensor([len(e.prompt) - 2 for e in encs] * len(self.streams), device=self.device)
-        counted = torch.arange(width - 1, device=self.device)[None] >= starts[:, None]  # from the prompt's last token, as the cards do
-        q = torch.cumsum(ratio * counted, dim=1)
-        rows = torch.from_numpy(np.repeat(np.arange(len(built)), [len(reads) for _, reads in built])).to(self.device)
-        at = torch.from_numpy(np.concatenate([reads for _, reads in built])).to(self.device)
-        per_stream = q[rows, at].split(len(at) // len(self.streams))
-        out = dict(zip(self.streams, per_stream))
-        l2r, r2l = out.get("l2r"), out.get("r2l")
-        sigma = torch.full_like(l2r, 0.5) if MODE_TABLE[self.config.mode].fusion == "static" else None
-        fused = l2r if r2l is None else r2l if l2r is None else sigma * l2r + (1 - sigma) * r2l
-        return BiPRMOutput(fused=fused, l2r=l2r, r2l=r2l, sigma=sigma)
+        ratio = next_token_logps(self.policy, ids, mask) - next_token_logps(self.reference, ids, mask)
+        return read_steps(self.beta * ratio, built, [len(e.prompt) for e in encs], self.config.mode)
+
+
+def read_steps(ratio: torch.Tensor, built: list[tuple[list[int], np.ndarray]], prompt_lengths: list[int], mode: str) -> BiPRMOutput:
+    """The per-step logits of `stream_row`'s rows (`built`, stream by stream, each over the same trajectories) from their
+    beta-scaled per-token log-ratios [rows, width - 1] (right-padded): q summed from the prompt's last token, as the
+    cards' mask does, and read where `stream_row` says; bi-static fuses the streams' q half and half."""
+    streams = MODE_TABLE[mode].streams
+    starts = torch.tensor([p - 2 for p in prompt_lengths] * len(streams), device=ratio.device)
+    counted = torch.arange(ratio.shape[1], device=ratio.device)[None] >= starts[:, None]
+    q = torch.cumsum(ratio * counted, dim=1)
+    rows = torch.from_numpy(np.repeat(np.arange(len(built)), [len(reads) for _, reads in built])).to(ratio.device)
+    at = torch.from_numpy(np.concatenate([reads for _, reads in built])).to(ratio.device)
+    out = dict(zip(streams, q[rows, at].split(len(at) // len(streams))))
+    l2r, r2l = out.get("l2r"), out.get("r2l")
+    sigma = torch.full_like(l2r, 0.5) if MODE_TABLE[mode].fusion == "static" else None
+    fused = l2r if r2l is None else r2l if l2r is None else sigma * l2r + (1 - sigma) * r2l
+    return BiPRMOutput(fused=fused, l2r=l2r, r2l=r2l, sigma=sigma)
 
 
 def next_token_logps(lm: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
