@@ -15,7 +15,7 @@ import dataclasses
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, get_origin
@@ -38,8 +38,17 @@ def cmd_train(cfg: TrainConfig) -> None:
 def cmd_score(cfg: ScoreConfig) -> None:
     from biprm.scoring.score_file import score_file
 
-    n = score_file(cfg.model, cfg.input, cfg.output, fmt=cfg.format, skip_invalid=cfg.skip_invalid, settings=cfg, chunk=cfg.chunk,
-                   resume=cfg.resume, segmenter=cfg.segmenter)
+    try:
+        n = score_file(cfg.model, cfg.input, cfg.output, fmt=cfg.format, skip_invalid=cfg.skip_invalid, settings=cfg, chunk=cfg.chunk,
+                       resume=cfg.resume, segmenter=cfg.segmenter)
+    except KeyboardInterrupt:
+        parts = Path(cfg.output + ".parts")
+        if cfg.output == "-":
+            raise KeyboardInterrupt("what went to stdout is all it keeps (a run into an --output file can --resume)") from None
+        if not parts.is_dir():
+            raise KeyboardInterrupt("nothing was scored yet: the same command starts again") from None
+        raise KeyboardInterrupt(f"{lines(parts.glob('part-*.jsonl'))} scored rows are kept in {parts}: the same command "
+                                "with --resume goes on from there") from None
     print(f"scored {n} trajectories into {'stdout' if cfg.output == '-' else cfg.output}", file=sys.stderr)
 
 
@@ -83,7 +92,16 @@ def cmd_check(cfg: CheckConfig) -> None:
 def cmd_search(cfg: SearchConfig) -> None:
     from biprm.search.run import run_search
 
-    print(run_search(cfg))
+    try:
+        print(run_search(cfg))
+    except KeyboardInterrupt:
+        done = Path(cfg.out, "questions.jsonl")
+        raise KeyboardInterrupt(f"{lines([done])} questions are done in {done}: the same command goes on from there") from None
+
+
+def lines(files: Iterable[Path]) -> int:
+    """The complete lines (ended by a newline) of `files`, those that exist: the rows an interrupted run has kept."""
+    return sum(f.read_bytes().count(b"\n") for f in files if f.is_file())
 
 
 COMMANDS = {  # name: (settings, recipe, one-line help)
@@ -389,6 +407,11 @@ def _run(parser: argparse.ArgumentParser, chosen: argparse.ArgumentParser, comma
             raise
         print(f"{command}: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt as stop:  # Ctrl-C: one line, with what the run keeps and how to go on where the recipe says
+        if args.verbose:
+            raise
+        print(f"{command}: interrupted" + (f"; {stop}" if str(stop) else ""), file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

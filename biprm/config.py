@@ -132,7 +132,8 @@ class TrainConfig:
     max_tokens_per_row: int | None = arg(None, "pack several trajectories' streams into rows of this many tokens", min=1, group="compute")
     share_prefix: bool = arg(True, "encode the shared question once for both streams (tree attention)", group="compute")
     bf16: bool = arg(False, "bf16 autocast with fp32 master weights (GPU, or CPU autocast)", group="compute")
-    save_steps: int = arg(500, "optimizer steps between checkpoints", min=1, group="output")
+    save_steps: int | None = arg(None, "optimizer steps between checkpoints (default: a tenth of the run's steps, at most 500, "
+                                       "so that an interrupted run can --resume)", min=1, group="output")
     save_total_limit: int | None = arg(2, "checkpoints kept; older ones are deleted", min=1, group="output")
     logging_steps: int = arg(10, "optimizer steps between log lines", min=1, group="output")
     eval_fraction: float = arg(0.0, "rows held out for a validation loss at every save (the paper holds out 5 %%)", min=0, below=1, group="output")

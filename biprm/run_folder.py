@@ -187,6 +187,16 @@ def latest_complete(folder: Path) -> Path | None:
     return next((c for c in _checkpoints(folder) if judge(c, record)[1] is None and any(c.glob("*.safetensors"))), None)
 
 
+def kept(folder: str | Path) -> str:
+    """What an interrupted run leaves in `folder` and how to go on, in one line: the checkpoint a --resume would take."""
+    folder = Path(folder)
+    record = _saved(folder)
+    newest = next((c for c in _checkpoints(folder) if judge(c, record)[1] is None), None)
+    if newest is None:
+        return f"no checkpoint in {folder} yet: the same command with --resume starts it again"
+    return f"{newest} is saved: the same command with --resume goes on from its step {newest.name.split('-')[1]}"
+
+
 def overwrite_deletes(folder: Path) -> str:
     """What `--overwrite` deletes in `folder`, named wherever it is offered or done: a run's checkpoints are its trained steps."""
     found = [p.name for p in reversed(_checkpoints(folder))]

@@ -15,7 +15,10 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -31,7 +34,7 @@ from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
 from biprm.config import TrainConfig
 from biprm.checkpoint import share, stamp, write_model_card
 from biprm.data.arrow import encoded_dataset, streamed_dataset, to_encoded
-from biprm.run_folder import RECORD, finished, plan, publish, run_record, same_data, start, undone_if_nothing_trained
+from biprm.run_folder import RECORD, finished, kept, plan, publish, run_record, same_data, start, undone_if_nothing_trained
 from biprm.data.encoding import Encoded, Encoder
 from biprm.lora import lora_head_masters, save_merged, with_lora
 from biprm.data.readers import check_source
@@ -46,6 +49,12 @@ log = logging.getLogger(__name__)
 # sync arms only in the wrapper's forward: several processes would each train alone. DeepSpeed and FSDP also expect theirs.
 TRUNK_ALONE = ("--train-top-layers trains on the trunk cache in one process, without DeepSpeed or FSDP; launch one process, "
                "or add --no-trunk-cache to train the top layers in several")
+SAVE_EVERY_MOST = 500  # optimizer steps between the checkpoints of a run whose --save-steps is left to its default
+
+
+def default_save_steps(steps: int) -> int:
+    """The checkpoint interval of a run of `steps` optimizer steps without --save-steps: a tenth of them, at most 500."""
+    return max(1, min(SAVE_EVERY_MOST, math.ceil(steps / 10)))
 
 
 class BiPRMTrainer(Trainer):
@@ -60,14 +69,18 @@ class BiPRMTrainer(Trainer):
       run as micro-batches of bounded size; it trains in one process, through the model's
       `forward_features`, and unless given, the step count and a warm-up ratio are counted on
       those batches (warm-up rounded, as the replication studies always did).
+    - `save_steps`: the run's step count -> its checkpoint (and validation) interval, set once
+      that count is known, in place of the arguments' `save_steps` (`train` passes
+      `default_save_steps` when --save-steps is not given).
     """
 
     def __init__(self, model: BiPRMModel, args: TrainingArguments | None = None, data_collator=None, train_dataset=None, *rest,
-                 gate_lr_scale: float = 1.0, **kwargs):
+                 gate_lr_scale: float = 1.0, save_steps: Callable[[int], int] | None = None, **kwargs):
         if data_collator is None and train_dataset is not None:
             data_collator = default_collator(model, train_dataset, kwargs.get("processing_class"))
         super().__init__(model, args, data_collator, train_dataset, *rest, **kwargs)
         self.gate_lr_scale = gate_lr_scale
+        self.save_steps = save_steps
         self.head_masters: dict[str, torch.Tensor] = {}  # set by `save_model` under DeepSpeed, written by `_save`
         if isinstance(self.train_dataset, TrunkData):
             if self.args.world_size > 1:
@@ -77,6 +90,14 @@ class BiPRMTrainer(Trainer):
                 self.args.max_steps = math.ceil(len(self.batches) / self.args.gradient_accumulation_steps)
             if 0 < self.args.warmup_steps < 1:
                 self.args.warmup_steps = round(self.args.warmup_steps * self.args.max_steps)
+
+    def set_initial_training_values(self, args: TrainingArguments, dataloader: DataLoader) -> tuple:
+        """transformers' step counts (the last is the run's optimizer steps); the interval `save_steps` makes of them is
+        set here, before the Trainer copies it into its state and compares it with a resumed checkpoint's."""
+        values = super().set_initial_training_values(args, dataloader)
+        if self.save_steps is not None:
+            args.save_steps = args.eval_steps = self.save_steps(values[-1])
+        return values
 
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
@@ -141,6 +162,36 @@ class BiPRMTrainer(Trainer):
             self.accelerator.backward(loss)
             total += loss.detach()
         return total
+
+
+class SaveOnInterrupt(TrainerCallback):
+    """Ctrl-C (SIGINT) while one process trains, in `listening`: the step under way finishes, is saved as a checkpoint,
+    and training stops (`asked`); a second Ctrl-C stops at once. With several processes Ctrl-C stops at once, as before:
+    a save is collective, and each rank would see the signal at another step."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    @contextmanager
+    def listening(self, alone: bool) -> Iterator[None]:
+        if not alone or threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield
+            return
+
+        def ask(signum: int, frame: object) -> None:
+            self.asked = True
+            signal.signal(signal.SIGINT, before)
+
+        before = signal.signal(signal.SIGINT, ask)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, before)
+
+    def on_step_end(self, args: TrainingArguments, state, control, **kwargs):
+        if self.asked:
+            control.should_save = control.should_training_stop = True
+        return control
 
 
 class EpochGroupedSampler(LengthGroupedSampler):
@@ -223,11 +274,11 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         bf16=cfg.bf16,
         use_cpu=cpu_only(),
         save_strategy="steps",
-        save_steps=cfg.save_steps,
+        save_steps=cfg.save_steps or SAVE_EVERY_MOST,  # without --save-steps, BiPRMTrainer sets it from the run's length
         save_total_limit=cfg.save_total_limit,
         logging_steps=cfg.logging_steps,
         eval_strategy="steps" if cfg.eval_fraction else "no",
-        eval_steps=cfg.save_steps,
+        eval_steps=cfg.save_steps or SAVE_EVERY_MOST,
         per_device_eval_batch_size=cfg.per_device_train_batch_size,
         prediction_loss_only=True,
         report_to=[t.strip() for t in cfg.report_to.split(",") if t.strip() and t.strip() != "none"],
@@ -277,7 +328,15 @@ def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0, bf1
 
 def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, encoded: list[Encoded] | None = None) -> str:
     """Train one model into `cfg.output_dir`; `encoded`, if given, is the data instead of `cfg.data`: a study's
-    training set, encoded once for all its runs with this backbone's tokenizer (it needs the trunk cache: --train-top-layers)."""
+    training set, encoded once for all its runs with this backbone's tokenizer (it needs the trunk cache: --train-top-layers).
+    Ctrl-C ends in a KeyboardInterrupt whose message says which checkpoint the folder keeps and how to go on from it."""
+    try:
+        return _train(cfg, callbacks, encoded)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(kept(cfg.output_dir)) from None
+
+
+def _train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None, encoded: list[Encoded] | None) -> str:
     set_seed(cfg.seed)  # before the model is built: the seed fixes every new weight
     engine = check_before_loading(cfg, encoded)
     # The arguments come first: with a ZeRO-3 config they switch on partitioned init, so the
@@ -300,10 +359,12 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, enco
         end_processes(args)
         return cfg.output_dir
     options = dict(mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row, pad_id=tokenizer.pad_token_id)
+    interrupt = SaveOnInterrupt()
     trainer = BiPRMTrainer(  # built before the folder is touched: a tracker or launcher that fails here leaves nothing behind
         model=model, args=args, train_dataset=train_set, eval_dataset=eval_set,
         data_collator=None if isinstance(train_set, TrunkData) else partial(collate, **options),
-        processing_class=tokenizer, callbacks=callbacks, gate_lr_scale=cfg.gate_lr_scale,
+        processing_class=tokenizer, callbacks=[*(callbacks or []), interrupt], gate_lr_scale=cfg.gate_lr_scale,
+        save_steps=None if cfg.save_steps else default_save_steps,
     )
     created = args.process_index == 0 and (cfg.overwrite or not Path(cfg.output_dir, RECORD).is_file())
     args.distributed_state.wait_for_everyone()  # every rank has looked at the folder before the first one writes to it
@@ -313,8 +374,10 @@ def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, enco
     if not cfg.streaming:
         log.info("training %s/%s on %d trajectories from %s (%d held out)", cfg.mode, cfg.objective, len(train_set), cfg.data,
                  len(eval_set) if eval_set is not None else 0)
-    with undone_if_nothing_trained(cfg.output_dir, created, lambda: trainer.state.global_step):
+    with undone_if_nothing_trained(cfg.output_dir, created, lambda: trainer.state.global_step), interrupt.listening(args.world_size == 1):
         trainer.train(resume_from_checkpoint=resume_from)
+    if interrupt.asked and trainer.state.global_step < trainer.state.max_steps:
+        raise KeyboardInterrupt  # stopped early, its last step saved
     save_final(cfg, trainer, model, tokenizer, args.world_size)
     end_processes(args)
     return cfg.output_dir

@@ -13,9 +13,14 @@ from biprm.evaluation.config import AblationConfig, BonConfig, EvalOptions, Proc
 
 def _on_every_process(recipe: Callable[[EvalOptions], object], cfg: EvalOptions) -> None:
     from biprm.evaluation.cache import scorer_loader
+    from biprm.evaluation.common import open_cache
     from biprm.evaluation.sharing import run_shared
 
-    run_shared(lambda: recipe(cfg), scorer_loader(cfg))
+    try:
+        run_shared(lambda: recipe(cfg), scorer_loader(cfg))
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"the scores finished so far are kept in {open_cache(cfg).root}: the same command reads them "
+                                "instead of scoring again") from None
 
 
 def cmd_bon(cfg: BonConfig) -> None:

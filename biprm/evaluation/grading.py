@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import re
+import signal
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -185,9 +186,15 @@ def _grade_chunk(pairs: list[Pair]) -> list[bool]:
     return [grade(gold, pred) for gold, pred in pairs]
 
 
+def _leave_interrupt_to_parent() -> None:
+    """A terminal's Ctrl-C reaches every process of its group: a grading worker ignores it, and the command that runs
+    it stops in one line, without a traceback from each worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _new_pool(workers: int) -> ProcessPoolExecutor:
     """A spawned pool, warmed up so that import time does not eat the first deadlines."""
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_leave_interrupt_to_parent)
     wait([pool.submit(_grade_chunk, [("1", "1")]) for _ in range(workers)], timeout=120)
     return pool
 
