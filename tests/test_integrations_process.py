@@ -2,6 +2,7 @@
 tokens under a real chat template, and ProcessGRPOTrainer training on CPU with the (B, T) advantages it built."""
 import logging
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -45,6 +46,21 @@ def test_process_advantages_by_hand():
     # a group of one completion: its own steps 1.0, 0.5 -> mean 0.75, std 0.3536 -> +1/sqrt(2), -1/sqrt(2)
     one = process_advantages(rewards[:1], ends[:1], mask[:1], ["a"])
     close(one[0], torch.tensor([0, 0, -1 / math.sqrt(2), -1 / math.sqrt(2), 0, 0]))
+
+
+def test_step_rewards_that_barely_vary_keep_their_spread():
+    """ProcessGRPOTrainer holds step rewards in float64: 0.5 and 0.5 + 4e-8 are one float32 spacing (6e-8) apart."""
+    pytest.importorskip("trl")
+    from biprm.integrations.process_grpo import ProcessGRPOTrainer
+
+    trainer = SimpleNamespace(_steps=[([0], [0.5]), ([0], [0.5 + 4e-8])], num_generations=2, model=SimpleNamespace(training=True),
+                              _outcome_rewards=lambda: None, outcome_weight=1.0)
+    got = ProcessGRPOTrainer._token_advantages(trainer, torch.ones(2, 1, dtype=torch.bool))
+    # mean 0.5 + 2e-8, deviations -+2e-8, unbiased std sqrt(2 * (2e-8)^2 / 1) = 2e-8 * sqrt(2); eps 1e-6
+    want = 2e-8 / (2e-8 * math.sqrt(2) + 1e-6)
+    assert got.dtype == torch.float32 and got[:, 0].tolist() == pytest.approx([-want, want], abs=1e-9)
+    in_float32 = process_advantages(torch.tensor([[0.5], [0.5 + 4e-8]]), torch.ones(2, 1, dtype=torch.bool), torch.ones(2, 1), [0, 0])
+    assert abs(in_float32[1, 0].item() - want) > 1e-6  # rounded to 0.5 + 6e-8 first: 0.0286 where 0.0194 is right
 
 
 def test_step_ends_on_the_policys_tokens_under_a_real_chat_template(tmp_path):
@@ -102,7 +118,7 @@ def test_process_grpo_trains_two_steps_on_the_token_advantages(tmp_path, bi_scor
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from biprm.integrations.process_grpo import ProcessGRPOTrainer
+    from biprm.integrations.process_grpo import ProcessGRPOTrainer, placed_rewards
 
     tok = load_tokenizer(resolve_backbone("tiny"))
     policy = tiny_policy(tok)
@@ -137,10 +153,8 @@ def test_process_grpo_trains_two_steps_on_the_token_advantages(tmp_path, bi_scor
         assert adv.shape == ids.shape == m["mask"].shape  # the loss got (B, T) advantages, not TRL's (B,)
         assert m["advantages"][0].eq(0).all() and steps[0] == ([], [])  # the unscorable completion
         assert sum(len(ends) for ends, _ in steps) > len(steps)  # several steps per completion
-        rewards, step_end = torch.zeros(adv.shape), torch.zeros(adv.shape, dtype=torch.bool)
-        for i, (ends, values) in enumerate(steps):
-            rewards[i, ends], step_end[i, ends] = torch.tensor(values), True
-        want = process_advantages(rewards, step_end, m["mask"], [0, 0, 1, 1], m["outcome"], 0.5)
+        rewards, step_end = placed_rewards(steps, adv.shape[1])
+        want = process_advantages(rewards, step_end, m["mask"], [0, 0, 1, 1], m["outcome"], 0.5).float()
         assert torch.allclose(m["advantages"], want) and (want[:, :-1] != want[:, 1:]).any()  # per token, varying along T
         by_ids = {tuple(row.tolist()): a for row, a in zip(m["ids"], want)}  # TRL shuffles the rows before the loss
         assert all(torch.allclose(a, by_ids[tuple(row.tolist())]) for row, a in zip(ids, adv))

@@ -39,6 +39,15 @@ def relog(logged: deque, values: list[float]) -> None:
     logged.extend(values)
 
 
+def placed_rewards(steps: list[tuple[list[int], list[float]]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, width) step rewards, each on the token where its step ends, and (N, width) where steps end, from each
+    completion's (ends, values). float64: in float32, scores 1e-8 apart round to one value and their spread is lost."""
+    rewards, step_end = torch.zeros(len(steps), width, dtype=torch.float64), torch.zeros(len(steps), width, dtype=torch.bool)
+    for i, (ends, values) in enumerate(steps):
+        rewards[i, ends], step_end[i, ends] = torch.tensor(values, dtype=torch.float64), True
+    return rewards, step_end
+
+
 class ProcessGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose advantages are DeepSeekMath's process supervision (see `biprm.integrations.advantages`).
 
@@ -104,13 +113,12 @@ class ProcessGRPOTrainer(GRPOTrainer):
         """(N, T') advantages of every process's completions (this process's T' >= T), as the groups span processes."""
         steps = gather_object(self._steps)
         width = max([completion_mask.size(1), *(e + 1 for ends, _ in steps for e in ends)])
-        rewards, step_end = torch.zeros(len(steps), width), torch.zeros(len(steps), width, dtype=torch.bool)
-        for i, (ends, values) in enumerate(steps):
-            rewards[i, ends], step_end[i, ends] = torch.tensor(values, dtype=torch.float32), True
+        rewards, step_end = placed_rewards(steps, width)
         lengths = torch.tensor(gather_object([int(m.sum()) for m in completion_mask]))
         mask = torch.arange(width)[None, :] < lengths[:, None]
         n_gen = self.num_generations if self.model.training else self.num_generations_eval
-        return process_advantages(rewards, step_end, mask, torch.arange(len(steps)) // n_gen, self._outcome_rewards(), self.outcome_weight)
+        group = torch.arange(len(steps)) // n_gen
+        return process_advantages(rewards, step_end, mask, group, self._outcome_rewards(), self.outcome_weight).float()  # TRL's dtype
 
     def _outcome_rewards(self) -> torch.Tensor | None:
         """Every process's outcome reward (the reward functions' weighted sum; NaN where all gave None), or None."""
