@@ -35,15 +35,25 @@ def test_score_writes_per_step_and_solution_scores(checkpoint, tmp_path):
             assert p == pytest.approx(1 / (1 + math.exp(-line["solution_logit"][how])), rel=1e-12)
 
 
+KEY = {"random pick": "chance", "majority vote (fair ties)": "majority", "pass@n (oracle)": "pass"}  # their names in bon_table
+
+
 def test_demo_end_to_end_on_a_tiny_budget(tmp_path, capsys):
     main(["demo", "--output-dir", str(tmp_path), "--n-train", "48", "--n-test", "24", "--bon-questions", "4",
           "--bon-candidates", "8", "--epochs", "0.5", "--batch-size", "8"])
     table = capsys.readouterr().out
     for mode in ("l2r", "r2l", "bi-static", "bi"):
         assert f"\n{mode} " in table
-    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    written = json.loads((tmp_path / "results.json").read_text())
+    results, text_free = written["results"], written["reads_no_text"]
     assert set(results) == {"l2r", "r2l", "bi-static", "bi"}
     assert 0 <= results["bi"]["processbench"]["f1"] <= 100
+    for name in ("random pick", "majority vote (fair ties)", "pass@n (oracle)"):  # the same candidates as the modes' own tables
+        assert text_free[name]["bon"]["bon"] == results["bi"]["bon"][KEY[name]]
+    assert {"noise + min", "fewest steps", "most steps"} <= set(text_free) and "F1@0.5" in table and "CPU s" in table
+    rule = next(r for name, r in text_free.items() if name.startswith("flag step"))
+    assert 0 <= rule["processbench_tuned"]["f1"] <= 100
+    assert f"{rule['processbench_tuned']['f1']:.1f}" in table.split("reads no text:")[1].splitlines()[1]
     assert (tmp_path / "sigma_by_position.png").stat().st_size > 1000
 
 

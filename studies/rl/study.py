@@ -29,7 +29,7 @@ from biprm.config import TrainConfig
 from biprm.data.synthetic import make_dataset
 from biprm.data.trajectory import Trajectory
 from biprm.data.writer import write_trajectories
-from biprm.demo import evaluate, held_out, table, text_free_rule
+from biprm.demo import evaluate, held_out, table, text_free_rows
 from studies.rl.config import RLStudyConfig
 from biprm.integrations.grpo import AnswerReward, BiPRMReward
 from biprm.integrations.process_grpo import ProcessGRPOTrainer
@@ -111,15 +111,15 @@ def train_prm(cfg: RLStudyConfig, mode: str, backbone: Path, work: Path) -> Path
 
 
 def prm_quality(cfg: RLStudyConfig, folders: dict[str, Path], out: Path) -> None:
-    """The PRMs' step-level quality on held-out rows beside the rule that reads no text (the demo's table), in `out`/prms.json."""
+    """The PRMs' step-level quality on held-out rows beside the scorers that read no text (the demo's table), in `out`/prms.json."""
     if (out / "prms.json").is_file():
         return
     dev, test, pools = held_out(cfg.seed + 10, cfg.prm_test, cfg.prm_bon_questions, 16, PRM_MIX, tuple(cfg.events))
     results = {mode: evaluate(Scorer.from_pretrained(str(f), device="cpu"), dev, test, pools) for mode, f in folders.items()}
     for r in results.values():
-        r["seconds"] = float("nan")  # the demo's table has a time column; the PRMs' training time is in their train_log.json
-    name, rule = text_free_rule(dev, test)
-    (out / "prms.json").write_text(json.dumps({"results": results, "rule": {name: rule}, "table": table(results, {name: rule})}, indent=2))
+        r["cpu_seconds"] = float("nan")  # the demo's table has a CPU time column; the PRMs' training time is in their train_log.json
+    text_free = text_free_rows(dev, test, pools, next(iter(results.values()))["bon"]["ns"])
+    (out / "prms.json").write_text(json.dumps({"results": results, "reads_no_text": text_free, "table": table(results, text_free)}, indent=2))
 
 
 # ---- 3. GRPO, one (arm, seed) --------------------------------------------------------------------
