@@ -134,6 +134,23 @@ def test_past_dense_max_a_batch_runs_plain_rows_without_a_mask_and_the_same_scor
             torch.testing.assert_close(getattr(b, key), getattr(a, key), atol=1e-4, rtol=1e-4)
 
 
+def test_a_pool_of_long_candidates_skips_the_prompt_cache_and_its_square_masks(bi_scorer, monkeypatch):
+    """Best-of-N candidates past DENSE_MAX tokens run the one-pass layout (plain causal rows) even where the question has
+    enough candidates for the prompt cache, whose per-row masks grow with the square of the row's length."""
+    import biprm.scoring.scorer as scorer_module
+    from biprm.packing import pack_cached
+
+    used = []
+    monkeypatch.setattr(scorer_module, "pack_cached", lambda *a, **k: used.append(len(a[0])) or pack_cached(*a, **k))
+    pool = lambda n: [Trajectory(QUESTION, _trace(n).steps + [f"The answer is {i}."]) for i in range(4)]  # noqa: E731
+    long_encs, _ = bi_scorer.encode(pool(30))
+    assert min(e.n_tokens for e in long_encs) > 1024
+    assert len(bi_scorer.score(long_encs, progress=False)) == 4 and not used
+    short_encs, _ = bi_scorer.encode(pool(3))
+    bi_scorer.score(short_encs, progress=False)
+    assert used  # four short candidates of one question: the prompt cache
+
+
 @pytest.mark.slow
 def test_bench_long_preset_runs_and_reports_its_targets(tmp_path):
     """`python -m benchmarks --preset long` on tiny sizes: every configuration probed, the targets read from one run."""

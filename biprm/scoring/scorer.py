@@ -13,7 +13,9 @@ benchmarks/, explained in docs/PERFORMANCE.md):
   `tokens_per_call` tokens run the continuations of both streams,
   longest first, attending to their prompt through its KV cache. Cheapest for
   Best-of-N pools, where many candidates share a question, so `prefix_cache=None`
-  (the default) picks it when the questions have CACHE_FROM candidates on average.
+  (the default) picks it when the questions have CACHE_FROM candidates on average and
+  no stream passes DENSE_MAX tokens (its rows' masks grow with the square of their length;
+  the one-pass layout then runs plain causal rows, linear in length).
 
 Unless set, the token budgets follow the device (`device_budgets`): on a CPU the ones
 measured on 2 cores, on a GPU what a share of its free memory holds.
@@ -30,7 +32,7 @@ from tqdm.auto import tqdm
 
 from biprm.backbones import load_tokenizer
 from biprm.checkpoint import check_checkpoint, check_layout
-from biprm.config import MAX_LENGTH, MODE_TABLE, TOKENS_PER_ROW, ScorerSettings
+from biprm.config import DENSE_MAX, MAX_LENGTH, MODE_TABLE, TOKENS_PER_ROW, ScorerSettings
 from biprm.data.encoding import Encoded, first_runs, step_windows, stream_order
 from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.implicit import ImplicitPRM, from_implicit
@@ -215,8 +217,8 @@ class Scorer:
         windowed = np.array([e.windowed for e in unique], dtype=bool)
         plain = [e for e in unique if not e.windowed]
         cached = self.prefix_cache and not self.implicit
-        if cached is None and not self.implicit:
-            cached = len(plain) >= CACHE_FROM * len({tuple(e.prompt) for e in plain})
+        if cached is None and not self.implicit:  # past DENSE_MAX a row's own mask would grow with the square of its length
+            cached = len(plain) >= CACHE_FROM * len({tuple(e.prompt) for e in plain}) and all(e.n_tokens <= DENSE_MAX for e in plain)
         scores = self._score(plain, cached, progress)
         if windowed.any():
             scores = concat([scores, self._windows([e for e in unique if e.windowed])])
