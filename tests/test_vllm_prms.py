@@ -6,7 +6,8 @@ gets wrong (#16545), and read as shipped, reversed and averaged (bi-static). Its
 `Scorer.from_pretrained(replica)`'s within 1e-4, by token ids (`biprm serve --engine vllm`) and by text (the IO
 processor's own encoding in the kind's template), over-length solutions too, and where the kind's tag is ordinary
 text ("\\n") that also stands inside the question and the steps. A Qwen PRM made bidirectional by
-`biprm train --init-from` (MLP head and gate) serves in `bi`; an unnamed causal LM serves given its kind. Engines
+`biprm train --init-from` (MLP head and gate) serves in `bi`; an unnamed causal LM serves given its kind; an implicit
+PRM (EurusPRM), which has no read-out to export, serves on two generating engines as biprm's scorer reads it. Engines
 start one at a time."""
 import json
 import os
@@ -23,13 +24,14 @@ pytest.importorskip("vllm", reason="vLLM is not installed: see the README for `.
 
 from biprm.cli import main  # noqa: E402
 from biprm.data.trajectory import Trajectory  # noqa: E402
+from biprm.prms import KINDS as PRM_KINDS  # noqa: E402
 from biprm.scoring import Scorer  # noqa: E402
 from biprm.serve.export import export_for_vllm  # noqa: E402
 from biprm.serve.vllm_engine import VLLMScorer  # noqa: E402
 from conftest import scored  # noqa: E402
-from tests.prm_replicas import PROBLEMS, REFERENCES, build  # noqa: E402
+from tests.prm_replicas import PROBLEMS, REFERENCES, build, reference_lm  # noqa: E402
 
-KINDS = sorted(REFERENCES)
+KINDS = [k for k in sorted(REFERENCES) if not PRM_KINDS[k].implicit]  # those with a read-out to export
 CUT_AT = 256  # tokens per stream in the over-length comparison
 STREAMS = ("fused", "l2r", "r2l", "sigma")
 
@@ -57,14 +59,14 @@ def engine(path: Path, **kwargs):
         scorer.close()
 
 
-def assert_same(got, want) -> float:
+def assert_same(got, want, atol: float = 1e-4) -> float:
     """The largest difference over the streams, after checking both score the same steps."""
     assert got.offsets.tolist() == want.offsets.tolist()
     worst = 0.0
     for key in STREAMS:
         assert (getattr(got, key) is None) == (getattr(want, key) is None), key
         if getattr(want, key) is not None:
-            np.testing.assert_allclose(getattr(got, key), getattr(want, key), atol=1e-4, err_msg=key)
+            np.testing.assert_allclose(getattr(got, key), getattr(want, key), rtol=0, atol=atol, err_msg=key)
             worst = max(worst, float(np.abs(getattr(got, key) - getattr(want, key)).max()))
     return worst
 
@@ -126,3 +128,37 @@ def test_an_unnamed_causal_lm_serves_as_shipped_with_its_kind(replicas, tmp_path
         worst = assert_same(scored(vllm, trajectories()), want)
     assert want.r2l is None
     print(f"rlhflow (l2r, --prm-kind): max |vLLM - HF| = {worst:.2e}")
+
+
+@pytest.mark.slow
+def test_an_implicit_prm_serves_on_two_engines_as_biprm_reads_it(tmp_path, capsys):
+    """EurusPRM's replica and its reference LM: `biprm export` refuses it in one line (no value head); `biprm serve
+    --engine vllm` runs a generating engine on each, and q from their prompt log-probs equals biprm's scorer's within
+    1e-6 (fp32; q is about 1e-3), in l2r and bi-static, over-length solutions too, and through the HTTP app."""
+    from fastapi.testclient import TestClient
+
+    from biprm.serve.app import build_app
+    from biprm.serve.config import ServeConfig
+
+    folder = build("eurus-prm", tmp_path / "eurus-prm", heads=1)
+    reference, trajs = str(reference_lm(folder)), trajectories()
+    capsys.readouterr()  # the replica's saving
+    with pytest.raises(SystemExit):
+        main(["export", "--model", str(folder), "--out", str(tmp_path / "export")])
+    assert capsys.readouterr().err.strip() == (f"biprm export: error: {folder}: an implicit PRM (eurus-prm) has no value head to export "
+                                               "(its score is a log-ratio to a reference LM); serve it with `biprm serve --model "
+                                               f"{folder} --engine vllm --prm-reference REFERENCE_LM`")
+    for mode in ("l2r", "bi-static"):
+        hf = Scorer.from_pretrained(str(folder), device="cpu", max_length=CUT_AT, prm_reference=reference, prm_mode=mode)
+        want = scored(hf, trajs)
+        assert np.diff(want.offsets)[-1] < 40  # the long solution lost its tail
+        with engine(folder, prm_reference=reference, prm_mode=mode) as vllm:
+            assert vllm.mode == mode and len(vllm.processes()) == 2
+            vllm.encoder.max_length = CUT_AT
+            got = scored(vllm, trajs)
+            with TestClient(build_app(vllm, ServeConfig(model=str(folder), max_length=CUT_AT, prm_reference=reference))) as client:
+                body = client.post("/v1/score", json=[{"question": t.question, "steps": t.steps} for t in trajs[:2]]).json()
+        worst = assert_same(got, want, atol=1e-6)
+        for i, item in enumerate(body):
+            np.testing.assert_allclose(item["fused"], want.of(i, "fused"), rtol=0, atol=1e-6)
+        print(f"eurus-prm ({mode}): max |vLLM - HF| = {worst:.2e}, |q| up to {np.abs(want.fused).max():.1e}")

@@ -19,7 +19,8 @@ the event loop that accepts, refuses and answers the others.
 
 Every scoring request goes through one `Batcher`, so concurrent clients share model calls.
 The scorer underneath is biprm's own `Scorer` or, with --engine vllm, a vLLM engine
-running biprm's plugin (`biprm.vllm_plugin`); the endpoints are the same.
+running biprm's plugin (`biprm.vllm_plugin`), or two for an implicit PRM (`biprm.serve.vllm_engine`);
+the endpoints are the same.
 """
 from __future__ import annotations
 
@@ -325,7 +326,7 @@ def serve(cfg: ServeConfig) -> None:
     import uvicorn
 
     if cfg.engine == "vllm":
-        scorer = VLLMScorer.from_pretrained(cfg.model, cfg.max_length, cfg.prm_kind, **json.loads(cfg.engine_args))
+        scorer = VLLMScorer.from_pretrained(cfg.model, cfg.max_length, cfg.prm_kind, cfg.prm_reference, **json.loads(cfg.engine_args))
     else:
         scorer = Scorer.from_settings(cfg.model, cfg)
     log.info("serving %s (%s) on http://%s:%d", cfg.model, scorer.mode, cfg.host, cfg.port)

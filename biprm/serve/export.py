@@ -51,6 +51,9 @@ def export_for_vllm(checkpoint: str, out: str, link: bool = False, dtype: str = 
     if dst.resolve() == src.resolve():
         raise ValueError(f"--out {out}: the export needs its own folder, not the checkpoint's")
     kind = detect(src, prm_kind)
+    if kind in KINDS and KINDS[kind].implicit:
+        raise ValueError(f"{src}: an implicit PRM ({kind}) has no value head to export (its score is a log-ratio to a reference "
+                         f"LM); serve it with `biprm serve --model {src} --engine vllm --prm-reference REFERENCE_LM`")
     if kind == "biprm":
         config = BiPRMConfig.from_pretrained(src)
         if mode not in (None, config.mode):

@@ -7,6 +7,10 @@ solution in the batch together (continuous batching, its kernels, tensor paralle
 The engine is checked before it starts (vLLM's CPU build starts with attention kernels that
 cannot run the checkpoint and dies on the first request) and watched while it runs: when its
 process ends, `failure` says why and a call waiting on it is woken with vLLM's EngineDeadError.
+
+An implicit PRM (biprm.implicit: EurusPRM) has no read-out for a pooling model to run, so it needs no export: two
+generating engines, one on the PRM and one on its reference LM, give the log-probability of each token of each stream
+row (`prompt_logprobs`), and `read_steps` reads q from their difference as biprm's own scorer does.
 """
 from __future__ import annotations
 
@@ -22,9 +26,13 @@ import numpy as np
 import torch
 
 from biprm.backbones import load_tokenizer
-from biprm.data.encoding import Encoded
+from biprm.config import MODE_TABLE
+from biprm.data.encoding import Encoded, Encoder
+from biprm.data.template import TEMPLATES
+from biprm.implicit import MODES, read_steps, stream_row
+from biprm.prms import KINDS, UnknownPRM, check_reference, detect, folder_config, read_config
 from biprm.scoring.step_scores import StepScores, offsets_of
-from biprm.scoring.scorer import Scorer
+from biprm.scoring.scorer import Collector, Scorer
 from biprm.vllm_plugin import ARCHITECTURE
 from biprm.vllm_plugin.spec import spec_encoder
 from biprm.serve.export import export_for_vllm
@@ -37,6 +45,18 @@ def vllm_folder(path: str, prm_kind: str | None = None) -> str:
     if config.get("architectures") == [ARCHITECTURE]:
         return path
     return str(export_for_vllm(path, tempfile.mkdtemp(prefix="biprm-vllm-"), link=True, prm_kind=prm_kind))
+
+
+def implicit_kind(path: str, prm_kind: str | None) -> str | None:
+    """The kind of the implicit PRM in `path` (detected, or `prm_kind`), None for any other folder: an export, a PRM
+    with a read-out, or one `detect` cannot place (the export says why)."""
+    if not (Path(path) / "config.json").is_file() or read_config(path).get("architectures") == [ARCHITECTURE]:
+        return None
+    try:
+        kind = detect(path, prm_kind)
+    except UnknownPRM:
+        return None
+    return kind if kind in KINDS and KINDS[kind].implicit else None
 
 
 def one_line(error: BaseException) -> str:
@@ -71,6 +91,31 @@ def check_engine(path: str, engine_args: dict) -> None:
                          "serve it with --engine biprm")
 
 
+def start_engine(path: str, engine_args: dict):
+    """vLLM's LLM over `engine_args` (in bfloat16 on a GPU, float32 on a CPU, unless they say), checked first
+    (`check_engine`); an engine that does not start is a ValueError in one line."""
+    from vllm import LLM
+
+    engine_args = {"dtype": "bfloat16" if torch.cuda.is_available() else "float32", **engine_args}
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # CPU builds pin threads to cores otherwise
+    check_engine(path, engine_args)
+    try:
+        return LLM(**engine_args)
+    except RuntimeError as error:  # "Engine core initialization failed. See root cause above."
+        raise ValueError(f"{path}: the vLLM engine did not start: {one_line(error)}") from error
+
+
+def engine_resources(llm):
+    """vLLM's record of an engine's processes and of a fatal error it saw (None when the engine runs in this process)."""
+    return getattr(llm.llm_engine.engine_core, "resources", None)
+
+
+def engine_processes(llm) -> list:
+    """An engine's own processes."""
+    resources = engine_resources(llm)
+    return list(getattr(resources and resources.engine_manager, "processes", None) or [])
+
+
 class VLLMScorer:
     """`Scorer`'s interface (`encode`, then `score`) with a vLLM engine doing the model's work."""
 
@@ -82,33 +127,34 @@ class VLLMScorer:
         self.mode = spec["mode"]
         self.tokenizer = load_tokenizer(folder)
         self.encoder = spec_encoder(spec, self.tokenizer, llm.llm_engine.model_config.max_model_len)
-        self.closing = False
-        if self.processes():
-            threading.Thread(target=self._watch, name="biprm-vllm-watch", daemon=True).start()
+        self.watch()
 
     @classmethod
-    def from_pretrained(cls, path: str, max_length: int, prm_kind: str | None = None, **engine_args) -> "VLLMScorer":
+    def from_pretrained(cls, path: str, max_length: int, prm_kind: str | None = None, prm_reference: str | None = None,
+                        prm_mode: str = "l2r", **engine_args) -> "VLLMScorer":
         """The engine over `path` (a biprm checkpoint, its export, or a PRM trained elsewhere: biprm.prms); a checkpoint
-        it cannot run is a ValueError in one line, before the engine starts."""
-        from vllm import LLM
-
+        it cannot run is a ValueError in one line, before the engine starts. An implicit PRM is read against the
+        reference LM in `prm_reference`, in `prm_mode` (`ImplicitVLLMScorer`); any other PRM in its export's mode."""
+        if kind := implicit_kind(path, prm_kind):
+            return ImplicitVLLMScorer.start(path, kind, prm_reference, prm_mode, max_length, engine_args)
         folder = vllm_folder(path, prm_kind)
-        engine_args = {"dtype": "bfloat16" if torch.cuda.is_available() else "float32", "model": folder, "max_model_len": max_length, **engine_args}
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # CPU builds pin threads to cores otherwise
-        check_engine(path, engine_args)
-        try:
-            return cls(LLM(**engine_args), folder)
-        except RuntimeError as error:  # "Engine core initialization failed. See root cause above."
-            raise ValueError(f"{path}: the vLLM engine did not start: {one_line(error)}") from error
+        return cls(start_engine(path, {"model": folder, "max_model_len": max_length, **engine_args}), folder)
 
-    def _resources(self):
-        """vLLM's record of the engine's processes and of a fatal error it saw (None when the engine runs in this process)."""
-        return getattr(self.llm.llm_engine.engine_core, "resources", None)
+    @property
+    def engines(self) -> list:
+        """The vLLM engines (LLM) that score."""
+        return [self.llm]
+
+    def watch(self) -> None:
+        """Watch each engine that runs in processes of its own (`_watch`)."""
+        self.closing = False
+        for llm in self.engines:
+            if engine_processes(llm):
+                threading.Thread(target=self._watch, args=(llm,), name="biprm-vllm-watch", daemon=True).start()
 
     def processes(self) -> list:
-        """The engine's own processes."""
-        resources = self._resources()
-        return list(getattr(resources and resources.engine_manager, "processes", None) or [])
+        """The engines' own processes."""
+        return [p for llm in self.engines for p in engine_processes(llm)]
 
     def failure(self) -> str | None:
         """Why the engine can no longer score, in one line; None while it can."""
@@ -117,27 +163,28 @@ class VLLMScorer:
             p = ended[0]
             how = f"was killed by {signal.Signals(-p.exitcode).name}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
             return f"the vLLM engine process {p.name} (pid {p.pid}) {how}; vLLM's log says more"
-        if getattr(self._resources(), "engine_dead", False):
+        if any(getattr(engine_resources(llm), "engine_dead", False) for llm in self.engines):
             return "the vLLM engine reported a fatal error; vLLM's log has its traceback"
         return None
 
-    def _watch(self) -> None:
-        """Wait for an engine process to end; unless we stopped it, wake the call blocked on its output (vLLM leaves
+    def _watch(self, llm) -> None:
+        """Wait for a process of `llm` to end; unless we stopped it, wake the call blocked on its output (vLLM leaves
         that call waiting forever when the process is killed)."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        wait([p.sentinel for p in self.processes()])
+        wait([p.sentinel for p in engine_processes(llm)])
         if not self.closing:
-            self.llm.llm_engine.engine_core.outputs_queue.put_nowait(EngineDeadError())
+            llm.llm_engine.engine_core.outputs_queue.put_nowait(EngineDeadError())
 
     @property
     def max_length(self) -> int:
         return self.encoder.max_length
 
     def close(self) -> None:
-        """Stop the engine's processes now rather than at exit."""
+        """Stop the engines' processes now rather than at exit."""
         self.closing = True
-        self.llm.llm_engine.engine_core.shutdown()
+        for llm in self.engines:
+            llm.llm_engine.engine_core.shutdown()
 
     def score(self, encs: list[Encoded], progress: bool = False) -> StepScores:
         """Scores of `encode`'s encodings in their order, as `Scorer.score` gives them (logits; trailing steps past
@@ -153,3 +200,72 @@ class VLLMScorer:
             r2l=None if has["r2l"] is None else join("r2l"),
             sigma=None if answers[0]["sigma"] is None else np.concatenate([a["sigma"] for a in answers]).astype(np.float64),
         )
+
+
+class ImplicitVLLMScorer(VLLMScorer):
+    """An implicit PRM (biprm.implicit) over two generating vLLM engines, the PRM's (`llm`) and its reference LM's:
+    each stream row (`stream_row`) is a prompt of each, generating one token, whose prompt log-probs give log p of
+    each of the row's tokens; beta times their difference is what `read_steps` reads q from, as `ImplicitPRM` does."""
+
+    def __init__(self, llm, reference, path: str, kind: str, mode: str):
+        self.llm, self.reference, self.mode, self.beta = llm, reference, mode, KINDS[kind].beta
+        self.tokenizer = load_tokenizer(path)
+        template = TEMPLATES[kind]
+        tag = self.tokenizer.encode(template.tag, add_special_tokens=False)
+        self.tag_length, self.close_id = len(tag), self.tokenizer.convert_tokens_to_ids(template.close)
+        self.encoder = Encoder(self.tokenizer, tag[-1], llm.llm_engine.model_config.max_model_len - 1, template)
+        self.watch()
+
+    @classmethod
+    def start(cls, path: str, kind: str, reference: str | None, mode: str, max_length: int, engine_args: dict) -> "ImplicitVLLMScorer":
+        """Both engines, for stream rows of up to `max_length` tokens; a missing or mismatched reference and a mode
+        with a gate are refused in one line before either starts."""
+        check_reference(path, kind, reference)
+        if mode not in MODES:
+            raise UnknownPRM(f"mode {mode!r}: an implicit PRM ({kind}) is read in {', '.join(MODES)}; it has no gate")
+        sizes = [folder_config(p).vocab_size for p in (path, reference)]
+        if sizes[0] != sizes[1]:
+            raise UnknownPRM(f"--prm-reference {reference}: a vocabulary of {sizes[1]} tokens, where {path} has {sizes[0]}: "
+                             "the log-ratio needs both to read the same tokens")
+        engines = []
+        try:
+            for folder in (path, reference):
+                engines.append(start_engine(folder, {"model": folder, "runner": "generate", **room(folder, max_length), **engine_args}))
+        except BaseException:
+            for llm in engines:
+                llm.llm_engine.engine_core.shutdown()
+            raise
+        return cls(*engines, path, kind, mode)
+
+    @property
+    def engines(self) -> list:
+        return [self.llm, self.reference]
+
+    def score(self, encs: list[Encoded], progress: bool = False) -> StepScores:
+        """Scores of `encode`'s encodings in their order, as `Scorer.score` gives them (logits)."""
+        built = [stream_row(e, s, self.tag_length, self.close_id) for s in MODE_TABLE[self.mode].streams for e in encs]
+        ratio = torch.zeros(len(built), max(len(row) for row, _ in built) - 1, dtype=torch.float64)
+        for sign, llm in ((1, self.llm), (-1, self.reference)):
+            for r, logps in enumerate(prompt_logps(llm, [row for row, _ in built], progress)):
+                ratio[r, : len(logps)] += sign * torch.tensor(logps, dtype=torch.float64)
+        collect = Collector(offsets_of([len(e.steps) for e in encs]), self.mode)
+        collect(np.arange(len(encs)), read_steps(self.beta * ratio, built, [len(e.prompt) for e in encs], self.mode))
+        return collect.scores()
+
+
+def room(folder: str, max_length: int) -> dict:
+    """Engine arguments for prompts of up to `max_length` tokens: vLLM's generate runner wants room for the one token
+    it generates after the prompt, which it never runs through the model, so that token may stand one past a window
+    the rows fill (model_max_length is how far vLLM lets max_model_len go). On a GPU the two engines share it."""
+    window = getattr(folder_config(folder), "max_position_embeddings", None)
+    return {"max_model_len": max_length + 1, **({"hf_overrides": {"model_max_length": window + 1}} if window == max_length else {}),
+            **({"gpu_memory_utilization": 0.45} if torch.cuda.is_available() else {})}  # half of vLLM's default 0.9 each
+
+
+def prompt_logps(llm, rows: list[list[int]], progress: bool) -> list[list[float]]:
+    """log p(row[j] | row[:j]) for j >= 1 of each row, from one call of the engine's generate runner."""
+    from vllm import SamplingParams, TokensPrompt
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=row) for row in rows], params, use_tqdm=progress)
+    return [[at[token].logprob for at, token in zip(out.prompt_logprobs[1:], row[1:])] for out, row in zip(outputs, rows)]
