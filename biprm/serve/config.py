@@ -50,8 +50,9 @@ class ExportConfig:
     mode: str | None = arg(None, "for a PRM trained elsewhere: l2r (as shipped, the default), or zero-shot r2l or bi-static; "
                                  "a biprm checkpoint keeps the mode it was trained in")
     format: Literal["vllm"] = arg("vllm", "vllm: the backbone's flat config naming biprm's vLLM architecture, for `vllm serve`")
-    dtype: ServedDtype = arg("bfloat16", "the dtype `vllm serve` runs the backbone in (the heads stay fp32); vLLM would turn a float32 "
-                                         "config into float16, so for fp32 (CPU, or scores equal to biprm's) pass --dtype float32 to vllm serve")
+    dtype: ServedDtype = arg("bfloat16", "the dtype the export asks vLLM to run the backbone in (the heads stay fp32); vLLM would turn "
+                                         "a float32 config into float16, so fp32 (CPU, or scores equal to biprm's) is asked for when "
+                                         "serving it, on vLLM's command line, as the closing line of this command shows")
 
     def __post_init__(self) -> None:
         check_choices(self)
