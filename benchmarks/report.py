@@ -120,10 +120,13 @@ def plot_scaling(scaling: dict, path: str, shape: str) -> None:
     write_figure(fig, path)
 
 
-def save(result: dict, out: str, stem: str, markdown: Callable[[dict, str], str]) -> Path:
-    """A preset's result as OUT/STEM.json and OUT/STEM.md (written by `markdown`, and printed): one layout for every preset."""
+def save(result: dict, out: str, stem: str, markdown: Callable[[dict, str], str], show: bool = True) -> Path:
+    """A preset's result as OUT/STEM.json and OUT/STEM.md (written by `markdown`, and printed unless not `show`): one
+    layout for every preset."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{stem}.json").write_text(json.dumps(result, indent=1, default=float))
-    print(markdown(result, str(folder / f"{stem}.md")))
+    text = markdown(result, str(folder / f"{stem}.md"))
+    if show:
+        print(text)
     return folder

@@ -11,11 +11,19 @@ all `PrefixScorer`s on one random-weight backbone:
 Questions run in groups (one PathScorer call per group and depth, as a search batching
 across questions makes them), and the configurations take turns per group, so a burst of
 load from another process slows all of them alike.
+
+Each configuration's row of a group (its seconds and tokens per depth) is appended to
+`bench-<shape>-search.rows.jsonl` in `--out` as it finishes, and the report is rewritten
+from the groups measured so far after every group, marked partial until all are. A run cut
+short goes on, run again with the same settings, from the groups it finished (a group with a
+configuration missing is measured again, whole); the rows file goes once the report is whole.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,6 +38,7 @@ from benchmarks.workload import build
 from biprm.data.readers import read_rows
 from biprm.data.benchmarks import data_file
 from biprm.data.benchmarks import gsm8k_reference
+from biprm.run_folder import changes
 from biprm.scoring.scorer import Scorer
 from biprm.scoring.prefix import PrefixScorer
 
@@ -58,36 +67,87 @@ def search_tree(data_root: str, sizes: dict, seed: int = 0) -> list[list[Level]]
     return groups
 
 
-def run(cfg: BenchConfig, sizes: dict | None = None) -> dict:
-    """Tokens and seconds per depth of every configuration; `sizes` overrides the preset's (tests)."""
+def rows_file(cfg: BenchConfig) -> Path:
+    return Path(cfg.out) / f"bench-{cfg.shape}-search.rows.jsonl"
+
+
+def measured(path: Path, config: dict) -> tuple[dict, list[dict], int]:
+    """(the run's header, the rows of the question groups it has measured whole, this session's number) from the rows
+    file a run cut short left, which must be this run's; a new file (its header: settings and load average) if none."""
+    lines = [json.loads(line) for line in path.read_text().split("\n")[:-1]] if path.is_file() else []  # a line cut by a kill is dropped
+    if not lines:
+        header = {"config": config, "loadavg_start": os.getloadavg()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(header) + "\n")
+        return header, [], 0
+    header, *rows = lines
+    if header["config"] != config:
+        raise ValueError(f"{path} holds the rows of another run ({'; '.join(changes(header['config'], config))}); "
+                         "delete it to measure this one")
+    whole = {g for g in {r["group"] for r in rows} if {r["config"] for r in rows if r["group"] == g} == set(CONFIGS)}
+    rows = [r for r in rows if r["group"] in whole]
+    path.write_text("".join(json.dumps(line) + "\n" for line in [header, *rows]))
+    return header, rows, 1 + max((r["session"] for r in rows), default=-1)
+
+
+def measure(prefix: PrefixScorer, levels: list[Level], streams: str) -> tuple[dict, list]:
+    """One configuration over one group's depths: its row (seconds and tokens per depth) and the L2R scores it gave."""
+    row, scores = {"seconds": [], "tokens": []}, []
+    for level in levels:
+        before, t = np.array(list(prefix.tokens.values())), time.perf_counter()
+        got = prefix.score([q for q, _ in level], [p for _, p in level], streams)
+        row["seconds"].append(time.perf_counter() - t)
+        row["tokens"].append((np.array(list(prefix.tokens.values())) - before).tolist())
+        scores += [s.l2r for s in got]
+    return row, scores
+
+
+def run(cfg: BenchConfig, sizes: dict | None = None, report: Callable[[dict], None] | None = None) -> dict:
+    """Tokens and seconds per depth of every configuration, going on from the groups a run cut short measured; `report`
+    gets the result of the groups measured so far after each; `sizes` overrides the preset's (tests)."""
     sizes = sizes or cfg.sizes
     torch.set_num_threads(cfg.threads or os.cpu_count())
-    start, load = time.perf_counter(), os.getloadavg()
+    start, path = time.perf_counter(), rows_file(cfg)
     groups = search_tree(cfg.data_root, sizes, cfg.seed)
-    bench = build(cfg.shape, cfg.seed)
-    scorers = {name: PrefixScorer(Scorer(bench.ours[mode], bench.tokenizer), incremental) for name, (mode, incremental, _) in CONFIGS.items()}
-    depth = sizes["depth"]
+    header, rows, session = measured(path, asdict(cfg) | sizes)
+    todo = [g for g in range(len(groups)) if g not in {r["group"] for r in rows}]
+    if todo:
+        bench = build(cfg.shape, cfg.seed)
+        scorers = {name: PrefixScorer(Scorer(bench.ours[mode], bench.tokenizer), incremental) for name, (mode, incremental, _) in CONFIGS.items()}
+        for name, (_, _, streams) in CONFIGS.items():  # warm-up: one level, not counted
+            level = groups[0][0]
+            PrefixScorer(scorers[name].scorer).score([q for q, _ in level], [p for _, p in level], streams)
+    for g in tqdm(todo, desc="question groups", unit="group"):  # each group: every configuration over every depth
+        scores = {}
+        for name, (_, _, streams) in CONFIGS.items():
+            row, scores[name] = measure(scorers[name], groups[g], streams)
+            if name == "l2r:scratch":
+                row["max_abs_diff_vs_incremental"] = max(float(np.abs(a - b).max()) for a, b in zip(scores["l2r:incremental"], scores[name]))
+            rows.append({"group": g, "config": name, **row, "session": session, "elapsed_s": time.perf_counter() - start})
+            with path.open("a") as f:
+                f.write(json.dumps(rows[-1]) + "\n")
+        if report is not None:
+            report(result_of(header, rows, groups))
+    return result_of(header, rows, groups)
+
+
+def result_of(header: dict, rows: list[dict], groups: list[list[Level]]) -> dict:
+    """The result of the groups `rows` holds: their seconds and tokens summed per configuration and depth; the wall clock
+    of every session up to its last row."""
+    depth = len(groups[0])
     seconds = {name: np.zeros(depth) for name in CONFIGS}
     tokens = {name: np.zeros((depth, 3), dtype=np.int64) for name in CONFIGS}  # prompt, l2r, r2l
-    scores: dict[str, list] = {name: [] for name in CONFIGS}
-    for name, (_, _, streams) in CONFIGS.items():  # warm-up: one level, not counted
-        level = groups[0][0]
-        PrefixScorer(scorers[name].scorer).score([q for q, _ in level], [p for _, p in level], streams)
-    for levels in tqdm(groups, desc="question groups", unit="group"):  # each group: every configuration over every depth
-        for name, (_, _, streams) in CONFIGS.items():
-            prefix = scorers[name]
-            for d, level in enumerate(levels):
-                before, t = np.array(list(prefix.tokens.values())), time.perf_counter()
-                got = prefix.score([q for q, _ in level], [p for _, p in level], streams)
-                seconds[name][d] += time.perf_counter() - t
-                tokens[name][d] += np.array(list(prefix.tokens.values())) - before
-                scores[name] += [s.l2r for s in got]
-    same = max(float(np.abs(a - b).max()) for a, b in zip(scores["l2r:incremental"], scores["l2r:scratch"]))
+    sessions: dict[int, float] = {}
+    for r in rows:
+        seconds[r["config"]] += r["seconds"]
+        tokens[r["config"]] += np.array(r["tokens"], dtype=np.int64)
+        sessions[r["session"]] = max(sessions.get(r["session"], 0.0), r["elapsed_s"])
     return {
-        "config": asdict(cfg) | sizes, "machine": machine(), "loadavg_start": load,
-        "paths_per_depth": [len(level) for level in groups[0]],
+        "config": header["config"], "machine": machine(), "loadavg_start": header["loadavg_start"],
+        "paths_per_depth": [len(level) for level in groups[0]], "groups_done": len({r["group"] for r in rows}), "groups": len(groups),
         "seconds": {k: v.tolist() for k, v in seconds.items()}, "tokens": {k: v.tolist() for k, v in tokens.items()},
-        "max_abs_diff_incremental_vs_scratch": same, "loadavg_end": os.getloadavg(), "elapsed_s": time.perf_counter() - start,
+        "max_abs_diff_incremental_vs_scratch": max(r["max_abs_diff_vs_incremental"] for r in rows if r["config"] == "l2r:scratch"),
+        "loadavg_end": os.getloadavg(), "elapsed_s": sum(sessions.values()), "sessions": len(sessions),
     }
 
 
@@ -115,7 +175,10 @@ def write_markdown(result: dict, path: str) -> str:
         f"Load average at start {result['loadavg_start'][0]:.2f}, at end {result['loadavg_end'][0]:.2f}. "
         f"{cfg['questions']} GSM8K test questions in groups of {cfg['group']}, beam width {cfg['width']} over {cfg['paths']} paths "
         f"per question, depth {cfg['depth']}; GSM8K reference steps stand in for generated ones. "
-        f"The whole run took {result['elapsed_s'] / 60:.1f} min.",
+        f"The whole run took {result['elapsed_s'] / 60:.1f} min"
+        + (f", in {result['sessions']} sessions (each counted to its last finished group)." if result["sessions"] > 1 else "."),
+        *([f"**Partial:** {result['groups_done']} of {result['groups']} question groups measured; the same command goes on "
+           "from the rest."] if result["groups_done"] < result["groups"] else []),
         "## Targets (the whole search)",
         _table(["target", "measured", "goal", "met"], [[t["target"], t["value"], f"{t['op']} {t['goal']}", t["met"]] for t in result["targets"]]),
         "## Per depth: PRM tokens run (prompt + L2R + R2L) and seconds, summed over questions",
@@ -131,7 +194,16 @@ def write_markdown(result: dict, path: str) -> str:
 
 
 def main(cfg: BenchConfig, sizes: dict | None = None) -> dict:
-    result = run(cfg, sizes)
-    result["targets"] = targets(result)
-    save(result, cfg.out, f"bench-{cfg.shape}-search", write_markdown)
+    """Measure, writing the report after every question group (printed once whole); the rows file goes at the end."""
+    def report(result: dict, show: bool = False) -> None:
+        result["targets"] = targets(result)
+        save(result, cfg.out, f"bench-{cfg.shape}-search", write_markdown, show)
+
+    try:
+        result = run(cfg, sizes, report)
+    except KeyboardInterrupt:  # the one line `run_program` prints
+        raise KeyboardInterrupt(f"the question groups measured so far are kept in {rows_file(cfg)}, and reported beside it: "
+                                "the same command goes on from there") from None
+    report(result, show=True)
+    rows_file(cfg).unlink()
     return result
