@@ -3,6 +3,7 @@ on real DataProto batches scored by a running `biprm serve`. verl pins transform
 venv of their own (.ci/run); elsewhere they skip."""
 import asyncio
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,28 +111,63 @@ def test_reward_manager_scores_a_real_batch_through_biprm_serve(scorer):
         outputs = asyncio.run(score_all())
     assert posts == [3]  # one request for the three scorable responses of the batch
     rm_scores = verl_plugin.BiPRMRewardManager.assemble_rm_scores(data, [o["reward_score"] for o in outputs])
+    extra = {k: np.array([o["reward_extra_info"][k] for o in outputs]) for k in ("biprm_solution", "biprm_steps")}
+    check_rewards_and_advantages(scorer, tok, data, rm_scores, extra)
+
+
+def check_rewards_and_advantages(scorer, tok, data: DataProto, rm_scores: torch.Tensor, extra: dict) -> None:
+    """rm_scores hold each scorable response's step scores where its steps end, the unscorable one none; verl's
+    compute_advantage turns them into process_grpo's advantages, as computed by hand."""
     want = scored(scorer, [Trajectory(QUESTIONS[0], RESPONSES[0][0].split("\n\n")), Trajectory(QUESTIONS[0], RESPONSES[0][1].split("\n\n")),
                               Trajectory(QUESTIONS[1], RESPONSES[1][0].split("\n\n"))])
     for i in range(3):
         placed = rm_scores[i].nonzero().flatten()
         assert rm_scores[i, placed].tolist() == pytest.approx(want.of(i).tolist(), abs=1e-6)
         assert tok.decode(data.batch["responses"][i, : placed[-1] + 1]).endswith(RESPONSES[i // 2][i % 2][-15:])
-    assert rm_scores[3].eq(0).all() and math.isnan(outputs[3]["reward_extra_info"]["biprm_solution"])
-    assert [o["reward_extra_info"]["biprm_steps"] for o in outputs] == [2, 3, 2, 0]
+    assert rm_scores[3].eq(0).all() and math.isnan(extra["biprm_solution"][3])
+    assert extra["biprm_steps"].tolist() == [2, 3, 2, 0]
     data.batch["token_level_rewards"] = rm_scores
     advantages = compute_advantage(data, "process_grpo", config=AlgoConfig(adv_estimator="process_grpo")).batch["advantages"]
     close(advantages, torch.tensor(hand_advantages(rm_scores.double().numpy(), [0, 0, 1, 1]), dtype=torch.float32))
     assert advantages[3].eq(0).all() and advantages[:3].abs().sum() > 0
 
 
-def test_the_shipped_config_resolves_both_pieces_in_verls_default_config():
-    from pathlib import Path
+def shipped_config():
+    """verl's default PPO config with configs/verl-biprm.yaml merged in, as a run with its keys as overrides reads it."""
+    default = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml")
+    return OmegaConf.merge(default, OmegaConf.load(Path(__file__).parents[1] / "configs/verl-biprm.yaml"))
 
+
+def test_the_shipped_config_resolves_both_pieces_in_verls_default_config():
     from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
-    default = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml")
-    config = OmegaConf.merge(default, OmegaConf.load(Path(__file__).parents[1] / "configs/verl-biprm.yaml"))
+    config = shipped_config()
     assert resolve_reward_manager_cls(config) is verl_plugin.BiPRMRewardManager
     assert get_adv_estimator_fn(config.algorithm.adv_estimator) is verl_plugin.compute_process_grpo_advantage
     manager = verl_plugin.BiPRMRewardManager(config, load_tokenizer(resolve_backbone("tiny")))
     assert (manager.reward.url, manager.reward.split, manager.stream) == ("http://127.0.0.1:8000", "auto", "fused")
+
+
+def test_verls_reward_loop_scores_a_batch_on_ray_for_compute_advantage(scorer):
+    """The largest part of a verl 0.9.1 PPO step that runs on a CPU (docs/RL.md says where the rest stops): verl's own
+    RewardLoopManager starts a RewardLoopWorker in a local Ray, which loads the biprm manager from the shipped config
+    and scores each response through biprm serve; the manager assembles rm_scores, and compute_advantage follows."""
+    ray = pytest.importorskip("ray")
+    from verl.experimental.reward_loop.reward_loop import RewardLoopManager
+
+    from biprm.serve.app import build_app
+    from biprm.serve.config import ServeConfig
+
+    tok = load_tokenizer(resolve_backbone("tiny"))
+    data = batch(tok)
+    config = shipped_config()
+    config.reward.num_workers = 1
+    config.actor_rollout_ref.model.path = resolve_backbone("tiny")  # the worker reads the policy's tokenizer from here
+    with serving(build_app(scorer, ServeConfig(model="tiny"))) as url:
+        config.reward.reward_kwargs.url, config.reward.reward_kwargs.split = url, "double-newline"
+        ray.init(num_cpus=1, include_dashboard=False)
+        try:
+            out = RewardLoopManager(config).compute_rm_score(data)
+        finally:
+            ray.shutdown()
+    check_rewards_and_advantages(scorer, tok, data, out.batch["rm_scores"], out.non_tensor_batch)
