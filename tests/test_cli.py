@@ -126,8 +126,9 @@ def test_score_crash_loses_at_most_a_chunk_and_resume_finishes_the_same_file(che
         return real(self, trajs, progress)
 
     monkeypatch.setattr(Scorer, "score", dies_on_third_chunk)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as stopped:  # Ctrl-C: one line saying what is kept, rc 130
         main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out), "--chunk", "2"])
+    assert stopped.value.code == 130 and "4 scored rows are kept" in capsys.readouterr().err
     part = next((tmp_path / "out.jsonl.parts").glob("part-*.jsonl"))
     assert not out.exists() and len(part.read_text().splitlines()) == 4
     with open(part, "a") as f:
@@ -162,6 +163,16 @@ def test_resume_refuses_another_runs_parts(checkpoint, tmp_path, capsys):
         main(["score", "--model", checkpoint, "--input", str(_rows(tmp_path / "in.jsonl", 2)), "--output", str(tmp_path / "out.jsonl"), "--resume"])
     err = capsys.readouterr().err
     assert "belongs to another run" in err and "rows: 3 then, 2 now" in err
+
+
+def test_a_model_that_does_not_load_leaves_no_parts_folder(checkpoint, tmp_path, monkeypatch):
+    """The run's record is written before the model loads; a load that fails takes it away again."""
+    from biprm.scoring.scorer import Scorer
+
+    monkeypatch.setattr(Scorer, "from_settings", classmethod(lambda cls, *a, **k: (_ for _ in ()).throw(OSError("no such model on the Hub"))))
+    with pytest.raises(SystemExit):
+        main(["score", "--model", checkpoint, "--input", str(_rows(tmp_path / "in.jsonl", 2)), "--output", str(tmp_path / "out.jsonl")])
+    assert not (tmp_path / "out.jsonl.parts").exists() and not (tmp_path / "out.jsonl").exists()
 
 
 @pytest.mark.slow

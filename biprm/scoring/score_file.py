@@ -77,7 +77,12 @@ def score_file(
 
     begin, end = len(trajs) * rank // world, len(trajs) * (rank + 1) // world
     log.info("process %d of %d scores rows %d-%d", rank + 1, world, begin + 1, end)
-    scorer = Scorer.from_settings(model, settings, settings.device or state.device)
+    try:
+        scorer = Scorer.from_settings(model, settings, settings.device or state.device)
+    except BaseException:
+        if scratch is not None and state.is_main_process and not any(p.stat().st_size for p in scratch.glob("part-*")):
+            shutil.rmtree(scratch, ignore_errors=True)  # a model that did not load leaves no folder to trip over
+        raise
     mine, names = trajs[begin:end], [f"{source} trajectory {k + 1}" for k in range(begin, end)]
     encs, problems = scorer.encode(mine, names, skip_invalid=True)  # step-tag text, a first step past max_length
     first = _from_every_process([error for _, error in problems[:1]], world)
