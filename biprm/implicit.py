@@ -13,6 +13,7 @@ There is no head, so nothing here trains: a gate cannot be learned, and only l2r
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,14 +31,43 @@ LOGIT_CHUNK = 512  # positions whose vocabulary logits exist at once: memory is 
 MODES = ("l2r", "r2l", "bi-static")  # an implicit PRM has no gate to learn
 
 
-def stream_row(enc: Encoded, stream: str, tag_length: int, close_id: int) -> tuple[list[int], np.ndarray]:
+@dataclass(frozen=True)
+class Reading:
+    """What reading an implicit PRM takes besides its two LMs: its coefficient, and the ids `stream_row` writes."""
+
+    kind: str
+    beta: float
+    tag_id: int  # the step tag's last token, the model's step_tag_id
+    tag_length: int  # the tag's tokens at the end of each step
+    close_id: int  # the token that closes the answer (`Template.close`)
+
+
+def reading(path: str, kind: str, reference: str | None, tokenizer: PreTrainedTokenizerBase, mode: str) -> Reading:
+    """Everything an implicit PRM in `path` needs checked before either LM loads, in one line each: a reference LM of
+    the same vocabulary, a mode without a gate, a tokenizer with the kind's tag and end token."""
+    check_reference(path, kind, reference)
+    if mode not in MODES:
+        raise UnknownPRM(f"an implicit PRM reads the modes {', '.join(MODES)}; {mode!r} needs a gate to train, and it has no "
+                         "head to train one on")
+    sizes = [folder_config(p).vocab_size for p in (path, reference)]
+    if sizes[0] != sizes[1]:
+        raise UnknownPRM(f"--prm-reference {reference}: a vocabulary of {sizes[1]} tokens, where {path} has {sizes[0]}: the "
+                         "log-ratio needs both to read the same tokens")
+    template = TEMPLATES[kind]
+    tag, close = (tokenizer.encode(text, add_special_tokens=False) for text in (template.tag, template.close))
+    if len(close) != 1:
+        raise UnknownPRM(f"{path}: its tokenizer encodes {template.close!r}, which closes a {kind} answer, to {close}, not one token")
+    return Reading(kind, KINDS[kind].beta, tag[-1], len(tag), close[0])
+
+
+def stream_row(enc: Encoded, stream: str, read: Reading) -> tuple[list[int], np.ndarray]:
     """One stream as the card's chat text: the prompt, then the steps in the stream's order joined by the tag ("\\n\\n"),
     the answer closed by the end token (<|im_end|>, `Template.close`) in place of the last step's tag; and, in forward
     step order, the index j of each step's q among the row's log-ratios (j is that of token j + 1). As the EurusPRM
     cards index it (`len(ids) - 2` of each prefix's chat text), q of a step the stream goes on after runs through the
     token after its tag (the next step's first), and q of the stream's last step through the end token."""
     pieces = stream_order(enc.steps, stream)
-    pieces = [*pieces[:-1], pieces[-1][:-tag_length] + [close_id]]
+    pieces = [*pieces[:-1], pieces[-1][: -read.tag_length] + [read.close_id]]
     reads = len(enc.prompt) - 1 + np.cumsum([len(p) for p in pieces])
     reads[-1] -= 1
     return enc.prompt + [t for p in pieces for t in p], stream_order(reads, stream)
@@ -47,14 +77,9 @@ class ImplicitPRM(nn.Module):
     """The PRM and its reference, each a causal LM built by transformers from its folder's config (no remote code),
     with `BiPRMModel`'s config fields and output, so `Scorer` and everything above it read it as any PRM."""
 
-    def __init__(self, policy: PreTrainedModel, reference: PreTrainedModel, config: BiPRMConfig, beta: float, close_id: int,
-                 tag_length: int):
+    def __init__(self, policy: PreTrainedModel, reference: PreTrainedModel, config: BiPRMConfig, read: Reading):
         super().__init__()
-        if config.mode not in MODES:
-            raise UnknownPRM(f"an implicit PRM reads the modes {', '.join(MODES)}; {config.mode!r} needs a gate to train, "
-                             "and it has no head to train one on")
-        self.policy, self.reference, self.config = policy, reference, config
-        self.beta, self.close_id, self.tag_length = beta, close_id, tag_length
+        self.policy, self.reference, self.config, self.read = policy, reference, config, read
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -70,7 +95,7 @@ class ImplicitPRM(nn.Module):
 
     def forward(self, encs: list[Encoded]) -> BiPRMOutput:
         """Per-step logits of each stream, forward step order, flat over `encs`; every stream is a plain causal row."""
-        built = [stream_row(e, s, self.tag_length, self.close_id) for s in self.streams for e in encs]
+        built = [stream_row(e, s, self.read) for s in self.streams for e in encs]
         width = max(len(row) for row, _ in built)
         ids = torch.full((len(built), width), self.config.pad_token_id or 0, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -78,7 +103,7 @@ class ImplicitPRM(nn.Module):
             ids[r, : len(row)], mask[r, : len(row)] = torch.tensor(row), 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         ratio = next_token_logps(self.policy, ids, mask) - next_token_logps(self.reference, ids, mask)
-        return read_steps(self.beta * ratio, built, [len(e.prompt) for e in encs], self.config.mode)
+        return read_steps(self.read.beta * ratio, built, [len(e.prompt) for e in encs], self.config.mode)
 
 
 def read_steps(ratio: torch.Tensor, built: list[tuple[list[int], np.ndarray]], prompt_lengths: list[int], mode: str) -> BiPRMOutput:
@@ -121,17 +146,9 @@ def causal_lm(path: str | Path, dtype: torch.dtype, attn_implementation: str) ->
 def from_implicit(path: str, kind: str, reference: str | None, tokenizer: PreTrainedTokenizerBase, mode: str = "l2r",
                   dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa") -> ImplicitPRM:
     """The implicit PRM in `path` against the reference LM in `reference`, read in `mode` (l2r: as its card reads it)."""
-    check_reference(path, kind, reference)
+    read = reading(path, kind, reference, tokenizer, mode)
     check_attention(attn_implementation)
     policy, ref = (causal_lm(p, dtype, attn_implementation) for p in (path, reference))
-    if ref.config.vocab_size != policy.config.vocab_size:
-        raise UnknownPRM(f"--prm-reference {reference}: a vocabulary of {ref.config.vocab_size} tokens, where {path} has "
-                         f"{policy.config.vocab_size}: the log-ratio needs both to read the same tokens")
-    template = TEMPLATES[kind]
-    tag = tokenizer.encode(template.tag, add_special_tokens=False)
-    config = BiPRMConfig(backbone_config=copy.deepcopy(policy.config), mode=mode, step_tag_id=tag[-1], prm_kind=kind,
+    config = BiPRMConfig(backbone_config=copy.deepcopy(policy.config), mode=mode, step_tag_id=read.tag_id, prm_kind=kind,
                          value_head="implicit", **special_ids(tokenizer))  # a copy of the LM's config: BiPRMConfig would reset its kernel
-    close = tokenizer.encode(template.close, add_special_tokens=False)
-    if len(close) != 1:
-        raise UnknownPRM(f"{path}: its tokenizer encodes {template.close!r}, which closes a {kind} answer, to {close}, not one token")
-    return ImplicitPRM(policy, ref, config, KINDS[kind].beta, close[0], len(tag))
+    return ImplicitPRM(policy, ref, config, read)

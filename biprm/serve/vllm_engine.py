@@ -29,8 +29,8 @@ from biprm.backbones import load_tokenizer
 from biprm.config import MODE_TABLE
 from biprm.data.encoding import Encoded, Encoder
 from biprm.data.template import TEMPLATES
-from biprm.implicit import MODES, read_steps, stream_row
-from biprm.prms import KINDS, UnknownPRM, check_reference, detect, folder_config, read_config
+from biprm.implicit import Reading, read_steps, reading, stream_row
+from biprm.prms import KINDS, UnknownPRM, detect, folder_config, read_config
 from biprm.scoring.step_scores import StepScores, offsets_of
 from biprm.scoring.scorer import Collector, Scorer
 from biprm.vllm_plugin import ARCHITECTURE
@@ -207,26 +207,17 @@ class ImplicitVLLMScorer(VLLMScorer):
     each stream row (`stream_row`) is a prompt of each, generating one token, whose prompt log-probs give log p of
     each of the row's tokens; beta times their difference is what `read_steps` reads q from, as `ImplicitPRM` does."""
 
-    def __init__(self, llm, reference, path: str, kind: str, mode: str):
-        self.llm, self.reference, self.mode, self.beta = llm, reference, mode, KINDS[kind].beta
-        self.tokenizer = load_tokenizer(path)
-        template = TEMPLATES[kind]
-        tag = self.tokenizer.encode(template.tag, add_special_tokens=False)
-        self.tag_length, self.close_id = len(tag), self.tokenizer.convert_tokens_to_ids(template.close)
-        self.encoder = Encoder(self.tokenizer, tag[-1], llm.llm_engine.model_config.max_model_len - 1, template)
+    def __init__(self, llm, reference, tokenizer, read: Reading, mode: str):
+        self.llm, self.reference, self.tokenizer, self.read, self.mode = llm, reference, tokenizer, read, mode
+        self.encoder = Encoder(tokenizer, read.tag_id, llm.llm_engine.model_config.max_model_len - 1, TEMPLATES[read.kind])
         self.watch()
 
     @classmethod
     def start(cls, path: str, kind: str, reference: str | None, mode: str, max_length: int, engine_args: dict) -> "ImplicitVLLMScorer":
         """Both engines, for stream rows of up to `max_length` tokens; a missing or mismatched reference and a mode
-        with a gate are refused in one line before either starts."""
-        check_reference(path, kind, reference)
-        if mode not in MODES:
-            raise UnknownPRM(f"mode {mode!r}: an implicit PRM ({kind}) is read in {', '.join(MODES)}; it has no gate")
-        sizes = [folder_config(p).vocab_size for p in (path, reference)]
-        if sizes[0] != sizes[1]:
-            raise UnknownPRM(f"--prm-reference {reference}: a vocabulary of {sizes[1]} tokens, where {path} has {sizes[0]}: "
-                             "the log-ratio needs both to read the same tokens")
+        with a gate are refused in one line before either starts (`implicit.reading`)."""
+        tokenizer = load_tokenizer(path)
+        read = reading(path, kind, reference, tokenizer, mode)
         engines = []
         try:
             for folder in (path, reference):
@@ -235,7 +226,7 @@ class ImplicitVLLMScorer(VLLMScorer):
             for llm in engines:
                 llm.llm_engine.engine_core.shutdown()
             raise
-        return cls(*engines, path, kind, mode)
+        return cls(*engines, tokenizer, read, mode)
 
     @property
     def engines(self) -> list:
@@ -243,13 +234,13 @@ class ImplicitVLLMScorer(VLLMScorer):
 
     def score(self, encs: list[Encoded], progress: bool = False) -> StepScores:
         """Scores of `encode`'s encodings in their order, as `Scorer.score` gives them (logits)."""
-        built = [stream_row(e, s, self.tag_length, self.close_id) for s in MODE_TABLE[self.mode].streams for e in encs]
+        built = [stream_row(e, s, self.read) for s in MODE_TABLE[self.mode].streams for e in encs]
         ratio = torch.zeros(len(built), max(len(row) for row, _ in built) - 1, dtype=torch.float64)
         for sign, llm in ((1, self.llm), (-1, self.reference)):
             for r, logps in enumerate(prompt_logps(llm, [row for row, _ in built], progress)):
                 ratio[r, : len(logps)] += sign * torch.tensor(logps, dtype=torch.float64)
         collect = Collector(offsets_of([len(e.steps) for e in encs]), self.mode)
-        collect(np.arange(len(encs)), read_steps(self.beta * ratio, built, [len(e.prompt) for e in encs], self.mode))
+        collect(np.arange(len(encs)), read_steps(self.read.beta * ratio, built, [len(e.prompt) for e in encs], self.mode))
         return collect.scores()
 
 
