@@ -1,4 +1,6 @@
-"""`python -m benchmarks --preset PRESET`: one preset's measurements, side by side in one run, written to benchmarks/."""
+"""`python -m benchmarks --preset PRESET`: one preset's measurements, side by side in one run, written to
+benchmarks/."""
+
 from benchmarks.config import BenchConfig
 from biprm.cli import run_program
 

@@ -13,6 +13,7 @@ and after the first step (which adds the model's longest batch: the length-group
 sampler puts it first). The first process also reports the padding share of its first
 100 batches.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,10 @@ def write_rows(path: Path, n: int, data_root: str, per_row: float = 1.0, seed: i
         for pick, u in zip(picks, firsts):
             question, steps = refs[pick[0]][0], [s for i in pick for s in refs[i][1]]
             first = int(u * 2 * len(steps)) if u < 0.5 else len(steps)  # half the rows wrong from a uniform step on
-            f.write(json.dumps({"prompt": question, "completions": steps, "labels": [t < first for t in range(len(steps))]}) + "\n")
+            f.write(
+                json.dumps({"prompt": question, "completions": steps, "labels": [t < first for t in range(len(steps))]})
+                + "\n"
+            )
 
 
 def peak_rss_mib() -> float:
@@ -85,8 +89,17 @@ def worker(spec: str) -> None:
             report.update(rank=args.process_index, seconds_to_first_step=round(time.perf_counter() - started, 1))
             control.should_training_stop = True
 
-    cfg = TrainConfig(backbone="tiny", data=job["data"], output_dir=job["output_dir"], max_length=job["max_length"],
-                      per_device_train_batch_size=job["batch_size"], gradient_accumulation_steps=1, max_steps=10, save_steps=10**9, show_progress=False)
+    cfg = TrainConfig(
+        backbone="tiny",
+        data=job["data"],
+        output_dir=job["output_dir"],
+        max_length=job["max_length"],
+        per_device_train_batch_size=job["batch_size"],
+        gradient_accumulation_steps=1,
+        max_steps=10,
+        save_steps=10**9,
+        show_progress=False,
+    )
     train(cfg, callbacks=[FirstStep()])
     report["peak_rss_mib"] = peak_rss_mib()
     Path(job["report"]).with_suffix(f".rank{report['rank']}.json").write_text(json.dumps(report))
@@ -94,14 +107,25 @@ def worker(spec: str) -> None:
 
 def _launch(cfg: DataBenchConfig, data: Path, cache: Path, processes: int, name: str, work: Path) -> dict:
     report = work / f"{name}.json"
-    spec = json.dumps({"data": str(data), "output_dir": str(work / f"run-{name}"), "max_length": cfg.max_length,
-                       "batch_size": cfg.batch_size, "report": str(report)})
+    spec = json.dumps(
+        {
+            "data": str(data),
+            "output_dir": str(work / f"run-{name}"),
+            "max_length": cfg.max_length,
+            "batch_size": cfg.batch_size,
+            "report": str(report),
+        }
+    )
     worker_cmd = ["-m", "benchmarks.data", spec]
     if processes > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), *worker_cmd]
     else:
         cmd = [sys.executable, *worker_cmd]
-    env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes))}
+    env = {
+        **os.environ,
+        "HF_DATASETS_CACHE": str(cache),
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes)),
+    }
     started = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -132,25 +156,36 @@ def write(result: dict, out: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     n = result["config"]["rows"]
-    rows = ["| run | processes | wall (s) | slowest rank to first step (s) | rows/s to first step "
-            "| peak RSS per rank before the first step (MiB) | peak RSS per rank with the first step (MiB) | padding |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = [
+        "| run | processes | wall (s) | slowest rank to first step (s) | rows/s to first step "
+        "| peak RSS per rank before the first step (MiB) | peak RSS per rank with the first step (MiB) | padding |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name, r in result["runs"].items():
         first = max(x["seconds_to_first_step"] for x in r["ranks"])
         rss = " / ".join(str(x["peak_rss_mib"]) for x in r["ranks"])
         data_rss = " / ".join(str(x.get("peak_rss_before_step_mib", "–")) for x in r["ranks"])
         pad = next((x["padding"] for x in r["ranks"] if "padding" in x), None)
-        rows.append(f"| {name} | {r['processes']} | {r['wall_s']} | {first} | {n / first:,.0f} | {data_rss} | {rss} | {'' if pad is None else f'{pad:.1%}'} |")
+        rows.append(
+            f"| {name} | {r['processes']} | {r['wall_s']} | {first} | {n / first:,.0f} | {data_rss} | {rss} | "
+            f"{'' if pad is None else f'{pad:.1%}'} |"
+        )
     per_row = result["config"].get("solutions_per_row", 1.0)
     length = "" if per_row == 1 else f", {per_row:g} reference solutions per row"
-    text = f"# Data pipeline, {result['config']['rows']:,} TRL rows{length} ({result['file_mib']} MiB)\n\n" + "\n".join(rows) + "\n"
+    text = (
+        f"# Data pipeline, {result['config']['rows']:,} TRL rows{length} ({result['file_mib']} MiB)\n\n"
+        + "\n".join(rows)
+        + "\n"
+    )
     path.with_suffix(".md").write_text(text)
     print(text)
     return path
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 2 and not sys.argv[1].startswith("-"):  # one measured process, started by `run` with its settings
+    if len(sys.argv) == 2 and not sys.argv[1].startswith(
+        "-"
+    ):  # one measured process, started by `run` with its settings
         worker(sys.argv[1])
     else:
         from biprm.cli import run_program

@@ -1,4 +1,5 @@
-"""`python -m benchmarks --preset long`: scoring one long trace, time per token and peak memory, `l2r` against each `bi` layout.
+"""`python -m benchmarks --preset long`: scoring one long trace, time per token and peak memory, `l2r` against each `bi`
+layout.
 
 A trace of L tokens per stream (a 64-token prompt, then 128-token steps) on a backbone's shape (random weights; `layers`
 keeps its first K layers, as a 2-core machine cannot run 30 layers at 16k tokens in minutes: time per token and the
@@ -12,6 +13,7 @@ memory (VmHWM above the resident set just before the call, with glibc returning 
 `benchmarks.measure` does for training steps). A last probe takes one training step of the tiny bi model on a row of
 `train_length` tokens per stream, against the 8 GB the issue allows. Ratios are read within one run.
 """
+
 from __future__ import annotations
 
 import gc
@@ -42,8 +44,11 @@ TAG = 7  # any id works as the step tag of a random-weight model
 def trace(length: int, tag: int = TAG, labels: bool = False) -> Encoded:
     """One trajectory of `length` tokens per stream: the prompt, then steps of STEP tokens each ending with the tag."""
     n = (length - PROMPT) // STEP
-    return Encoded(list(range(100, 100 + PROMPT)), [[11 + t % 50] * (STEP - 1) + [tag] for t in range(n)],
-                   [1.0] * n if labels else None)
+    return Encoded(
+        list(range(100, 100 + PROMPT)),
+        [[11 + t % 50] * (STEP - 1) + [tag] for t in range(n)],
+        [1.0] * n if labels else None,
+    )
 
 
 def model_of(shape: str, layers: int | None, mode: str) -> BiPRMModel:
@@ -81,7 +86,15 @@ def _probe(path: str) -> None:
         start = time.perf_counter()
         model(**batch)
         seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "peak_mib": _status_mib("VmHWM") - steady, "tokens": int((batch["unit_ids"] >= 0).sum())}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "peak_mib": _status_mib("VmHWM") - steady,
+                "tokens": int((batch["unit_ids"] >= 0).sum()),
+            }
+        )
+    )
 
 
 def run(cfg: BenchConfig, sizes: dict | None = None) -> dict:
@@ -98,20 +111,51 @@ def run(cfg: BenchConfig, sizes: dict | None = None) -> dict:
             results.append({"config": name, "length": length, **got, "s_per_token": got["seconds"] / length})
             print(json.dumps(results[-1]), flush=True)
     memory = step_memory("tiny", [trace(sizes["train_length"], labels=True)], "bi:plain", threads)
-    return {"config": asdict(cfg) | sizes, "machine": machine(), "loadavg_start": load, "loadavg_end": os.getloadavg(),
-            "results": results, "train_tiny": memory | {"length": sizes["train_length"]}, "elapsed_s": time.perf_counter() - start}
+    return {
+        "config": asdict(cfg) | sizes,
+        "machine": machine(),
+        "loadavg_start": load,
+        "loadavg_end": os.getloadavg(),
+        "results": results,
+        "train_tiny": memory | {"length": sizes["train_length"]},
+        "elapsed_s": time.perf_counter() - start,
+    }
 
 
 def targets(result: dict) -> list[dict]:
-    """The issue's targets: bi / l2r time per token at the longest length, peak memory there against 4k, tiny training."""
+    """The issue's targets: bi / l2r time per token at the longest length, peak memory there against 4k, tiny
+    training."""
     at = {(r["config"], r["length"]): r for r in result["results"]}
     top = max(r["length"] for r in result["results"])
-    rows = [("time per token, bi:plain / l2r", f"{top}", at["bi:plain", top]["s_per_token"] / at["l2r", top]["s_per_token"], "<=", 2.2)]
+    rows = [
+        (
+            "time per token, bi:plain / l2r",
+            f"{top}",
+            at["bi:plain", top]["s_per_token"] / at["l2r", top]["s_per_token"],
+            "<=",
+            2.2,
+        )
+    ]
     if 4096 in {r["length"] for r in result["results"]}:
         for name in ("l2r", "bi:plain"):
-            rows.append((f"peak memory, {name}: {top} / 4096 tokens", "", at[name, top]["peak_mib"] / at[name, 4096]["peak_mib"], "<=", 4.5))
-    rows.append(("training step peak memory (GiB), tiny bi", f"{result['train_tiny']['length']}",
-                 (result["train_tiny"]["steady_mib"] + result["train_tiny"]["step_mib"]) / 1024, "<=", 8.0))
+            rows.append(
+                (
+                    f"peak memory, {name}: {top} / 4096 tokens",
+                    "",
+                    at[name, top]["peak_mib"] / at[name, 4096]["peak_mib"],
+                    "<=",
+                    4.5,
+                )
+            )
+    rows.append(
+        (
+            "training step peak memory (GiB), tiny bi",
+            f"{result['train_tiny']['length']}",
+            (result["train_tiny"]["steady_mib"] + result["train_tiny"]["step_mib"]) / 1024,
+            "<=",
+            8.0,
+        )
+    )
     return [{"target": n, "at": a, "value": v, "op": op, "goal": g, "met": v <= g} for n, a, v, op, g in rows]
 
 
@@ -119,19 +163,39 @@ def write_markdown(result: dict, path: str) -> str:
     cfg, m = result["config"], result["machine"]
     by = {(r["config"], r["length"]): r for r in result["results"]}
     lengths = sorted({r["length"] for r in result["results"]})
-    rows = [[n, L, by[n, L]["tokens"], by[n, L]["seconds"], by[n, L]["s_per_token"] / by["l2r", L]["s_per_token"], by[n, L]["peak_mib"]] for L in lengths for n in CONFIGS if (n, L) in by]
+    rows = [
+        [
+            n,
+            L,
+            by[n, L]["tokens"],
+            by[n, L]["seconds"],
+            by[n, L]["s_per_token"] / by["l2r", L]["s_per_token"],
+            by[n, L]["peak_mib"],
+        ]
+        for L in lengths
+        for n in CONFIGS
+        if (n, L) in by
+    ]
     parts = [
-        f"# biprm bench: one long trace, {cfg['shape']} shape cut to {cfg['layers'] or 'all its'} layers (random weights, fp32)",
-        f"{m['lscpu'].get('Model name', '?')}, {m['lscpu'].get('CPU(s)', '?')} CPUs shared with other work; torch {m['torch']}, "
-        f"{m['threads']} threads. Load average at start {result['loadavg_start'][0]:.2f}, at end {result['loadavg_end'][0]:.2f}. "
-        f"One scoring call per configuration and length, each in a fresh process. The whole run took {result['elapsed_s'] / 60:.1f} min.",
+        f"# biprm bench: one long trace, {cfg['shape']} shape cut to {cfg['layers'] or 'all its'} layers (random "
+        "weights, fp32)",
+        f"{m['lscpu'].get('Model name', '?')}, {m['lscpu'].get('CPU(s)', '?')} CPUs shared with other work; torch "
+        f"{m['torch']}, "
+        f"{m['threads']} threads. Load average at start {result['loadavg_start'][0]:.2f}, at end "
+        f"{result['loadavg_end'][0]:.2f}. "
+        "One scoring call per configuration and length, each in a fresh process. The whole run took "
+        f"{result['elapsed_s'] / 60:.1f} min.",
         "## Targets",
-        _table(["target", "at", "measured", "goal", "met"], [[t["target"], t["at"], t["value"], f"{t['op']} {t['goal']}", t["met"]]
-                                                            for t in result["targets"]]),
-        "## Per length (tokens per stream): tokens run, seconds, time per trace token against l2r, peak memory of the call (MiB)",
+        _table(
+            ["target", "at", "measured", "goal", "met"],
+            [[t["target"], t["at"], t["value"], f"{t['op']} {t['goal']}", t["met"]] for t in result["targets"]],
+        ),
+        "## Per length (tokens per stream): tokens run, seconds, time per trace token against l2r, peak memory of the "
+        "call (MiB)",
         _table(["config", "length", "tokens run", "seconds", "per token / l2r", "peak MiB"], rows),
         f"Training step of the tiny bi model on one row of {result['train_tiny']['length']} tokens per stream: "
-        f"{result['train_tiny']['steady_mib']:.0f} MiB resident before the step, {result['train_tiny']['step_mib']:.0f} MiB more at its peak.",
+        f"{result['train_tiny']['steady_mib']:.0f} MiB resident before the step, "
+        f"{result['train_tiny']['step_mib']:.0f} MiB more at its peak.",
     ]
     text = "\n\n".join(parts) + "\n"
     Path(path).write_text(text)

@@ -7,6 +7,7 @@ VmHWM minus the VmRSS just before it. glibc is told to serve every block above 6
 with mmap (MALLOC_MMAP_THRESHOLD_), so freed tensors leave RSS at once and RSS tracks
 live tensors instead of allocator slack. Linux only.
 """
+
 from __future__ import annotations
 
 import gc
@@ -61,7 +62,9 @@ def counting_flops(model: nn.Module) -> Iterator[list[int]]:
             handle.remove()
 
 
-def timed(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1, flops_of: nn.Module | None = None) -> dict[str, dict]:
+def timed(
+    fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1, flops_of: nn.Module | None = None
+) -> dict[str, dict]:
     """Median wall and CPU seconds of each function, and its FLOPs per call when `flops_of` is given.
 
     Every repeat runs each function once in turn, so a burst of load from another process
@@ -89,6 +92,7 @@ def timed(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1, f
 
 def matmul_peak(dtype: torch.dtype, seconds: float = 0.3) -> dict:
     """Best GFLOP/s of square matmuls, the largest sized so one product takes about `seconds` (n <= 3072)."""
+
     def rate(n: int) -> float:
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
         best = float("inf")
@@ -128,7 +132,11 @@ def _run(command: list[str]) -> str:
 
 def step_memory(shape: str, encs: list[Encoded], name: str, threads: int) -> dict:
     """Peak memory of one training step of configuration `name`, in a fresh process (see module docstring)."""
-    return fresh_process("benchmarks.measure", {"shape": shape, "encs": encs, "name": name, "threads": threads}, f"memory probe for {name}")
+    return fresh_process(
+        "benchmarks.measure",
+        {"shape": shape, "encs": encs, "name": name, "threads": threads},
+        f"memory probe for {name}",
+    )
 
 
 def fresh_process(module: str, spec: dict, what: str) -> dict:

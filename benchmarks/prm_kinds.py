@@ -10,6 +10,7 @@ tag id swapped in): that pair differs only in the adapter (template, head, read-
 
     python benchmarks/prm_kinds.py [--solutions 256] [--rounds 3] [--threads 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,16 @@ OUT = Path(__file__).resolve().parent
 
 
 def body_config(vocab: int) -> Qwen2Config:
-    return Qwen2Config(vocab_size=vocab, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                       num_key_value_heads=3, max_position_embeddings=4096, tie_word_embeddings=True)
+    return Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
 
 
 def build(root: Path) -> tuple[Path, Path]:
@@ -48,12 +57,22 @@ def build(root: Path) -> tuple[Path, Path]:
     H = body.config.hidden_size
     qwen, ours = root / "qwen-prm", root / "biprm-l2r"
     qwen.mkdir()
-    head = {"score.0.weight": torch.randn(H, H) / H**0.5, "score.0.bias": torch.zeros(H), "score.2.weight": torch.randn(2, H) / H**0.5,
-            "score.2.bias": torch.zeros(2)}
-    save_file({f"model.{k}": v.contiguous() for k, v in body.state_dict().items()} | head, str(qwen / "model.safetensors"))
-    (qwen / "config.json").write_text(json.dumps(body.config.to_dict() | {"architectures": ["Qwen2ForProcessRewardModel"]}))
+    head = {
+        "score.0.weight": torch.randn(H, H) / H**0.5,
+        "score.0.bias": torch.zeros(H),
+        "score.2.weight": torch.randn(2, H) / H**0.5,
+        "score.2.bias": torch.zeros(2),
+    }
+    save_file(
+        {f"model.{k}": v.contiguous() for k, v in body.state_dict().items()} | head, str(qwen / "model.safetensors")
+    )
+    (qwen / "config.json").write_text(
+        json.dumps(body.config.to_dict() | {"architectures": ["Qwen2ForProcessRewardModel"]})
+    )
     tokenizer.save_pretrained(qwen)
-    config = BiPRMConfig(backbone_config=body.config, mode="l2r", step_tag_id=tokenizer.convert_tokens_to_ids("<|step|>"))
+    config = BiPRMConfig(
+        backbone_config=body.config, mode="l2r", step_tag_id=tokenizer.convert_tokens_to_ids("<|step|>")
+    )
     BiPRMModel(config, backbone=body).save_pretrained(ours)
     tokenizer.save_pretrained(ours)
     return qwen, ours
@@ -72,7 +91,9 @@ def main() -> None:
         scorers = {name: Scorer.from_pretrained(str(f), device="cpu") for name, f in folders.items()}
         encodings = {name: s.encode(trajs)[0] for name, s in scorers.items()}
         own_tag = scorers["biprm l2r"].model.config.step_tag_id
-        encodings["biprm l2r, PRM's rows"] = [Encoded(e.prompt, [s[:-1] + [own_tag] for s in e.steps], None) for e in encodings["qwen-prm"]]
+        encodings["biprm l2r, PRM's rows"] = [
+            Encoded(e.prompt, [s[:-1] + [own_tag] for s in e.steps], None) for e in encodings["qwen-prm"]
+        ]
         scorers["biprm l2r, PRM's rows"] = scorers["biprm l2r"]
         tokens = {name: sum(e.n_tokens for e in encs) for name, encs in encodings.items()}
         times: dict[str, list[float]] = {name: [] for name in scorers}
@@ -81,20 +102,43 @@ def main() -> None:
                 start = time.perf_counter()
                 scorer.score(encodings[name], progress=False)
                 times[name].append(time.perf_counter() - start)
-    rows = {name: {"tokens": tokens[name], "seconds": statistics.median(t), "tokens_per_s": tokens[name] / statistics.median(t),
-                   "rounds_s": t} for name, t in times.items()}
+    rows = {
+        name: {
+            "tokens": tokens[name],
+            "seconds": statistics.median(t),
+            "tokens_per_s": tokens[name] / statistics.median(t),
+            "rounds_s": t,
+        }
+        for name, t in times.items()
+    }
     ratio = rows["qwen-prm"]["tokens_per_s"] / rows["biprm l2r, PRM's rows"]["tokens_per_s"]
-    result = {"solutions": args.solutions, "rounds": args.rounds, "threads": args.threads, "rows": rows,
-              "throughput_ratio_qwen_prm_over_biprm_l2r_same_rows": ratio, "torch": torch.__version__}
+    result = {
+        "solutions": args.solutions,
+        "rounds": args.rounds,
+        "threads": args.threads,
+        "rows": rows,
+        "throughput_ratio_qwen_prm_over_biprm_l2r_same_rows": ratio,
+        "torch": torch.__version__,
+    }
     (OUT / "prm-kinds.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = ["# A third-party PRM kind against biprm's own L2R scorer, one body", "",
-             f"`python benchmarks/prm_kinds.py --solutions {args.solutions} --rounds {args.rounds} --threads {args.threads}` "
-             "on a 2-core CPU shared with other work (median of alternating rounds).", "",
-             "| model | stream tokens | median s | tokens/s |", "| --- | ---: | ---: | ---: |"]
+    lines = [
+        "# A third-party PRM kind against biprm's own L2R scorer, one body",
+        "",
+        f"`python benchmarks/prm_kinds.py --solutions {args.solutions} --rounds {args.rounds} --threads "
+        f"{args.threads}` "
+        "on a 2-core CPU shared with other work (median of alternating rounds).",
+        "",
+        "| model | stream tokens | median s | tokens/s |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     lines += [f"| {name} | {r['tokens']} | {r['seconds']:.2f} | {r['tokens_per_s']:.0f} |" for name, r in rows.items()]
-    lines += ["", f"Throughput ratio, qwen-prm / biprm l2r on the same token rows: **{ratio:.3f}** (the adapter's cost). "
-              "Against biprm l2r on its own, shorter rows, the PRM is slower per token: its chat template makes every row "
-              "longer, and attention grows with the row.", ""]
+    lines += [
+        "",
+        f"Throughput ratio, qwen-prm / biprm l2r on the same token rows: **{ratio:.3f}** (the adapter's cost). "
+        "Against biprm l2r on its own, shorter rows, the PRM is slower per token: its chat template makes every row "
+        "longer, and attention grows with the row.",
+        "",
+    ]
     (OUT / "prm-kinds.md").write_text("\n".join(lines))
     print("\n".join(lines), file=sys.stderr)
 

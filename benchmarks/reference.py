@@ -7,6 +7,7 @@ fetch the hidden states again for the gate, so a batch costs 4 backbone passes (
 `l2r`). Best-of-N scores one candidate at a time. The numbers it computes are the same
 kind as BiPRMModel's; only the cost differs.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,7 +38,9 @@ class ReferencePRM(nn.Module):
 
     def _pass(self, batch: dict[str, torch.Tensor], stream: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states and value-head logits at the stream's step tags, after a full LM forward."""
-        out = self.lm(input_ids=batch["input_ids"], attention_mask=(batch["unit_ids"] >= 0).long(), output_hidden_states=True)
+        out = self.lm(
+            input_ids=batch["input_ids"], attention_mask=(batch["unit_ids"] >= 0).long(), output_hidden_states=True
+        )
         out.logits.float()  # the wrapper upcasts the full-vocabulary logits whether or not they are used
         h = out.hidden_states[-1].reshape(-1, out.hidden_states[-1].shape[-1])[batch[f"{stream}_index"]]
         return h, self.value_head(h).squeeze(-1).float()

@@ -13,6 +13,7 @@ puts a trajectory's prompt once, then its streams (the training layout);
 rows beyond); `<mode>:kv` encodes each question's prompt once into a KV cache for all
 its candidates (`Scorer(prefix_cache=True)`).
 """
+
 from __future__ import annotations
 
 import os
@@ -61,20 +62,36 @@ def scoring_fn(bench: Bench, name: str, trajs: list[Trajectory]):
 def gate_overhead() -> dict:
     """Parameters of BiPRM on Qwen2.5-Math-1.5B's shape, built on the meta device (nothing downloaded)."""
     config = Qwen2Config(
-        hidden_size=1536, num_hidden_layers=28, vocab_size=151936, intermediate_size=8960,
-        num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True,
+        hidden_size=1536,
+        num_hidden_layers=28,
+        vocab_size=151936,
+        intermediate_size=8960,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
     )
     with torch.device("meta"):
         model = BiPRMModel(BiPRMConfig(backbone_config=config, mode="bi"))
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     body, gate, value = count(model.backbone), count(model.gate), count(model.value_head)
-    return {"backbone": body, "value_head": value, "gate": gate, "l2r_total": body + value,
-            "bi_total": body + value + gate, "gate_fraction": gate / (body + value)}
+    return {
+        "backbone": body,
+        "value_head": value,
+        "gate": gate,
+        "l2r_total": body + value,
+        "bi_total": body + value + gate,
+        "gate_fraction": gate / (body + value),
+    }
 
 
 def logits_memory(vocabs=(49152, 151936), batches=(1, 4, 8), lengths=(256, 1024, 2048)) -> list[dict]:
     """Bytes of one stream's fp32 full-vocabulary logits, B x L x V x 4, which BiPRM never materialises."""
-    return [{"vocab": v, "batch": b, "length": n, "gib": b * n * v * 4 / 2**30} for v in vocabs for b in batches for n in lengths]
+    return [
+        {"vocab": v, "batch": b, "length": n, "gib": b * n * v * 4 / 2**30}
+        for v in vocabs
+        for b in batches
+        for n in lengths
+    ]
 
 
 def train_section(bench: Bench, cfg: BenchConfig, pool: list[Trajectory], threads: int) -> dict:
@@ -92,14 +109,23 @@ def train_section(bench: Bench, cfg: BenchConfig, pool: list[Trajectory], thread
             row["flops"] = row["gflops_per_s"] = None
         if cfg.memory and name in cfg.names(MEMORY):
             row["memory"] = step_memory(cfg.shape, encs, name, threads)
-    return {"batch": len(encs), "tokens_per_stream": [e.n_tokens for e in encs], "prompts": [len(e.prompt) for e in encs], "rows": rows}
+    return {
+        "batch": len(encs),
+        "tokens_per_stream": [e.n_tokens for e in encs],
+        "prompts": [len(e.prompt) for e in encs],
+        "rows": rows,
+    }
 
 
 def latency_section(bench: Bench, cfg: BenchConfig, trajs: list[Trajectory]) -> dict:
     """Seconds to score one solution alone, median over a few candidates of the pool."""
-    picked = [trajs[i] for i in np.random.default_rng(cfg.seed).choice(len(trajs), cfg.sizes["latency_sample"], replace=False)]
+    picked = [
+        trajs[i] for i in np.random.default_rng(cfg.seed).choice(len(trajs), cfg.sizes["latency_sample"], replace=False)
+    ]
     fns = {name: [scoring_fn(bench, name, [t]) for t in picked] for name in cfg.names(LATENCY)}
-    rows = timed({k: lambda fs=fs: [f() for f in fs] for k, fs in fns.items()}, cfg.sizes["repeats"], warmup=1, flops_of=bench.lm)
+    rows = timed(
+        {k: lambda fs=fs: [f() for f in fs] for k, fs in fns.items()}, cfg.sizes["repeats"], warmup=1, flops_of=bench.lm
+    )
     for row in rows.values():
         row["per_solution_s"] = row["median_s"] / len(picked)
     return {"solutions": len(picked), "tokens": [bench.encoder().encode(t).n_tokens for t in picked], "rows": rows}
@@ -112,7 +138,10 @@ def bon_section(bench: Bench, cfg: BenchConfig, trajs: list[Trajectory]) -> dict
     tokens = np.array([encoder.encode(t).n_tokens for t in trajs])
     sample = np.random.default_rng(cfg.seed).choice(len(trajs), cfg.sizes["ref_sample"], replace=False)
     names = cfg.names(BON)
-    fns = {name: scoring_fn(bench, name, [trajs[i] for i in sample] if name.startswith("ref-") else trajs) for name in names}
+    fns = {
+        name: scoring_fn(bench, name, [trajs[i] for i in sample] if name.startswith("ref-") else trajs)
+        for name in names
+    }
     rows = timed(fns, cfg.sizes["bon_repeats"], warmup=0, flops_of=bench.lm)  # the backbone is warm by now
     for name, row in rows.items():
         scale = tokens.sum() / tokens[sample].sum() if name.startswith("ref-") else 1.0
@@ -123,7 +152,10 @@ def bon_section(bench: Bench, cfg: BenchConfig, trajs: list[Trajectory]) -> dict
     scores = {name: scoring_fn(bench, name, check)().fused for name in ("bi:plain", "bi:kv", "bi:default")}
     reference = scoring_fn(bench, "ref-bi", check)()
     return {
-        "questions": len(trajs) // CANDIDATES, "solutions": len(trajs), "tokens": int(tokens.sum()), "ref_sample": len(sample),
+        "questions": len(trajs) // CANDIDATES,
+        "solutions": len(trajs),
+        "tokens": int(tokens.sum()),
+        "ref_sample": len(sample),
         "max_abs_diff_bi_paths": max(float(np.abs(s - scores["bi:plain"]).max()) for s in scores.values()),
         "max_abs_diff_vs_reference": float(np.abs(scores["bi:plain"] - reference).max()),
         "rows": rows,

@@ -1,4 +1,5 @@
-"""`python -m benchmarks --preset search`: what scoring a beam search's partial solutions costs, incremental L2R against from scratch.
+"""`python -m benchmarks --preset search`: what scoring a beam search's partial solutions costs, incremental L2R against
+from scratch.
 
 The workload is a beam search of depth D and width W over P paths per question: P first
 steps, then at every depth the W kept paths each grow P/W next steps. Real GSM8K reference
@@ -18,6 +19,7 @@ from the groups measured so far after every group, marked partial until all are.
 short goes on, run again with the same settings, from the groups it finished (a group with a
 configuration missing is measured again, whole); the rows file goes once the report is whole.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,7 +44,11 @@ from biprm.run_folder import changes
 from biprm.scoring.scorer import Scorer
 from biprm.scoring.prefix import PrefixScorer
 
-CONFIGS = {"l2r:incremental": ("l2r", True, "l2r"), "l2r:scratch": ("l2r", False, "l2r"), "bi:fused": ("bi", True, "fused")}
+CONFIGS = {
+    "l2r:incremental": ("l2r", True, "l2r"),
+    "l2r:scratch": ("l2r", False, "l2r"),
+    "bi:fused": ("bi", True, "fused"),
+}
 Level = list[tuple[str, list[str]]]  # the (question, path) pairs one call scores
 
 
@@ -60,7 +66,11 @@ def search_tree(data_root: str, sizes: dict, seed: int = 0) -> list[list[Level]]
         level = [(q, [s]) for q in questions[g : g + sizes["group"]] for s in draw(sizes["paths"])]
         levels = [level]
         for _ in range(sizes["depth"] - 1):
-            kept = [level[i + k * sizes["paths"]] for k in range(len(level) // sizes["paths"]) for i in rng.choice(sizes["paths"], width, replace=False)]
+            kept = [
+                level[i + k * sizes["paths"]]
+                for k in range(len(level) // sizes["paths"])
+                for i in rng.choice(sizes["paths"], width, replace=False)
+            ]
             level = [(q, [*p, s]) for q, p in kept for s in draw(grow)]
             levels.append(level)
         groups.append(levels)
@@ -74,7 +84,9 @@ def rows_file(cfg: BenchConfig) -> Path:
 def measured(path: Path, config: dict) -> tuple[dict, list[dict], int]:
     """(the run's header, the rows of the question groups it has measured whole, this session's number) from the rows
     file a run cut short left, which must be this run's; a new file (its header: settings and load average) if none."""
-    lines = [json.loads(line) for line in path.read_text().split("\n")[:-1]] if path.is_file() else []  # a line cut by a kill is dropped
+    lines = (
+        [json.loads(line) for line in path.read_text().split("\n")[:-1]] if path.is_file() else []
+    )  # a line cut by a kill is dropped
     if not lines:
         header = {"config": config, "loadavg_start": os.getloadavg()}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,8 +94,10 @@ def measured(path: Path, config: dict) -> tuple[dict, list[dict], int]:
         return header, [], 0
     header, *rows = lines
     if header["config"] != config:
-        raise ValueError(f"{path} holds the rows of another run ({'; '.join(changes(header['config'], config))}); "
-                         "delete it to measure this one")
+        raise ValueError(
+            f"{path} holds the rows of another run ({'; '.join(changes(header['config'], config))}); "
+            "delete it to measure this one"
+        )
     whole = {g for g in {r["group"] for r in rows} if {r["config"] for r in rows if r["group"] == g} == set(CONFIGS)}
     rows = [r for r in rows if r["group"] in whole]
     path.write_text("".join(json.dumps(line) + "\n" for line in [header, *rows]))
@@ -113,7 +127,10 @@ def run(cfg: BenchConfig, sizes: dict | None = None, report: Callable[[dict], No
     todo = [g for g in range(len(groups)) if g not in {r["group"] for r in rows}]
     if todo:
         bench = build(cfg.shape, cfg.seed)
-        scorers = {name: PrefixScorer(Scorer(bench.ours[mode], bench.tokenizer), incremental) for name, (mode, incremental, _) in CONFIGS.items()}
+        scorers = {
+            name: PrefixScorer(Scorer(bench.ours[mode], bench.tokenizer), incremental)
+            for name, (mode, incremental, _) in CONFIGS.items()
+        }
         for name, (_, _, streams) in CONFIGS.items():  # warm-up: one level, not counted
             level = groups[0][0]
             PrefixScorer(scorers[name].scorer).score([q for q, _ in level], [p for _, p in level], streams)
@@ -122,8 +139,12 @@ def run(cfg: BenchConfig, sizes: dict | None = None, report: Callable[[dict], No
         for name, (_, _, streams) in CONFIGS.items():
             row, scores[name] = measure(scorers[name], groups[g], streams)
             if name == "l2r:scratch":
-                row["max_abs_diff_vs_incremental"] = max(float(np.abs(a - b).max()) for a, b in zip(scores["l2r:incremental"], scores[name]))
-            rows.append({"group": g, "config": name, **row, "session": session, "elapsed_s": time.perf_counter() - start})
+                row["max_abs_diff_vs_incremental"] = max(
+                    float(np.abs(a - b).max()) for a, b in zip(scores["l2r:incremental"], scores[name])
+                )
+            rows.append(
+                {"group": g, "config": name, **row, "session": session, "elapsed_s": time.perf_counter() - start}
+            )
             with path.open("a") as f:
                 f.write(json.dumps(rows[-1]) + "\n")
         if report is not None:
@@ -132,7 +153,8 @@ def run(cfg: BenchConfig, sizes: dict | None = None, report: Callable[[dict], No
 
 
 def result_of(header: dict, rows: list[dict], groups: list[list[Level]]) -> dict:
-    """The result of the groups `rows` holds: their seconds and tokens summed per configuration and depth; the wall clock
+    """The result of the groups `rows` holds: their seconds and tokens summed per configuration and depth; the wall
+    clock
     of every session up to its last row."""
     depth = len(groups[0])
     seconds = {name: np.zeros(depth) for name in CONFIGS}
@@ -143,11 +165,20 @@ def result_of(header: dict, rows: list[dict], groups: list[list[Level]]) -> dict
         tokens[r["config"]] += np.array(r["tokens"], dtype=np.int64)
         sessions[r["session"]] = max(sessions.get(r["session"], 0.0), r["elapsed_s"])
     return {
-        "config": header["config"], "machine": machine(), "loadavg_start": header["loadavg_start"],
-        "paths_per_depth": [len(level) for level in groups[0]], "groups_done": len({r["group"] for r in rows}), "groups": len(groups),
-        "seconds": {k: v.tolist() for k, v in seconds.items()}, "tokens": {k: v.tolist() for k, v in tokens.items()},
-        "max_abs_diff_incremental_vs_scratch": max(r["max_abs_diff_vs_incremental"] for r in rows if r["config"] == "l2r:scratch"),
-        "loadavg_end": os.getloadavg(), "elapsed_s": sum(sessions.values()), "sessions": len(sessions),
+        "config": header["config"],
+        "machine": machine(),
+        "loadavg_start": header["loadavg_start"],
+        "paths_per_depth": [len(level) for level in groups[0]],
+        "groups_done": len({r["group"] for r in rows}),
+        "groups": len(groups),
+        "seconds": {k: v.tolist() for k, v in seconds.items()},
+        "tokens": {k: v.tolist() for k, v in tokens.items()},
+        "max_abs_diff_incremental_vs_scratch": max(
+            r["max_abs_diff_vs_incremental"] for r in rows if r["config"] == "l2r:scratch"
+        ),
+        "loadavg_end": os.getloadavg(),
+        "elapsed_s": sum(sessions.values()),
+        "sessions": len(sessions),
     }
 
 
@@ -161,32 +192,63 @@ def targets(result: dict) -> list[dict]:
         ("tokens: fused / L2R scratch", total["bi:fused"] / total["l2r:scratch"], "<=", 1.4),
         ("seconds: fused / L2R scratch", secs["bi:fused"] / secs["l2r:scratch"], "<=", 1.4),
     ]
-    return [{"target": n, "value": v, "op": op, "goal": g, "met": v >= g if op == ">=" else v <= g} for n, v, op, g in rows]
+    return [
+        {"target": n, "value": v, "op": op, "goal": g, "met": v >= g if op == ">=" else v <= g} for n, v, op, g in rows
+    ]
 
 
 def write_markdown(result: dict, path: str) -> str:
     cfg, m = result["config"], result["machine"]
     names = list(CONFIGS)
-    per_depth = [[d + 1, *(int(np.sum(result["tokens"][n][d])) for n in names), *(result["seconds"][n][d] for n in names)]
-                 for d in range(cfg["depth"])]
+    per_depth = [
+        [d + 1, *(int(np.sum(result["tokens"][n][d])) for n in names), *(result["seconds"][n][d] for n in names)]
+        for d in range(cfg["depth"])
+    ]
     parts = [
         f"# biprm bench: scoring a beam search's partial solutions, {cfg['shape']} shape (random weights, fp32)",
-        f"{m['lscpu'].get('Model name', '?')}, {m['lscpu'].get('CPU(s)', '?')} CPUs; torch {m['torch']}, {m['threads']} threads. "
+        f"{m['lscpu'].get('Model name', '?')}, {m['lscpu'].get('CPU(s)', '?')} CPUs; torch {m['torch']}, "
+        f"{m['threads']} threads. "
         f"Load average at start {result['loadavg_start'][0]:.2f}, at end {result['loadavg_end'][0]:.2f}. "
-        f"{cfg['questions']} GSM8K test questions in groups of {cfg['group']}, beam width {cfg['width']} over {cfg['paths']} paths "
+        f"{cfg['questions']} GSM8K test questions in groups of {cfg['group']}, beam width {cfg['width']} over "
+        f"{cfg['paths']} paths "
         f"per question, depth {cfg['depth']}; GSM8K reference steps stand in for generated ones. "
         f"The whole run took {result['elapsed_s'] / 60:.1f} min"
-        + (f", in {result['sessions']} sessions (each counted to its last finished group)." if result["sessions"] > 1 else "."),
-        *([f"**Partial:** {result['groups_done']} of {result['groups']} question groups measured; the same command goes on "
-           "from the rest."] if result["groups_done"] < result["groups"] else []),
+        + (
+            f", in {result['sessions']} sessions (each counted to its last finished group)."
+            if result["sessions"] > 1
+            else "."
+        ),
+        *(
+            [
+                f"**Partial:** {result['groups_done']} of {result['groups']} question groups measured; the same "
+                "command goes on "
+                "from the rest."
+            ]
+            if result["groups_done"] < result["groups"]
+            else []
+        ),
         "## Targets (the whole search)",
-        _table(["target", "measured", "goal", "met"], [[t["target"], t["value"], f"{t['op']} {t['goal']}", t["met"]] for t in result["targets"]]),
+        _table(
+            ["target", "measured", "goal", "met"],
+            [[t["target"], t["value"], f"{t['op']} {t['goal']}", t["met"]] for t in result["targets"]],
+        ),
         "## Per depth: PRM tokens run (prompt + L2R + R2L) and seconds, summed over questions",
         _table(["depth", *(f"tokens {n}" for n in names), *(f"s {n}" for n in names)], per_depth),
         "## Totals by stream",
-        _table(["config", "prompt", "l2r", "r2l", "all", "seconds"],
-               [[n, *np.sum(result["tokens"][n], axis=0).tolist(), int(np.sum(result["tokens"][n])), float(np.sum(result["seconds"][n]))] for n in names]),
-        f"Largest L2R score difference, incremental against from scratch: {result['max_abs_diff_incremental_vs_scratch']:.2g}.",
+        _table(
+            ["config", "prompt", "l2r", "r2l", "all", "seconds"],
+            [
+                [
+                    n,
+                    *np.sum(result["tokens"][n], axis=0).tolist(),
+                    int(np.sum(result["tokens"][n])),
+                    float(np.sum(result["seconds"][n])),
+                ]
+                for n in names
+            ],
+        ),
+        "Largest L2R score difference, incremental against from scratch: "
+        f"{result['max_abs_diff_incremental_vs_scratch']:.2g}.",
     ]
     text = "\n\n".join(parts) + "\n"
     Path(path).write_text(text)
@@ -195,6 +257,7 @@ def write_markdown(result: dict, path: str) -> str:
 
 def main(cfg: BenchConfig, sizes: dict | None = None) -> dict:
     """Measure, writing the report after every question group (printed once whole); the rows file goes at the end."""
+
     def report(result: dict, show: bool = False) -> None:
         result["targets"] = targets(result)
         save(result, cfg.out, f"bench-{cfg.shape}-search", write_markdown, show)
@@ -202,8 +265,10 @@ def main(cfg: BenchConfig, sizes: dict | None = None) -> dict:
     try:
         result = run(cfg, sizes, report)
     except KeyboardInterrupt:  # the one line `run_program` prints
-        raise KeyboardInterrupt(f"the question groups measured so far are kept in {rows_file(cfg)}, and reported beside it: "
-                                "the same command goes on from there") from None
+        raise KeyboardInterrupt(
+            f"the question groups measured so far are kept in {rows_file(cfg)}, and reported beside it: "
+            "the same command goes on from there"
+        ) from None
     report(result, show=True)
     rows_file(cfg).unlink()
     return result

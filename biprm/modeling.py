@@ -9,6 +9,7 @@ per step whatever the mode (twice with a prompt KV cache: prompts, then continua
 The backbone is the causal LM's body (AutoModel): no LM head and no vocabulary-sized
 logits are ever computed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,7 +23,15 @@ from typing import Iterator
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModel, AutoTokenizer, DynamicCache, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoTokenizer,
+    DynamicCache,
+    PreTrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import ModelOutput
 
 from biprm.checkpoint import check_checkpoint
@@ -47,12 +56,15 @@ class BiPRMConfig(PreTrainedConfig):
         objective: str = "bce",
         zeta: float = 4.0,
         step_tag_id: int | None = None,
-        detach_gate_inputs: bool = False,  # the paper trains the gate through both streams; True stops its gradient into them
+        # the paper trains the gate through both streams; True stops its gradient into them
+        detach_gate_inputs: bool = False,
         aux_loss_weight: float = 0.0,
         prm_kind: str = "biprm",  # whose template and read-out (biprm.prms): a PRM made bidirectional keeps its own
-        value_head: str = "linear",  # "linear": Linear(H, 1); "mlp": Linear(H, H) -> ReLU -> Linear(H, 1) (Qwen's PRM head)
+        # "linear": Linear(H, 1); "mlp": Linear(H, H) -> ReLU -> Linear(H, 1) (Qwen's PRM head)
+        value_head: str = "linear",
         gate_init: float | None = None,  # None: a random gate; a number x: sigma starts at sigmoid(x) on every step
-        segmenter: str = "given",  # how its training steps were cut (biprm.data.segment): the default for scoring a trace
+        # how its training steps were cut (biprm.data.segment): the default for scoring a trace
+        segmenter: str = "given",
         **kwargs,
     ):
         if isinstance(backbone_config, dict):
@@ -80,7 +92,8 @@ class BiPRMConfig(PreTrainedConfig):
 
     @hidden_size.setter
     def hidden_size(self, value: int) -> None:
-        """A config.json that holds the width (a tool wrote it out) loads; one that disagrees with its backbone is refused."""
+        """A config.json that holds the width (a tool wrote it out) loads; one that disagrees with its backbone is
+        refused."""
         if value != self.backbone_config.hidden_size:
             raise ValueError(f"hidden_size {value} differs from the backbone's {self.backbone_config.hidden_size}")
 
@@ -106,7 +119,11 @@ def head_masters(model: nn.Module) -> dict[str, torch.Tensor]:
     the masters are partitioned, so every rank must call this (in the same order) for the gather."""
     from deepspeed.utils import safe_get_full_fp32_param
 
-    found = {name: safe_get_full_fp32_param(p) for name, p in model.named_parameters() if name.startswith(HEADS) and p.requires_grad}
+    found = {
+        name: safe_get_full_fp32_param(p)
+        for name, p in model.named_parameters()
+        if name.startswith(HEADS) and p.requires_grad
+    }
     return {name: master.detach().cpu() for name, master in found.items() if master is not None}
 
 
@@ -134,14 +151,26 @@ class BiPRMModel(PreTrainedModel):
         check_attention(config._attn_implementation)
         self.backbone = backbone if backbone is not None else AutoModel.from_config(config.backbone_config)
         H = config.backbone_config.hidden_size
-        self.value_head = Float32Linear(H, 1) if config.value_head == "linear" else nn.Sequential(Float32Linear(H, H), nn.ReLU(), Float32Linear(H, 1))
-        self.gate = nn.Sequential(Float32Linear(2 * H, H), nn.ReLU(), Float32Linear(H, 1)) if MODE_TABLE[config.mode].fusion == "gate" else None
+        self.value_head = (
+            Float32Linear(H, 1)
+            if config.value_head == "linear"
+            else nn.Sequential(Float32Linear(H, H), nn.ReLU(), Float32Linear(H, 1))
+        )
+        self.gate = (
+            nn.Sequential(Float32Linear(2 * H, H), nn.ReLU(), Float32Linear(H, 1))
+            if MODE_TABLE[config.mode].fusion == "gate"
+            else None
+        )
         self.post_init()
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, prm_kind: str | None = None, prm_mode: str = "l2r", **kwargs) -> "BiPRMModel":
-        """transformers' loader, after `check_checkpoint`: a wrong local folder is named in one line, a missing one never goes to the Hub.
-        A folder of another PRM kind (biprm.prms; detected, or named by `prm_kind`) loads through `from_prm`, in `prm_mode`
+    def from_pretrained(
+        cls, pretrained_model_name_or_path, *args, prm_kind: str | None = None, prm_mode: str = "l2r", **kwargs
+    ) -> "BiPRMModel":
+        """transformers' loader, after `check_checkpoint`: a wrong local folder is named in one line, a missing one
+        never goes to the Hub.
+        A folder of another PRM kind (biprm.prms; detected, or named by `prm_kind`) loads through `from_prm`, in
+        `prm_mode`
         (l2r: as shipped; bi-static or r2l: also, or only, reading its steps reversed, untrained)."""
         path = str(pretrained_model_name_or_path)
         check_checkpoint(path, prm_kind)
@@ -153,7 +182,9 @@ class BiPRMModel(PreTrainedModel):
         """transformers' save, with the heads in fp32 whatever an engine cast them to: a ZeRO-3
         16-bit save gathers bf16 copies of them, and a bf16-cast model holds bf16 ones."""
         state_dict = self.state_dict() if state_dict is None else state_dict
-        state_dict = {k: v.float() if k.startswith(HEADS) and v.is_floating_point() else v for k, v in state_dict.items()}
+        state_dict = {
+            k: v.float() if k.startswith(HEADS) and v.is_floating_point() else v for k, v in state_dict.items()
+        }
         super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -182,18 +213,28 @@ class BiPRMModel(PreTrainedModel):
         r2l_index: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
     ) -> BiPRMOutput:
-        """The packed layout of `pack`: both streams of every trajectory in one backbone call (what the Trainer calls)."""
+        """The packed layout of `pack`: both streams of every trajectory in one backbone call (what the Trainer
+        calls)."""
         tags = self.tag_states(input_ids, position_ids, unit_ids, stream_ids, l2r_index, r2l_index)
         return self._heads_on(tags, l2r_index, r2l_index, step_offsets, labels)
 
     def tag_states(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, unit_ids: torch.Tensor, stream_ids: torch.Tensor,
-        l2r_index: torch.Tensor | None = None, r2l_index: torch.Tensor | None = None,
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        unit_ids: torch.Tensor,
+        stream_ids: torch.Tensor,
+        l2r_index: torch.Tensor | None = None,
+        r2l_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The body's hidden states at the step tags of `pack`'s layout: the L2R tags, then the R2L ones, each in forward
-        step order. Apart from `forward`, a scorer that reads a long trajectory's streams in different windows calls it."""
+        """The body's hidden states at the step tags of `pack`'s layout: the L2R tags, then the R2L ones, each in
+        forward
+        step order. Apart from `forward`, a scorer that reads a long trajectory's streams in different windows calls
+        it."""
         mask = self._for_backend(attention_mask(unit_ids, stream_ids))
-        hidden = self.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
         return hidden.reshape(-1, hidden.shape[-1])[torch.cat([i for i in (l2r_index, r2l_index) if i is not None])]
 
     def score_with_prefix(
@@ -210,9 +251,12 @@ class BiPRMModel(PreTrainedModel):
         r2l_index: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
     ) -> BiPRMOutput:
-        """The prefix-cache layout of `pack_cached` (Best-of-N inference): prompts once, then continuations on their KV cache."""
+        """The prefix-cache layout of `pack_cached` (Best-of-N inference): prompts once, then continuations on their KV
+        cache."""
         flat_index = torch.cat([i for i in (l2r_index, r2l_index) if i is not None])
-        tags = self._cached_tags(input_ids, position_ids, unit_ids, prefix_ids, prefix_lengths, prefix_rows, chunks, flat_index)
+        tags = self._cached_tags(
+            input_ids, position_ids, unit_ids, prefix_ids, prefix_lengths, prefix_rows, chunks, flat_index
+        )
         return self._heads_on(tags, l2r_index, r2l_index, step_offsets, labels)
 
     def forward_features(
@@ -228,12 +272,18 @@ class BiPRMModel(PreTrainedModel):
         """The trunk-cache layout of `TrunkCache.batch`: the top `top_layers` layers on cached bottom-layer
         features (plain causal rows, one per stream), then the same heads."""
         top = split(self, top_layers)[1]
-        hidden = top(inputs_embeds=features.to(self.dtype), position_ids=position_ids, use_cache=False).last_hidden_state
+        hidden = top(
+            inputs_embeds=features.to(self.dtype), position_ids=position_ids, use_cache=False
+        ).last_hidden_state
         return self._at_tags(hidden, l2r_index, r2l_index, step_offsets, labels)
 
     def _at_tags(
-        self, hidden: torch.Tensor, l2r_index: torch.Tensor | None, r2l_index: torch.Tensor | None,
-        step_offsets: torch.Tensor, labels: torch.Tensor | None,
+        self,
+        hidden: torch.Tensor,
+        l2r_index: torch.Tensor | None,
+        r2l_index: torch.Tensor | None,
+        step_offsets: torch.Tensor,
+        labels: torch.Tensor | None,
     ) -> BiPRMOutput:
         """The heads on the hidden states [R, L, H] at each stream's step tags (indices flat over R x L)."""
         flat = hidden.reshape(-1, hidden.shape[-1])
@@ -241,8 +291,12 @@ class BiPRMModel(PreTrainedModel):
         return self._heads_on(tags, l2r_index, r2l_index, step_offsets, labels)
 
     def _heads_on(
-        self, tags: torch.Tensor, l2r_index: torch.Tensor | None, r2l_index: torch.Tensor | None,
-        step_offsets: torch.Tensor, labels: torch.Tensor | None,
+        self,
+        tags: torch.Tensor,
+        l2r_index: torch.Tensor | None,
+        r2l_index: torch.Tensor | None,
+        step_offsets: torch.Tensor,
+        labels: torch.Tensor | None,
     ) -> BiPRMOutput:
         """Every entry point ends here: `tags` holds the L2R tags, then the R2L ones, each in forward step order."""
         n = 0 if l2r_index is None else len(l2r_index)
@@ -251,7 +305,11 @@ class BiPRMModel(PreTrainedModel):
         return self.heads(h_l2r, h_r2l, step_offsets, labels)
 
     def heads(
-        self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None, step_offsets: torch.Tensor, labels: torch.Tensor | None = None
+        self,
+        h_l2r: torch.Tensor | None,
+        h_r2l: torch.Tensor | None,
+        step_offsets: torch.Tensor,
+        labels: torch.Tensor | None = None,
     ) -> BiPRMOutput:
         """Value head, gate, fusion and loss on the step-tag hidden states of each stream (forward step order).
 
@@ -263,7 +321,11 @@ class BiPRMModel(PreTrainedModel):
             return self._heads(h_l2r, h_r2l, step_offsets, labels)
 
     def _heads(
-        self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None, step_offsets: torch.Tensor, labels: torch.Tensor | None
+        self,
+        h_l2r: torch.Tensor | None,
+        h_r2l: torch.Tensor | None,
+        step_offsets: torch.Tensor,
+        labels: torch.Tensor | None,
     ) -> BiPRMOutput:
         r_l2r = self.value_head(h_l2r).squeeze(-1) if h_l2r is not None else None
         r_r2l = self.value_head(h_r2l).squeeze(-1) if h_r2l is not None else None
@@ -286,7 +348,9 @@ class BiPRMModel(PreTrainedModel):
         """Boolean masks for SDPA; eager attention adds the mask to the scores instead."""
         if mask is None or self.backbone.config._attn_implementation != "eager":
             return mask
-        return torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(~mask, torch.finfo(self.dtype).min)
+        return torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(
+            ~mask, torch.finfo(self.dtype).min
+        )
 
     def _cached_tags(
         self,
@@ -309,17 +373,24 @@ class BiPRMModel(PreTrainedModel):
         name = cache_argument(self.backbone)
         cache = getattr(self.backbone(input_ids=prefix_ids, use_cache=True), name)
         layers = [(k, v) for k, v, *_ in cache]
-        starts = chunks[:-1].tolist()  # `chunks` and the widths are read once, not once per chunk: each read waits on a GPU
+        starts = chunks[
+            :-1
+        ].tolist()  # `chunks` and the widths are read once, not once per chunk: each read waits on a GPU
         widths = (unit_ids >= 0).sum(1)[starts].tolist()
         L = input_ids.shape[1]
         row, col = flat_index // L, flat_index % L
-        tags = torch.empty(len(flat_index), self.config.backbone_config.hidden_size, dtype=self.dtype, device=input_ids.device)
+        tags = torch.empty(
+            len(flat_index), self.config.backbone_config.hidden_size, dtype=self.dtype, device=input_ids.device
+        )
         for a, b, w in zip(starts, chunks[1:].tolist(), widths):
             rows = prefix_rows[a:b]
             mask = cached_attention_mask(unit_ids[a:b, :w], prefix_lengths[rows], prefix_ids.shape[1])
             hidden = self.backbone(
-                input_ids=input_ids[a:b, :w], attention_mask=self._for_backend(mask), position_ids=position_ids[a:b, :w],
-                **{name: DynamicCache([(k[rows], v[rows]) for k, v in layers])}, use_cache=True,
+                input_ids=input_ids[a:b, :w],
+                attention_mask=self._for_backend(mask),
+                position_ids=position_ids[a:b, :w],
+                **{name: DynamicCache([(k[rows], v[rows]) for k, v in layers])},
+                use_cache=True,
             ).last_hidden_state
             here = (row >= a) & (row < b)
             tags[here] = hidden[row[here] - a, col[here]]
@@ -388,11 +459,20 @@ def from_backbone(
         backbone.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     init_new_rows(backbone.get_input_embeddings().weight, known, len(tokenizer))
     config = BiPRMConfig(
-        backbone_config=backbone.config, mode=mode, objective=objective, step_tag_id=step_tag_id, **special_ids(tokenizer), **config_kwargs
+        backbone_config=backbone.config,
+        mode=mode,
+        objective=objective,
+        step_tag_id=step_tag_id,
+        **special_ids(tokenizer),
+        **config_kwargs,
     )
-    model = BiPRMModel(config, backbone=backbone)  # the body in `dtype`, the heads in fp32 (as a bf16 checkpoint loads them)
+    model = BiPRMModel(
+        config, backbone=backbone
+    )  # the body in `dtype`, the heads in fp32 (as a bf16 checkpoint loads them)
     engine_dtype = next((p.dtype for p in backbone.parameters() if getattr(p, "ds_id", None) is not None), None)
-    if engine_dtype is not None:  # built under ZeRO-3, in the engine's dtype: its optimizer takes one dtype for every weight
+    if (
+        engine_dtype is not None
+    ):  # built under ZeRO-3, in the engine's dtype: its optimizer takes one dtype for every weight
         for head in (model.value_head, model.gate):  # they still compute in fp32 (`Float32Linear`) and save in fp32
             if head is not None:
                 head.to(engine_dtype)
@@ -401,20 +481,28 @@ def from_backbone(
 
 
 def from_prm(
-    path: str, kind: str | None = None, mode: str = "l2r", dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
-    tokenizer: PreTrainedTokenizerBase | None = None, **config_kwargs,
+    path: str,
+    kind: str | None = None,
+    mode: str = "l2r",
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    **config_kwargs,
 ) -> BiPRMModel:
     """A BiPRM built from another PRM's folder (biprm.prms), in any mode, without its remote code: its body as
     transformers builds it from the folder's config, its read-out as the value head shared by both streams, and its
     template and tag. The L2R stream is then the source PRM exactly. For the two-stream modes the gate is new; pass
-    `gate_init` (the CLI's --init-from does, 8 by default) so that sigma starts near 1 and the fused score is the source's."""
+    `gate_init` (the CLI's --init-from does, 8 by default) so that sigma starts near 1 and the fused score is the
+    source's."""
     check_attention(attn_implementation)
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
     config = prm_config(path, kind, tokenizer, mode=mode, **config_kwargs)
     kind, spec = config.prm_kind, KINDS[config.prm_kind]
     body_class = AutoModel._model_mapping[type(config.backbone_config)]
     with _quiet("transformers.modeling_utils"):  # the head's tensors are "not used" by the body: we read them ourselves
-        backbone = body_class.from_pretrained(path, config=config.backbone_config, dtype=dtype, attn_implementation=attn_implementation)
+        backbone = body_class.from_pretrained(
+            path, config=config.backbone_config, dtype=dtype, attn_implementation=attn_implementation
+        )
     config.backbone_config = backbone.config
     model = BiPRMModel(config, backbone=backbone)
     missing, _ = model.load_state_dict(read_out(path, spec, tokenizer), strict=False)
@@ -422,8 +510,13 @@ def from_prm(
     if unset:
         raise UnknownPRM(f"{path}: the {kind} read-out left {unset} unset")
     model.set_attn_implementation(attn_implementation)
-    logging.getLogger(__name__).info("%s: read as %s, %s; its authors rank solutions by the %s of its step scores",
-                                     path, kind, spec.source, spec.aggregation)
+    logging.getLogger(__name__).info(
+        "%s: read as %s, %s; its authors rank solutions by the %s of its step scores",
+        path,
+        kind,
+        spec.source,
+        spec.aggregation,
+    )
     return model
 
 
@@ -434,22 +527,38 @@ def prm_config(path: str, kind: str | None, tokenizer: PreTrainedTokenizerBase, 
     if kind == "biprm":
         raise UnknownPRM(f"{path}: a biprm checkpoint; load it with BiPRMModel.from_pretrained")
     if KINDS[kind].implicit:
-        raise UnknownPRM(f"{path}: an implicit PRM ({kind}) has no value head to build a BiPRM on; score it against its "
-                         "reference LM (--prm-reference, Scorer.from_pretrained(..., prm_reference=...))")
+        raise UnknownPRM(
+            f"{path}: an implicit PRM ({kind}) has no value head to build a BiPRM on; score it against its "
+            "reference LM (--prm-reference, Scorer.from_pretrained(..., prm_reference=...))"
+        )
     body_config = folder_config(path)
     tag = TEMPLATES[kind].tag
-    step_tag_id = tokenizer.encode(tag.strip() or tag, add_special_tokens=False)[-1]  # as the cards find it: encode("ки")[-1]
-    return BiPRMConfig(backbone_config=body_config, step_tag_id=step_tag_id, prm_kind=kind, value_head=KINDS[kind].head,
-                       **special_ids(tokenizer), **config_kwargs)
+    step_tag_id = tokenizer.encode(tag.strip() or tag, add_special_tokens=False)[
+        -1
+    ]  # as the cards find it: encode("ки")[-1]
+    return BiPRMConfig(
+        backbone_config=body_config,
+        step_tag_id=step_tag_id,
+        prm_kind=kind,
+        value_head=KINDS[kind].head,
+        **special_ids(tokenizer),
+        **config_kwargs,
+    )
 
 
 def special_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
     """The tokenizer's pad, bos and eos ids, for a model config: transformers' Trainer reads them from the top-level
     config and, finding none there, would set them itself and print a notice on every first run."""
-    return {name: getattr(tokenizer, name) for name in ("pad_token_id", "bos_token_id", "eos_token_id") if getattr(tokenizer, name) is not None}
+    return {
+        name: getattr(tokenizer, name)
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id")
+        if getattr(tokenizer, name) is not None
+    }
 
 
-def encoder_for(config: BiPRMConfig, tokenizer: PreTrainedTokenizerBase, max_length: int, overlength: str = "head") -> Encoder:
+def encoder_for(
+    config: BiPRMConfig, tokenizer: PreTrainedTokenizerBase, max_length: int, overlength: str = "head"
+) -> Encoder:
     """The encoder of a model's own template and tag (biprm's, or the PRM kind's it was made from)."""
     return Encoder(tokenizer, config.step_tag_id, max_length, TEMPLATES[config.prm_kind], overlength)
 
@@ -473,8 +582,10 @@ def cache_argument(body: nn.Module) -> str:
 
 def check_attention(kernel: str | None) -> None:
     if kernel not in (None, *ATTENTION):
-        raise ValueError(f"attn_implementation {kernel!r}: BiPRM packs both streams of a trajectory into one row under "
-                         f"a mask of its own, which only {' and '.join(ATTENTION)} take")
+        raise ValueError(
+            f"attn_implementation {kernel!r}: BiPRM packs both streams of a trajectory into one row under "
+            f"a mask of its own, which only {' and '.join(ATTENTION)} take"
+        )
 
 
 def init_new_rows(table: nn.Parameter, known: int, total: int) -> None:
@@ -502,8 +613,10 @@ def whole(param: nn.Parameter) -> Iterator[torch.Tensor]:
         with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
             yield param
     elif param.numel() == 0:
-        raise RuntimeError(f"a parameter of shape {tuple(param.shape)} is partitioned by an engine biprm cannot gather "
-                           "(only DeepSpeed ZeRO-3 is known); load the backbone whole to initialise the step tag's row")
+        raise RuntimeError(
+            f"a parameter of shape {tuple(param.shape)} is partitioned by an engine biprm cannot gather "
+            "(only DeepSpeed ZeRO-3 is known); load the backbone whole to initialise the step tag's row"
+        )
     else:
         yield param
 

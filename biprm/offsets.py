@@ -3,6 +3,7 @@
 Every per-step output of biprm (a batch's step offsets, `StepScores`, a search's paths) is one flat array with
 these offsets, so metrics, packing and the scorers never loop over items.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -21,6 +21,7 @@ The tag positions are computed from the layout, then checked by token id against
 final `input_ids` (see `check_tags`). R2L outputs are re-aligned to forward order by
 index: `r2l_index[n]` is the tag of the same step as `l2r_index[n]`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ import torch
 from biprm.config import DENSE_MAX, MODE_TABLE
 from biprm.data.encoding import Encoded, tag_ends
 from biprm.offsets import offsets_of
+
 
 @dataclass
 class _Unit:
@@ -120,7 +122,9 @@ def _bins(sizes: list[int], capacity: int | None) -> list[list[int]]:
     return bins
 
 
-def _layout(rows: list[list[_Segment]], encs: list[Encoded], streams: tuple[str, ...], pad_id: int) -> dict[str, torch.Tensor]:
+def _layout(
+    rows: list[list[_Segment]], encs: list[Encoded], streams: tuple[str, ...], pad_id: int
+) -> dict[str, torch.Tensor]:
     """Write the segments of every row into padded [R, L] arrays and collect the tag indices."""
     width = max(sum(len(s.ids) for s in row) for row in rows)
     R = len(rows)
@@ -174,7 +178,9 @@ def pack(
     units = _units(encs, streams, share_prefix, max_tokens)
     sizes = [u.n_tokens for u in units]
     rows = []
-    for row in _bins(sizes, None if max_tokens is None else max(max_tokens, max(sizes))):  # rows are padded to the widest
+    for row in _bins(
+        sizes, None if max_tokens is None else max(max_tokens, max(sizes))
+    ):  # rows are padded to the widest
         segments = []
         for u in row:
             unit = units[u]

@@ -10,6 +10,7 @@ with its last layer so differenced. The body is the checkpoint's own, built by t
 The implicit kind (EurusPRM) has no head: its step score is a sum of per-token log-ratios between the PRM and a
 reference LM, a logit too, which `biprm.implicit` reads from the two models' vocabulary logits.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,12 @@ def _rows(weight: torch.Tensor, bias: torch.Tensor | None, good: int, bad: int) 
 def _qwen_head(t: Tensors, ids: tuple[int, int]) -> Tensors:
     """score = Linear(h, h) -> ReLU -> Linear(h, 2); the positive class is index 1."""
     last = _rows(t["score.2.weight"], t.get("score.2.bias"), 1, 0)
-    return {"value_head.0.weight": t["score.0.weight"].float(), "value_head.0.bias": t["score.0.bias"].float(),
-            "value_head.2.weight": last["value_head.weight"], "value_head.2.bias": last["value_head.bias"]}
+    return {
+        "value_head.0.weight": t["score.0.weight"].float(),
+        "value_head.0.bias": t["score.0.bias"].float(),
+        "value_head.2.weight": last["value_head.weight"],
+        "value_head.2.bias": last["value_head.bias"],
+    }
 
 
 def _lm_head(t: Tensors, ids: tuple[int, int]) -> Tensors:
@@ -53,7 +58,9 @@ class Kind:
 
     name: str
     architectures: tuple[str, ...]
-    head: str  # "linear": Linear(H, 1); "mlp": Linear(H, H) -> ReLU -> Linear(H, 1); "implicit": no head (biprm.implicit)
+    head: (
+        str  # "linear": Linear(H, 1); "mlp": Linear(H, H) -> ReLU -> Linear(H, 1); "implicit": no head (biprm.implicit)
+    )
     head_keys: tuple[str, ...]  # checkpoint tensors the head is built from (any one of a group of alternatives)
     read_head: Callable[[Tensors, tuple[int, int]], Tensors] | None
     aggregation: str = "min"
@@ -68,7 +75,8 @@ class Kind:
 
     @property
     def causal(self) -> bool:
-        """Read from a causal LM's vocabulary logits, so any causal LM's folder may hold one: its name or --prm-kind says."""
+        """Read from a causal LM's vocabulary logits, so any causal LM's folder may hold one: its name or --prm-kind
+        says."""
         return self.plus_minus is not None or self.implicit
 
 
@@ -87,29 +95,72 @@ def _rlhflow_ids(tokenizer) -> tuple[int, int]:
 
 KINDS = {
     "qwen-prm": Kind(
-        "qwen-prm", ("Qwen2ForProcessRewardModel",), "mlp", ("score.0.weight", "score.0.bias", "score.2.weight", "score.2.bias"),
-        _qwen_head, aggregation="min", source="Qwen/Qwen2.5-Math-PRM-7B card (softmax at <extra_0>, index 1)"),
+        "qwen-prm",
+        ("Qwen2ForProcessRewardModel",),
+        "mlp",
+        ("score.0.weight", "score.0.bias", "score.2.weight", "score.2.bias"),
+        _qwen_head,
+        aggregation="min",
+        source="Qwen/Qwen2.5-Math-PRM-7B card (softmax at <extra_0>, index 1)",
+    ),
     "skywork-prm": Kind(
-        "skywork-prm", ("Qwen2ForPrmModel",), "linear", ("v_head.summary.weight", "v_head.summary.bias"),
-        lambda t, ids: {"value_head.weight": t["v_head.summary.weight"].float(), "value_head.bias": t["v_head.summary.bias"].float()},
-        aggregation="min", source="SkyworkAI/skywork-o1-prm-inference (sigmoid of v_head at each step's newline)"),
+        "skywork-prm",
+        ("Qwen2ForPrmModel",),
+        "linear",
+        ("v_head.summary.weight", "v_head.summary.bias"),
+        lambda t, ids: {
+            "value_head.weight": t["v_head.summary.weight"].float(),
+            "value_head.bias": t["v_head.summary.bias"].float(),
+        },
+        aggregation="min",
+        source="SkyworkAI/skywork-o1-prm-inference (sigmoid of v_head at each step's newline)",
+    ),
     "math-shepherd": Kind(
-        "math-shepherd", ("MistralForCausalLM",), "linear", ("lm_head.weight|model.embed_tokens.weight",), _lm_head,
-        aggregation="min", source="peiyi9979/math-shepherd-mistral-7b-prm card (softmax over '+'/'-' at ки, index of '+')",
-        plus_minus=_shepherd_ids),
+        "math-shepherd",
+        ("MistralForCausalLM",),
+        "linear",
+        ("lm_head.weight|model.embed_tokens.weight",),
+        _lm_head,
+        aggregation="min",
+        source="peiyi9979/math-shepherd-mistral-7b-prm card (softmax over '+'/'-' at ки, index of '+')",
+        plus_minus=_shepherd_ids,
+    ),
     "rlhflow": Kind(
-        "rlhflow", ("LlamaForCausalLM",), "linear", ("lm_head.weight|model.embed_tokens.weight",), _lm_head,
-        aggregation="mean", source="RLHFlow/RLHF-Reward-Modeling math-rm (softmax over '+'/'-' before the assistant's answer)",
-        plus_minus=_rlhflow_ids),
+        "rlhflow",
+        ("LlamaForCausalLM",),
+        "linear",
+        ("lm_head.weight|model.embed_tokens.weight",),
+        _lm_head,
+        aggregation="mean",
+        source="RLHFlow/RLHF-Reward-Modeling math-rm (softmax over '+'/'-' before the assistant's answer)",
+        plus_minus=_rlhflow_ids,
+    ),
     "eurus-prm": Kind(
-        "eurus-prm", ("Qwen2ForCausalLM",), "implicit", (), None, aggregation="min", beta=0.001,
-        source="PRIME-RL/EurusPRM-Stage1 and -Stage2 cards (beta * log-ratio to the reference, summed up to each step)"),
+        "eurus-prm",
+        ("Qwen2ForCausalLM",),
+        "implicit",
+        (),
+        None,
+        aggregation="min",
+        beta=0.001,
+        source="PRIME-RL/EurusPRM-Stage1 and -Stage2 cards (beta * log-ratio to the reference, summed up to each step)",
+    ),
     "token-classification": Kind(
-        "token-classification", ("ForTokenClassification",), "linear", ("score.weight", "score.bias"),
+        "token-classification",
+        ("ForTokenClassification",),
+        "linear",
+        ("score.weight", "score.bias"),
         lambda t, ids: _rows(t["score.weight"], t.get("score.bias"), 1, 0),
-        aggregation="min", source="TRL PRMTrainer (2 labels, class 1 = correct, at each separator)"),
+        aggregation="min",
+        source="TRL PRMTrainer (2 labels, class 1 = correct, at each separator)",
+    ),
 }
-CAUSAL_HINTS = {"math-shepherd": "math-shepherd", "rlhflow": "rlhflow", "eurusprm": "eurus-prm", "eurus-prm": "eurus-prm"}  # name -> kind
+CAUSAL_HINTS = {
+    "math-shepherd": "math-shepherd",
+    "rlhflow": "rlhflow",
+    "eurusprm": "eurus-prm",
+    "eurus-prm": "eurus-prm",
+}  # name -> kind
 
 
 def read_config(folder: str | Path) -> dict:
@@ -146,8 +197,10 @@ def detect(folder: str | Path, kind: str | None = None) -> str:
         hits = sorted({kind for hint, kind in CAUSAL_HINTS.items() if hint in named})
         if len(hits) == 1:
             return hits[0]
-        raise UnknownPRM(f"{seen}: a causal LM, whose read-out its config does not say; pass --prm-kind math-shepherd, "
-                         "rlhflow or eurus-prm (or train a biprm on it: biprm train --backbone ...)")
+        raise UnknownPRM(
+            f"{seen}: a causal LM, whose read-out its config does not say; pass --prm-kind math-shepherd, "
+            "rlhflow or eurus-prm (or train a biprm on it: biprm train --backbone ...)"
+        )
     raise UnknownPRM(f"{seen}: no PRM kind biprm knows ({', '.join(['biprm', *KINDS])}); see docs/PRMS.md to add one")
 
 
@@ -157,20 +210,25 @@ def folder_config(folder: str | Path):
     from transformers import AutoConfig
 
     raw = read_config(folder)
-    return AutoConfig.for_model(**{k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "model_type")},
-                                model_type=raw["model_type"])
+    return AutoConfig.for_model(
+        **{k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "model_type")},
+        model_type=raw["model_type"],
+    )
 
 
 def check_reference(path: str, kind: str | None, reference: str | None) -> None:
-    """Before anything loads: an implicit PRM's folder (of `kind`, or as detected) needs the folder of a reference LM."""
+    """Before anything loads: an implicit PRM's folder (of `kind`, or as detected) needs the folder of a reference
+    LM."""
     if not (Path(path) / "config.json").is_file():
         return
     kind = detect(path, kind)
     if kind not in KINDS or not KINDS[kind].implicit:
         return
     if reference is None:
-        raise UnknownPRM(f"{path}: a {kind} PRM scores each step against a reference LM; pass --prm-reference FOLDER "
-                         "(EurusPRM's cards use Qwen2.5-Math-7B-Instruct)")
+        raise UnknownPRM(
+            f"{path}: a {kind} PRM scores each step against a reference LM; pass --prm-reference FOLDER "
+            "(EurusPRM's cards use Qwen2.5-Math-7B-Instruct)"
+        )
     if not (Path(reference) / "config.json").is_file():
         raise UnknownPRM(f"--prm-reference {reference}: no config.json there; pass the reference LM's folder")
 
@@ -200,10 +258,16 @@ def head_tensors(folder: str | Path, kind: Kind) -> Tensors:
             with safe_open(str(file), framework="pt") as f:
                 found |= {key: f.get_tensor(key) for key in f.keys() if key in wanted}
         else:
-            found |= {k: v for k, v in torch.load(file, map_location="cpu", weights_only=True, mmap=True).items() if k in wanted}
+            found |= {
+                k: v
+                for k, v in torch.load(file, map_location="cpu", weights_only=True, mmap=True).items()
+                if k in wanted
+            }
     missing = [g for g in kind.head_keys if not any(k in found for k in g.split("|"))]
     if missing:
-        raise UnknownPRM(f"{folder}: a {kind.name} checkpoint needs the tensors {missing}, which its safetensors files lack")
+        raise UnknownPRM(
+            f"{folder}: a {kind.name} checkpoint needs the tensors {missing}, which its safetensors files lack"
+        )
     return found
 
 

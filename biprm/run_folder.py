@@ -17,6 +17,7 @@ checkpoint must hold comes from the record (its process count and ZeRO stage), n
 checkpoint missing its last rank's files is named as such. Every refusal that advises `--overwrite` says what
 it deletes.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,10 +31,27 @@ from typing import Callable, Iterator
 log = logging.getLogger(__name__)
 RECORD = "biprm_run.json"
 # fields that change how or where a run is shown or stored, not what it computes (the record lives in its output folder)
-COSMETIC = ("resume", "overwrite", "show_progress", "report_to", "logging_steps", "num_proc", "save_steps", "save_total_limit",
-            "output_dir", "trunk_cache_dir")
-PATHS = ("data", "backbone", "deepspeed")  # settings that may name a local file or folder: compared as that file, resolved
-SPLIT = ("per_device_train_batch_size", "gradient_accumulation_steps")  # with the world size: how the global batch is split
+COSMETIC = (
+    "resume",
+    "overwrite",
+    "show_progress",
+    "report_to",
+    "logging_steps",
+    "num_proc",
+    "save_steps",
+    "save_total_limit",
+    "output_dir",
+    "trunk_cache_dir",
+)
+PATHS = (
+    "data",
+    "backbone",
+    "deepspeed",
+)  # settings that may name a local file or folder: compared as that file, resolved
+SPLIT = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+)  # with the world size: how the global batch is split
 
 
 def run_record(config: dict, data_fingerprint: str | None, world_size: int = 1, engine: dict | None = None) -> dict:
@@ -41,12 +59,18 @@ def run_record(config: dict, data_fingerprint: str | None, world_size: int = 1, 
     as `engine`, its backend with what a DeepSpeed checkpoint of it holds (`engine_facts`)."""
     from biprm import __version__
 
-    return {"config": resolved({k: v for k, v in config.items() if k not in COSMETIC}), "world_size": world_size,
-            "engine": engine or {"backend": "plain"}, "data_fingerprint": data_fingerprint, "biprm_version": __version__}
+    return {
+        "config": resolved({k: v for k, v in config.items() if k not in COSMETIC}),
+        "world_size": world_size,
+        "engine": engine or {"backend": "plain"},
+        "data_fingerprint": data_fingerprint,
+        "biprm_version": __version__,
+    }
 
 
 def resolved(config: dict) -> dict:
     """`config` with every setting of PATHS that names an existing local file or folder as its absolute path."""
+
     def local(value: object) -> bool:
         return isinstance(value, str) and bool(value) and Path(value).expanduser().exists()
 
@@ -55,15 +79,24 @@ def resolved(config: dict) -> dict:
 
 def computed(record: dict) -> dict:
     """The record's config as what the run computes: local paths resolved (a record from before they were is read from
-    here), the global batch in place of its split (a record written before the world size was kept is from one process)."""
+    here), the global batch in place of its split (a record written before the world size was kept is from one
+    process)."""
     config = {k: v for k, v in resolved(record["config"]).items() if k not in SPLIT and k not in COSMETIC}
-    config["global_batch_size"] = record.get("world_size", 1) * record["config"]["per_device_train_batch_size"] * record["config"]["gradient_accumulation_steps"]
+    config["global_batch_size"] = (
+        record.get("world_size", 1)
+        * record["config"]["per_device_train_batch_size"]
+        * record["config"]["gradient_accumulation_steps"]
+    )
     return config
 
 
 def changes(before: dict, now: dict) -> list[str]:
     """What differs between a recorded setting and the current one, as "key: old then, new now" lines."""
-    return [f"{k}: {before.get(k)!r} then, {now.get(k)!r} now" for k in dict.fromkeys([*now, *before]) if before.get(k) != now.get(k)]
+    return [
+        f"{k}: {before.get(k)!r} then, {now.get(k)!r} now"
+        for k in dict.fromkeys([*now, *before])
+        if before.get(k) != now.get(k)
+    ]
 
 
 def _checkpoints(folder: Path) -> list[Path]:
@@ -83,7 +116,9 @@ def backend_of(checkpoint: Path) -> str | None:
     """Which backend wrote `checkpoint`, told by where it keeps the optimizer state; None if nowhere biprm knows."""
     names = {p.name for p in checkpoint.iterdir()}
     if "latest" in names or any(n.startswith("global_step") for n in names):
-        return "deepspeed"  # DeepSpeed's save_checkpoint: global_stepN/ with every rank's shards, then `latest` naming it
+        return (
+            "deepspeed"  # DeepSpeed's save_checkpoint: global_stepN/ with every rank's shards, then `latest` naming it
+        )
     if "optimizer.bin" in names or any(n.startswith(("optimizer_", "pytorch_model_fsdp")) for n in names):
         return "fsdp"  # accelerate's FSDP save: full state dicts (.bin) or torch.distributed.checkpoint folders
     return "plain" if "optimizer.pt" in names else None
@@ -113,7 +148,8 @@ def deepspeed_layout(checkpoint: Path, record: dict | None) -> tuple[int, int]:
 
 
 def _deepspeed_lacks(checkpoint: Path, record: dict | None) -> list[str]:
-    """What DeepSpeed's `load_checkpoint` and the Trainer read from a DeepSpeed checkpoint and `checkpoint` does not hold:
+    """What DeepSpeed's `load_checkpoint` and the Trainer read from a DeepSpeed checkpoint and `checkpoint` does not
+    hold:
     every rank's optimizer shard (ZeRO >= 1) and, under ZeRO-3, model shard; the whole model states below ZeRO-3; the
     Trainer's scheduler.pt unless the DeepSpeed config builds its own scheduler."""
     latest = checkpoint / "latest"
@@ -136,14 +172,23 @@ def _deepspeed_lacks(checkpoint: Path, record: dict | None) -> list[str]:
 def _lacks(checkpoint: Path, backend: str, record: dict | None) -> list[str]:
     """What a resume by `backend` reads (the Trainer's `_load_from_checkpoint`, `_load_optimizer_and_scheduler`
     and DeepSpeed's `load_checkpoint`) and `checkpoint` does not hold."""
+
     def has(*names: str) -> bool:
         return any((checkpoint / n).exists() for n in names)
 
     lacks = [] if has("trainer_state.json") else ["trainer_state.json"]
     if backend == "plain":
-        lacks += [n for n in ("optimizer.pt", "scheduler.pt") if not has(n)] + ([] if any(checkpoint.glob("*.safetensors")) else ["model weights"])
-    elif backend == "fsdp":  # a sharded state is whole once torch.distributed.checkpoint has written its .metadata, last
-        lacks += [] if has("pytorch_model_fsdp.bin", "pytorch_model_fsdp_0/.metadata") else ["pytorch_model_fsdp.bin or pytorch_model_fsdp_0/"]
+        lacks += [n for n in ("optimizer.pt", "scheduler.pt") if not has(n)] + (
+            [] if any(checkpoint.glob("*.safetensors")) else ["model weights"]
+        )
+    elif (
+        backend == "fsdp"
+    ):  # a sharded state is whole once torch.distributed.checkpoint has written its .metadata, last
+        lacks += (
+            []
+            if has("pytorch_model_fsdp.bin", "pytorch_model_fsdp_0/.metadata")
+            else ["pytorch_model_fsdp.bin or pytorch_model_fsdp_0/"]
+        )
         lacks += [] if has("optimizer.bin", "optimizer_0/.metadata") else ["optimizer.bin or optimizer_0/"]
         lacks += [] if has("scheduler.pt") else ["scheduler.pt"]
     else:
@@ -156,7 +201,11 @@ def judge(checkpoint: Path, record: dict | None = None) -> tuple[str | None, str
     wrong); `record`, the run's, says what a DeepSpeed checkpoint must hold."""
     backend = backend_of(checkpoint)
     if backend is None:
-        return None, "no optimizer state (optimizer.pt; DeepSpeed's latest and global_stepN/; FSDP's optimizer.bin or optimizer_0/)"
+        return (
+            None,
+            "no optimizer state (optimizer.pt; DeepSpeed's latest and global_stepN/; FSDP's optimizer.bin or "
+            "optimizer_0/)",
+        )
     lacks = _lacks(checkpoint, backend, record)
     if lacks:
         return backend, f"missing {', '.join(lacks)}"
@@ -188,7 +237,8 @@ def latest_complete(folder: Path) -> Path | None:
 
 
 def kept(folder: str | Path) -> str:
-    """What an interrupted run leaves in `folder` and how to go on, in one line: the checkpoint a --resume would take."""
+    """What an interrupted run leaves in `folder` and how to go on, in one line: the checkpoint a --resume would
+    take."""
     folder = Path(folder)
     record = _saved(folder)
     newest = next((c for c in _checkpoints(folder) if judge(c, record)[1] is None), None)
@@ -198,9 +248,12 @@ def kept(folder: str | Path) -> str:
 
 
 def overwrite_deletes(folder: Path) -> str:
-    """What `--overwrite` deletes in `folder`, named wherever it is offered or done: a run's checkpoints are its trained steps."""
+    """What `--overwrite` deletes in `folder`, named wherever it is offered or done: a run's checkpoints are its trained
+    steps."""
     found = [p.name for p in reversed(_checkpoints(folder))]
-    named = ([f"{', '.join(found)} (the run's trained steps)"] if found else []) + (["its final model"] if (folder / "config.json").is_file() else [])
+    named = ([f"{', '.join(found)} (the run's trained steps)"] if found else []) + (
+        ["its final model"] if (folder / "config.json").is_file() else []
+    )
     return ", ".join([*named, RECORD])
 
 
@@ -220,11 +273,16 @@ def plan(folder: str | Path, record: dict, resume: bool, overwrite: bool, backen
     if not resume:
         raise FileExistsError(f"{folder} holds a training run; add --resume to continue it, or {overwrite_does}")
     if saved is None:
-        raise FileExistsError(f"--resume: {folder} has checkpoints but no {RECORD} saying which run wrote them; "
-                              f"train into another --output-dir, or {overwrite_does}")
+        raise FileExistsError(
+            f"--resume: {folder} has checkpoints but no {RECORD} saying which run wrote them; "
+            f"train into another --output-dir, or {overwrite_does}"
+        )
     diff = changes(computed(saved), computed(record))
     if diff:
-        raise ValueError(f"--resume: {folder} holds another run ({'; '.join(diff)}); train into another --output-dir, or {overwrite_does}")
+        raise ValueError(
+            f"--resume: {folder} holds another run ({'; '.join(diff)}); train into another --output-dir, or "
+            f"{overwrite_does}"
+        )
     for checkpoint in _checkpoints(folder):
         written_by, problem = judge(checkpoint, saved)
         if problem is None:
@@ -232,34 +290,45 @@ def plan(folder: str | Path, record: dict, resume: bool, overwrite: bool, backen
             log.warning("resuming from %s", checkpoint)
             return str(checkpoint)
         if _state(checkpoint) is not None:
-            raise ValueError(f"--resume: {checkpoint} cannot be judged: {problem}, though its save finished (trainer_state.json, "
-                             f"written last, is whole); remove it to resume from an older checkpoint, or {overwrite_does}")
+            raise ValueError(
+                f"--resume: {checkpoint} cannot be judged: {problem}, though its save finished (trainer_state.json, "
+                f"written last, is whole); remove it to resume from an older checkpoint, or {overwrite_does}"
+            )
         log.warning("skipping %s: %s", checkpoint, problem)
     log.warning("--resume: no complete checkpoint in %s; training from the start", folder)
     return None
 
 
 def same_data(folder: str | Path, fingerprint: str) -> None:
-    """Refuse to resume a run recorded on other data: the one check that needs the data encoded, so it comes after loading."""
+    """Refuse to resume a run recorded on other data: the one check that needs the data encoded, so it comes after
+    loading."""
     saved = _saved(Path(folder))
     if saved is not None and saved.get("data_fingerprint") not in (None, fingerprint):
-        raise ValueError(f"--resume: {folder} holds another run (the training data differ); train into another --output-dir, "
-                         f"or --overwrite, which deletes {overwrite_deletes(Path(folder))}")
+        raise ValueError(
+            f"--resume: {folder} holds another run (the training data differ); train into another --output-dir, "
+            f"or --overwrite, which deletes {overwrite_deletes(Path(folder))}"
+        )
 
 
-def check_resumable(checkpoint: Path, written_by: str, backend: str, world_size: int, record: dict | None = None) -> None:
+def check_resumable(
+    checkpoint: Path, written_by: str, backend: str, world_size: int, record: dict | None = None
+) -> None:
     """Refuse a checkpoint this run's backend would load only in part (the Trainer reads another backend's
     optimizer state silently as none), or, for DeepSpeed's ZeRO shards, in another number of processes."""
     names = {"plain": "one process or DDP", "deepspeed": "DeepSpeed", "fsdp": "FSDP"}
     if written_by != backend:
-        raise ValueError(f"--resume: {checkpoint} was written by {names[written_by]} and this run trains with {names[backend]}; "
-                         "resume it with the launcher and config that wrote it")
+        raise ValueError(
+            f"--resume: {checkpoint} was written by {names[written_by]} and this run trains with {names[backend]}; "
+            "resume it with the launcher and config that wrote it"
+        )
     if backend != "deepspeed":
         return
     shards, stage = deepspeed_layout(checkpoint, record)
     if stage >= 1 and shards != world_size:
-        raise ValueError(f"--resume: {checkpoint} holds DeepSpeed ZeRO-{stage} state in {shards} shards, one per process, and "
-                         f"DeepSpeed reads them rank by rank; resume it in {shards} processes, not {world_size}")
+        raise ValueError(
+            f"--resume: {checkpoint} holds DeepSpeed ZeRO-{stage} state in {shards} shards, one per process, and "
+            f"DeepSpeed reads them rank by rank; resume it in {shards} processes, not {world_size}"
+        )
 
 
 def start(folder: str | Path, record: dict, overwrite: bool) -> None:

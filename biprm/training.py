@@ -8,6 +8,7 @@ the collator, which packs both streams of every trajectory into one batch, and, 
 --train-top-layers, the trunk cache's dataset and collator (`biprm.trunk`), on which
 The studies beside the package train through it too: one loop for every training run.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,7 +35,17 @@ from biprm.backbones import cache_root, load_tokenizer, resolve_backbone
 from biprm.config import TrainConfig
 from biprm.checkpoint import share, stamp, write_model_card
 from biprm.data.arrow import encoded_dataset, streamed_dataset, to_encoded
-from biprm.run_folder import RECORD, finished, kept, plan, publish, run_record, same_data, start, undone_if_nothing_trained
+from biprm.run_folder import (
+    RECORD,
+    finished,
+    kept,
+    plan,
+    publish,
+    run_record,
+    same_data,
+    start,
+    undone_if_nothing_trained,
+)
 from biprm.data.encoding import Encoded, Encoder
 from biprm.lora import lora_head_masters, save_merged, with_lora
 from biprm.data.readers import check_source
@@ -46,14 +57,18 @@ from biprm.trunk import TrunkCache, TrunkCollator, TrunkData, freeze_bottom
 
 log = logging.getLogger(__name__)
 # BiPRMTrainer runs trunk-cache steps through the model's own forward_features, around the DDP wrapper, whose gradient
-# sync arms only in the wrapper's forward: several processes would each train alone. DeepSpeed and FSDP also expect theirs.
-TRUNK_ALONE = ("--train-top-layers trains on the trunk cache in one process, without DeepSpeed or FSDP; launch one process, "
-               "or add --no-trunk-cache to train the top layers in several")
+# sync arms only in the wrapper's forward: several processes would each train alone. DeepSpeed and FSDP also expect
+# theirs.
+TRUNK_ALONE = (
+    "--train-top-layers trains on the trunk cache in one process, without DeepSpeed or FSDP; launch one process, "
+    "or add --no-trunk-cache to train the top layers in several"
+)
 SAVE_EVERY_MOST = 500  # optimizer steps between the checkpoints of a run whose --save-steps is left to its default
 
 
 def default_save_steps(steps: int) -> int:
-    """The checkpoint interval of a run of `steps` optimizer steps without --save-steps: a tenth of them, at most 500."""
+    """The checkpoint interval of a run of `steps` optimizer steps without --save-steps: a tenth of them, at most
+    500."""
     return max(1, min(SAVE_EVERY_MOST, math.ceil(steps / 10)))
 
 
@@ -74,8 +89,17 @@ class BiPRMTrainer(Trainer):
       `default_save_steps` when --save-steps is not given).
     """
 
-    def __init__(self, model: BiPRMModel, args: TrainingArguments | None = None, data_collator=None, train_dataset=None, *rest,
-                 gate_lr_scale: float = 1.0, save_steps: Callable[[int], int] | None = None, **kwargs):
+    def __init__(
+        self,
+        model: BiPRMModel,
+        args: TrainingArguments | None = None,
+        data_collator=None,
+        train_dataset=None,
+        *rest,
+        gate_lr_scale: float = 1.0,
+        save_steps: Callable[[int], int] | None = None,
+        **kwargs,
+    ):
         if data_collator is None and train_dataset is not None:
             data_collator = default_collator(model, train_dataset, kwargs.get("processing_class"))
         super().__init__(model, args, data_collator, train_dataset, *rest, **kwargs)
@@ -85,7 +109,9 @@ class BiPRMTrainer(Trainer):
         if isinstance(self.train_dataset, TrunkData):
             if self.args.world_size > 1:
                 raise ValueError(TRUNK_ALONE)
-            self.batches = self.train_dataset.batches(self.args.per_device_train_batch_size, self.args.num_train_epochs, self.args.seed)
+            self.batches = self.train_dataset.batches(
+                self.args.per_device_train_batch_size, self.args.num_train_epochs, self.args.seed
+            )
             if self.args.max_steps <= 0:  # every batch: the last step takes what is left (fewer than --grad-accum)
                 self.args.max_steps = math.ceil(len(self.batches) / self.args.gradient_accumulation_steps)
             if 0 < self.args.warmup_steps < 1:
@@ -109,7 +135,9 @@ class BiPRMTrainer(Trainer):
             mine = [p for p in group["params"] if id(p) in ids]
             if mine:
                 group["params"] = [p for p in group["params"] if id(p) not in ids]
-                optimizer.add_param_group({**group, "params": mine, "lr": group["lr"] * self.gate_lr_scale, "gate": True})
+                optimizer.add_param_group(
+                    {**group, "params": mine, "lr": group["lr"] * self.gate_lr_scale, "gate": True}
+                )
         return optimizer
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -134,7 +162,11 @@ class BiPRMTrainer(Trainer):
         """
         data = self.train_dataset if train_dataset is None else train_dataset
         column = self.args.length_column_name
-        if self.args.train_sampling_strategy != "group_by_length" or not isinstance(data, datasets.Dataset) or column not in data.column_names:
+        if (
+            self.args.train_sampling_strategy != "group_by_length"
+            or not isinstance(data, datasets.Dataset)
+            or column not in data.column_names
+        ):
             return super()._get_train_sampler(train_dataset)
         lengths = data.select_columns([column]).with_format("numpy")[:][column].tolist()
         # grouped by the global batch: the same order in any number of processes, so a resume may change that number
@@ -144,17 +176,21 @@ class BiPRMTrainer(Trainer):
     def get_train_dataloader(self) -> DataLoader:
         if not isinstance(self.train_dataset, TrunkData):
             return super().get_train_dataloader()
-        return self.accelerator.prepare(DataLoader(self.train_dataset, batch_sampler=self.batches, collate_fn=self.data_collator))
+        return self.accelerator.prepare(
+            DataLoader(self.train_dataset, batch_sampler=self.batches, collate_fn=self.data_collator)
+        )
 
     def training_step(self, model, inputs: dict, num_items_in_batch=None) -> torch.Tensor:
-        """A `TrunkCollator` batch: one backward pass per micro-batch, its loss weighted by its share of the trajectories."""
+        """A `TrunkCollator` batch: one backward pass per micro-batch, its loss weighted by its share of the
+        trajectories."""
         if "parts" not in inputs:
             return super().training_step(model, inputs, num_items_in_batch)
         model.train()
         inputs = self._prepare_inputs(inputs)
         features = self.accelerator.unwrap_model(model).forward_features
         total = torch.zeros((), device=self.args.device)
-        # the batches of this optimizer step: fewer than --grad-accum in a short last step (set by `train`; a full step outside it)
+        # the batches of this optimizer step: fewer than --grad-accum in a short last step (set by `train`; a full step
+        # outside it)
         accumulated = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         for part, weight in zip(inputs["parts"], inputs["shares"]):
             with torch.autocast(self.args.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
@@ -211,6 +247,7 @@ class EpochGroupedSampler(LengthGroupedSampler):
 def backend(cfg: TrainConfig) -> str:
     """What the run asked to train with: deepspeed (--deepspeed, or `accelerate launch` with a DeepSpeed config),
     fsdp (training_args' fsdp, or `accelerate launch` with an FSDP config), else plain (one process or DDP)."""
+
     def launched_with(name: str) -> bool:
         return os.environ.get(f"ACCELERATE_USE_{name}", "").lower() == "true"
 
@@ -249,7 +286,11 @@ def collate(rows: list[dict], **pack_options) -> dict[str, torch.Tensor]:
 
 
 # transformers 5.20 renamed the flag (the old name warns); vLLM needs transformers < 5.20, so both must work
-CHECKPOINTING = "activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__ else "gradient_checkpointing"
+CHECKPOINTING = (
+    "activation_checkpointing"
+    if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
+    else "gradient_checkpointing"
+)
 
 
 def training_arguments(cfg: TrainConfig) -> TrainingArguments:
@@ -274,7 +315,8 @@ def training_arguments(cfg: TrainConfig) -> TrainingArguments:
         bf16=cfg.bf16,
         use_cpu=cpu_only(),
         save_strategy="steps",
-        save_steps=cfg.save_steps or SAVE_EVERY_MOST,  # without --save-steps, BiPRMTrainer sets it from the run's length
+        save_steps=cfg.save_steps
+        or SAVE_EVERY_MOST,  # without --save-steps, BiPRMTrainer sets it from the run's length
         save_total_limit=cfg.save_total_limit,
         logging_steps=cfg.logging_steps,
         eval_strategy="steps" if cfg.eval_fraction else "no",
@@ -309,26 +351,37 @@ def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0, bf1
     own = [k for k in ("optimizer", "scheduler") if k in ds]
     if gate_lr_scale != 1.0 and own:
         raise ValueError(
-            f"--deepspeed {path} defines its own {' and '.join(own)}, so --gate-lr-scale {gate_lr_scale} would be ignored; "
-            "remove those blocks (the Trainer then builds AdamW and the linear schedule with the gate's group) or drop --gate-lr-scale"
+            f"--deepspeed {path} defines its own {' and '.join(own)}, so --gate-lr-scale {gate_lr_scale} would be "
+            "ignored; "
+            "remove those blocks (the Trainer then builds AdamW and the linear schedule with the gate's group) or drop "
+            "--gate-lr-scale"
         )
     if bf16 and ds.get("data_types", {}).get("grad_accum_dtype") not in ("fp32", "float32", "float", "torch.float32"):
-        log.warning("--deepspeed %s: without \"data_types\": {\"grad_accum_dtype\": \"fp32\"} DeepSpeed sums the micro-batches' "
-                    "gradients in bf16 (configs/ds_zero*.json set it)", path)
+        log.warning(
+            '--deepspeed %s: without "data_types": {"grad_accum_dtype": "fp32"} DeepSpeed sums the micro-batches\' '
+            "gradients in bf16 (configs/ds_zero*.json set it)",
+            path,
+        )
     zero = ds.get("zero_optimization", {})
     if lora_r and zero.get("stage") == 3:
-        raise ValueError(f"--deepspeed {path}: --lora-r with ZeRO-3 is not supported (the merged save needs the full weights "
-                         "on one process); use ZeRO-2, which keeps the base weights whole on every rank")
+        raise ValueError(
+            f"--deepspeed {path}: --lora-r with ZeRO-3 is not supported (the merged save needs the full weights "
+            "on one process); use ZeRO-2, which keeps the base weights whole on every rank"
+        )
     if zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
         raise ValueError(
-            f"--deepspeed {path}: ZeRO-3 without \"stage3_gather_16bit_weights_on_model_save\": true saves no usable weights "
+            f'--deepspeed {path}: ZeRO-3 without "stage3_gather_16bit_weights_on_model_save": true saves no usable '
+            "weights "
             "at the end of training; set it in zero_optimization (configs/ds_zero3.json does)"
         )
 
 
-def train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, encoded: list[Encoded] | None = None) -> str:
+def train(
+    cfg: TrainConfig, callbacks: list[TrainerCallback] | None = None, encoded: list[Encoded] | None = None
+) -> str:
     """Train one model into `cfg.output_dir`; `encoded`, if given, is the data instead of `cfg.data`: a study's
-    training set, encoded once for all its runs with this backbone's tokenizer (it needs the trunk cache: --train-top-layers).
+    training set, encoded once for all its runs with this backbone's tokenizer (it needs the trunk cache:
+    --train-top-layers).
     Ctrl-C ends in a KeyboardInterrupt whose message says which checkpoint the folder keeps and how to go on from it."""
     try:
         return _train(cfg, callbacks, encoded)
@@ -354,17 +407,28 @@ def _train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None, encoded: l
     train_set, eval_set, record["data_fingerprint"] = training_data(cfg, args, model, encoder, encoded)
     if cfg.resume:
         same_data(cfg.output_dir, record["data_fingerprint"])
-    if finished(cfg.output_dir, resume_from):  # the Trainer would run one more step at lr 0 and log it over the real run
+    if finished(
+        cfg.output_dir, resume_from
+    ):  # the Trainer would run one more step at lr 0 and log it over the real run
         log.warning("%s: this run has finished; its model and train_log.json stay as they are", cfg.output_dir)
         end_processes(args)
         return cfg.output_dir
-    options = dict(mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row, pad_id=tokenizer.pad_token_id)
+    options = dict(
+        mode=cfg.mode, share_prefix=cfg.share_prefix, max_tokens=cfg.max_tokens_per_row, pad_id=tokenizer.pad_token_id
+    )
     interrupt = SaveOnInterrupt()
-    trainer = BiPRMTrainer(  # built before the folder is touched: a tracker or launcher that fails here leaves nothing behind
-        model=model, args=args, train_dataset=train_set, eval_dataset=eval_set,
-        data_collator=None if isinstance(train_set, TrunkData) else partial(collate, **options),
-        processing_class=tokenizer, callbacks=[*(callbacks or []), interrupt], gate_lr_scale=cfg.gate_lr_scale,
-        save_steps=None if cfg.save_steps else default_save_steps,
+    trainer = (
+        BiPRMTrainer(  # built before the folder is touched: a tracker or launcher that fails here leaves nothing behind
+            model=model,
+            args=args,
+            train_dataset=train_set,
+            eval_dataset=eval_set,
+            data_collator=None if isinstance(train_set, TrunkData) else partial(collate, **options),
+            processing_class=tokenizer,
+            callbacks=[*(callbacks or []), interrupt],
+            gate_lr_scale=cfg.gate_lr_scale,
+            save_steps=None if cfg.save_steps else default_save_steps,
+        )
     )
     created = args.process_index == 0 and (cfg.overwrite or not Path(cfg.output_dir, RECORD).is_file())
     args.distributed_state.wait_for_everyone()  # every rank has looked at the folder before the first one writes to it
@@ -372,9 +436,18 @@ def _train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None, encoded: l
         start(cfg.output_dir, record, cfg.overwrite)
     args.distributed_state.wait_for_everyone()
     if not cfg.streaming:
-        log.info("training %s/%s on %d trajectories from %s (%d held out)", cfg.mode, cfg.objective, len(train_set), cfg.data,
-                 len(eval_set) if eval_set is not None else 0)
-    with undone_if_nothing_trained(cfg.output_dir, created, lambda: trainer.state.global_step), interrupt.listening(args.world_size == 1):
+        log.info(
+            "training %s/%s on %d trajectories from %s (%d held out)",
+            cfg.mode,
+            cfg.objective,
+            len(train_set),
+            cfg.data,
+            len(eval_set) if eval_set is not None else 0,
+        )
+    with (
+        undone_if_nothing_trained(cfg.output_dir, created, lambda: trainer.state.global_step),
+        interrupt.listening(args.world_size == 1),
+    ):
         trainer.train(resume_from_checkpoint=resume_from)
     if interrupt.asked and trainer.state.global_step < trainer.state.max_steps:
         raise KeyboardInterrupt  # stopped early, its last step saved
@@ -385,7 +458,8 @@ def _train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None, encoded: l
 
 def end_processes(args: TrainingArguments) -> None:
     """Close the process group once every rank is done: a rank that exits with it open can abort in gloo's teardown
-    ("terminate called without an active exception"), and torchrun then reports a run that trained and saved as failed."""
+    ("terminate called without an active exception"), and torchrun then reports a run that trained and saved as
+    failed."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         args.distributed_state.wait_for_everyone()
         torch.distributed.destroy_process_group()
@@ -402,35 +476,58 @@ def check_before_loading(cfg: TrainConfig, encoded: list[Encoded] | None) -> str
         check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r, cfg.bf16)
     engine = backend(cfg)
     if engine != "plain" and cpu_only():
-        raise ValueError(f"{engine} needs a GPU: accelerate starts it only on accelerator devices (on a CPU, DeepSpeed fails to start "
-                         "and FSDP trains as plain DDP); train on a CPU without it (one process, or DDP: torchrun --nproc_per_node N)")
+        raise ValueError(
+            f"{engine} needs a GPU: accelerate starts it only on accelerator devices (on a CPU, DeepSpeed fails to "
+            "start "
+            "and FSDP trains as plain DDP); train on a CPU without it (one process, or DDP: torchrun --nproc_per_node "
+            "N)"
+        )
     return engine
 
 
 def engine_facts(cfg: TrainConfig, engine: str) -> dict:
-    """The backend, and for DeepSpeed what its checkpoints hold, for the run record: a resume judges a DeepSpeed checkpoint
+    """The backend, and for DeepSpeed what its checkpoints hold, for the run record: a resume judges a DeepSpeed
+    checkpoint
     by the ZeRO stage and process count that wrote it, not by the files present (a lost last rank would go unseen), and
     expects the Trainer's scheduler.pt unless the DeepSpeed config builds its own scheduler."""
     if engine != "deepspeed":
         return {"backend": engine}
-    path = cfg.deepspeed or os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")  # `accelerate launch` with a DeepSpeed config
+    path = cfg.deepspeed or os.environ.get(
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE"
+    )  # `accelerate launch` with a DeepSpeed config
     ds = json.loads(Path(path).read_text()) if path and Path(path).is_file() else {}
     stage = ds.get("zero_optimization", {}).get("stage", os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE"))
-    return {"backend": engine, "zero_stage": None if stage in (None, "auto") else int(stage), "scheduler_in_config": "scheduler" in ds}
+    return {
+        "backend": engine,
+        "zero_stage": None if stage in (None, "auto") else int(stage),
+        "scheduler_in_config": "scheduler" in ds,
+    }
 
 
 def build_model(cfg: TrainConfig, engine: str, backbone_dir: str, tokenizer: PreTrainedTokenizerBase) -> BiPRMModel:
-    """A fresh BiPRM on the backbone, with only the parameters this run trains left trainable (LoRA, top layers, heads)."""
+    """A fresh BiPRM on the backbone, with only the parameters this run trains left trainable (LoRA, top layers,
+    heads)."""
     # fp32 master weights everywhere; --bf16 is autocast (CUDA or CPU), never bf16 weights,
     # which would round most updates at the paper's lr away (0.02 + 3e-5 == 0.02 in bf16)
-    options = dict(mode=cfg.mode, objective=cfg.objective, zeta=cfg.zeta, dtype=torch.float32, attn_implementation=cfg.attn_implementation,
-                   detach_gate_inputs=cfg.detach_gate_inputs, aux_loss_weight=cfg.aux_loss_weight, segmenter=cfg.segmenter)
+    options = dict(
+        mode=cfg.mode,
+        objective=cfg.objective,
+        zeta=cfg.zeta,
+        dtype=torch.float32,
+        attn_implementation=cfg.attn_implementation,
+        detach_gate_inputs=cfg.detach_gate_inputs,
+        aux_loss_weight=cfg.aux_loss_weight,
+        segmenter=cfg.segmenter,
+    )
     if cfg.init_from:  # another PRM made bidirectional: its L2R stream is the source exactly, and the gate leans on it
         model = from_prm(cfg.init_from, cfg.prm_kind, tokenizer=tokenizer, gate_init=cfg.gate_init, **options)
     else:
         model = from_backbone(backbone_dir, tokenizer, **options)
     if cfg.lora_r and engine == "fsdp":
-        raise ValueError("--lora-r with FSDP is not supported (the merged save needs the full weights on one process); use DDP or ZeRO-2")
+        raise ValueError(
+            "--lora-r with FSDP is not supported (the merged save needs the full weights on one process); use DDP or "
+            "ZeRO-2"
+        )
     if cfg.lora_r and cfg.train_top_layers:
         raise ValueError("--lora-r and --train-top-layers are two ways to train part of the backbone; choose one")
     if cfg.lora_r:
@@ -442,7 +539,12 @@ def build_model(cfg: TrainConfig, engine: str, backbone_dir: str, tokenizer: Pre
         if cfg.heads_only:
             model.backbone.requires_grad_(False)
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        log.info("training the top %d layers, value head and gate: %d of %d parameters", cfg.train_top_layers, trainable, model.num_parameters())
+        log.info(
+            "training the top %d layers, value head and gate: %d of %d parameters",
+            cfg.train_top_layers,
+            trainable,
+            model.num_parameters(),
+        )
     return model
 
 
@@ -452,9 +554,11 @@ def row_segmenter(cfg: TrainConfig, encoder: Encoder) -> Segmenter:
     return Segmenter(cfg.segmenter, encoder.tokenizer)
 
 
-def training_data(cfg: TrainConfig, args: TrainingArguments, model: BiPRMModel, encoder: Encoder,
-                  encoded: list[Encoded] | None) -> tuple[object, object | None, str]:
-    """(training rows, held-out rows or None, their fingerprint for the run record): trunk features, a stream, or an encoded file."""
+def training_data(
+    cfg: TrainConfig, args: TrainingArguments, model: BiPRMModel, encoder: Encoder, encoded: list[Encoded] | None
+) -> tuple[object, object | None, str]:
+    """(training rows, held-out rows or None, their fingerprint for the run record): trunk features, a stream, or an
+    encoded file."""
     if cfg.train_top_layers and cfg.trunk_cache:
         # computed where training runs (the Trainer would move the model there next), not on the CPU of a GPU node
         train_set, fingerprint = trunk_set(cfg, model.to(args.device), encoder, encoded)
@@ -462,17 +566,28 @@ def training_data(cfg: TrainConfig, args: TrainingArguments, model: BiPRMModel, 
     if encoded is not None:
         raise ValueError("training on encodings given in Python needs the trunk cache (--train-top-layers K)")
     if cfg.streaming:
-        stream = streamed_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, segmenter=row_segmenter(cfg, encoder))
+        stream = streamed_dataset(
+            cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, segmenter=row_segmenter(cfg, encoder)
+        )
         return stream, None, f"stream:{cfg.data}"
     with args.main_process_first(desc="encoding the training data"):  # rank 0 builds the cache, the others map it
-        data = encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc,
-                               segmenter=row_segmenter(cfg, encoder))
+        data = encoded_dataset(
+            cfg.data,
+            encoder,
+            fmt=cfg.format,
+            skip_invalid=cfg.skip_invalid,
+            num_proc=cfg.num_proc,
+            segmenter=row_segmenter(cfg, encoder),
+        )
     train_set, eval_set = holdout(data, cfg.eval_fraction, cfg.seed)
     return train_set, eval_set, data._fingerprint
 
 
-def save_final(cfg: TrainConfig, trainer: BiPRMTrainer, model: BiPRMModel, tokenizer: PreTrainedTokenizerBase, world_size: int) -> None:
-    """The final model with its record, log and card, written to a scratch folder and moved into the output folder whole."""
+def save_final(
+    cfg: TrainConfig, trainer: BiPRMTrainer, model: BiPRMModel, tokenizer: PreTrainedTokenizerBase, world_size: int
+) -> None:
+    """The final model with its record, log and card, written to a scratch folder and moved into the output folder
+    whole."""
     stamp(model.config)
     scratch = Path(cfg.output_dir, ".final")  # the final save lands here first, then moves in (run_folder.publish)
     if cfg.lora_r:  # under DeepSpeed the heads come from the fp32 masters, gathered on every rank before rank 0 writes
@@ -482,27 +597,57 @@ def save_final(cfg: TrainConfig, trainer: BiPRMTrainer, model: BiPRMModel, token
     else:
         trainer.save_model(str(scratch))
     if trainer.is_world_process_zero():
-        Path(scratch, "biprm_train.json").write_text(json.dumps({**asdict(cfg), "world_size": world_size, "fsdp": trainer.is_fsdp_enabled}, indent=2))
+        Path(scratch, "biprm_train.json").write_text(
+            json.dumps({**asdict(cfg), "world_size": world_size, "fsdp": trainer.is_fsdp_enabled}, indent=2)
+        )
         Path(scratch, "train_log.json").write_text(json.dumps(trainer.state.log_history, indent=2))
         write_model_card(scratch, asdict(cfg), trainer.state.log_history)
         publish(scratch, cfg.output_dir)
         share(cfg.output_dir)
 
 
-def trunk_set(cfg: TrainConfig, model: BiPRMModel, encoder: Encoder, encoded: list[Encoded] | None) -> tuple[TrunkData, str]:
+def trunk_set(
+    cfg: TrainConfig, model: BiPRMModel, encoder: Encoder, encoded: list[Encoded] | None
+) -> tuple[TrunkData, str]:
     """(the training rows as features of the frozen trunk, their fingerprint). The features are computed
     once into the on-disk cache, which every run cutting the same weights at the same layer shares."""
     if cfg.eval_fraction or cfg.streaming:
-        raise ValueError("--train-top-layers trains on the trunk cache, which takes no --eval-fraction or --streaming; add --no-trunk-cache")
+        raise ValueError(
+            "--train-top-layers trains on the trunk cache, which takes no --eval-fraction or --streaming; add "
+            "--no-trunk-cache"
+        )
     if encoded is None:
-        encs = [to_encoded(r) for r in encoded_dataset(cfg.data, encoder, fmt=cfg.format, skip_invalid=cfg.skip_invalid, num_proc=cfg.num_proc,
-                                                       segmenter=row_segmenter(cfg, encoder))]
+        encs = [
+            to_encoded(r)
+            for r in encoded_dataset(
+                cfg.data,
+                encoder,
+                fmt=cfg.format,
+                skip_invalid=cfg.skip_invalid,
+                num_proc=cfg.num_proc,
+                segmenter=row_segmenter(cfg, encoder),
+            )
+        ]
     else:
         encs = encoded
-        bad = next((i for i, e in enumerate(encs) if e.n_tokens > encoder.max_length or any(s[-1] != encoder.step_tag_id for s in e.steps)), None)
+        bad = next(
+            (
+                i
+                for i, e in enumerate(encs)
+                if e.n_tokens > encoder.max_length or any(s[-1] != encoder.step_tag_id for s in e.steps)
+            ),
+            None,
+        )
         if bad is not None:
-            raise ValueError(f"encoded row {bad + 1} was not encoded for this model (step tag {encoder.step_tag_id}, max_length {encoder.max_length})")
+            raise ValueError(
+                f"encoded row {bad + 1} was not encoded for this model (step tag {encoder.step_tag_id}, max_length "
+                f"{encoder.max_length})"
+            )
     root = cfg.trunk_cache_dir or cache_root() / "trunk"
-    cache = TrunkCache(root, model, cfg.train_top_layers, encs, dtype=torch.bfloat16 if cfg.bf16 else None).build(progress=cfg.show_progress)
+    cache = TrunkCache(root, model, cfg.train_top_layers, encs, dtype=torch.bfloat16 if cfg.bf16 else None).build(
+        progress=cfg.show_progress
+    )
     labels = [e.labels for e in encs]
-    return TrunkData(cache, labels), f"trunk:{cache.dir.name}:{hashlib.sha256(json.dumps(labels).encode()).hexdigest()[:16]}"
+    return TrunkData(
+        cache, labels
+    ), f"trunk:{cache.dir.name}:{hashlib.sha256(json.dumps(labels).encode()).hexdigest()[:16]}"

@@ -24,6 +24,7 @@ Training reads the cache as a dataset (`TrunkData`: seeded length-grouped batche
 and a collator (`TrunkCollator`: micro-batches within a token budget), which
 `BiPRMTrainer` runs through `BiPRMModel.forward_features`.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -72,7 +73,9 @@ def trunk_digest(model: BiPRMModel, top_layers: int) -> str:
     """Content hash of everything the cached features depend on: the frozen weights, the cut, the dtype, and the
     backbone's config (rope_theta, rms_norm_eps and the like change the features and are in no weight)."""
     bottom, _ = split(model, top_layers)
-    config = {k: v for k, v in model.config.backbone_config.to_dict().items() if k != "_name_or_path"}  # where it was read from
+    config = {
+        k: v for k, v in model.config.backbone_config.to_dict().items() if k != "_name_or_path"
+    }  # where it was read from
     h = hashlib.sha256(f"{top_layers}:{model.dtype}:{json.dumps(config, sort_keys=True, default=str)}".encode())
     for name, tensor in sorted(bottom.state_dict().items()):
         h.update(name.encode())
@@ -101,7 +104,9 @@ class Layout:
         order = np.argsort(sizes, kind="stable")
         starts = np.empty(len(encs), dtype=np.int64)
         starts[order] = np.concatenate([[0], np.cumsum(sizes[order])[:-1]])
-        tokens = np.fromiter((t for i in order for t in encs[i].stream("l2r") + encs[i].continuation("r2l")), dtype=np.int64)
+        tokens = np.fromiter(
+            (t for i in order for t in encs[i].stream("l2r") + encs[i].continuation("r2l")), dtype=np.int64
+        )
         return cls(
             tokens=tokens,
             starts=starts,
@@ -142,7 +147,14 @@ class TrunkCache:
     batch how far it got; a killed build resumes there.
     """
 
-    def __init__(self, root: str | Path, model: BiPRMModel, top_layers: int, encs: list[Encoded], dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        root: str | Path,
+        model: BiPRMModel,
+        top_layers: int,
+        encs: list[Encoded],
+        dtype: torch.dtype | None = None,
+    ):
         self.model: BiPRMModel | None = model
         self.top_layers = top_layers
         self.dtype = dtype or model.dtype
@@ -151,7 +163,11 @@ class TrunkCache:
         layout = self.layout
         key = _digest(
             f"{trunk_digest(model, top_layers)}:{self.dtype}:{self.autocast}".encode(),
-            layout.tokens, layout.starts, layout.prompt_lengths, layout.step_lengths, layout.step_offsets,
+            layout.tokens,
+            layout.starts,
+            layout.prompt_lengths,
+            layout.step_lengths,
+            layout.step_offsets,
         )
         self.dir = Path(root) / key[:24]
         self.hidden = model.config.backbone_config.hidden_size
@@ -212,9 +228,15 @@ class TrunkCache:
             self._features = np.memmap(self.dir / "features.bin", dtype=_STORE[self.dtype], mode="r", shape=shape)
         return self._features
 
-    def batch(self, idx: np.ndarray, streams: tuple[str, ...], labels: list[list[float]] | None = None,
-              device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-        """`model.forward_features` inputs for trajectories `idx` on `device`: one plain row per stream, features gathered from the file."""
+    def batch(
+        self,
+        idx: np.ndarray,
+        streams: tuple[str, ...],
+        labels: list[list[float]] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> dict[str, torch.Tensor]:
+        """`model.forward_features` inputs for trajectories `idx` on `device`: one plain row per stream, features
+        gathered from the file."""
         pieces = [(s, self.layout.rows(int(i), s)) for s in streams for i in idx]
         width = max(len(r) for _, (r, _) in pieces)
         feats = np.zeros((len(pieces), width, self.hidden), dtype=self.features.dtype)
@@ -237,11 +259,15 @@ class TrunkCache:
 
 
 @torch.inference_mode()
-def cached_scores(model: BiPRMModel, cache: TrunkCache, tokens_per_batch: int = 8192, progress: bool = False) -> StepScores:
+def cached_scores(
+    model: BiPRMModel, cache: TrunkCache, tokens_per_batch: int = 8192, progress: bool = False
+) -> StepScores:
     """Scorer.score from the cache: probabilities per step in input order, in length-sorted batches."""
     layout, streams = cache.layout, model.streams
     collect = Collector(layout.step_offsets.copy(), model.config.mode)
-    for a, b in tqdm(_runs(layout.sizes[layout.order], 0, tokens_per_batch), desc="scoring", disable=not progress, unit="batch"):
+    for a, b in tqdm(
+        _runs(layout.sizes[layout.order], 0, tokens_per_batch), desc="scoring", disable=not progress, unit="batch"
+    ):
         idx = layout.order[a:b]
         collect(idx, model.forward_features(**cache.batch(idx, streams, device=model.device)))
     return collect.scores()
@@ -304,8 +330,10 @@ class TrunkCollator:
     def __call__(self, idx: list[int]) -> dict[str, list]:
         batch = np.asarray(idx, dtype=np.int64)
         parts = micro_batches(self.data.cache.layout.sizes, batch, self.budget)
-        return {"parts": [self.data.cache.batch(p, self.streams, self.data.labels) for p in parts],
-                "shares": [len(p) / len(batch) for p in parts]}
+        return {
+            "parts": [self.data.cache.batch(p, self.streams, self.data.labels) for p in parts],
+            "shares": [len(p) / len(batch) for p in parts],
+        }
 
 
 def _runs(sizes: np.ndarray, start: int, budget: int) -> list[tuple[int, int]]:

@@ -7,6 +7,7 @@ real libraries on CPU (gloo), into OUT/<layout>/checkpoint-2 after 2 optimizer s
 accelerate starts neither backend on a CPU, so `biprm train` cannot write these here; the test adds the
 files the Trainer writes around them (tests/test_resume_backends.py).
 """
+
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,7 +35,9 @@ def fsdp(out: Path) -> None:
         optimizer.step()
         optimizer.zero_grad()
     rank = dist.get_rank()
-    accelerator = SimpleNamespace(process_index=rank, num_processes=dist.get_world_size(), is_fsdp2=True, is_main_process=rank == 0)
+    accelerator = SimpleNamespace(
+        process_index=rank, num_processes=dist.get_world_size(), is_fsdp2=True, is_main_process=rank == 0
+    )
     for layout, kind in (("fsdp-full", "FULL_STATE_DICT"), ("fsdp-sharded", "SHARDED_STATE_DICT")):
         plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type=kind)
         folder = out / layout / "checkpoint-2"
@@ -46,10 +49,16 @@ def deepspeed_zero3(out: Path) -> None:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
-    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 3},
-              "zero_allow_untested_optimizer": True}
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 3},
+        "zero_allow_untested_optimizer": True,
+    }
     model = small_model()
-    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), config=config)
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), config=config
+    )
     for _ in range(2):
         engine.backward(engine(torch.randn(2, 8)).pow(2).mean())
         engine.step()

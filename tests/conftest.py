@@ -26,8 +26,17 @@ def data_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
+def backbone() -> str:
+    """The tiny built-in backbone's folder."""
+    from biprm.backbones import resolve_backbone
+
+    return resolve_backbone("tiny")
+
+
+@pytest.fixture(scope="module")
 def bi_scorer():
-    """A Scorer around an untrained tiny `bi` model (seeded): scores are arbitrary but fixed, enough to compare paths."""
+    """A Scorer around an untrained tiny `bi` model (seeded): scores are arbitrary but fixed, enough to compare
+    paths."""
     import torch
 
     from biprm.backbones import load_tokenizer, resolve_backbone
@@ -94,9 +103,17 @@ LAUNCHERS = {  # several CPU processes (gloo), each on a free port
 }
 
 
-def launch(args: list[str], processes: int = 1, launcher: str = "torchrun", timeout: int = 600) -> subprocess.CompletedProcess:
+def launch(
+    args: list[str], processes: int = 1, launcher: str = "torchrun", timeout: int = 600
+) -> subprocess.CompletedProcess:
     """`python -m <args>` in one plain process, or in `processes` through `launcher`; one thread each, as the
     machine's cores are shared. Asserts nothing: callers check the return code."""
     start = [*LAUNCHERS[launcher], str(processes)] if processes > 1 else []
-    return subprocess.run([sys.executable, *start, "-m", *args], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *start, "-m", *args],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,5 +1,7 @@
 """The code blocks of a page under docs/, as the doc tests run them: verbatim. A block that cannot run in a test (a GPU,
-a server, hours) carries `<!-- not run: REASON -->` on the line before it; ```text blocks show output and are not code."""
+a server, hours) carries `<!-- not run: REASON -->` on the line before it; ```text blocks show output and are not
+code."""
+
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +33,9 @@ def runnable(page: str) -> list[Block]:
 
 def skipped(page: str):
     """A test that skips each block of docs/`page` marked not run, giving the mark's reason."""
+
     @pytest.mark.parametrize("block", [b for b in blocks(page) if b.not_run], ids=lambda b: b.code.split("\n")[0][:40])
     def test(block: Block) -> None:
         pytest.skip(block.not_run)
+
     return test

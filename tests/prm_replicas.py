@@ -6,6 +6,7 @@ checkpoint uses one, hand-named tensors where it ships remote code), and a token
 tokens. The `reference_*` functions score with the cards' recipe, written out independently of biprm's loaders:
 the body from transformers, the head applied as the card applies it, the text built as the card builds it.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,23 +15,45 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification, Qwen2Model)
+from transformers import (
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForTokenClassification,
+    Qwen2Model,
+)
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<extra_0>"]
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-QWEN_CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+QWEN_CHAT = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 # Qwen2.5-Math-Instruct's template (EurusPRM's base): a conversation without a system turn gets the default one
-EURUS_CHAT = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nPlease reason step by step, and put your final "
-              "answer within \\boxed{}.<|im_end|>\n{% endif %}" + QWEN_CHAT)
-LLAMA_CHAT = ("{{ bos_token }}<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
-              "Today Date: 26 Jul 2024\n\n<|eot_id|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
-              "\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}")
+EURUS_CHAT = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nPlease reason step by step, and put your final "
+    "answer within \\boxed{}.<|im_end|>\n{% endif %}" + QWEN_CHAT
+)
+LLAMA_CHAT = (
+    "{{ bos_token }}<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+    "Today Date: 26 Jul 2024\n\n<|eot_id|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
+    "\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+)
 
 PROBLEMS = [
-    ("Tom has 3 apples and buys 4 more. How many apples does he have?", ["Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 7.", "The answer is 7."]),
-    ("A box holds 12 eggs. How many eggs are in 5 boxes?", ["Each box holds 12 eggs.", "5 * 12 = 60, so there are 60 eggs.", "The answer is 60."]),
+    (
+        "Tom has 3 apples and buys 4 more. How many apples does he have?",
+        ["Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 7.", "The answer is 7."],
+    ),
+    (
+        "A box holds 12 eggs. How many eggs are in 5 boxes?",
+        ["Each box holds 12 eggs.", "5 * 12 = 60, so there are 60 eggs.", "The answer is 60."],
+    ),
     ("What is 2 + 3 * 4?", ["3 * 4 = 12.", "2 + 12 = 14.", "The answer is 14."]),
 ]
 
@@ -42,21 +65,31 @@ def _corpus() -> list[str]:
     return lines
 
 
-def _tokenizer(specials: list[str], bos: str | None, eos: str, chat: str | None, sentencepiece: bool = False) -> PreTrainedTokenizerFast:
+def _tokenizer(
+    specials: list[str], bos: str | None, eos: str, chat: str | None, sentencepiece: bool = False
+) -> PreTrainedTokenizerFast:
     """A byte-level BPE over the test problems' words, with the kind's special tokens: any text encodes.
     `sentencepiece`: Mistral's kind instead (words carry "▁", a text starts with one, the BOS comes first)."""
     bpe = Tokenizer(models.BPE(byte_fallback=sentencepiece))
     if sentencepiece:
-        bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.Metaspace(prepend_scheme="first")])
+        bpe.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.Metaspace(prepend_scheme="first")]
+        )
         bpe.decoder = decoders.Metaspace(prepend_scheme="first")
     else:
         bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     bpe.train_from_iterator(_corpus(), trainer)
     if sentencepiece:
-        bpe.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bpe.token_to_id(bos))])
+        bpe.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", special_tokens=[(bos, bpe.token_to_id(bos))]
+        )
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=bos, eos_token=eos, pad_token=eos)
     if chat:
         tok.chat_template = chat
@@ -64,11 +97,21 @@ def _tokenizer(specials: list[str], bos: str | None, eos: str, chat: str | None,
 
 
 def _small(config_class, vocab: int, heads: int, **kw):
-    return config_class(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=heads,
-                        num_key_value_heads=max(heads // 2, 1), max_position_embeddings=4096, **kw)
+    return config_class(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=max(heads // 2, 1),
+        max_position_embeddings=4096,
+        **kw,
+    )
 
 
-def _save_remote_code_layout(out: Path, body: Qwen2Model, head: dict[str, torch.Tensor], arch: str, extra: dict, pickle: bool = False) -> None:
+def _save_remote_code_layout(
+    out: Path, body: Qwen2Model, head: dict[str, torch.Tensor], arch: str, extra: dict, pickle: bool = False
+) -> None:
     """A checkpoint written by remote code: body tensors under "model.", the head's by its own names, and a config
     whose architectures and auto_map name classes transformers does not have; `pickle`: one pytorch_model.bin, as
     Skywork ships."""
@@ -82,7 +125,8 @@ def _save_remote_code_layout(out: Path, body: Qwen2Model, head: dict[str, torch.
 
 
 def build(kind: str, out: Path, heads: int = 4) -> Path:
-    """The replica of `kind` in `out` (created), seeded. vLLM's CPU attention takes head sizes from 32: `heads=1` gives one."""
+    """The replica of `kind` in `out` (created), seeded. vLLM's CPU attention takes head sizes from 32: `heads=1` gives
+    one."""
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     if kind == "eurus-prm":  # the implicit PRM and, beside it, its reference LM: two causal LMs with one tokenizer
@@ -100,16 +144,31 @@ def build(kind: str, out: Path, heads: int = 4) -> Path:
             model.save_pretrained(out)
         elif kind == "qwen-prm":
             H = config.hidden_size
-            head = {"score.0.weight": torch.randn(H, H) / H**0.5, "score.0.bias": torch.randn(H) * 0.1,
-                    "score.2.weight": torch.randn(2, H) / H**0.5, "score.2.bias": torch.randn(2) * 0.1,
-                    "lm_head.weight": torch.randn(len(tok), H) * 0.02}  # shipped, and read by no PRM path
-            auto = {"AutoConfig": "configuration_qwen2_rm.Qwen2RMConfig", "AutoModel": "modeling_qwen2_rm.Qwen2ForProcessRewardModel"}
-            _save_remote_code_layout(out, Qwen2Model(config), head, "Qwen2ForProcessRewardModel", {"auto_map": auto})  # no num_labels: the real config has none
+            head = {
+                "score.0.weight": torch.randn(H, H) / H**0.5,
+                "score.0.bias": torch.randn(H) * 0.1,
+                "score.2.weight": torch.randn(2, H) / H**0.5,
+                "score.2.bias": torch.randn(2) * 0.1,
+                "lm_head.weight": torch.randn(len(tok), H) * 0.02,
+            }  # shipped, and read by no PRM path
+            auto = {
+                "AutoConfig": "configuration_qwen2_rm.Qwen2RMConfig",
+                "AutoModel": "modeling_qwen2_rm.Qwen2ForProcessRewardModel",
+            }
+            _save_remote_code_layout(
+                out, Qwen2Model(config), head, "Qwen2ForProcessRewardModel", {"auto_map": auto}
+            )  # no num_labels: the real config has none
         else:
             H, body = config.hidden_size, Qwen2Model(config)
-            head = {"lm_head.weight": torch.randn(len(tok), H) * 0.02, "v_head.summary.weight": torch.randn(1, H) / H**0.5,
-                    "v_head.summary.bias": torch.randn(1) * 0.1}
-            auto = {"AutoConfig": "configuration_qwen2_rm.Qwen2RMConfig", "AutoModel": "modeling_qwen2_rm.Qwen2ForRewardModel"}
+            head = {
+                "lm_head.weight": torch.randn(len(tok), H) * 0.02,
+                "v_head.summary.weight": torch.randn(1, H) / H**0.5,
+                "v_head.summary.bias": torch.randn(1) * 0.1,
+            }
+            auto = {
+                "AutoConfig": "configuration_qwen2_rm.Qwen2RMConfig",
+                "AutoModel": "modeling_qwen2_rm.Qwen2ForRewardModel",
+            }
             _save_remote_code_layout(out, body, head, "Qwen2ForPrmModel", {"auto_map": auto}, pickle=True)
     elif kind == "math-shepherd":
         tok = _tokenizer(["<s>", "</s>"], "<s>", "</s>", None, sentencepiece=True)
@@ -130,9 +189,18 @@ def reference_lm(folder: Path) -> Path | None:
 
 # --- the cards' reference code, transcribed -------------------------------------------------------------
 
+
 def _qwen_body(folder: Path) -> Qwen2Model:
-    return Qwen2Model.from_pretrained(folder, config=Qwen2Config(**{k: v for k, v in json.loads((folder / "config.json").read_text()).items()
-                                                                       if k not in ("architectures", "auto_map", "model_type")})).eval()
+    return Qwen2Model.from_pretrained(
+        folder,
+        config=Qwen2Config(
+            **{
+                k: v
+                for k, v in json.loads((folder / "config.json").read_text()).items()
+                if k not in ("architectures", "auto_map", "model_type")
+            }
+        ),
+    ).eval()
 
 
 def _tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -145,10 +213,14 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def reference_qwen_prm(folder: Path, question: str, steps: list[str]) -> list[float]:
-    """Qwen2.5-Math-PRM card: chat template, steps joined by <extra_0> (one after the last), softmax at each tag, index 1."""
+    """Qwen2.5-Math-PRM card: chat template, steps joined by <extra_0> (one after the last), softmax at each tag, index
+    1."""
     tok = AutoTokenizer.from_pretrained(folder)
-    messages = [{"role": "system", "content": "Please reason step by step, and put your final answer within \\boxed{}."},
-                {"role": "user", "content": question}, {"role": "assistant", "content": "<extra_0>".join(steps) + "<extra_0>"}]
+    messages = [
+        {"role": "system", "content": "Please reason step by step, and put your final answer within \\boxed{}."},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "<extra_0>".join(steps) + "<extra_0>"},
+    ]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     ids = torch.tensor([tok.encode(text)])
     hidden = _qwen_body(folder)(input_ids=ids).last_hidden_state
@@ -160,7 +232,8 @@ def reference_qwen_prm(folder: Path, question: str, steps: list[str]) -> list[fl
 
 @torch.no_grad()
 def reference_skywork_prm(folder: Path, question: str, steps: list[str]) -> list[float]:
-    """Skywork's prepare_input: bos + problem + "\\n", then each step's ids and the "\\n" id, flagged; sigmoid(v_head)."""
+    """Skywork's prepare_input: bos + problem + "\\n", then each step's ids and the "\\n" id, flagged;
+    sigmoid(v_head)."""
     tok = AutoTokenizer.from_pretrained(folder)
     newline = tok.encode("\n")[-1]
     ids, flags = tok.encode(tok.bos_token + question + "\n"), []
@@ -197,7 +270,10 @@ def reference_rlhflow(folder: Path, question: str, steps: list[str]) -> list[flo
     model = LlamaForCausalLM.from_pretrained(folder).eval()
     conversation, out = [], []
     for k, step in enumerate(steps):
-        conversation += [{"role": "user", "content": question + " " + step if k == 0 else step}, {"role": "assistant", "content": "+"}]
+        conversation += [
+            {"role": "user", "content": question + " " + step if k == 0 else step},
+            {"role": "assistant", "content": "+"},
+        ]
         ids = tok.apply_chat_template(conversation, return_tensors="pt", return_dict=True)["input_ids"]
         logits = model(ids).logits[0, -3, [plus, minus]]
         out.append(logits.softmax(-1)[0].item())
@@ -226,8 +302,12 @@ def eurus_logits(folder: Path, question: str, steps: list[str]) -> list[float]:
     beta (0.001) times the per-token log-ratio of the PRM to the reference, masked before the first end, summed
     cumulatively and taken at the other ends: q per step, a logit."""
     tok = AutoTokenizer.from_pretrained(folder)
-    chat = lambda answer: tok.apply_chat_template([{"role": "user", "content": question}, {"role": "assistant", "content": answer}],  # noqa: E731
-                                                  tokenize=False)
+
+    def chat(answer: str) -> str:
+        return tok.apply_chat_template(
+            [{"role": "user", "content": question}, {"role": "assistant", "content": answer}], tokenize=False
+        )
+
     ids = torch.tensor([tok.encode(chat("\n\n".join(steps)), add_special_tokens=False)])
     ends = []
     for k in range(len(steps) + 1):
@@ -239,7 +319,7 @@ def eurus_logits(folder: Path, question: str, steps: list[str]) -> list[float]:
         return logits.log_softmax(-1).gather(2, ids[:, 1:, None])[..., 0]
 
     mask = torch.zeros_like(ids)
-    mask[0, ends[0]:] = 1
+    mask[0, ends[0] :] = 1
     q = (0.001 * (logps(folder) - logps(reference_lm(folder))) * mask[:, 1:]).cumsum(-1)
     return q[0, ends[1:]].tolist()
 
@@ -248,5 +328,11 @@ def reference_eurus_prm(folder: Path, question: str, steps: list[str]) -> list[f
     return torch.sigmoid(torch.tensor(eurus_logits(folder, question, steps), dtype=torch.float64)).tolist()
 
 
-REFERENCES = {"qwen-prm": reference_qwen_prm, "skywork-prm": reference_skywork_prm, "math-shepherd": reference_math_shepherd,
-              "rlhflow": reference_rlhflow, "token-classification": reference_token_classification, "eurus-prm": reference_eurus_prm}
+REFERENCES = {
+    "qwen-prm": reference_qwen_prm,
+    "skywork-prm": reference_skywork_prm,
+    "math-shepherd": reference_math_shepherd,
+    "rlhflow": reference_rlhflow,
+    "token-classification": reference_token_classification,
+    "eurus-prm": reference_eurus_prm,
+}

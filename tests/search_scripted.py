@@ -1,4 +1,5 @@
 """A scripted policy and a scripted PRM for search tests: trees whose every choice can be worked out by hand."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -13,7 +14,8 @@ SEP = "||"
 
 class ScriptedPolicy:
     """`tree[(question, *steps)]` lists the children of that prefix; each request for a prefix takes its next child
-    (cycling), so asking a prefix twice gives its first two children. A step starting with "answer" ends the solution."""
+    (cycling), so asking a prefix twice gives its first two children. A step starting with "answer" ends the
+    solution."""
 
     def __init__(self, tree: dict[tuple[str, ...], list[str]]):
         self.tree, self.asked, self.tokens, self.calls = tree, Counter(), 0, 0
@@ -38,13 +40,17 @@ class ScriptedPolicy:
 
     def generate_step(self, prompts: list[str], n: int) -> list[StepOut]:
         self.calls += 1
-        outs = [StepOut(t, finished=t.startswith("answer"), capped=False, tokens=len(t)) for p in prompts for t in
-                [self.next_step(tuple(p.split(SEP))) for _ in range(n)]]
+        outs = [
+            StepOut(t, finished=t.startswith("answer"), capped=False, tokens=len(t))
+            for p in prompts
+            for t in [self.next_step(tuple(p.split(SEP))) for _ in range(n)]
+        ]
         self.tokens += sum(o.tokens for o in outs)
         return outs
 
     def generate_solution(self, prompts: list[str], n: int, max_steps: int) -> list[list[StepOut]]:
-        """n whole solutions per prompt in one call: each walks the tree as a step-by-step draw would, one child a step."""
+        """n whole solutions per prompt in one call: each walks the tree as a step-by-step draw would, one child a
+        step."""
         self.calls += 1
         outs = []
         for p in prompts:

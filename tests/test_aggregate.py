@@ -1,4 +1,5 @@
 """Solution scores from step scores, by hand."""
+
 import numpy as np
 import pytest
 
@@ -41,7 +42,11 @@ def test_logit_space_keeps_orderings_that_probabilities_lose():
 
 def test_log_sigmoid_and_sigmoid_at_extremes():
     assert log_sigmoid(np.array([-800.0]))[0] == -800.0 and log_sigmoid(np.array([800.0]))[0] == 0.0
-    np.testing.assert_allclose(sigmoid(np.array([-40.0, 0.0, 2.0])), [np.exp(-40.0) / (1 + np.exp(-40.0)), 0.5, 1 / (1 + np.exp(-2.0))], rtol=1e-14)
+    np.testing.assert_allclose(
+        sigmoid(np.array([-40.0, 0.0, 2.0])),
+        [np.exp(-40.0) / (1 + np.exp(-40.0)), 0.5, 1 / (1 + np.exp(-2.0))],
+        rtol=1e-14,
+    )
     assert logit(np.array([0.0, 1.0])).tolist() == [-np.inf, np.inf]
 
 

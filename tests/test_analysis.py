@@ -38,8 +38,12 @@ def scores(*streams):
 LABELS = [[1, 0], [1, 1, 1, 1], [0, 0], [1, 1, 0, 0], [1, 1]]
 SUBSET = ["gsm8k", "gsm8k", "math", "math", "math"]
 TRAJS = [
-    Trajectory(f"Q{i}: is 3 < 4?", [f"t{i} step {t + 1} | ok" for t in range(len(y))], [float(v) for v in y],
-               meta={"subset": s})
+    Trajectory(
+        f"Q{i}: is 3 < 4?",
+        [f"t{i} step {t + 1} | ok" for t in range(len(y))],
+        [float(v) for v in y],
+        meta={"subset": s},
+    )
     for i, (y, s) in enumerate(zip(LABELS, SUBSET))
 ]
 BI_FUSED = [[0.9, 0.2], [0.8, 0.9, 0.7, 0.6], [0.3, 0.1], [0.9, 0.8, 0.4, 0.2], [0.9, 0.7]]
@@ -210,7 +214,9 @@ def test_plots_write_png(tmp_path):
     ]:
         plot(result, str(tmp_path / name))
     cells = {"l2r": {"mean": 50.0, "low": 44.0, "high": 56.0}, "chance": {"mean": 18.0, "low": 17.0, "high": 19.0}}
-    plot_intervals(str(tmp_path / "intervals.png"), {"primary": cells, "P1": {"l2r": cells["l2r"]}}, "endpoints", muted=("chance",))
+    plot_intervals(
+        str(tmp_path / "intervals.png"), {"primary": cells, "P1": {"l2r": cells["l2r"]}}, "endpoints", muted=("chance",)
+    )
     for name in ("mae.png", "sigma.png", "intervals.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
@@ -229,9 +235,15 @@ def test_scored_part_keeps_the_leading_scored_steps_of_each_trajectory():
 def test_judged_rows_leaves_out_first_errors_past_the_scored_steps():
     from biprm.analysis.common import judged_rows
 
-    trajs = [Trajectory("q", ["a", "b", "c"], [1, 1, 0]), Trajectory("q", ["a", "b"], [1, 0]), Trajectory("q", ["a"], [1])]
+    trajs = [
+        Trajectory("q", ["a", "b", "c"], [1, 1, 0]),
+        Trajectory("q", ["a", "b"], [1, 0]),
+        Trajectory("q", ["a"], [1]),
+    ]
     part, first = judged_rows(trajs, scores([[0.9, 0.8], [0.7, 0.1], [0.6]]))  # row 1 lost its third (wrong) step
-    assert first.tolist() == [1, -1] and part.offsets.tolist() == [0, 2, 3] and np.allclose(part.prob(), [0.7, 0.1, 0.6])
+    assert (
+        first.tolist() == [1, -1] and part.offsets.tolist() == [0, 2, 3] and np.allclose(part.prob(), [0.7, 0.1, 0.6])
+    )
 
 
 def test_boundary_agreement_counts_given_boundaries_found_and_cuts_near_one_by_hand():
@@ -239,14 +251,18 @@ def test_boundary_agreement_counts_given_boundaries_found_and_cuts_near_one_by_h
 
     assert laid_out(["ab", "c"], " ") == ("ab c", [[0, 2], [3, 4]])
     assert even_cut(10, 3) == [[0, 3], [3, 6], [6, 10]]
-    assert near([100], [0], 100) == 1 and near([101], [0], 100) == 0 and near([5], [], 100) == 0  # the window is inclusive
+    assert (
+        near([100], [0], 100) == 1 and near([101], [0], 100) == 0 and near([5], [], 100) == 0
+    )  # the window is inclusive
     given, cut = [[0, 10], [12, 300], [302, 320]], [[0, 50], [51, 250], [251, 320]]
     assert boundaries(given) == [12, 302] and boundaries(cut) == [51, 251]
     assert row_counts(given, cut, 100) == (2, 2, 2, 2)  # 12 <-> 51 is 39 characters, 302 <-> 251 is 51
     assert row_counts(given, cut, 40) == (1, 2, 1, 2)
     # a second row of one given step has no boundary; its one cut (at 3) is near none
     result = agreement([given, [[0, 5]]], [cut, [[0, 2], [3, 5]]], within=40, resamples=200)
-    assert result["found"]["mean"] == 0.5 and result["near"]["mean"] == pytest.approx(1 / 3)  # 1 of 2; (1 + 0) of (2 + 1)
+    assert result["found"]["mean"] == 0.5 and result["near"]["mean"] == pytest.approx(
+        1 / 3
+    )  # 1 of 2; (1 + 0) of (2 + 1)
     assert result["given_steps"] == 2.0 and result["cut_steps"] == 2.5 and result["rows"] == 2
     assert 0.0 <= result["found"]["low"] <= result["found"]["high"] <= 1.0
     with pytest.raises(ValueError, match="2 rows of given steps but 1 of cut steps"):
@@ -256,7 +272,8 @@ def test_boundary_agreement_counts_given_boundaries_found_and_cuts_near_one_by_h
 def test_a_first_error_predicted_on_a_recut_lands_on_the_given_step_that_holds_it():
     from biprm.analysis.boundaries import f1_interval, first_errors_on_given
 
-    # row 0: re-cut into 3 steps; at 0.5 the third (chars 21-40) is the first below, and char 21 is in given step 1 (12-40);
+    # row 0: re-cut into 3 steps; at 0.5 the third (chars 21-40) is the first below, and char 21 is in given step 1
+    # (12-40);
     # at 0.65 the second (chars 6-20), which starts in given step 0 (0-10). Row 1: at 0.5 none; at 0.65 its second step
     probs, offsets = np.array([0.9, 0.6, 0.2, 0.9, 0.62]), np.array([0, 3, 5])
     cuts = [[[0, 5], [6, 20], [21, 40]], [[0, 4], [5, 9]]]

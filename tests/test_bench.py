@@ -1,4 +1,5 @@
 """`python -m benchmarks` code paths on the tiny shape: every section runs and reports; no timing is asserted."""
+
 import json
 import math
 
@@ -14,8 +15,13 @@ from biprm.data.encoding import Encoded
 from biprm.data.trajectory import Trajectory
 
 TRAJS = [
-    Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."]),
-    Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 24 apples.", "The answer is 22."]),
+    Trajectory(
+        "Tom has 3 bags of 7 apples. He eats 2. How many are left?",
+        ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."],
+    ),
+    Trajectory(
+        "Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 24 apples.", "The answer is 22."]
+    ),
     Trajectory("Ann reads 12 pages a day for 5 days. How many pages?", ["12 * 5 = 60.", "The answer is 60."]),
 ]
 
@@ -65,7 +71,9 @@ def test_each_configuration_pins_its_layout():
     from benchmarks.run import scorer
 
     bench = build("tiny")
-    layouts = {name: scorer(bench, name).prefix_cache for name in ("l2r:plain", "bi:plain", "bi:default", "bi:kv", "l2r:kv")}
+    layouts = {
+        name: scorer(bench, name).prefix_cache for name in ("l2r:plain", "bi:plain", "bi:default", "bi:kv", "l2r:kv")
+    }
     assert layouts == {"l2r:plain": False, "bi:plain": False, "bi:default": False, "bi:kv": True, "l2r:kv": True}
 
 
@@ -81,19 +89,33 @@ def test_bench_data_rows_chain_solutions_to_the_asked_length(data_dir, tmp_path)
         assert len(trajs) == 400 and all(len(t.labels) == len(t.steps) for t in trajs)
         steps[per_row] = np.mean([len(t.steps) for t in trajs])
     assert 2.2 < steps[2.5] / steps[1.0] < 2.8  # half the rows chain 2 solutions, half 3
-    assert DataBenchConfig(rows=10).name == "data-10" and DataBenchConfig(rows=10, solutions_per_row=2.7).name == "data-10-x2.7"
+    assert (
+        DataBenchConfig(rows=10).name == "data-10"
+        and DataBenchConfig(rows=10, solutions_per_row=2.7).name == "data-10-x2.7"
+    )
 
 
 @pytest.mark.slow
 def test_serve_preset_runs_bounded_and_serves_the_scorers_scores(tmp_path, data_dir):
     from benchmarks.serve import run, write
 
-    cfg = BenchConfig(preset="serve", shape="tiny", data_root=str(data_dir), requests=8, concurrency=[1, 4], compare_at=4, overload_clients=24,
-                      overload_queue=2)
+    cfg = BenchConfig(
+        preset="serve",
+        shape="tiny",
+        data_root=str(data_dir),
+        requests=8,
+        concurrency=[1, 4],
+        compare_at=4,
+        overload_clients=24,
+        overload_queue=2,
+    )
     result = run(cfg)
     assert result["max_abs_diff_vs_scorer"] < 1e-5
     assert result["runs"]["batched"]["4"]["ok"] == 8 and result["runs"]["one-at-a-time"]["4"]["ok"] == 8
-    assert result["overload"]["rejected_503"] > 0 and result["overload"]["ok"] + result["overload"]["rejected_503"] == result["overload"]["sent"]
+    assert (
+        result["overload"]["rejected_503"] > 0
+        and result["overload"]["ok"] + result["overload"]["rejected_503"] == result["overload"]["sent"]
+    )
     assert "one-at-a-time" in write(result, str(tmp_path)).with_suffix(".md").read_text()
 
 
@@ -102,12 +124,15 @@ def test_a_run_sets_the_sizes_it_names_and_takes_the_rest_from_its_preset():
     sizes = BenchConfig(preset="vllm", requests=8, compare_at=2).sizes
     assert sizes == PRESETS["vllm"] | {"requests": 8, "compare_at": 2} and PRESETS["vllm"]["requests"] == 64
     assert BenchConfig(preset="quick", questions=3).sizes["questions"] == 3
-    with pytest.raises(ValueError, match="--overload-clients: the vllm preset has no such size; it takes --questions, --requests"):
+    with pytest.raises(
+        ValueError, match="--overload-clients: the vllm preset has no such size; it takes --questions, --requests"
+    ):
         BenchConfig(preset="vllm", overload_clients=8)
 
 
 def test_bench_presets_run_the_server_benchmarks(monkeypatch):
-    """`python -m benchmarks --preset serve|vllm` run the load test and the vLLM comparison, with the sizes the flags set."""
+    """`python -m benchmarks --preset serve|vllm` run the load test and the vLLM comparison, with the sizes the flags
+    set."""
     import benchmarks.serve
     import benchmarks.vllm
     from benchmarks.__main__ import main
@@ -121,7 +146,10 @@ def test_bench_presets_run_the_server_benchmarks(monkeypatch):
         monkeypatch.setattr(module, "write", lambda result, out: None)
     cli(["--preset", "serve", "--requests", "8", "--concurrency", "1", "4"])
     cli(["--preset", "vllm"])
-    assert ran == [("benchmarks.serve", PRESETS["serve"] | {"requests": 8, "concurrency": [1, 4]}), ("benchmarks.vllm", PRESETS["vllm"])]
+    assert ran == [
+        ("benchmarks.serve", PRESETS["serve"] | {"requests": 8, "concurrency": [1, 4]}),
+        ("benchmarks.vllm", PRESETS["vllm"]),
+    ]
 
 
 def test_the_boundary_table_recuts_processbench_rows_per_join_and_segmenter(tmp_path):
@@ -129,13 +157,25 @@ def test_the_boundary_table_recuts_processbench_rows_per_join_and_segmenter(tmp_
     from benchmarks.config import BoundaryBenchConfig
     from benchmarks.report import save
 
-    steps = ["Let x = 2.", "So x + 1 = 3, and therefore the answer is 3, which we check by substituting x back into it."]
-    (tmp_path / "long.json").write_text(json.dumps([{"id": i, "problem": "q", "steps": steps, "label": label} for i, label in (("a", -1), ("b", 1))]))
-    cfg = BoundaryBenchConfig(data_root=str(tmp_path), subsets=[str(tmp_path / "long.json")], segmenters=["paragraph", "lines"],
-                              resamples=10, out=str(tmp_path / "out"))
+    steps = [
+        "Let x = 2.",
+        "So x + 1 = 3, and therefore the answer is 3, which we check by substituting x back into it.",
+    ]
+    (tmp_path / "long.json").write_text(
+        json.dumps([{"id": i, "problem": "q", "steps": steps, "label": label} for i, label in (("a", -1), ("b", 1))])
+    )
+    cfg = BoundaryBenchConfig(
+        data_root=str(tmp_path),
+        subsets=[str(tmp_path / "long.json")],
+        segmenters=["paragraph", "lines"],
+        resamples=10,
+        out=str(tmp_path / "out"),
+    )
     result = run(cfg)
     blank, space = result["joins"][repr("\n\n")], result["joins"][repr(" ")]
-    assert blank["paragraph"]["all"]["found"]["mean"] == 1.0 and space["paragraph"]["all"]["found"]["mean"] == 0.0  # the layout, or none
+    assert (
+        blank["paragraph"]["all"]["found"]["mean"] == 1.0 and space["paragraph"]["all"]["found"]["mean"] == 0.0
+    )  # the layout, or none
     assert space["lines"]["all"]["cut_steps"] == 1.0 and result["subsets"] == {"long": 2}
     save(result, cfg.out, STEM, markdown)
     assert "| a space | paragraph | 1.0 | 0.0 [0.0, 0.0]" in (tmp_path / "out" / f"{STEM}.md").read_text()
@@ -147,16 +187,41 @@ def test_the_boundary_table_scores_each_cut_with_a_model_and_maps_first_errors_b
     from biprm.config import TrainConfig
     from biprm.training import train
 
-    model = train(TrainConfig(backbone="tiny", data="synthetic:8", max_steps=1, per_device_train_batch_size=8, gradient_accumulation_steps=1,
-                              output_dir=str(tmp_path / "m"), save_steps=10**9, show_progress=False))
+    model = train(
+        TrainConfig(
+            backbone="tiny",
+            data="synthetic:8",
+            max_steps=1,
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=1,
+            output_dir=str(tmp_path / "m"),
+            save_steps=10**9,
+            show_progress=False,
+        )
+    )
     steps = ["Let x = 2.\nThen x + 1 = 3.", "So the answer is 4."]
     rows = [{"id": f"r{i}", "problem": "q", "steps": steps, "label": label} for i, label in enumerate((-1, 1))]
     (tmp_path / "long.json").write_text(json.dumps(rows))
-    cfg = BoundaryBenchConfig(data_root=str(tmp_path), subsets=[str(tmp_path / "long.json")], segmenters=["lines"], joins=[" "],
-                              resamples=10, model=model, max_length=64, threshold=1.0)  # threshold 1: every step is an error
+    cfg = BoundaryBenchConfig(
+        data_root=str(tmp_path),
+        subsets=[str(tmp_path / "long.json")],
+        segmenters=["lines"],
+        joins=[" "],
+        resamples=10,
+        model=model,
+        max_length=64,
+        threshold=1.0,
+    )  # threshold 1: every step is an error
     f1 = run(cfg)["first_error"]
     # every row's first error is the first cut's first step, in given step 0: right on no row (labels -1 and 1)
-    assert f1[f"{model}: the given steps"]["mean"] == 0.0 and f1[f"{model}: joined by a space, cut by lines"]["mean"] == 0.0
-    assert set(f1) == {"flag nothing (text-free)", "flag step 0 (text-free)", f"{model}: the given steps",
-                       f"{model}: joined by a space, cut by lines",
-                       "flag step k when there are more than k (k = 0, tuned on these rows: an upper bound; text-free)"}
+    assert (
+        f1[f"{model}: the given steps"]["mean"] == 0.0
+        and f1[f"{model}: joined by a space, cut by lines"]["mean"] == 0.0
+    )
+    assert set(f1) == {
+        "flag nothing (text-free)",
+        "flag step 0 (text-free)",
+        f"{model}: the given steps",
+        f"{model}: joined by a space, cut by lines",
+        "flag step k when there are more than k (k = 0, tuned on these rows: an upper bound; text-free)",
+    }

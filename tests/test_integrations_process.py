@@ -1,5 +1,6 @@
 """Process-supervised GRPO: the advantage rule against hand-computed values, step ends on the policy's own
 tokens under a real chat template, and ProcessGRPOTrainer training on CPU with the (B, T) advantages it built."""
+
 import logging
 import math
 from types import SimpleNamespace
@@ -33,7 +34,9 @@ def test_process_advantages_by_hand():
     rewards, ends, mask, group = toy_group()
     # group a: steps 1.0, 0.5, 0.0 -> mean 0.5, std 0.5 -> +1, 0, -1 (a step scoring exactly 0 still counts)
     # group b: steps 0.2, 0.8, 0.5 -> mean 0.5, std 0.3 -> -1, +1, 0; completion 3 is unscored
-    want = torch.tensor([[1, 1, 0, 0, 0, 0], [-1, -1, -1, 0, 0, 0], [0, 1, 1, 1, 1, 1], [0] * 6, [0] * 6], dtype=torch.float32)
+    want = torch.tensor(
+        [[1, 1, 0, 0, 0, 0], [-1, -1, -1, 0, 0, 0], [0, 1, 1, 1, 1, 1], [0] * 6, [0] * 6], dtype=torch.float32
+    )
     close(process_advantages(rewards, ends, mask, group), want)
     # outcome 1 / 0 in group a; in group b completion 3 (unscored) is left out of the statistics
     outcome = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0])
@@ -53,13 +56,20 @@ def test_step_rewards_that_barely_vary_keep_their_spread():
     pytest.importorskip("trl")
     from biprm.integrations.process_grpo import ProcessGRPOTrainer
 
-    trainer = SimpleNamespace(_steps=[([0], [0.5]), ([0], [0.5 + 4e-8])], num_generations=2, model=SimpleNamespace(training=True),
-                              _outcome_rewards=lambda: None, outcome_weight=1.0)
+    trainer = SimpleNamespace(
+        _steps=[([0], [0.5]), ([0], [0.5 + 4e-8])],
+        num_generations=2,
+        model=SimpleNamespace(training=True),
+        _outcome_rewards=lambda: None,
+        outcome_weight=1.0,
+    )
     got = ProcessGRPOTrainer._token_advantages(trainer, torch.ones(2, 1, dtype=torch.bool))
     # mean 0.5 + 2e-8, deviations -+2e-8, unbiased std sqrt(2 * (2e-8)^2 / 1) = 2e-8 * sqrt(2); eps 1e-6
     want = 2e-8 / (2e-8 * math.sqrt(2) + 1e-6)
     assert got.dtype == torch.float32 and got[:, 0].tolist() == pytest.approx([-want, want], abs=1e-9)
-    in_float32 = process_advantages(torch.tensor([[0.5], [0.5 + 4e-8]]), torch.ones(2, 1, dtype=torch.bool), torch.ones(2, 1), [0, 0])
+    in_float32 = process_advantages(
+        torch.tensor([[0.5], [0.5 + 4e-8]]), torch.ones(2, 1, dtype=torch.bool), torch.ones(2, 1), [0, 0]
+    )
     assert abs(in_float32[1, 0].item() - want) > 1e-6  # rounded to 0.5 + 6e-8 first: 0.0286 where 0.0194 is right
 
 
@@ -70,9 +80,14 @@ def test_step_ends_on_the_policys_tokens_under_a_real_chat_template(tmp_path):
     steps = ["Tom starts with 3 apples.", "3 + 4 = 7 × 1 ✓", "The answer is 7."]
     for folder in policies(tmp_path):
         tok = load_tokenizer(str(folder))
-        prompt = tok.apply_chat_template([{"role": "user", "content": "How many?"}], tokenize=False, add_generation_prompt=True)
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": "How many?"}], tokenize=False, add_generation_prompt=True
+        )
         end = tok.convert_tokens_to_ids("<|im_end|>")
-        ids = tok(response, add_special_tokens=False)["input_ids"] + [end, tok.eos_token_id]  # as the policy samples them
+        ids = tok(response, add_special_tokens=False)["input_ids"] + [
+            end,
+            tok.eos_token_id,
+        ]  # as the policy samples them
         assert "<|im_end|>" in tok.decode(tok(prompt, add_special_tokens=False)["input_ids"] + ids)
         text, offsets = decoded_offsets(tok, ids)
         assert text == response and len(offsets) == len(ids)
@@ -83,8 +98,15 @@ def test_step_ends_on_the_policys_tokens_under_a_real_chat_template(tmp_path):
 
 
 def test_answer_reward_grades_the_final_answer():
-    got = AnswerReward(workers=0)(prompts=["q"] * 3, completions=["2 + 2 = 4.\n\nThe answer is 4.", "The answer is 5.", [{"role": "assistant", "content": "So \\boxed{4}"}]],
-                                  answer=["4", "4", "4"])
+    got = AnswerReward(workers=0)(
+        prompts=["q"] * 3,
+        completions=[
+            "2 + 2 = 4.\n\nThe answer is 4.",
+            "The answer is 5.",
+            [{"role": "assistant", "content": "So \\boxed{4}"}],
+        ],
+        answer=["4", "4", "4"],
+    )
     assert got == [1.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="no 'solution' column"):
         AnswerReward(column="solution", workers=0)(prompts=["q"], completions=["4"])
@@ -94,9 +116,19 @@ def tiny_policy(tok):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, pad_token_id=tok.pad_token_id,
-                                        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            bos_token_id=tok.bos_token_id,
+        )
+    )
 
 
 class FirstUnscorable(BiPRMReward):
@@ -123,17 +155,35 @@ def test_process_grpo_trains_two_steps_on_the_token_advantages(tmp_path, bi_scor
     tok = load_tokenizer(resolve_backbone("tiny"))
     policy = tiny_policy(tok)
     newline = tok("\n", add_special_tokens=False)["input_ids"]
-    args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, num_generations=2,
-                      max_completion_length=16, learning_rate=1e-2, logging_steps=1, report_to=[], use_cpu=True,
-                      save_strategy="no", disable_tqdm=True, generation_kwargs={"sequence_bias": {tuple(newline): 6.0}},
-                      per_device_eval_batch_size=8)  # an evaluation batch larger than the generation batch TRL's logs keep
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=16,
+        learning_rate=1e-2,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        generation_kwargs={"sequence_bias": {tuple(newline): 6.0}},
+        per_device_eval_batch_size=8,
+    )  # an evaluation batch larger than the generation batch TRL's logs keep
     made, used = [], []
 
     class Recorded(ProcessGRPOTrainer):
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
-            made.append({"ids": out["completion_ids"], "advantages": out["advantages"], "mask": out["completion_mask"],
-                         "steps": list(self._steps), "outcome": self._outcome_rewards()})
+            made.append(
+                {
+                    "ids": out["completion_ids"],
+                    "advantages": out["advantages"],
+                    "mask": out["completion_mask"],
+                    "steps": list(self._steps),
+                    "outcome": self._outcome_rewards(),
+                }
+            )
             return out
 
         def _compute_loss(self, model, inputs):
@@ -141,10 +191,16 @@ def test_process_grpo_trains_two_steps_on_the_token_advantages(tmp_path, bi_scor
             return super()._compute_loss(model, inputs)
 
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
-    trainer = Recorded(model=policy, process_reward=FirstUnscorable(scorer=bi_scorer, split="newline"),
-                       reward_funcs=[length_reward] if outcome else None, outcome_weight=0.5, args=args, processing_class=tok,
-                       train_dataset=Dataset.from_dict({"prompt": [f"What is {i} + {i}?" for i in range(8)]}),
-                       eval_dataset=Dataset.from_dict({"prompt": [f"What is {i} - 1?" for i in range(8)]}))
+    trainer = Recorded(
+        model=policy,
+        process_reward=FirstUnscorable(scorer=bi_scorer, split="newline"),
+        reward_funcs=[length_reward] if outcome else None,
+        outcome_weight=0.5,
+        args=args,
+        processing_class=tok,
+        train_dataset=Dataset.from_dict({"prompt": [f"What is {i} + {i}?" for i in range(8)]}),
+        eval_dataset=Dataset.from_dict({"prompt": [f"What is {i} - 1?" for i in range(8)]}),
+    )
     with caplog.at_level(logging.WARNING, logger="biprm.integrations.process_grpo"):
         trainer.train()
     assert len(made) == len(used) == 2 and "could not be scored and get advantage 0" in caplog.text
@@ -155,7 +211,9 @@ def test_process_grpo_trains_two_steps_on_the_token_advantages(tmp_path, bi_scor
         assert sum(len(ends) for ends, _ in steps) > len(steps)  # several steps per completion
         rewards, step_end = placed_rewards(steps, adv.shape[1])
         want = process_advantages(rewards, step_end, m["mask"], [0, 0, 1, 1], m["outcome"], 0.5).float()
-        assert torch.allclose(m["advantages"], want) and (want[:, :-1] != want[:, 1:]).any()  # per token, varying along T
+        assert (
+            torch.allclose(m["advantages"], want) and (want[:, :-1] != want[:, 1:]).any()
+        )  # per token, varying along T
         by_ids = {tuple(row.tolist()): a for row, a in zip(m["ids"], want)}  # TRL shuffles the rows before the loss
         assert all(torch.allclose(a, by_ids[tuple(row.tolist())]) for row, a in zip(ids, adv))
     assert any(not torch.equal(before[n], p) for n, p in policy.named_parameters())

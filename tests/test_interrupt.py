@@ -1,5 +1,6 @@
 """Ctrl-C: a `biprm` command stops with one line saying what it keeps and how to go on (rc 130), and a training run
 interrupted so saves its step, from which --resume goes on."""
+
 import json
 import logging
 import os
@@ -28,10 +29,32 @@ def test_ctrl_c_in_train_saves_the_step_under_way_in_one_line_and_resume_goes_on
     import torch
 
     out = tmp_path / "run"
-    flags = ["train", "--backbone", "tiny", "--data", "synthetic:64", "--output-dir", str(out), "--batch-size", "4",
-             "--grad-accum", "1", "--max-steps", "40", "--lr", "1e-3", "--no-show-progress"]
-    proc = subprocess.Popen([sys.executable, "-m", "biprm.cli", *flags], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    flags = [
+        "train",
+        "--backbone",
+        "tiny",
+        "--data",
+        "synthetic:64",
+        "--output-dir",
+        str(out),
+        "--batch-size",
+        "4",
+        "--grad-accum",
+        "1",
+        "--max-steps",
+        "40",
+        "--lr",
+        "1e-3",
+        "--no-show-progress",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "biprm.cli", *flags],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not (out / "checkpoint-4" / "trainer_state.json").exists():
         assert proc.poll() is None and time.monotonic() < deadline, "finished or stuck before the first checkpoint"
@@ -41,8 +64,10 @@ def test_ctrl_c_in_train_saves_the_step_under_way_in_one_line_and_resume_goes_on
     assert proc.returncode == 130, err
     saved = max(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
     assert 4 < saved < 40 and not (out / "config.json").exists()  # the step under way, not the final model
-    assert err.strip().splitlines()[-1] == (f"biprm train: interrupted; {out}/checkpoint-{saved} is saved: the same command "
-                                            f"with --resume goes on from its step {saved}")
+    assert err.strip().splitlines()[-1] == (
+        f"biprm train: interrupted; {out}/checkpoint-{saved} is saved: the same command "
+        f"with --resume goes on from its step {saved}"
+    )
     assert "Traceback" not in err
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -55,10 +80,16 @@ def test_ctrl_c_in_train_saves_the_step_under_way_in_one_line_and_resume_goes_on
     assert json.loads((out / "checkpoint-40" / "trainer_state.json").read_text())["global_step"] == 40
 
 
-@pytest.mark.parametrize("output, kept", [
-    ("scores.jsonl", "2 scored rows are kept in {tmp}/scores.jsonl.parts: the same command with --resume goes on from there"),
-    ("-", "what went to stdout is all it keeps (a run into an --output file can --resume)"),
-])
+@pytest.mark.parametrize(
+    "output, kept",
+    [
+        (
+            "scores.jsonl",
+            "2 scored rows are kept in {tmp}/scores.jsonl.parts: the same command with --resume goes on from there",
+        ),
+        ("-", "what went to stdout is all it keeps (a run into an --output file can --resume)"),
+    ],
+)
 def test_ctrl_c_in_score_says_what_it_keeps_in_one_line(tmp_path, monkeypatch, capsys, output, kept):
     def interrupted(model, source, output, **options):
         if output != "-":

@@ -1,5 +1,6 @@
 """its_hub's searches run unchanged on a BiPRM: beam search, particle filtering and best-of-N on a scripted policy;
 a served PRM scores as the local one."""
+
 import asyncio
 
 import numpy as np
@@ -19,7 +20,15 @@ from biprm.scoring.prefix import PrefixScorer  # noqa: E402
 from conftest import scored, serving  # noqa: E402
 
 QUESTIONS = ["Tom has 3 apples and buys 5 more. How many apples?", "A box holds 12 eggs. How many eggs are in 4 boxes?"]
-STEPS = ["Add the numbers.", "3 + 5 = 8", "12 * 4 = 48", "Check the sum.", "Multiply them.", "So it is 48.", "So it is 8."]
+STEPS = [
+    "Add the numbers.",
+    "3 + 5 = 8",
+    "12 * 4 = 48",
+    "Check the sum.",
+    "Multiply them.",
+    "So it is 48.",
+    "So it is 8.",
+]
 
 
 class ScriptedLM(AbstractLanguageModel):
@@ -38,7 +47,10 @@ class ScriptedLM(AbstractLanguageModel):
 
     async def agenerate_single(self, messages, stop=None, **kwargs):
         """A whole solution at once, for best-of-N."""
-        return {"role": "assistant", "content": "\n\n".join([*(STEPS[i] for i in self.rng.integers(len(STEPS), size=2)), "The answer is 8."])}
+        return {
+            "role": "assistant",
+            "content": "\n\n".join([*(STEPS[i] for i in self.rng.integers(len(STEPS), size=2)), "The answer is 8."]),
+        }
 
 
 class Recording(PrefixScorer):
@@ -68,7 +80,9 @@ def test_score_is_the_aggregated_step_probability(bi_scorer):
         prm.score(QUESTIONS[0], ["\n\n"])
     short = BiPRMProcessRewardModel(PrefixScorer(Scorer(bi_scorer.model, bi_scorer.tokenizer, max_length=40)))
     unfit, fits = short.score(QUESTIONS[0], ["Add the numbers. " * 10, "So it is 8."])
-    assert unfit == np.finfo(np.float64).tiny and 0 < fits < 1  # a path the PRM cannot read ranks last, and particle weights stay finite
+    assert (
+        unfit == np.finfo(np.float64).tiny and 0 < fits < 1
+    )  # a path the PRM cannot read ranks last, and particle weights stay finite
 
 
 def test_beam_search_of_concurrent_questions_shares_each_level_in_one_call(bi_scorer):
@@ -76,7 +90,9 @@ def test_beam_search_of_concurrent_questions_shares_each_level_in_one_call(bi_sc
     search = BeamSearch(step_generation(), BiPRMProcessRewardModel(scorer), beam_width=2)
 
     async def both():
-        return await asyncio.gather(*(search.ainfer(ScriptedLM(), q, budget=4, return_response_only=False) for q in QUESTIONS))
+        return await asyncio.gather(
+            *(search.ainfer(ScriptedLM(), q, budget=4, return_response_only=False) for q in QUESTIONS)
+        )
 
     results = asyncio.run(both())
     assert scorer.seen == [sorted(QUESTIONS)] * 3  # three levels, each one PathScorer call with both questions
@@ -90,7 +106,9 @@ def test_beam_search_of_concurrent_questions_shares_each_level_in_one_call(bi_sc
 
 def test_particle_filtering_runs_on_log_weights_of_the_scores(bi_scorer):
     prm = BiPRMProcessRewardModel(PrefixScorer(bi_scorer), aggregation="last")
-    result = ParticleFiltering(step_generation(), prm).infer(ScriptedLM(1), QUESTIONS[0], budget=4, return_response_only=False)
+    result = ParticleFiltering(step_generation(), prm).infer(
+        ScriptedLM(1), QUESTIONS[0], budget=4, return_response_only=False
+    )
     responses = [r["content"] for r in result.responses]
     probs = scored(bi_scorer, [Trajectory(QUESTIONS[0], r.split("\n\n")) for r in responses]).solution_scores("last")
     np.testing.assert_allclose(result.log_weights_lst, np.log(probs / (1 - probs)), atol=1e-5)
@@ -124,4 +142,3 @@ def test_served_scorer_gives_the_local_scores(bi_scorer):
         assert served.score(QUESTIONS[:1], paths[:1], streams="l2r")[0].r2l is None and served.calls == 2
         with pytest.raises(RuntimeError, match=r"/v1/score: HTTP 400: item 0: field 'question'"):
             served.score([""], paths[:1])
-

@@ -1,5 +1,6 @@
 """Real kills: a `biprm` subprocess is SIGKILLed at a chosen moment, and a rerun with --resume
 finishes with what an uninterrupted run gives."""
+
 import json
 import os
 import signal
@@ -22,7 +23,9 @@ pytestmark = pytest.mark.slow
 def kill_when(cmd: list[str], ready, timeout: float = 300) -> None:
     """Start `cmd`, SIGKILL it as soon as `ready()` holds; fail if it finishes first."""
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=err
+        )
         deadline = time.monotonic() + timeout
         while not ready():
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -35,8 +38,28 @@ def kill_when(cmd: list[str], ready, timeout: float = 300) -> None:
 
 
 def train_flags(out: Path) -> list[str]:
-    return ["train", "--backbone", "tiny", "--data", "synthetic:64", "--output-dir", str(out), "--batch-size", "4", "--grad-accum", "1",
-            "--max-steps", "32", "--lr", "1e-3", "--save-steps", "4", "--save-total-limit", "3", "--no-show-progress"]
+    return [
+        "train",
+        "--backbone",
+        "tiny",
+        "--data",
+        "synthetic:64",
+        "--output-dir",
+        str(out),
+        "--batch-size",
+        "4",
+        "--grad-accum",
+        "1",
+        "--max-steps",
+        "32",
+        "--lr",
+        "1e-3",
+        "--save-steps",
+        "4",
+        "--save-total-limit",
+        "3",
+        "--no-show-progress",
+    ]
 
 
 def test_training_killed_mid_run_resumes_to_the_uninterrupted_result(tmp_path, caplog, monkeypatch):
@@ -67,11 +90,27 @@ def test_scoring_killed_mid_file_resumes_to_the_same_output(tmp_path):
     from biprm.config import TrainConfig
     from biprm.training import train
 
-    ckpt = train(TrainConfig(backbone="tiny", data="synthetic:16", max_steps=1, per_device_train_batch_size=4, gradient_accumulation_steps=1,
-                             output_dir=str(tmp_path / "ckpt"), save_steps=10**9, show_progress=False))
+    ckpt = train(
+        TrainConfig(
+            backbone="tiny",
+            data="synthetic:16",
+            max_steps=1,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=1,
+            output_dir=str(tmp_path / "ckpt"),
+            save_steps=10**9,
+            show_progress=False,
+        )
+    )
     rows = tmp_path / "in.jsonl"
-    rows.write_text("\n".join(json.dumps({"prompt": f"What is {k} + {k}?", "completions": [f"{k} + {k} = {2 * k}", f"The answer is {2 * k}."]})
-                              for k in range(1200)))
+    rows.write_text(
+        "\n".join(
+            json.dumps(
+                {"prompt": f"What is {k} + {k}?", "completions": [f"{k} + {k} = {2 * k}", f"The answer is {2 * k}."]}
+            )
+            for k in range(1200)
+        )
+    )
     flags = ["score", "--model", ckpt, "--input", str(rows), "--chunk", "50"]
     out = tmp_path / "out.jsonl"
 

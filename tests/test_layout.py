@@ -4,10 +4,13 @@ After adding, moving or re-describing a module, or changing what a wing imports,
 rewrites both in docs/ARCHITECTURE.md: the wing graph from the import graph, the table from each module's first
 docstring line.
 """
+
 import ast
 import difflib
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
@@ -80,7 +83,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         state[name] = 1
         for dep in sorted(edges[name]):
             if state.get(dep) == 1:
-                return path[path.index(dep):] + [dep]
+                return path[path.index(dep) :] + [dep]
             if dep not in state and (cycle := visit(dep, path + [dep])):
                 return cycle
         state[name] = 2
@@ -91,6 +94,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def module_table() -> str:
     """One row per module, the ground floor first, then each wing under its package's own line."""
+
     def line(path: Path) -> str:
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         return doc.split("\n")[0].replace("|", "\\|")
@@ -106,7 +110,9 @@ def module_table() -> str:
     for wing, paths in sorted(wings.items()):
         for path in sorted(paths, key=lambda p: p.name != "__init__.py"):
             rel = path.relative_to(ROOT / "biprm")
-            rows.append(f"| **`{wing}/`** | **{line(path)}** |" if path.name == "__init__.py" else f"| `{rel}` | {line(path)} |")
+            rows.append(
+                f"| **`{wing}/`** | **{line(path)}** |" if path.name == "__init__.py" else f"| `{rel}` | {line(path)} |"
+            )
     return "\n".join(rows)
 
 
@@ -154,8 +160,11 @@ def test_config_is_a_leaf():
 
 
 def test_the_data_wing_stands_on_config_alone():
-    outside = {name: sorted(d for d in deps if not d.startswith("biprm.data") and d != "biprm.config")
-               for name, deps in graph().items() if name.startswith("biprm.data")}
+    outside = {
+        name: sorted(d for d in deps if not d.startswith("biprm.data") and d != "biprm.config")
+        for name, deps in graph().items()
+        if name.startswith("biprm.data")
+    }
     assert all(not deps for deps in outside.values()), {n: d for n, d in outside.items() if d}
 
 
@@ -168,21 +177,35 @@ def test_no_cycle_between_wings():
     """A wing may lean on the ground floor and on wings below it, never on a wing that leans back on it."""
     wings = wing_graph(graph())
     cycle = find_cycle({wing: set(deps) for wing, deps in wings.items()})
-    assert cycle is None, "wings import each other: " + " -> ".join(cycle) + "".join(
-        f"\n  {a} -> {b}: {' -> '.join(wings[a][b])}" for a, b in zip(cycle, cycle[1:]))
+    assert cycle is None, (
+        "wings import each other: "
+        + " -> ".join(cycle)
+        + "".join(f"\n  {a} -> {b}: {' -> '.join(wings[a][b])}" for a, b in zip(cycle, cycle[1:]))
+    )
 
 
 def test_wing_graph_sees_through_the_ground_floor():
-    edges = {"biprm.serve.app": {"biprm.modeling"}, "biprm.modeling": {"biprm.bench.run"}, "biprm.bench.run": {"biprm.serve.app"}}
+    edges = {
+        "biprm.serve.app": {"biprm.modeling"},
+        "biprm.modeling": {"biprm.bench.run"},
+        "biprm.bench.run": {"biprm.serve.app"},
+    }
     wings = wing_graph(edges)
-    assert wings == {"serve": {"bench": ("biprm.serve.app", "biprm.modeling", "biprm.bench.run")}, "bench": {"serve": ("biprm.bench.run", "biprm.serve.app")}}
+    assert wings == {
+        "serve": {"bench": ("biprm.serve.app", "biprm.modeling", "biprm.bench.run")},
+        "bench": {"serve": ("biprm.bench.run", "biprm.serve.app")},
+    }
     assert find_cycle({w: set(d) for w, d in wings.items()}) == ["bench", "serve", "bench"]
 
 
 def test_the_vllm_plugin_stands_on_config_and_data_alone():
-    """What vLLM loads imports nothing of the scorer or the server; `biprm serve --engine vllm` and the export sit with serve."""
-    outside = {name: sorted(d for d in deps if not d.startswith(("biprm.vllm_plugin", "biprm.data")) and d != "biprm.config")
-               for name, deps in graph().items() if name.startswith("biprm.vllm_plugin")}
+    """What vLLM loads imports nothing of the scorer or the server; `biprm serve --engine vllm` and the export sit with
+    serve."""
+    outside = {
+        name: sorted(d for d in deps if not d.startswith(("biprm.vllm_plugin", "biprm.data")) and d != "biprm.config")
+        for name, deps in graph().items()
+        if name.startswith("biprm.vllm_plugin")
+    }
     assert all(not deps for deps in outside.values()), {n: d for n, d in outside.items() if d}
 
 
@@ -209,7 +232,9 @@ def ground_floor_loops(edges: dict[str, set[str]]) -> list[str]:
     for name in sorted(n for n in edges if wing_of(n) is None and n != "biprm"):
         wings = {wing_of(dep): chain for dep, chain in reversed(reach(edges, name).items()) if wing_of(dep) is not None}
         for wing, chain in sorted(wings.items()):
-            back = next((reach(edges, m)[name] for m in sorted(edges) if wing_of(m) == wing and name in reach(edges, m)), None)
+            back = next(
+                (reach(edges, m)[name] for m in sorted(edges) if wing_of(m) == wing and name in reach(edges, m)), None
+            )
             if back:
                 loops.append(f"{' -> '.join(chain)}, and back: {' -> '.join(back)}")
     return loops
@@ -217,9 +242,14 @@ def ground_floor_loops(edges: dict[str, set[str]]) -> list[str]:
 
 def test_ground_floor_loops_finds_packing_through_scoring():
     """Before `offsets_of` moved down: packing imported scoring.step_scores, and scoring.scorer imports packing."""
-    edges = {"biprm.packing": {"biprm.scoring.step_scores"}, "biprm.scoring.step_scores": set(),
-             "biprm.scoring.scorer": {"biprm.packing", "biprm.scoring.step_scores"}}
-    assert ground_floor_loops(edges) == ["biprm.packing -> biprm.scoring.step_scores, and back: biprm.scoring.scorer -> biprm.packing"]
+    edges = {
+        "biprm.packing": {"biprm.scoring.step_scores"},
+        "biprm.scoring.step_scores": set(),
+        "biprm.scoring.scorer": {"biprm.packing", "biprm.scoring.step_scores"},
+    }
+    assert ground_floor_loops(edges) == [
+        "biprm.packing -> biprm.scoring.step_scores, and back: biprm.scoring.scorer -> biprm.packing"
+    ]
 
 
 def test_the_library_never_imports_studies_or_benchmarks():
@@ -236,20 +266,52 @@ def test_find_cycle_finds_one():
 
 
 def test_wing_picture_leaves_out_what_a_path_implies_and_keeps_a_cycle():
-    edges = {"biprm.cli": {"biprm.serve.app"}, "biprm.serve.app": {"biprm.scoring.scorer", "biprm.data.x"},
-             "biprm.scoring.scorer": {"biprm.data.x", "biprm.modeling"}, "biprm.data.x": set(), "biprm.modeling": {"biprm.scoring.scorer"}}
+    edges = {
+        "biprm.cli": {"biprm.serve.app"},
+        "biprm.serve.app": {"biprm.scoring.scorer", "biprm.data.x"},
+        "biprm.scoring.scorer": {"biprm.data.x", "biprm.modeling"},
+        "biprm.data.x": set(),
+        "biprm.modeling": {"biprm.scoring.scorer"},
+    }
     arrows = [line.strip() for line in wing_picture(edges).splitlines() if "-->" in line]
-    assert arrows == ["commands --> serve", "ground --> scoring", "scoring --> data", "scoring --> ground", "serve --> scoring"]
+    assert arrows == [
+        "commands --> serve",
+        "ground --> scoring",
+        "scoring --> data",
+        "scoring --> ground",
+        "serve --> scoring",
+    ]
 
 
 def test_architecture_page_graph_and_module_table_are_current():
     page = ARCHITECTURE.read_text()
     for start, end in ((GRAPH_START, GRAPH_END), (START, END)):
         assert start in page and end in page, f"docs/ARCHITECTURE.md lacks the markers {start!r} ... {end!r}"
-    diff = "\n".join(difflib.unified_diff(page.splitlines(), architecture_with_generated(page).splitlines(), "docs/ARCHITECTURE.md", "generated", lineterm=""))
-    assert not diff, f"the wing graph or the module table in docs/ARCHITECTURE.md is stale; run `python tests/test_layout.py`:\n{diff}"
+    diff = "\n".join(
+        difflib.unified_diff(
+            page.splitlines(),
+            architecture_with_generated(page).splitlines(),
+            "docs/ARCHITECTURE.md",
+            "generated",
+            lineterm="",
+        )
+    )
+    assert not diff, (
+        "the wing graph or the module table in docs/ARCHITECTURE.md is stale; run `python "
+        f"tests/test_layout.py`:\n{diff}"
+    )
 
 
 if __name__ == "__main__":
     ARCHITECTURE.write_text(architecture_with_generated(ARCHITECTURE.read_text()))
     print(f"rewrote the wing graph and the module table in {ARCHITECTURE}", file=sys.stderr)
+
+
+@pytest.mark.parametrize("command", [["check"], ["format", "--check"]])
+def test_ruff_finds_nothing_to_change(command):
+    """The formatter and linter (pyproject's [tool.ruff]: line length 120, rules E, F, W) pass on the whole tree."""
+    import subprocess
+
+    pytest.importorskip("ruff", reason="ruff comes with the [dev] extra (the README's test command)")
+    done = subprocess.run([sys.executable, "-m", "ruff", *command, "."], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]

@@ -1,4 +1,5 @@
 """Inputs past the window (issue 45): the overlength policies head, tail, refuse and window, and what each row says."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,10 @@ QUESTION = "Tom has 23 apples, throws 3 away and gives 12 to friends. How many a
 
 def _trace(n: int) -> Trajectory:
     """n steps of different lengths, a reflection passage among them."""
-    steps = [f"Step {t}: " + ("Wait, let me re-check that: " * (t % 3)) + f"23 - 3 = 20 and 20 - 12 = {8 + t % 2}." for t in range(n)]
+    steps = [
+        f"Step {t}: " + ("Wait, let me re-check that: " * (t % 3)) + f"23 - 3 = 20 and 20 - 12 = {8 + t % 2}."
+        for t in range(n)
+    ]
     return Trajectory(QUESTION, steps)
 
 
@@ -48,10 +52,14 @@ def test_each_policy_says_what_it_kept(encoder):
     assert tail.steps == whole.steps[-k:] and tail.n_dropped == 12 - k and tail.first == 12 - k
     window = _policy(encoder, "window", limit).encode(traj)
     assert window.steps == whole.steps and window.windowed and window.n_dropped == 0
-    with pytest.raises(DataError, match=rf"^row 3: {whole.n_tokens} tokens, past max_length={limit} \(overlength policy: refuse\)$"):
+    with pytest.raises(
+        DataError, match=rf"^row 3: {whole.n_tokens} tokens, past max_length={limit} \(overlength policy: refuse\)$"
+    ):
         _policy(encoder, "refuse", limit).encode(traj, "row 3")
     too_long = Trajectory(QUESTION, ["short.", "x " * 400, "short."])
-    with pytest.raises(DataError, match=r"^row 4: step 1 alone needs \d+ tokens, past the \d+ that max_length=200 leaves"):
+    with pytest.raises(
+        DataError, match=r"^row 4: step 1 alone needs \d+ tokens, past the \d+ that max_length=200 leaves"
+    ):
         _policy(encoder, "window", 200).encode(too_long, "row 4")
     assert _policy(encoder, "refuse", 10**6).encode(traj).steps == whole.steps  # a row that fits is never touched
     with pytest.raises(ValueError, match="overlength 'drop'"):
@@ -59,7 +67,8 @@ def test_each_policy_says_what_it_kept(encoder):
 
 
 def test_windowed_scores_read_each_step_with_its_window_of_context(bi_scorer):
-    """L2R reads step t after the steps of the first window that holds it; R2L after the steps of the last one. Each equals
+    """L2R reads step t after the steps of the first window that holds it; R2L after the steps of the last one. Each
+    equals
     scoring exactly that window's steps in one pass, and the fused score fuses the two with the gate as in one pass."""
     traj = _trace(10)
     whole = _policy(bi_scorer.encoder, "head", 10**6).encode(traj)
@@ -86,7 +95,9 @@ def test_windowed_scores_read_each_step_with_its_window_of_context(bi_scorer):
     sigma = got.sigma[:10]
     np.testing.assert_allclose(got.fused[:10], sigma * got.l2r[:10] + (1 - sigma) * got.r2l[:10], atol=1e-6)
     rows = list(score_rows([traj, _trace(2)], got, encs=encs))
-    assert rows[0]["windowed"] and rows[0]["n_dropped"] == 0 and rows[0]["steps_scored"] == 10 and not rows[1]["windowed"]
+    assert (
+        rows[0]["windowed"] and rows[0]["n_dropped"] == 0 and rows[0]["steps_scored"] == 10 and not rows[1]["windowed"]
+    )
 
 
 def test_a_trace_past_the_tiny_models_window_under_each_policy(bi_scorer):
@@ -135,7 +146,8 @@ def test_past_dense_max_a_batch_runs_plain_rows_without_a_mask_and_the_same_scor
 
 
 def test_a_pool_of_long_candidates_skips_the_prompt_cache_and_its_square_masks(bi_scorer, monkeypatch):
-    """Best-of-N candidates past DENSE_MAX tokens run the one-pass layout (plain causal rows) even where the question has
+    """Best-of-N candidates past DENSE_MAX tokens run the one-pass layout (plain causal rows) even where the question
+    has
     enough candidates for the prompt cache, whose per-row masks grow with the square of the row's length."""
     import biprm.scoring.scorer as scorer_module
     from biprm.packing import pack_cached
@@ -157,9 +169,16 @@ def test_bench_long_preset_runs_and_reports_its_targets(tmp_path):
     from benchmarks.config import BenchConfig
     from benchmarks.long import main
 
-    result = main(BenchConfig(preset="long", shape="tiny", out=str(tmp_path), threads=1),
-                  sizes=dict(lengths=[512, 4096], layers=None, tree_max=512, train_length=1024))
+    result = main(
+        BenchConfig(preset="long", shape="tiny", out=str(tmp_path), threads=1),
+        sizes=dict(lengths=[512, 4096], layers=None, tree_max=512, train_length=1024),
+    )
     assert {(r["config"], r["length"]) for r in result["results"]} == {
-        ("l2r", 512), ("bi:plain", 512), ("bi:tree", 512), ("l2r", 4096), ("bi:plain", 4096)}
+        ("l2r", 512),
+        ("bi:plain", 512),
+        ("bi:tree", 512),
+        ("l2r", 4096),
+        ("bi:plain", 4096),
+    }
     assert [t["target"] for t in result["targets"]][0] == "time per token, bi:plain / l2r"
     assert (tmp_path / "bench-tiny-long.md").read_text().startswith("# biprm bench: one long trace")

@@ -1,4 +1,5 @@
 """Objectives against values computed by hand (see the comments for the arithmetic)."""
+
 import math
 
 import pytest

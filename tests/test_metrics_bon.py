@@ -56,7 +56,8 @@ def test_majority_with_fair_ties():
 
 
 def test_weighted_vote():
-    # @4: q0 "1" .7, "2" .9, "3" .9 -> "2" and "3" tie -> (T + F) / 2; q1 "5" .9 vs "7" 1.35 (T); q2 "4" 1.1 vs "9" .7 (T)
+    # @4: q0 "1" .7, "2" .9, "3" .9 -> "2" and "3" tie -> (T + F) / 2; q1 "5" .9 vs "7" 1.35 (T); q2 "4" 1.1 vs "9" .7
+    # (T)
     weights = sigmoid(SCORE)
     assert vote(first(4), ANSWER, weights, CORRECT) == pytest.approx([0.5, 1.0, 1.0])
 
@@ -86,7 +87,9 @@ def test_random_protocol():
     # n = pool size: every subset is the whole pool
     assert best_of(subsets(QID, 4, "random", draws=7), SCORE, CORRECT).tolist() == [0.5, 1.0, 0.5]
     # n = 1: a uniform candidate; the expectation is the pool's share of correct ones
-    assert random_pick(subsets(QID, 1, "random", draws=4000, seed=3), CORRECT) == pytest.approx([0.25, 0.5, 0.75], abs=0.03)
+    assert random_pick(subsets(QID, 1, "random", draws=4000, seed=3), CORRECT) == pytest.approx(
+        [0.25, 0.5, 0.75], abs=0.03
+    )
     # unequal pools never draw past a question's pool: q1's two candidates are both wrong
     idx = subsets(QID[:6], 2, "random", draws=200)
     assert np.all(idx[:, 1] >= 4) and best_of(idx, SCORE[:6], CORRECT[:6])[1] == 0.0
@@ -126,7 +129,9 @@ def test_bootstrap_mean():
     # 0/1 values: the interval of a proportion of 0.5 over 400 questions is about ±4.9 points
     v = np.r_[np.zeros(200), np.ones(200)]
     r = bootstrap_mean(v, resamples=4000, seed=0)
-    assert r["mean"] == 0.5 and r["low"] == pytest.approx(0.451, abs=0.01) and r["high"] == pytest.approx(0.549, abs=0.01)
+    assert (
+        r["mean"] == 0.5 and r["low"] == pytest.approx(0.451, abs=0.01) and r["high"] == pytest.approx(0.549, abs=0.01)
+    )
     # seeds are resampled too: two seeds that disagree widen the interval
     seeds = np.stack([np.zeros(50), np.ones(50)])
     r = bootstrap_mean(seeds, resamples=4000, seed=0)

@@ -23,7 +23,9 @@ approx = pytest.approx
 def pair(idx, cls, n_orig, n_mod, errors):
     """The (original, modified) trajectories that biprm.data.readers.from_prmbench makes of one row."""
     meta = {"idx": idx, "classification": cls}
-    original = Trajectory("q", [f"o{t}" for t in range(n_orig)], labels=[1.0] * n_orig, meta={**meta, "variant": "original"})
+    original = Trajectory(
+        "q", [f"o{t}" for t in range(n_orig)], labels=[1.0] * n_orig, meta={**meta, "variant": "original"}
+    )
     modified = Trajectory(
         "q'",
         [f"m{t}" for t in range(n_mod)],
@@ -182,7 +184,9 @@ def test_prm_score_by_class_by_hand():
     assert ov["f1_negative"] == approx(100 / 3)  # 2 / (2 + 2 + 2)
     assert ov["prm_score"] == approx(100 * 11 / 21)  # (5/7 + 1/3) / 2 = 22/42 = 52.38 %
     # ... which is not the mean of the class scores: (58.33 + 33.33 + 80) / 3 = 57.22
-    assert ov["prm_score"] != approx(np.mean([res[c]["prm_score"] for c in ("counterfactual", "deception", "multi_solutions")]))
+    assert ov["prm_score"] != approx(
+        np.mean([res[c]["prm_score"] for c in ("counterfactual", "deception", "multi_solutions")])
+    )
 
 
 def test_prm_score_by_class_overall_can_include_correct():
@@ -330,7 +334,13 @@ def test_real_prmbench_circular(data_dir):
     assert sum(t.labels.count(0.0) for t in kept) >= n_wrong
 
     # a PRM that calls every step correct: tp = correct steps, fp = wrong steps
-    res = prm_score_by_class(np.ones(n_steps), np.cumsum([0] + [len(t.steps) for t in kept]), labels, prmbench_classes(kept))
+    res = prm_score_by_class(
+        np.ones(n_steps), np.cumsum([0] + [len(t.steps) for t in kept]), labels, prmbench_classes(kept)
+    )
     assert list(res) == ["circular", "overall"] and same(res["circular"], res["overall"])
-    assert (res["overall"]["tp"], res["overall"]["fp"], res["overall"]["n_steps"]) == (n_steps - n_wrong, n_wrong, n_steps)
+    assert (res["overall"]["tp"], res["overall"]["fp"], res["overall"]["n_steps"]) == (
+        n_steps - n_wrong,
+        n_wrong,
+        n_steps,
+    )
     assert res["overall"]["f1_negative"] == 0.0 and res["overall"]["recall_positive"] == 100.0

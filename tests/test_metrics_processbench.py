@@ -10,13 +10,13 @@ from biprm.metrics.processbench import (
 
 # seven trajectories, flat probabilities + offsets
 TRAJS = [
-    ([0.9, 0.8, 0.2, 0.1], 2),   # pred@0.5 = 2  right
-    ([0.9, 0.4, 0.3], 2),        # pred = 1      wrong (too early)
-    ([0.3, 0.9], 0),             # pred = 0      right
-    ([0.95, 0.9, 0.55], 1),      # pred = -1     wrong (missed)
-    ([0.9, 0.7, 0.6], -1),       # pred = -1     right
-    ([0.6, 0.45], -1),           # pred = 1      wrong (false alarm)
-    ([0.8], -1),                 # pred = -1     right
+    ([0.9, 0.8, 0.2, 0.1], 2),  # pred@0.5 = 2  right
+    ([0.9, 0.4, 0.3], 2),  # pred = 1      wrong (too early)
+    ([0.3, 0.9], 0),  # pred = 0      right
+    ([0.95, 0.9, 0.55], 1),  # pred = -1     wrong (missed)
+    ([0.9, 0.7, 0.6], -1),  # pred = -1     right
+    ([0.6, 0.45], -1),  # pred = 1      wrong (false alarm)
+    ([0.8], -1),  # pred = -1     right
 ]
 
 

@@ -1,9 +1,11 @@
-"""The model's contract: one backbone pass, exact prefix sharing, packing and prompt caching, index alignment, round trip."""
+"""The model's contract: one backbone pass, exact prefix sharing, packing and prompt caching, index alignment, round
+trip."""
+
 import numpy as np
 import pytest
 import torch
 
-from biprm.backbones import load_tokenizer, resolve_backbone
+from biprm.backbones import load_tokenizer
 from biprm.data.encoding import Encoder
 from biprm.data.template import STEP_TAG
 from biprm.data.trajectory import DataError, Trajectory
@@ -13,24 +15,35 @@ from biprm.scoring import Scorer
 from conftest import ROOT, scored
 
 TRAJS = [
-    Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."], [1, 1, 1]),
-    Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 24 apples.", "24 - 2 = 22.", "The answer is 22."], [0, 0, 0]),
+    Trajectory(
+        "Tom has 3 bags of 7 apples. He eats 2. How many are left?",
+        ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."],
+        [1, 1, 1],
+    ),
+    Trajectory(
+        "Tom has 3 bags of 7 apples. He eats 2. How many are left?",
+        ["3 * 7 = 24 apples.", "24 - 2 = 22.", "The answer is 22."],
+        [0, 0, 0],
+    ),
     Trajectory("Ann reads 12 pages a day for 5 days. How many pages?", ["12 * 5 = 60.", "The answer is 60."], [1, 1]),
-    Trajectory("A box holds 4 rows of 6 eggs. How many eggs?", ["4 * 6 = 24 eggs.", "Now half of them break: 12.", "So 24 remain.", "The answer is 24."], [1, 0, 0, 0]),
+    Trajectory(
+        "A box holds 4 rows of 6 eggs. How many eggs?",
+        ["4 * 6 = 24 eggs.", "Now half of them break: 12.", "So 24 remain.", "The answer is 24."],
+        [1, 0, 0, 0],
+    ),
 ]
 
 # Best-of-N shaped: several candidates per question, of different lengths
 CANDIDATES = TRAJS + [
-    Trajectory(TRAJS[0].question, ["7 * 3 = 21.", "He eats 2 of them, so 21 - 2 = 19 are left.", "The answer is 19."], [1, 1, 1]),
+    Trajectory(
+        TRAJS[0].question,
+        ["7 * 3 = 21.", "He eats 2 of them, so 21 - 2 = 19 are left.", "The answer is 19."],
+        [1, 1, 1],
+    ),
     Trajectory(TRAJS[2].question, ["The answer is 60."], [1]),
     Trajectory(TRAJS[3].question, ["6 * 4 = 24.", "The answer is 24."], [1, 1]),
 ]
 STREAM_KEYS = ("fused", "l2r", "r2l", "sigma")
-
-
-@pytest.fixture(scope="module")
-def backbone():
-    return resolve_backbone("tiny")
 
 
 def make(backbone, mode, **kw):
@@ -94,7 +107,8 @@ def test_prefix_cache_calls_the_backbone_once_for_prompts_then_once_per_chunk(ba
 
 
 def test_pack_cached_layout(backbone):
-    """Each prompt once; one continuation per row, longest first; chunks within the budget; positions after the prompt."""
+    """Each prompt once; one continuation per row, longest first; chunks within the budget; positions after the
+    prompt."""
     model, tok = make(backbone, "bi")
     encs = [Encoder(tok, model.config.step_tag_id).encode(t) for t in CANDIDATES]
     batch = pack_cached(encs, "bi", max_tokens=60)
@@ -116,7 +130,9 @@ def test_one_sequence_rows_take_the_plain_causal_path(backbone):
     model, tok = make(backbone, "bi")
     encs = [Encoder(tok, model.config.step_tag_id).encode(t) for t in CANDIDATES]
     distinct = [encs[i] for i in (0, 2, 3)]  # with sharing, a prompt followed by one stream is one plain sequence
-    too_long = pack(encs[:1], "bi", share_prefix=True, max_tokens=8)  # a tree wider than a row: one plain row per stream
+    too_long = pack(
+        encs[:1], "bi", share_prefix=True, max_tokens=8
+    )  # a tree wider than a row: one plain row per stream
     assert too_long["input_ids"].shape[0] == 2
     for batch in (pack(encs, "bi", share_prefix=False), pack(distinct, "l2r", share_prefix=True), too_long):
         assert attention_mask(batch["unit_ids"], batch["stream_ids"]) is None
@@ -178,7 +194,8 @@ def test_aux_loss_weight_adds_per_stream_losses(backbone):
     from biprm.losses import bce_loss
 
     expected = bce_loss(out.fused, batch["labels"], batch["step_offsets"]) + 0.5 * (
-        bce_loss(out.l2r, batch["labels"], batch["step_offsets"]) + bce_loss(out.r2l, batch["labels"], batch["step_offsets"])
+        bce_loss(out.l2r, batch["labels"], batch["step_offsets"])
+        + bce_loss(out.r2l, batch["labels"], batch["step_offsets"])
     )
     assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
@@ -235,7 +252,9 @@ def test_heads_run_in_fp32_under_a_bf16_backbone_and_autocast(backbone, tmp_path
     loaded = BiPRMModel.from_pretrained(tmp_path, dtype=torch.bfloat16)
     dtypes = {name: p.dtype for name, p in loaded.named_parameters()}
     assert all(d == torch.float32 for n, d in dtypes.items() if n.startswith(("value_head.", "gate.")))
-    assert all(d == torch.bfloat16 for n, d in dtypes.items() if n.startswith("backbone."))  # gate_proj too: only our gate is kept
+    assert all(
+        d == torch.bfloat16 for n, d in dtypes.items() if n.startswith("backbone.")
+    )  # gate_proj too: only our gate is kept
     h = torch.randn(5, model.config.backbone_config.hidden_size, dtype=torch.bfloat16)
     offsets = torch.tensor([0, 5])
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -341,7 +360,9 @@ def test_deepspeed_fills_its_auto_zero3_buckets_from_the_config(backbone):
 
     model = from_backbone(backbone, load_tokenizer(backbone), mode="bi")
     ds = HfTrainerDeepSpeedConfig(json.loads((ROOT / "configs" / "ds_zero3.json").read_text()))
-    args = TrainingArguments(output_dir="unused", per_device_train_batch_size=2, gradient_accumulation_steps=4, report_to=[])
+    args = TrainingArguments(
+        output_dir="unused", per_device_train_batch_size=2, gradient_accumulation_steps=4, report_to=[]
+    )
     ds.trainer_config_process(args)
     ds.trainer_config_finalize(args, model, num_training_steps=10)
     H = model.config.backbone_config.hidden_size

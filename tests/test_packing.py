@@ -1,4 +1,6 @@
-"""Token-budget batching (`biprm.packing.token_runs`), the one rule behind scoring, prompt-cache calls and the trunk cache."""
+"""Token-budget batching (`biprm.packing.token_runs`), the one rule behind scoring, prompt-cache calls and the trunk
+cache."""
+
 import numpy as np
 
 from biprm.packing import token_runs

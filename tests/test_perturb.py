@@ -30,10 +30,10 @@ def traj(first_error, steps=("A one. A two.", "B", "C three", "D")):
 @pytest.mark.parametrize(
     "f, t, expected",
     [
-        (2, 1, 1),   # merge (1,2) holds the error -> merged step 1
-        (2, 2, 2),   # merge (2,3) holds the error -> merged step 2
-        (2, 0, 1),   # merge before the error shifts it -1
-        (1, 2, 1),   # merge after the error keeps it
+        (2, 1, 1),  # merge (1,2) holds the error -> merged step 1
+        (2, 2, 2),  # merge (2,3) holds the error -> merged step 2
+        (2, 0, 1),  # merge before the error shifts it -1
+        (1, 2, 1),  # merge after the error keeps it
         (-1, 0, -1),
     ],
 )
@@ -53,9 +53,9 @@ def test_merge_text():
 @pytest.mark.parametrize(
     "f, t, expected",
     [
-        (0, 0, 0),   # split of the error step -> its first half is the error
-        (2, 0, 3),   # split before the error shifts it +1
-        (0, 2, 0),   # split after the error keeps it
+        (0, 0, 0),  # split of the error step -> its first half is the error
+        (2, 0, 3),  # split before the error shifts it +1
+        (0, 2, 0),  # split after the error keeps it
         (-1, 2, -1),
     ],
 )
@@ -81,10 +81,10 @@ def test_split_text():
 @pytest.mark.parametrize(
     "f, p, expected, noise_label",
     [
-        (2, 1, 3, 1.0),   # filler before the error shifts it +1 and is right
-        (2, 2, 3, 1.0),   # right in front of the error step
-        (2, 3, 2, 0.0),   # after the error: labelled wrong
-        (2, 4, 2, 0.0),   # appended at the end
+        (2, 1, 3, 1.0),  # filler before the error shifts it +1 and is right
+        (2, 2, 3, 1.0),  # right in front of the error step
+        (2, 3, 2, 0.0),  # after the error: labelled wrong
+        (2, 4, 2, 0.0),  # appended at the end
         (-1, 2, -1, 1.0),  # clean trajectory: filler is right
     ],
 )

@@ -1,12 +1,13 @@
-"""Third-party PRM kinds: each replica loads as a user would load the real folder, and scores as its card's code does."""
+"""Third-party PRM kinds: each replica loads as a user would load the real folder, and scores as its card's code
+does."""
+
 import numpy as np
 import pytest
-import torch
 
 from biprm import Scorer, Trajectory
 from biprm.data.template import QWEN_SYSTEM, TEMPLATES
 from biprm.data.trajectory import DataError
-from biprm.modeling import BiPRMModel, from_prm
+from biprm.modeling import from_prm
 from biprm.prms import KINDS, UnknownPRM, detect
 from biprm.scoring.aggregate import sigmoid
 from tests.prm_replicas import PROBLEMS, REFERENCES, build, eurus_logits, reference_lm
@@ -40,7 +41,8 @@ def test_each_kind_scores_as_its_reference_code(replicas, kind):
 
 @pytest.mark.parametrize("kind", HEAD_KINDS)
 def test_made_bidirectional_it_starts_as_the_source(replicas, kind):
-    """--init-from: the L2R stream is the source exactly, and the gate leans on it, so fused is the source within 1e-3."""
+    """--init-from: the L2R stream is the source exactly, and the gate leans on it, so fused is the source within
+    1e-3."""
     folder = replicas[kind]
     model = from_prm(str(folder), mode="bi", gate_init=8.0)
     scorer = Scorer(model, Scorer.from_pretrained(str(folder), device="cpu").tokenizer)
@@ -56,11 +58,16 @@ def test_qwen_prompt_is_the_chat_template_byte_for_byte(replicas):
 
     tok = AutoTokenizer.from_pretrained(replicas["qwen-prm"])
     steps = ["a", "b"]
-    messages = [{"role": "system", "content": QWEN_SYSTEM}, {"role": "user", "content": "Q?"},
-                {"role": "assistant", "content": "<extra_0>".join(steps) + "<extra_0>"}]
+    messages = [
+        {"role": "system", "content": QWEN_SYSTEM},
+        {"role": "user", "content": "Q?"},
+        {"role": "assistant", "content": "<extra_0>".join(steps) + "<extra_0>"},
+    ]
     card = tok.apply_chat_template(messages, tokenize=False)
     prompt, pieces = TEMPLATES["qwen-prm"].render("Q?", steps)
-    assert card == prompt + "".join(pieces) + "<|im_end|>\n"  # the card's text, then the turn's end, which no score reads
+    assert (
+        card == prompt + "".join(pieces) + "<|im_end|>\n"
+    )  # the card's text, then the turn's end, which no score reads
 
 
 def test_a_causal_lm_without_a_name_needs_its_kind(replicas, tmp_path):
@@ -105,9 +112,21 @@ def test_init_from_trains_a_bidirectional_prm_that_scores_in_its_own_template(re
 
     from biprm.training import TrainConfig, train
 
-    out = train(TrainConfig(init_from=str(replicas["qwen-prm"]), data="synthetic:32", output_dir=str(tmp_path / "bi"), mode="bi",
-                            max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=1, learning_rate=1e-2,
-                            save_steps=100, logging_steps=1, show_progress=False))
+    out = train(
+        TrainConfig(
+            init_from=str(replicas["qwen-prm"]),
+            data="synthetic:32",
+            output_dir=str(tmp_path / "bi"),
+            mode="bi",
+            max_steps=4,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=1,
+            learning_rate=1e-2,
+            save_steps=100,
+            logging_steps=1,
+            show_progress=False,
+        )
+    )
     weights = load_file(str(tmp_path / "bi" / "model.safetensors"))
     assert float(weights["gate.2.bias"]) != 8.0  # the gate moved from its leaning start
     scorer = Scorer.from_pretrained(out, device="cpu")
@@ -122,13 +141,31 @@ def test_eval_processbench_prints_a_third_party_row_beside_the_text_free_rows(re
 
     from biprm.cli import main
 
-    rows = [{"id": f"r{i}", "problem": q, "steps": steps, "label": (i % 3) - 1} for i, (q, steps) in enumerate(PROBLEMS * 4)]
+    rows = [
+        {"id": f"r{i}", "problem": q, "steps": steps, "label": (i % 3) - 1} for i, (q, steps) in enumerate(PROBLEMS * 4)
+    ]
     data = tmp_path / "first_error.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    main(["eval", "processbench", "--model", str(replicas["qwen-prm"]), "--data", str(data), "--out", str(tmp_path / "ev")])
+    main(
+        [
+            "eval",
+            "processbench",
+            "--model",
+            str(replicas["qwen-prm"]),
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "ev"),
+        ]
+    )
     table = (tmp_path / "ev" / "processbench.md").read_text()
-    for row in ("qwen-prm (as shipped)", "qwen-prm: steps reversed, zero-shot", "qwen-prm: static average, zero-shot",
-                "baseline: always -1 (no error)", "baseline: always step 0"):
+    for row in (
+        "qwen-prm (as shipped)",
+        "qwen-prm: steps reversed, zero-shot",
+        "qwen-prm: static average, zero-shot",
+        "baseline: always -1 (no error)",
+        "baseline: always step 0",
+    ):
         assert f"| {row}" in table, row
 
 
@@ -140,7 +177,7 @@ def test_served_over_http_it_returns_its_reference_scores(replicas):
     from biprm.serve.config import ServeConfig
 
     folder = replicas["skywork-prm"]
-    (q, steps), = PROBLEMS[:1]
+    ((q, steps),) = PROBLEMS[:1]
     scorer = Scorer.from_pretrained(str(folder), device="cpu")
     with TestClient(build_app(scorer, ServeConfig(model=str(folder)))) as client:
         body = client.post("/v1/score", json={"question": q, "steps": steps}).json()
@@ -164,7 +201,8 @@ def test_a_search_scores_paths_incrementally_as_the_reference_does(replicas):
 
 
 def test_search_library_adapters_take_any_kind(replicas):
-    """search-and-learn's PRM.score and its_hub's AbstractProcessRewardModel over a math-shepherd replica: the card's scores."""
+    """search-and-learn's PRM.score and its_hub's AbstractProcessRewardModel over a math-shepherd replica: the card's
+    scores."""
     from biprm.integrations.search_and_learn import SearchAndLearnPRM
     from biprm.scoring.prefix import PrefixScorer
 
@@ -178,7 +216,9 @@ def test_search_library_adapters_take_any_kind(replicas):
 
     hub = BiPRMProcessRewardModel(PrefixScorer.from_pretrained(str(folder), device="cpu"), aggregation="min")
     q, steps = PROBLEMS[0]
-    assert hub.score(q, "\n\n".join(steps)) == pytest.approx(min(REFERENCES["math-shepherd"](folder, q, steps)), abs=1e-5)
+    assert hub.score(q, "\n\n".join(steps)) == pytest.approx(
+        min(REFERENCES["math-shepherd"](folder, q, steps)), abs=1e-5
+    )
 
 
 def test_a_third_party_window_caps_max_length_and_says_so(replicas, caplog):
@@ -189,7 +229,8 @@ def test_a_third_party_window_caps_max_length_and_says_so(replicas, caplog):
 
 
 def test_a_named_kind_reaches_every_command_for_a_folder_whose_config_cannot_say(replicas, tmp_path):
-    """A causal LM's folder named like any other: --prm-kind gets it past the up-front check of score, serve and eval."""
+    """A causal LM's folder named like any other: --prm-kind gets it past the up-front check of score, serve and
+    eval."""
     import json
     import shutil
 
@@ -205,19 +246,51 @@ def test_a_named_kind_reaches_every_command_for_a_folder_whose_config_cannot_say
         check_checkpoint(str(plain), "qwen-prm")
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"question": q, "steps": s}) + "\n" for q, s in PROBLEMS))
-    main(["score", "--model", str(plain), "--prm-kind", "math-shepherd", "--input", str(rows), "--output", str(tmp_path / "out.jsonl")])
+    main(
+        [
+            "score",
+            "--model",
+            str(plain),
+            "--prm-kind",
+            "math-shepherd",
+            "--input",
+            str(rows),
+            "--output",
+            str(tmp_path / "out.jsonl"),
+        ]
+    )
     got = [json.loads(line)["l2r"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     for (q, steps), scores in zip(PROBLEMS, got):
         np.testing.assert_allclose(scores, REFERENCES["math-shepherd"](plain, q, steps), atol=1e-5)
     data = tmp_path / "first_error.jsonl"
-    data.write_text("".join(json.dumps({"id": f"r{i}", "problem": q, "steps": s, "label": -1}) + "\n" for i, (q, s) in enumerate(PROBLEMS)))
-    main(["eval", "processbench", "--model", str(plain), "--prm-kind", "math-shepherd", "--data", str(data), "--out", str(tmp_path / "ev")])
+    data.write_text(
+        "".join(
+            json.dumps({"id": f"r{i}", "problem": q, "steps": s, "label": -1}) + "\n"
+            for i, (q, s) in enumerate(PROBLEMS)
+        )
+    )
+    main(
+        [
+            "eval",
+            "processbench",
+            "--model",
+            str(plain),
+            "--prm-kind",
+            "math-shepherd",
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "ev"),
+        ]
+    )
     assert "| math-shepherd (as shipped)" in (tmp_path / "ev" / "processbench.md").read_text()
 
 
 def eurus(replicas, mode="l2r", **kwargs) -> Scorer:
     folder = replicas["eurus-prm"]
-    return Scorer.from_pretrained(str(folder), device="cpu", prm_reference=str(reference_lm(folder)), prm_mode=mode, **kwargs)
+    return Scorer.from_pretrained(
+        str(folder), device="cpu", prm_reference=str(reference_lm(folder)), prm_mode=mode, **kwargs
+    )
 
 
 def test_an_implicit_prm_reads_the_cards_log_ratios_in_both_streams(replicas):
@@ -246,8 +319,16 @@ def test_an_implicit_prm_is_refused_where_it_cannot_go(replicas, tmp_path):
     with pytest.raises(UnknownPRM, match="no config.json there"):
         Scorer.from_pretrained(str(folder), device="cpu", prm_reference=str(tmp_path))
     other = tmp_path / "other"
-    Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                                 num_key_value_heads=2)).save_pretrained(other)
+    Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=50,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).save_pretrained(other)
     with pytest.raises(UnknownPRM, match="vocabulary of 50 tokens"):
         Scorer.from_pretrained(str(folder), device="cpu", prm_reference=str(other))
     with pytest.raises(UnknownPRM, match="needs a gate to train"):
@@ -259,7 +340,8 @@ def test_an_implicit_prm_is_refused_where_it_cannot_go(replicas, tmp_path):
 
 
 def test_an_implicit_prm_reaches_score_eval_and_search(replicas, tmp_path):
-    """--prm-reference through the CLI: score's rows are the card's, eval prints its three rows, a search ranks by it."""
+    """--prm-reference through the CLI: score's rows are the card's, eval prints its three rows, a search ranks by
+    it."""
     import json
 
     from biprm.cli import main
@@ -268,14 +350,43 @@ def test_an_implicit_prm_reaches_score_eval_and_search(replicas, tmp_path):
     folder, ref = replicas["eurus-prm"], str(reference_lm(replicas["eurus-prm"]))
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"question": q, "steps": s}) + "\n" for q, s in PROBLEMS))
-    main(["score", "--model", str(folder), "--prm-reference", ref, "--input", str(rows), "--output", str(tmp_path / "out.jsonl")])
+    main(
+        [
+            "score",
+            "--model",
+            str(folder),
+            "--prm-reference",
+            ref,
+            "--input",
+            str(rows),
+            "--output",
+            str(tmp_path / "out.jsonl"),
+        ]
+    )
     got = [json.loads(line)["l2r"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     for (q, steps), scores in zip(PROBLEMS, got):
         np.testing.assert_allclose(scores, REFERENCES["eurus-prm"](folder, q, steps), atol=1e-5)
     data = tmp_path / "first_error.jsonl"
-    data.write_text("".join(json.dumps({"id": f"r{i}", "problem": q, "steps": s, "label": (i % 3) - 1}) + "\n"
-                            for i, (q, s) in enumerate(PROBLEMS * 2)))
-    main(["eval", "processbench", "--model", str(folder), "--prm-reference", ref, "--data", str(data), "--out", str(tmp_path / "ev")])
+    data.write_text(
+        "".join(
+            json.dumps({"id": f"r{i}", "problem": q, "steps": s, "label": (i % 3) - 1}) + "\n"
+            for i, (q, s) in enumerate(PROBLEMS * 2)
+        )
+    )
+    main(
+        [
+            "eval",
+            "processbench",
+            "--model",
+            str(folder),
+            "--prm-reference",
+            ref,
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "ev"),
+        ]
+    )
     table = (tmp_path / "ev" / "processbench.md").read_text()
     for row in ("eurus-prm (as shipped)", "eurus-prm: steps reversed, zero-shot", "baseline: always step 0"):
         assert f"| {row}" in table, row
@@ -295,7 +406,9 @@ def test_a_search_with_an_implicit_prm_and_no_reference_stops_before_anything_lo
 
     data = tmp_path / "questions.jsonl"
     data.write_text(json.dumps({"question": "What is 2 + 3?", "answer": "5"}) + "\n")
-    cfg = SearchConfig(out=str(tmp_path / "out"), data=str(data), prm=[str(replicas["eurus-prm"])], algorithms=["bon"], n=[2])
+    cfg = SearchConfig(
+        out=str(tmp_path / "out"), data=str(data), prm=[str(replicas["eurus-prm"])], algorithms=["bon"], n=[2]
+    )
     with pytest.raises(NotACheckpoint, match="--prm .*pass --prm-reference FOLDER"):
         run_search(cfg)
     assert not (tmp_path / "out").exists()

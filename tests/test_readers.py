@@ -30,10 +30,22 @@ MS_ROW = {
     "label": "Tom has 3 apples and buys 2. How many now? Step 1: 3 + 2 = 5. +\nStep 2: The answer is: 6 -",
     "task": "GSM8K",
 }
-PB_ROW = {"id": "x-0", "generator": "m", "problem": "Q?", "steps": ["a", "b", "c"], "final_answer_correct": False, "label": 1}
+PB_ROW = {
+    "id": "x-0",
+    "generator": "m",
+    "problem": "Q?",
+    "steps": ["a", "b", "c"],
+    "final_answer_correct": False,
+    "label": 1,
+}
 PRMB_ROW = {
-    "idx": "p_0", "classification": "confidence", "original_question": "Q?", "modified_question": "Q'?",
-    "original_process": ["a", "b", "c", "d"], "modified_process": ["a", "b", "x", "y"], "error_steps": [4, 3],
+    "idx": "p_0",
+    "classification": "confidence",
+    "original_question": "Q?",
+    "modified_question": "Q'?",
+    "original_process": ["a", "b", "c", "d"],
+    "modified_process": ["a", "b", "x", "y"],
+    "error_steps": [4, 3],
 }
 
 
@@ -45,7 +57,11 @@ def write(path, rows, kind):
 
         pq.write_table(pa.Table.from_pylist(rows), path)
     else:
-        text = json.dumps(rows) if kind.startswith("json.") or kind == "json" else "".join(json.dumps(r) + "\n" for r in rows)
+        text = (
+            json.dumps(rows)
+            if kind.startswith("json.") or kind == "json"
+            else "".join(json.dumps(r) + "\n" for r in rows)
+        )
         with gzip.open(path, "wt") if kind.endswith(".gz") else open(path, "w") as f:
             f.write(text)
     return str(path)
@@ -104,11 +120,18 @@ def test_hub_name_goes_to_load_dataset(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", fake)
     rows, name = read_rows("org/set:cfg", split="test")
     assert calls == [("org/set", "cfg", "test")] and len(rows) == 2 and name == "org/set:cfg[test]"
-    assert len(load_trajectories("trl-lib/math_shepherd")) == 2 and calls[-1] == ("trl-lib/math_shepherd", None, "train")
+    assert len(load_trajectories("trl-lib/math_shepherd")) == 2 and calls[-1] == (
+        "trl-lib/math_shepherd",
+        None,
+        "train",
+    )
 
 
 def test_trl_label_kinds(tmp_path):
-    rows = [{"prompt": "Q?", "completions": ["a", "b"]}, {"prompt": "Q?", "completions": ["a", "b"], "labels": [1, 0.25]}]
+    rows = [
+        {"prompt": "Q?", "completions": ["a", "b"]},
+        {"prompt": "Q?", "completions": ["a", "b"], "labels": [1, 0.25]},
+    ]
     assert [t.labels for t in load_trajectories(write(tmp_path / "u.jsonl", rows, "jsonl"))] == [None, [1.0, 0.25]]
 
 
@@ -135,7 +158,13 @@ def test_bad_rows_name_file_row_and_field(tmp_path, change, field, what):
 
 
 def test_skip_invalid_skips_and_reports(tmp_path, caplog):
-    rows = [TRL[0], {**TRL[1], "labels": [1]}, TRL[1], {**TRL[1], "completions": ["a", ""]}, {**TRL[0], "labels": [True, 7]}]
+    rows = [
+        TRL[0],
+        {**TRL[1], "labels": [1]},
+        TRL[1],
+        {**TRL[1], "completions": ["a", ""]},
+        {**TRL[0], "labels": [True, 7]},
+    ]
     path = write(tmp_path / "mixed.jsonl", rows, "jsonl")
     with caplog.at_level(logging.WARNING, logger="biprm.data.readers"):
         trajs, report = load_with_report(path, skip_invalid=True)
@@ -145,14 +174,23 @@ def test_skip_invalid_skips_and_reports(tmp_path, caplog):
         "field 'steps' has an empty step at index N": 1,
         "field 'labels': N is not a bool, N/N or a float in [...]": 1,
     }
-    assert "skipped 3 of 5 rows: row 2 (field 'labels' has 1 labels for 2 steps); row 4 (field 'steps' has an empty step at index 1)" in caplog.text
+    assert (
+        "skipped 3 of 5 rows: row 2 (field 'labels' has 1 labels for 2 steps); row 4 (field 'steps' has an empty step "
+        "at index 1)" in caplog.text
+    )
     assert " N " not in caplog.text  # the kinds are counted, but each is shown by its own row's message
     assert len(load_trajectories(path, skip_invalid=True)) == 2
 
 
 def test_format_detection(tmp_path):
     bon = {"question": "Q?", "answer": "5", "candidates": [{"text": "a\nb", "correct": True}, {"steps": ["c"]}]}
-    cases = {"math-shepherd": (MS_ROW, 1), "processbench": (PB_ROW, 1), "prmbench": (PRMB_ROW, 2), "bon": (bon, 2), "trl": (TRL[0], 1)}
+    cases = {
+        "math-shepherd": (MS_ROW, 1),
+        "processbench": (PB_ROW, 1),
+        "prmbench": (PRMB_ROW, 2),
+        "bon": (bon, 2),
+        "trl": (TRL[0], 1),
+    }
     for fmt, (row, n) in cases.items():
         assert detect_format(row, "row 1") == fmt
         assert len(load_trajectories(write(tmp_path / f"{fmt}.jsonl", [row], "jsonl"))) == n
@@ -174,7 +212,12 @@ def test_math_shepherd_row():
 
 def test_processbench_row():
     traj = from_processbench(PB_ROW, "f row 1")
-    assert traj.labels == [1.0, 0.0, 0.0] and traj.meta == {"id": "x-0", "generator": "m", "final_answer_correct": False, "first_error": 1}
+    assert traj.labels == [1.0, 0.0, 0.0] and traj.meta == {
+        "id": "x-0",
+        "generator": "m",
+        "final_answer_correct": False,
+        "first_error": 1,
+    }
     assert from_processbench({**PB_ROW, "label": -1}, "w").labels == [1.0, 1.0, 1.0]
     for label in (3, -2, True, "1"):
         with pytest.raises(DataError, match=r"f row 1: field 'label'"):
@@ -184,7 +227,9 @@ def test_processbench_row():
 def test_prmbench_row():
     original, modified = from_prmbench(PRMB_ROW, "f row 1")
     assert original.labels == [1.0] * 4 and original.question == "Q?" and original.meta["variant"] == "original"
-    assert modified.labels == [1.0, 1.0, 0.0, 0.0] and modified.question == "Q'?"  # first listed error is step 3 (1-based)
+    assert (
+        modified.labels == [1.0, 1.0, 0.0, 0.0] and modified.question == "Q'?"
+    )  # first listed error is step 3 (1-based)
     assert modified.meta == {"idx": "p_0", "classification": "confidence", "variant": "modified", "error_steps": [4, 3]}
     assert from_prmbench({**PRMB_ROW, "error_steps": []}, "w")[1].labels == [1.0] * 4
     assert from_prmbench({**PRMB_ROW, "error_steps": [2, 9]}, "w")[1].labels == [1.0, 0.0, 0.0, 0.0]
@@ -197,12 +242,19 @@ def test_prmbench_row():
 
 
 def test_bon_pool_layouts():
-    pqm = {"question": "Q?", "responses": [{"text": "Step one.\n\nStep two.", "model_name": "m"}, {"text": "x\ny ки z ки"}]}
+    pqm = {
+        "question": "Q?",
+        "responses": [{"text": "Step one.\n\nStep two.", "model_name": "m"}, {"text": "x\ny ки z ки"}],
+    }
     trajs = from_bon_pool(pqm, "f row 4", qid=3)
     assert [t.steps for t in trajs] == [["Step one.", "Step two."], ["x\ny", "z"]]
     assert [t.meta for t in trajs] == [{"qid": 3, "cand": 0, "policy": "m"}, {"qid": 3, "cand": 1}]
     assert trajs[0].correct is None and trajs[0].answer is None
-    ours = {"question": "Q?", "answer": 7, "candidates": [{"steps": ["a", "b"], "correct": False}, {"text": "a\nb\nc", "correct": True}]}
+    ours = {
+        "question": "Q?",
+        "answer": 7,
+        "candidates": [{"steps": ["a", "b"], "correct": False}, {"text": "a\nb\nc", "correct": True}],
+    }
     trajs = from_bon_pool(ours, "f row 1", split_rule="newline")
     assert [(t.steps, t.correct, t.answer) for t in trajs] == [(["a", "b"], False, "7"), (["a", "b", "c"], True, "7")]
     with pytest.raises(DataError, match=r"f row 1 candidates\[0\]: field 'correct' is str"):
@@ -223,7 +275,10 @@ def test_split_steps_and_solution_steps():
     assert split_steps("a\nb") == ["a", "b"] and split_steps("a ки\n\nb ки") == ["a", "b"]
     with pytest.raises(ValueError, match="unknown split rule"):
         split_steps("a", "sentences")
-    assert solution_steps("She buys 3 * 4 = <<3*4=12>>12 eggs.\nA: 12") == ["She buys 3 * 4 = 12 eggs.", "The answer is 12."]
+    assert solution_steps("She buys 3 * 4 = <<3*4=12>>12 eggs.\nA: 12") == [
+        "She buys 3 * 4 = 12 eggs.",
+        "The answer is 12.",
+    ]
     assert solution_steps("x = 3\n#### 1,250\nThe answer is: 1,250") == ["x = 3", "The answer is 1,250."]
     assert solution_steps("1. ok\n2. Thus 64. #### 64 ") == ["1. ok", "2. Thus 64.", "The answer is 64."]
     assert solution_steps("Plan A: 5") == ["Plan A: 5"] and solution_steps("") == [EMPTY_RESPONSE]
@@ -240,7 +295,9 @@ def test_real_processbench(data_dir):
 
 def test_real_math_shepherd(data_dir):
     trajs = load_trajectories(str(data_dir / "math_shepherd_sample" / "samples_math-shepherd.jsonl"))
-    assert len(trajs) == 7 and all(t.steps[0].startswith("Step 1:") and not t.question.endswith("Step 1:") for t in trajs)
+    assert len(trajs) == 7 and all(
+        t.steps[0].startswith("Step 1:") and not t.question.endswith("Step 1:") for t in trajs
+    )
     assert trajs[0].labels == [1.0, 1.0, 1.0, 1.0, 0.0] and trajs[4].first_error == 1
     assert all("ки" not in s for t in trajs for s in t.steps)
 
@@ -251,7 +308,9 @@ def test_real_prmbench(data_dir):
     assert len(trajs) == 180 and report == {}
     assert Counter(t.meta["variant"] for t in trajs) == {"original": 90, "modified": 90}
     assert all(t.labels is not None and t.first_error == -1 for t in trajs[::2])
-    with pytest.raises(DataError, match=r"deception\.jsonl\.gz row 73 \(modified_process\): field 'steps' has an empty step"):
+    with pytest.raises(
+        DataError, match=r"deception\.jsonl\.gz row 73 \(modified_process\): field 'steps' has an empty step"
+    ):
         load_trajectories(str(folder / "prm800k_test_p1_4o_deception.jsonl.gz"))
     trajs, report = load_with_report(str(folder / "prm800k_test_p1_4o_deception.jsonl.gz"), skip_invalid=True)
     assert len(trajs) == 2 * 87 and report == {"(modified_process): field 'steps' has an empty step at index N": 1}

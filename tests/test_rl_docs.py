@@ -1,5 +1,6 @@
 """docs/RL.md's code blocks, run verbatim: ProcessGRPOTrainer on a tiny policy and a tiny BiPRM checkpoint, and the
 OpenRLHF reward function against a running `biprm serve`; the environment variables the doc names point them there."""
+
 import pytest
 import torch
 
@@ -17,7 +18,10 @@ def test_every_block_runs_here_but_the_verl_command():
         ("bash", "needs GPUs, a rollout engine and verl's own venv; the rest of the command is elided (...)"),
         ("python", None),
     ]
-    assert [("ProcessGRPOTrainer" in b.code, "def reward_func" in b.code) for b in runnable(PAGE)] == [(True, False), (False, True)]
+    assert [("ProcessGRPOTrainer" in b.code, "def reward_func" in b.code) for b in runnable(PAGE)] == [
+        (True, False),
+        (False, True),
+    ]
 
 
 test_a_block_marked_not_run_is_skipped_with_its_reason = skipped(PAGE)
@@ -28,7 +32,9 @@ def test_the_trl_snippet_trains(tmp_path, bi_scorer, monkeypatch):
     from test_integrations_process import tiny_policy
 
     tok = load_tokenizer(resolve_backbone("tiny"))
-    tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"  # the doc's prompts are chats; SmolLM2 has one
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"  # the doc's prompts are chats; SmolLM2 has one
+    )
     for folder, model, tokenizer in (("policy", tiny_policy(tok), tok), ("rm", bi_scorer.model, bi_scorer.tokenizer)):
         model.save_pretrained(tmp_path / folder)
         tokenizer.save_pretrained(tmp_path / folder)  # the PRM's own, which knows its step tag

@@ -2,6 +2,7 @@
 tested by real runs in test_train.py), FSDP full and sharded and DeepSpeed ZeRO-3 (their parts written by the real
 libraries on CPU in tests/backend_checkpoints.py; DeepSpeed's also as a fake of the same layout, for machines
 without it). A resume takes a complete one, refuses one it cannot judge, and never restarts silently from step 0."""
+
 import json
 import logging
 import re
@@ -52,7 +53,9 @@ def run_folder(written: Path, layout: str, dest: Path, world_size: int = 2) -> P
     checkpoint = dest / "checkpoint-2"
     shutil.copytree(written / layout / "checkpoint-2", checkpoint)
     torch.save({}, checkpoint / "scheduler.pt")  # the Trainer's, beside FSDP's and DeepSpeed's parts
-    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2, "max_steps": 4}))  # the Trainer's last write
+    (checkpoint / "trainer_state.json").write_text(
+        json.dumps({"global_step": 2, "max_steps": 4})
+    )  # the Trainer's last write
     start(dest, record(world_size, ZERO3 if LAYOUTS[layout] == "deepspeed" else {"backend": "fsdp"}), overwrite=False)
     return dest
 
@@ -67,31 +70,49 @@ def test_a_checkpoint_of_every_backend_is_complete_and_resumed_by_that_backend_o
     folder = run_folder(written, layout, tmp_path / "run")
     assert judge(folder / "checkpoint-2") == (LAYOUTS[layout], None)
     assert resume(folder, LAYOUTS[layout]) == str(folder / "checkpoint-2")
-    with pytest.raises(ValueError, match=r"checkpoint-2 was written by (FSDP|DeepSpeed) and this run trains with one process or DDP"):
+    with pytest.raises(
+        ValueError, match=r"checkpoint-2 was written by (FSDP|DeepSpeed) and this run trains with one process or DDP"
+    ):
         resume(folder, "plain")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout, removed, lacks", [
-    ("fsdp-full", "optimizer.bin", "optimizer.bin or optimizer_0/"),
-    ("fsdp-sharded", "optimizer_0/.metadata", "optimizer.bin or optimizer_0/"),
-    ("fsdp-sharded", "pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp.bin or pytorch_model_fsdp_0/"),
-    ("fsdp-full", "scheduler.pt", "scheduler.pt"),
-    ("deepspeed", "global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt", "global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt"),
-    ("deepspeed-fake", "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt", "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt"),
-    ("deepspeed-fake", "latest", "the step folder that `latest` names"),
-    ("deepspeed-fake", "scheduler.pt", "scheduler.pt"),
-])
-def test_a_finished_save_without_what_its_backend_reads_is_an_error_not_a_restart(written, tmp_path, layout, removed, lacks):
+@pytest.mark.parametrize(
+    "layout, removed, lacks",
+    [
+        ("fsdp-full", "optimizer.bin", "optimizer.bin or optimizer_0/"),
+        ("fsdp-sharded", "optimizer_0/.metadata", "optimizer.bin or optimizer_0/"),
+        ("fsdp-sharded", "pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp.bin or pytorch_model_fsdp_0/"),
+        ("fsdp-full", "scheduler.pt", "scheduler.pt"),
+        (
+            "deepspeed",
+            "global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+            "global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        ),
+        (
+            "deepspeed-fake",
+            "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt",
+            "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt",
+        ),
+        ("deepspeed-fake", "latest", "the step folder that `latest` names"),
+        ("deepspeed-fake", "scheduler.pt", "scheduler.pt"),
+    ],
+)
+def test_a_finished_save_without_what_its_backend_reads_is_an_error_not_a_restart(
+    written, tmp_path, layout, removed, lacks
+):
     folder = run_folder(written, layout, tmp_path / "run")
     target = folder / "checkpoint-2" / removed
     target.unlink()
-    with pytest.raises(ValueError, match="checkpoint-2 cannot be judged: missing .*" + lacks.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        ValueError, match="checkpoint-2 cannot be judged: missing .*" + lacks.replace("(", r"\(").replace(")", r"\)")
+    ):
         resume(folder, LAYOUTS[layout])
 
 
 def test_a_checkpoint_whose_optimizer_state_is_nowhere_known_is_an_error(tmp_path):
-    """Weights and a whole trainer_state.json, but no optimizer state (save_only_model, or a layout biprm does not know)."""
+    """Weights and a whole trainer_state.json, but no optimizer state (save_only_model, or a layout biprm does not
+    know)."""
     checkpoint = tmp_path / "run" / "checkpoint-2"
     checkpoint.mkdir(parents=True)
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
@@ -109,19 +130,30 @@ def test_a_save_cut_short_is_skipped_for_the_older_checkpoint(written, tmp_path,
     (folder / "checkpoint-4" / "optimizer_0" / ".metadata").unlink()
     with caplog.at_level(logging.WARNING):
         assert resume(folder, "fsdp") == str(folder / "checkpoint-2")
-    assert "skipping" in caplog.text and "checkpoint-4: missing trainer_state.json, optimizer.bin or optimizer_0/" in caplog.text
+    assert (
+        "skipping" in caplog.text
+        and "checkpoint-4: missing trainer_state.json, optimizer.bin or optimizer_0/" in caplog.text
+    )
 
 
 def test_deepspeed_zero_shards_resume_only_in_as_many_processes(tmp_path):
     fake_deepspeed(tmp_path / "written" / "deepspeed-fake" / "checkpoint-2")
     folder = run_folder(tmp_path / "written", "deepspeed-fake", tmp_path / "run", world_size=2)
-    assert plan(folder, record(2, ZERO3), resume=True, overwrite=False, backend="deepspeed") == str(folder / "checkpoint-2")
-    saved = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "seed": 1}  # the same global batch in 1
+    assert plan(folder, record(2, ZERO3), resume=True, overwrite=False, backend="deepspeed") == str(
+        folder / "checkpoint-2"
+    )
+    saved = {
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+        "seed": 1,
+    }  # the same global batch in 1
     with pytest.raises(ValueError, match="ZeRO-3 state in 2 shards, one per process.*resume it in 2 processes, not 1"):
         plan(folder, record(1, ZERO3, saved), resume=True, overwrite=False, backend="deepspeed")
 
 
-def fake_deepspeed_run(root: Path, ranks: range, world_size: int, stage: int, scheduler_in_config: bool = False) -> Path:
+def fake_deepspeed_run(
+    root: Path, ranks: range, world_size: int, stage: int, scheduler_in_config: bool = False
+) -> Path:
     """A run folder whose record says `world_size` processes of ZeRO-`stage`, holding checkpoint-2 with the DeepSpeed
     files of `ranks` only (as a node lost before its save would leave it) and the Trainer's files around them."""
     checkpoint = root / "checkpoint-2"
@@ -137,20 +169,42 @@ def fake_deepspeed_run(root: Path, ranks: range, world_size: int, stage: int, sc
     if not scheduler_in_config:
         torch.save({}, checkpoint / "scheduler.pt")
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2, "max_steps": 4}))
-    start(root, record(world_size, {"backend": "deepspeed", "zero_stage": stage, "scheduler_in_config": scheduler_in_config}), overwrite=False)
+    start(
+        root,
+        record(world_size, {"backend": "deepspeed", "zero_stage": stage, "scheduler_in_config": scheduler_in_config}),
+        overwrite=False,
+    )
     return root
 
 
-@pytest.mark.parametrize("stage, ranks, missing", [
-    (3, range(3), ["global_step2/zero_pp_rank_3_mp_rank_00_model_states.pt", "global_step2/zero_pp_rank_3_mp_rank_00_optim_states.pt"]),
-    (2, range(3), ["global_step2/zero_pp_rank_3_mp_rank_00_optim_states.pt"]),
-    (1, range(0), [f"global_step2/zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(4)]),  # no optimizer shards at all
-])
-def test_a_deepspeed_checkpoint_lacking_a_rank_is_named_from_the_record_not_guessed_from_the_files(tmp_path, stage, ranks, missing):
+@pytest.mark.parametrize(
+    "stage, ranks, missing",
+    [
+        (
+            3,
+            range(3),
+            [
+                "global_step2/zero_pp_rank_3_mp_rank_00_model_states.pt",
+                "global_step2/zero_pp_rank_3_mp_rank_00_optim_states.pt",
+            ],
+        ),
+        (2, range(3), ["global_step2/zero_pp_rank_3_mp_rank_00_optim_states.pt"]),
+        (
+            1,
+            range(0),
+            [f"global_step2/zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(4)],
+        ),  # no optimizer shards at all
+    ],
+)
+def test_a_deepspeed_checkpoint_lacking_a_rank_is_named_from_the_record_not_guessed_from_the_files(
+    tmp_path, stage, ranks, missing
+):
     """4 processes wrote the run; the files hold fewer ranks. Guessed from the files, rank 3's loss went unseen and a
     resume was advised in 3 processes (ZeRO-3), or a ZeRO-1/2 checkpoint without optimizer shards was taken."""
     folder = fake_deepspeed_run(tmp_path / "run", ranks, world_size=4, stage=stage)
-    with pytest.raises(ValueError, match=r"checkpoint-2 cannot be judged: missing " + re.escape(", ".join(missing)) + ", though") as error:
+    with pytest.raises(
+        ValueError, match=r"checkpoint-2 cannot be judged: missing " + re.escape(", ".join(missing)) + ", though"
+    ) as error:
         plan(folder, record(4, ZERO3), resume=True, overwrite=False, backend="deepspeed")
     assert "\n" not in str(error.value)
 
@@ -175,14 +229,24 @@ def test_the_fake_deepspeed_checkpoint_has_the_real_layout(written):
     assert names(written / "deepspeed") == names(written / "deepspeed-fake")
 
 
-@pytest.mark.parametrize("now, world_size, refused", [
-    ({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}, 1, None),  # 2 x 2 processes -> 4 x 1
-    ({"per_device_train_batch_size": 1, "gradient_accumulation_steps": 2}, 2, None),  # 2 x 2 -> 1 x 2 steps x 2 processes
-    ({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1}, 1, "global_batch_size: 4 then, 2 now"),
-])
+@pytest.mark.parametrize(
+    "now, world_size, refused",
+    [
+        ({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}, 1, None),  # 2 x 2 processes -> 4 x 1
+        (
+            {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 2},
+            2,
+            None,
+        ),  # 2 x 2 -> 1 x 2 steps x 2 processes
+        ({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1}, 1, "global_batch_size: 4 then, 2 now"),
+    ],
+)
 def test_the_record_compares_the_global_batch_not_its_split(tmp_path, now, world_size, refused):
     start(tmp_path, run_record(SETTINGS, "data", world_size=2), overwrite=False)
-    check = lambda: plan(tmp_path, run_record({**SETTINGS, **now}, "data", world_size), resume=True, overwrite=False)
+
+    def check():
+        return plan(tmp_path, run_record({**SETTINGS, **now}, "data", world_size), resume=True, overwrite=False)
+
     if refused:
         with pytest.raises(ValueError, match=refused):
             check()
@@ -210,7 +274,15 @@ def test_a_run_is_resumed_by_its_folder_and_files_however_they_are_spelt(tmp_pat
     for spelt in ("runs/rel", "./runs/rel", str(tmp_path / "runs" / "rel")):
         assert plan(spelt, run_record({**settings, "output_dir": spelt}, "data"), resume=True, overwrite=False) is None
     monkeypatch.chdir(tmp_path / "runs")  # a cluster job started from another directory
-    assert plan("rel", run_record({**settings, "output_dir": "rel", "data": "../d.jsonl"}, "data"), resume=True, overwrite=False) is None
+    assert (
+        plan(
+            "rel",
+            run_record({**settings, "output_dir": "rel", "data": "../d.jsonl"}, "data"),
+            resume=True,
+            overwrite=False,
+        )
+        is None
+    )
     Path("../e.jsonl").touch()
     with pytest.raises(ValueError, match=f"data: '{tmp_path / 'd.jsonl'}' then, '{tmp_path / 'e.jsonl'}' now"):
         plan("rel", run_record({**settings, "data": "../e.jsonl"}, "data"), resume=True, overwrite=False)
@@ -221,10 +293,14 @@ def test_every_refusal_that_offers_overwrite_names_the_checkpoints_it_deletes(tm
     for step in (1, 3):
         (folder / f"checkpoint-{step}").mkdir(parents=True)
     start(folder, record(1), overwrite=False)
-    deletes = re.escape("--overwrite, which deletes checkpoint-1, checkpoint-3 (the run's trained steps), biprm_run.json")
+    deletes = re.escape(
+        "--overwrite, which deletes checkpoint-1, checkpoint-3 (the run's trained steps), biprm_run.json"
+    )
     with pytest.raises(FileExistsError, match="add --resume to continue it, or " + deletes):
         plan(folder, record(1), resume=False, overwrite=False)
-    with pytest.raises(ValueError, match=r"holds another run \(seed: 1 then, 2 now\); train into another --output-dir, or " + deletes):
+    with pytest.raises(
+        ValueError, match=r"holds another run \(seed: 1 then, 2 now\); train into another --output-dir, or " + deletes
+    ):
         plan(folder, record(1, settings={**SETTINGS, "seed": 2}), resume=True, overwrite=False)
     with pytest.raises(ValueError, match="--resume continues the run in .* and --overwrite deletes it; choose one"):
         plan(folder, record(1), resume=True, overwrite=True)

@@ -1,5 +1,6 @@
 """`biprm score`'s file handling (`biprm.scoring.score_file`): a torn tail cut off, a resume only of the same run,
 parts joined in order into an output that is never seen half-written. The command end to end: tests/test_cli.py."""
+
 import json
 import os
 
@@ -33,7 +34,14 @@ def test_parts_join_in_order_and_replace_the_output_whole(tmp_path):
 
 
 def run_record(tmp_path, rows: int) -> dict:
-    return {"model": "m", "model_files": [], "input": "in.jsonl", "input_file": _stamp(tmp_path / "in.jsonl"), "rows": rows, "processes": 1}
+    return {
+        "model": "m",
+        "model_files": [],
+        "input": "in.jsonl",
+        "input_file": _stamp(tmp_path / "in.jsonl"),
+        "rows": rows,
+        "processes": 1,
+    }
 
 
 def test_a_resume_must_be_the_same_run(tmp_path):

@@ -1,5 +1,8 @@
-"""The Scorer (`biprm.scoring.scorer`): budgets that follow its device, settings from one dataclass, both attention kernels,
-the prompt cache and length-sorted batches that keep the scores, each distinct trajectory scored once, float64 logits."""
+"""The Scorer (`biprm.scoring.scorer`): budgets that follow its device, settings from one dataclass, both attention
+kernels,
+the prompt cache and length-sorted batches that keep the scores, each distinct trajectory scored once, float64
+logits."""
+
 import types
 
 import numpy as np
@@ -15,22 +18,28 @@ from biprm.modeling import from_backbone
 from biprm.scoring import CPU_BUDGETS, Budgets, Scorer, device_budgets
 from biprm.scoring.scorer import Collector, budgets_for_memory
 from conftest import scored
-from test_modeling import CANDIDATES, TRAJS, assert_same_scores, backbone, count_backbone_calls, make  # noqa: F401 (backbone: a fixture)
+from test_modeling import CANDIDATES, TRAJS, assert_same_scores, count_backbone_calls, make
 
-QWEN_1_5B = Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2)
+QWEN_1_5B = Qwen2Config(
+    hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2
+)
 
 
 def test_budgets_fill_a_share_of_free_gpu_memory():
     # per token, bf16: 2 x (6*1536 + 3*8960 + 2*28*2*128 + 512*12) = 113,152 bytes
     assert budgets_for_memory(80 * 10**9, QWEN_1_5B, torch.bfloat16) == Budgets(176128, 4 * 176128, 176128)
-    assert budgets_for_memory(2 * 2**30, QWEN_1_5B, torch.bfloat16) == Budgets(4096, 16384, 4096)  # never below the CPU's
+    assert budgets_for_memory(2 * 2**30, QWEN_1_5B, torch.bfloat16) == Budgets(
+        4096, 16384, 4096
+    )  # never below the CPU's
     assert budgets_for_memory(10**13, QWEN_1_5B, torch.bfloat16).one_pass == 1 << 18  # capped
 
 
 def test_scorer_budgets_follow_the_device(bi_scorer, monkeypatch):
     assert bi_scorer.model.device.type == "cpu" and bi_scorer.budgets == CPU_BUDGETS
     assert bi_scorer.tokens_per_call == CPU_BUDGETS.per_call
-    on_gpu = types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16, config=types.SimpleNamespace(backbone_config=QWEN_1_5B))
+    on_gpu = types.SimpleNamespace(
+        device=torch.device("cuda", 0), dtype=torch.bfloat16, config=types.SimpleNamespace(backbone_config=QWEN_1_5B)
+    )
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (80 * 10**9, 80 * 10**9))
     assert device_budgets(on_gpu) == budgets_for_memory(80 * 10**9, QWEN_1_5B, torch.bfloat16)
 
@@ -48,9 +57,21 @@ def test_settings_reach_the_scorer(tmp_path):
     model = from_backbone(backbone, tok, mode="bi")
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    settings = ScorerSettings(device="cpu", max_length=300, tokens_per_batch=777, tokens_per_call=99, tokens_per_row=0, attn_implementation="eager")
+    settings = ScorerSettings(
+        device="cpu",
+        max_length=300,
+        tokens_per_batch=777,
+        tokens_per_call=99,
+        tokens_per_row=0,
+        attn_implementation="eager",
+    )
     scorer = Scorer.from_settings(str(tmp_path), settings)
-    assert (scorer.max_length, scorer.tokens_per_batch, scorer.tokens_per_call, scorer.tokens_per_row) == (300, 777, 99, None)
+    assert (scorer.max_length, scorer.tokens_per_batch, scorer.tokens_per_call, scorer.tokens_per_row) == (
+        300,
+        777,
+        99,
+        None,
+    )
     assert scorer.model.backbone.config._attn_implementation == "eager"
     with pytest.raises(ValueError, match="attn-implementation 'flex_attention'"):
         ScorerSettings(attn_implementation="flex_attention")
@@ -102,7 +123,9 @@ def test_length_bucketing_does_not_change_scores(backbone, prefix_cache):
     bucketed = Scorer(model, tok, prefix_cache=prefix_cache, tokens_per_batch=10**6)
     alone = Scorer(model, tok, prefix_cache=prefix_cache, tokens_per_batch=1)
     encs = [bucketed.encoder.encode(t) for t in CANDIDATES]
-    n_alone = len({t.question for t in CANDIDATES}) if prefix_cache else len(CANDIDATES)  # a question's prompt is never split
+    n_alone = (
+        len({t.question for t in CANDIDATES}) if prefix_cache else len(CANDIDATES)
+    )  # a question's prompt is never split
     assert len(bucketed.batches(encs, prefix_cache)) == 1 and len(alone.batches(encs, prefix_cache)) == n_alone
     assert_same_scores(scored(bucketed, CANDIDATES), scored(alone, CANDIDATES), atol=1e-5)
 
@@ -145,10 +168,18 @@ def test_the_wings_public_names_resolve_and_its_numpy_half_loads_no_torch():
     import subprocess
     import sys
 
-    public = "from biprm import Scorer, StepScores\nfrom biprm.scoring import Scorer as S, StepScores as T, Budgets, CPU_BUDGETS, device_budgets, load_scores, save_scores\n"
+    public = (
+        "from biprm import Scorer, StepScores\nfrom biprm.scoring import Scorer as S, StepScores as T, Budgets, "
+        "CPU_BUDGETS, device_budgets, load_scores, save_scores\n"
+    )
     code = public + "print(Scorer is S, StepScores is T, Budgets.__module__, save_scores.__module__)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["True", "True", "biprm.scoring.scorer", "biprm.scoring.step_scores"], done.stderr[-2000:]
-    code = "import sys\nimport biprm.scoring.step_scores, biprm.metrics.processbench, biprm.metrics.prmbench\nprint('torch' in sys.modules)"
+    assert done.stdout.split() == ["True", "True", "biprm.scoring.scorer", "biprm.scoring.step_scores"], done.stderr[
+        -2000:
+    ]
+    code = (
+        "import sys\nimport biprm.scoring.step_scores, biprm.metrics.processbench, "
+        "biprm.metrics.prmbench\nprint('torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["False"], done.stderr[-2000:]

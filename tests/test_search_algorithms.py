@@ -1,4 +1,5 @@
 """Each search algorithm on hand-computed trees (scripted policy, scripted PRM), and the noise scorer."""
+
 import numpy as np
 import pytest
 
@@ -9,18 +10,39 @@ from search_scripted import ScriptedPolicy, ScriptedScorer
 # question Q: root -> a, b; each -> two more steps; every third step is an answer.
 TREE = {
     ("Q",): ["a", "b"],
-    ("Q", "a"): ["a1", "a2"], ("Q", "b"): ["b1", "b2"],
-    ("Q", "a", "a1"): ["answer A1x", "answer A1y"], ("Q", "a", "a2"): ["answer A2x", "answer A2y"],
-    ("Q", "b", "b1"): ["answer B1x", "answer B1y"], ("Q", "b", "b2"): ["answer B2x", "answer B2y"],
+    ("Q", "a"): ["a1", "a2"],
+    ("Q", "b"): ["b1", "b2"],
+    ("Q", "a", "a1"): ["answer A1x", "answer A1y"],
+    ("Q", "a", "a2"): ["answer A2x", "answer A2y"],
+    ("Q", "b", "b1"): ["answer B1x", "answer B1y"],
+    ("Q", "b", "b2"): ["answer B2x", "answer B2y"],
 }
-LOGITS = {"a": 0.5, "b": -1.0, "a1": 0.2, "a2": -0.5, "b1": 1.5, "b2": 0.1,
-          "answer A1x": 0.95, "answer A1y": -2.0, "answer A2x": 3.0, "answer A2y": -3.0,
-          "answer B1x": 0.9, "answer B1y": 0.3, "answer B2x": 0.0, "answer B2y": 0.0}
+LOGITS = {
+    "a": 0.5,
+    "b": -1.0,
+    "a1": 0.2,
+    "a2": -0.5,
+    "b1": 1.5,
+    "b2": 0.1,
+    "answer A1x": 0.95,
+    "answer A1y": -2.0,
+    "answer A2x": 3.0,
+    "answer A2y": -3.0,
+    "answer B1x": 0.9,
+    "answer B1y": 0.3,
+    "answer B2x": 0.0,
+    "answer B2y": 0.0,
+}
 
 
 def run(algorithm, tree=TREE, logits=LOGITS, questions=("Q",), **kw):
     settings = {k: kw.pop(k) for k in ("aggregation", "strategy", "max_depth") if k in kw}
-    s = Search(list(questions), ScriptedPolicy(tree), kw.pop("scorer", None) or ScriptedScorer(logits, kw.pop("l2r", None)), **settings)
+    s = Search(
+        list(questions),
+        ScriptedPolicy(tree),
+        kw.pop("scorer", None) or ScriptedScorer(logits, kw.pop("l2r", None)),
+        **settings,
+    )
     return s, algorithm(s, **kw)
 
 
@@ -46,17 +68,39 @@ def test_beam_search_min_aggregation_changes_the_tree():
 
 def test_finished_path_competes_for_a_slot_and_is_not_copied():
     tree = {("Q",): ["answer early", "x"], ("Q", "x"): ["answer late", "answer later"]}
-    _, kept = run(beam_search, tree=tree, logits={"answer early": 2.0, "x": 0.0, "answer late": 1.0, "answer later": 3.0}, n=4, width=2)
-    # level 1: root x2 -> "answer early" (finished, 2.0), x; level 2: x x2 -> late 1.0, later 3.0; pool: later, early, late
+    _, kept = run(
+        beam_search,
+        tree=tree,
+        logits={"answer early": 2.0, "x": 0.0, "answer late": 1.0, "answer later": 3.0},
+        n=4,
+        width=2,
+    )
+    # level 1: root x2 -> "answer early" (finished, 2.0), x; level 2: x x2 -> late 1.0, later 3.0; pool: later, early,
+    # late
     assert steps(kept) == ["answer later", "answer early"]
 
 
 def test_dvts_subtrees_are_independent_and_greedy():
-    tree = {("Q",): ["a", "b", "c", "d"], ("Q", "a"): ["answer a"], ("Q", "b"): ["answer b"], ("Q", "c"): ["answer c"],
-            ("Q", "d"): ["answer d"]}
-    logits = {"a": 0.0, "b": 1.0, "c": 2.0, "d": -1.0, "answer a": 5.0, "answer b": 0.0, "answer c": 1.0, "answer d": 0.0}
+    tree = {
+        ("Q",): ["a", "b", "c", "d"],
+        ("Q", "a"): ["answer a"],
+        ("Q", "b"): ["answer b"],
+        ("Q", "c"): ["answer c"],
+        ("Q", "d"): ["answer d"],
+    }
+    logits = {
+        "a": 0.0,
+        "b": 1.0,
+        "c": 2.0,
+        "d": -1.0,
+        "answer a": 5.0,
+        "answer b": 0.0,
+        "answer c": 1.0,
+        "answer d": 0.0,
+    }
     s, kept = run(dvts, tree=tree, logits=logits, n=4, width=2)
-    # subtree 0 sees a, b and keeps b (beam search of width 4 would have dropped nothing better); subtree 1 sees c, d, keeps c
+    # subtree 0 sees a, b and keeps b (beam search of width 4 would have dropped nothing better); subtree 1 sees c, d,
+    # keeps c
     assert [(p.group, p.steps) for p in kept] == [(0, ("b", "answer b")), (1, ("c", "answer c"))]
     assert kept[choose(kept)[0]].steps == ("c", "answer c")
 
@@ -73,7 +117,10 @@ def test_particle_filter_follows_dominant_weights():
 def test_resample_draws_in_proportion_to_exp_score():
     from biprm.search.algorithms import SearchPath
 
-    paths = [SearchPath(0, score=0.0), SearchPath(0, score=np.log(3.0))] + [SearchPath(1, score=-np.inf), SearchPath(1, score=-np.inf)]
+    paths = [SearchPath(0, score=0.0), SearchPath(0, score=np.log(3.0))] + [
+        SearchPath(1, score=-np.inf),
+        SearchPath(1, score=-np.inf),
+    ]
     draws = [resample(paths, 2, np.random.default_rng(seed)) for seed in range(2000)]
     second = np.mean([d[j].score > 0 for d in draws for j in (0, 1)])
     assert abs(second - 0.75) < 0.02
@@ -86,7 +133,11 @@ def test_best_of_n_max_and_weighted_vote():
     s.score(pool, "fused")
     assert pool[choose(pool)[0]].steps == ("answer 1",)
     probabilities = 1 / (1 + np.exp(-np.array([p.score for p in pool])))  # .88 vs .73 + .62
-    assert vote(["1", "2", "2"], probabilities) == 1 and vote(["1", "2", "2"], [1, 1, 1]) == 1 and vote(["1", "2"], [1, 1]) == 0
+    assert (
+        vote(["1", "2", "2"], probabilities) == 1
+        and vote(["1", "2", "2"], [1, 1, 1]) == 1
+        and vote(["1", "2"], [1, 1]) == 0
+    )
     assert s.scorer.calls == 1
 
 
@@ -143,7 +194,9 @@ def test_noise_gives_identical_siblings_their_own_newest_draw_so_a_step_written_
     same = NoiseScorer(seed=3).score(["Q"] * 3, [["a", "b"], ["a", "b"], ["a", "b"]])
     assert same[0].fused[0] == same[1].fused[0] == same[2].fused[0]  # the shared prefix keeps one draw
     assert len({float(r.fused[1]) for r in same}) == 3  # each copy's newest step is its own draw
-    assert same[0].fused[1] == NoiseScorer(seed=3).score(["Q"], [["a", "b"]])[0].fused[1]  # the first copy draws as a lone path
+    assert (
+        same[0].fused[1] == NoiseScorer(seed=3).score(["Q"], [["a", "b"]])[0].fused[1]
+    )  # the first copy draws as a lone path
     # 8 children, 2 texts "right" x 4 copies against 4 distinct "wrong" texts: the best child is right half the time
     wins = 0
     for seed in range(2000):

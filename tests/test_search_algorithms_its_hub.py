@@ -3,6 +3,7 @@
 Both policies hand out a prefix's children in turn, and the PRM reads the text only, so
 where the semantics line up (every path finishes at the same depth, weights so uneven that
 resampling is certain) the two must choose the same solution."""
+
 import asyncio
 
 import numpy as np
@@ -30,6 +31,7 @@ class TreeLM(AbstractLanguageModel):
         def one(conversation):
             steps = split_steps(conversation[1].content, STEP_TOKEN) if len(conversation) > 1 else []
             return {"role": "assistant", "content": self.policy.next_step((conversation[0].content, *steps))}
+
         return [one(m) for m in messages]
 
 
@@ -49,8 +51,11 @@ class TreePRM(AbstractProcessRewardModel):
 
 def theirs(algorithm, tree, logits, **kw):
     sg = StepGeneration(max_steps=10, step_token=STEP_TOKEN, stop_token="answer")
-    result = asyncio.run(algorithm(sg, TreePRM(logits), **kw).ainfer(TreeLM(tree), "Q", budget=4 if algorithm is BeamSearch else 2,
-                                                                      return_response_only=False))
+    result = asyncio.run(
+        algorithm(sg, TreePRM(logits), **kw).ainfer(
+            TreeLM(tree), "Q", budget=4 if algorithm is BeamSearch else 2, return_response_only=False
+        )
+    )
     return result.the_one["content"]
 
 
@@ -61,7 +66,11 @@ def ours(algorithm, tree, logits, **kw):
 
 
 def test_beam_search_agrees_with_its_hub():
-    assert theirs(BeamSearch, TREE, LOGITS, beam_width=2) == ours(beam_search, TREE, LOGITS, n=4, width=2) == "a\n\na1\n\nanswer A1x"
+    assert (
+        theirs(BeamSearch, TREE, LOGITS, beam_width=2)
+        == ours(beam_search, TREE, LOGITS, n=4, width=2)
+        == "a\n\na1\n\nanswer A1x"
+    )
 
 
 def test_particle_filtering_agrees_with_its_hub():

@@ -1,4 +1,5 @@
 """docs/SEARCH.md's code blocks, run verbatim: the PrefixScorer example on a tiny BiPRM saved where the doc reads it."""
+
 import contextlib
 import io
 
@@ -13,7 +14,11 @@ def test_every_block_runs_here_but_the_four_that_say_why():
         ("bash", "needs a policy server at localhost:8000 and two trained PRMs"),
         ("python", None),
         ("python", "needs a policy on an OpenAI-compatible server at 127.0.0.1:8001"),
-        ("bash", "47 min (SmolLM2-135M shape) and 4 min (tiny) on 2 cores; tests/test_bench_search.py runs the preset on a smaller tree"),
+        (
+            "bash",
+            "47 min (SmolLM2-135M shape) and 4 min (tiny) on 2 cores; tests/test_bench_search.py runs the preset on a "
+            "smaller tree",
+        ),
     ]
 
 

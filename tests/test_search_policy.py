@@ -1,4 +1,5 @@
 """Step policies and their faults: a failing or unreachable server, a policy that never emits the step token."""
+
 import json
 import socket
 import subprocess
@@ -73,6 +74,7 @@ def stub(request):
     def start(*script):
         servers.append(Stub(script))
         return servers[-1]
+
     yield start
     for s in servers:
         s.close()
@@ -113,23 +115,59 @@ def three_questions(tmp_path):
 
 def test_a_server_failing_mid_run_keeps_the_finished_questions(stub, tmp_path):
     server = stub(answers, 500)  # the first batch's one level succeeds, then the server fails for good
-    cfg = SearchConfig(out=str(tmp_path / "out"), data=str(three_questions(tmp_path)), algorithms=["bon"], n=[2], batch_questions=2,
-                       grade_workers=0)
+    cfg = SearchConfig(
+        out=str(tmp_path / "out"),
+        data=str(three_questions(tmp_path)),
+        algorithms=["bon"],
+        n=[2],
+        batch_questions=2,
+        grade_workers=0,
+    )
     with pytest.raises(PolicyError, match="HTTP 500"):
         run_search(cfg, ServerPolicy(server.url, "m", Words(), retries=1, backoff=0.01), [NoiseScorer()])
-    assert [json.loads(line)["index"] for line in (tmp_path / "out" / "questions.jsonl").read_text().splitlines()] == [0, 1]
+    assert [json.loads(line)["index"] for line in (tmp_path / "out" / "questions.jsonl").read_text().splitlines()] == [
+        0,
+        1,
+    ]
 
 
 @pytest.mark.slow
 def test_the_cli_prints_one_line_for_a_failing_server(stub, tmp_path):
     server = stub(answers, 500)
     data, out = three_questions(tmp_path), tmp_path / "out"
-    cmd = [sys.executable, "-m", "biprm.cli", "search", "--out", str(out), "--data", str(data), "--policy", "server", "--policy-url",
-           server.url, "--policy-tokenizer", "tiny", "--algorithms", "bon", "--n", "2", "--batch-questions", "2", "--retries", "1",
-           "--grade-workers", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "biprm.cli",
+        "search",
+        "--out",
+        str(out),
+        "--data",
+        str(data),
+        "--policy",
+        "server",
+        "--policy-url",
+        server.url,
+        "--policy-tokenizer",
+        "tiny",
+        "--algorithms",
+        "bon",
+        "--n",
+        "2",
+        "--batch-questions",
+        "2",
+        "--retries",
+        "1",
+        "--grade-workers",
+        "0",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith(f"biprm search: error: policy server {server.url}/v1/completions: HTTP 500")
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"biprm search: error: policy server {server.url}/v1/completions: HTTP 500")
+    )
     assert [json.loads(line)["index"] for line in (out / "questions.jsonl").read_text().splitlines()] == [0, 1]
 
 
@@ -139,9 +177,15 @@ def test_endings_from_the_server_reasons():
     assert out.capped and not out.finished
     assert close_step("  \n", "step", 1).finished  # an empty step ends the solution
     policy = ServerPolicy("http://x", "m", Words())
-    assert [policy._ending(choice(0, "t", *r)) for r in [("stop", None), ("stop", "\n\n"), ("length", None)]] == ["end", "step", "cap"]
+    assert [policy._ending(choice(0, "t", *r)) for r in [("stop", None), ("stop", "\n\n"), ("length", None)]] == [
+        "end",
+        "step",
+        "cap",
+    ]
     listed = {**choice(0, "three words here"), "logprobs": {"tokens": ["three wo", "rds here"]}}
-    assert policy._tokens(listed) == 2 and policy._tokens(choice(0, "three words here")) == 3  # the server's tokens, else re-encoded
+    assert (
+        policy._tokens(listed) == 2 and policy._tokens(choice(0, "three words here")) == 3
+    )  # the server's tokens, else re-encoded
 
 
 def test_a_policy_that_never_emits_the_step_token_is_capped_and_stops_at_the_depth_cap(stub):
@@ -156,10 +200,13 @@ def test_a_policy_that_never_emits_the_step_token_is_capped_and_stops_at_the_dep
 @pytest.mark.slow
 def test_transformers_policy_caps_a_step_and_renders_the_partial_solution():
     policy = HFPolicy.from_pretrained("tiny", max_step_tokens=4, step_token="@@never@@", temperature=0.0)
-    # a random model's greedy step may hit end-of-sequence within 4 tokens, and whether it does can turn on rounding: forbid it
+    # a random model's greedy step may hit end-of-sequence within 4 tokens, and whether it does can turn on rounding:
+    # forbid it
     policy.model.generation_config.suppress_tokens = [policy.tokenizer.eos_token_id]
     outs = policy.generate_step([policy.prompt("What is 2 + 2?", ["First step."])], 2)
-    assert policy.prompt("Q", ["a", "b"]) == "Q@@never@@a@@never@@b@@never@@"  # no chat template: question, then the steps
+    assert (
+        policy.prompt("Q", ["a", "b"]) == "Q@@never@@a@@never@@b@@never@@"
+    )  # no chat template: question, then the steps
     assert len(outs) == 2 and all(o.capped and not o.finished and o.tokens == 4 for o in outs)
 
 
@@ -170,12 +217,21 @@ def steps_of(outs):
 def test_a_solution_drawn_whole_is_cut_where_a_step_by_step_draw_closes_its_steps():
     words, text = Words(), "a b\n\nc d e f g\n\nh"  # 8 words; the call generated 11 tokens (step tokens, say)
     # "c d e f g" runs past the cap of 3: "c d e" is closed there, capped, and "f g" goes on as the next step
-    assert steps_of(cut_solution(text, "end", 11, words, 10, 3)) == [("a b", False, False, 2), ("c d e", False, True, 3),
-                                                                    ("f g", False, False, 2), ("h", True, False, 4)]
+    assert steps_of(cut_solution(text, "end", 11, words, 10, 3)) == [
+        ("a b", False, False, 2),
+        ("c d e", False, True, 3),
+        ("f g", False, False, 2),
+        ("h", True, False, 4),
+    ]
     # the depth cap ends it: the last kept step takes every token generated after the ones before it
     assert steps_of(cut_solution(text, "end", 11, words, 2, 3)) == [("a b", False, False, 2), ("c d e", True, True, 9)]
-    assert steps_of(cut_solution("a\n\n\n\nb", "end", 3, words, 10, 3)) == [("a", True, False, 3)]  # an empty step ends it
-    assert steps_of(cut_solution("a\n\nb c", "cap", 3, words, 10, 3)) == [("a", False, False, 1), ("b c", True, True, 2)]  # the call's cap
+    assert steps_of(cut_solution("a\n\n\n\nb", "end", 3, words, 10, 3)) == [
+        ("a", True, False, 3)
+    ]  # an empty step ends it
+    assert steps_of(cut_solution("a\n\nb c", "cap", 3, words, 10, 3)) == [
+        ("a", False, False, 1),
+        ("b c", True, True, 2),
+    ]  # the call's cap
     assert steps_of(cut_solution("  ", "end", 1, words, 10, 3)) == [("", True, False, 1)]
 
 
@@ -183,14 +239,27 @@ def test_a_whole_draw_is_cut_again_by_a_segmenter_within_the_depth_and_keeps_its
     from biprm.data.segment import Segmenter
     from biprm.search.policy import StepOut, recut
 
-    drawn = [StepOut("a\nb\nc", False, False, 6), StepOut("d", True, True, 4)]  # text "a\nb\nc\n\nd": 9 characters, 10 tokens
+    drawn = [
+        StepOut("a\nb\nc", False, False, 6),
+        StepOut("d", True, True, 4),
+    ]  # text "a\nb\nc\n\nd": 9 characters, 10 tokens
     lines = Segmenter("lines")
     # four lines; tokens by characters up to the next step: a 10*2//9 = 2, b 2, c 10*3//9 = 3, d the rest 3
-    assert steps_of(recut(drawn, lines, "\n\n", 10)) == [("a", False, False, 2), ("b", False, False, 2), ("c", False, False, 3),
-                                                          ("d", True, True, 3)]
+    assert steps_of(recut(drawn, lines, "\n\n", 10)) == [
+        ("a", False, False, 2),
+        ("b", False, False, 2),
+        ("c", False, False, 3),
+        ("d", True, True, 3),
+    ]
     # at most 3 steps: the third holds the rest of the text, and the rest of the tokens
-    assert steps_of(recut(drawn, lines, "\n\n", 3)) == [("a", False, False, 2), ("b", False, False, 2), ("c\n\nd", True, True, 6)]
-    assert steps_of(recut([StepOut("", True, False, 1)], lines, "\n\n", 3)) == [("", True, False, 1)]  # empty stays empty
+    assert steps_of(recut(drawn, lines, "\n\n", 3)) == [
+        ("a", False, False, 2),
+        ("b", False, False, 2),
+        ("c\n\nd", True, True, 6),
+    ]
+    assert steps_of(recut([StepOut("", True, False, 1)], lines, "\n\n", 3)) == [
+        ("", True, False, 1)
+    ]  # empty stays empty
     with pytest.raises(ValueError, match="--segmenter lines: cuts a solution drawn whole"):
         SearchConfig(out="x", data="gsm8k", segmenter="lines")
     with pytest.raises(ValueError, match="unknown segmenter 'words'"):
@@ -215,8 +284,15 @@ def test_the_synthetic_policy_cannot_draw_whole():
 
 def test_a_run_that_draws_its_pool_whole_grades_and_records_it(stub, tmp_path):
     server = stub(lambda body: [choice(i, "x y\n\nThe answer is 3") for i in range(len(body["prompt"]) * body["n"])])
-    cfg = SearchConfig(out=str(tmp_path / "out"), data=str(three_questions(tmp_path)), algorithms=["bon"], n=[2], batch_questions=2,
-                       grade_workers=0, pool_draw="whole")
+    cfg = SearchConfig(
+        out=str(tmp_path / "out"),
+        data=str(three_questions(tmp_path)),
+        algorithms=["bon"],
+        n=[2],
+        batch_questions=2,
+        grade_workers=0,
+        pool_draw="whole",
+    )
     run_search(cfg, ServerPolicy(server.url, "m", Words()), [NoiseScorer()])
     rows = [json.loads(line) for line in (tmp_path / "out" / "questions.jsonl").read_text().splitlines()]
     assert len(server.bodies) == 2 and all(b["stop"] == [] for b in server.bodies)  # one call per batch of questions

@@ -1,5 +1,7 @@
-"""The prefix scorer: incremental L2R equals scoring from scratch and the Scorer, costs O(D) tokens, flags over-long paths;
+"""The prefix scorer: incremental L2R equals scoring from scratch and the Scorer, costs O(D) tokens, flags over-long
+paths;
 search-and-learn's PRM contract on top of it."""
+
 import numpy as np
 import pytest
 import torch
@@ -13,8 +15,17 @@ from biprm.scoring.prefix import PrefixScorer, Row
 from conftest import scored
 
 QUESTIONS = ["Tom has 3 apples and buys 5 more. How many apples?", "A box holds 12 eggs. How many eggs are in 4 boxes?"]
-STEPS = ["3 + 5 = 8", "He has 8 apples.", "12 * 4 = 48", "The answer is 48.", "Add the two numbers.", "So 8 in all.",
-         "Multiply 12 by 4.", "Check: 48 / 4 = 12.", "The answer is 8."]
+STEPS = [
+    "3 + 5 = 8",
+    "He has 8 apples.",
+    "12 * 4 = 48",
+    "The answer is 48.",
+    "Add the two numbers.",
+    "So 8 in all.",
+    "Multiply 12 by 4.",
+    "Check: 48 / 4 = 12.",
+    "The answer is 8.",
+]
 
 
 @pytest.fixture(scope="module", params=["bi", "l2r", "r2l", "bi-static"])
@@ -54,8 +65,12 @@ def test_incremental_scores_equal_scratch_and_the_scorer(scorer):
     finished = scored(scorer, [Trajectory(q, p) for q, p in search[-1]])
     for i, path in enumerate(incremental[-1]):
         for s in streams:
-            np.testing.assert_allclose(getattr(path, s), getattr(finished, s)[finished.offsets[i]:finished.offsets[i + 1]], atol=1e-5, rtol=0)
-    assert np.ptp(np.concatenate([p.fused for p in incremental[-1]])) > 1e-3  # the paths' scores differ: the comparison has teeth
+            np.testing.assert_allclose(
+                getattr(path, s), getattr(finished, s)[finished.offsets[i] : finished.offsets[i + 1]], atol=1e-5, rtol=0
+            )
+    assert (
+        np.ptp(np.concatenate([p.fused for p in incremental[-1]])) > 1e-3
+    )  # the paths' scores differ: the comparison has teeth
 
 
 def test_r2l_scores_of_a_prefix_change_with_depth(bi_scorer):
@@ -106,7 +121,11 @@ def test_a_cache_bound_keeps_the_scores_and_reruns_what_it_dropped(bi_scorer):
     """With no room for step nodes, each call reruns every path's steps on its cached prompt: the scores stay those of
     the unbounded scorer, and the L2R tokens become those of L2R from scratch."""
     search = levels()
-    free, bounded, scratch = PrefixScorer(bi_scorer), PrefixScorer(bi_scorer, max_cache_mb=0), PrefixScorer(bi_scorer, incremental=False)
+    free, bounded, scratch = (
+        PrefixScorer(bi_scorer),
+        PrefixScorer(bi_scorer, max_cache_mb=0),
+        PrefixScorer(bi_scorer, incremental=False),
+    )
     for a_level, b_level in zip(run(free, search), run(bounded, search)):
         for a, b in zip(a_level, b_level):
             np.testing.assert_allclose(a.fused, b.fused, atol=1e-5, rtol=0)
@@ -173,5 +192,7 @@ def test_search_and_learn_prm_gives_step_probabilities_per_question_and_output(b
     outputs = [["3 + 5 = 8\n\nSo it is 8.", "Add the numbers."], ["12 * 4 = 48"]]
     got = SearchAndLearnPRM(PrefixScorer(bi_scorer)).score(QUESTIONS, outputs)
     assert [[len(s) for s in per_q] for per_q in got] == [[2, 1], [1]]
-    want = scored(bi_scorer, [Trajectory(q, o.split("\n\n")) for q, outs in zip(QUESTIONS, outputs) for o in outs]).prob()
+    want = scored(
+        bi_scorer, [Trajectory(q, o.split("\n\n")) for q, outs in zip(QUESTIONS, outputs) for o in outs]
+    ).prob()
     np.testing.assert_allclose([x for per_q in got for s in per_q for x in s], want, atol=1e-6)

@@ -1,4 +1,5 @@
 """`biprm search` end to end on a scripted policy and PRM: records, baselines, resume, a grader that times out."""
+
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -10,19 +11,45 @@ from biprm.search.config import SearchConfig
 from biprm.search.run import run_search
 from search_scripted import ScriptedPolicy, ScriptedScorer
 
-QUESTIONS = [{"question": "one", "answer": "3"}, {"question": "two", "answer": "5"}, {"question": "three", "answer": "7"}]
-TREE = {("one",): ["answer 3", "answer 4"],
-        ("two",): ["x", "y"], ("two", "x"): ["answer 5"], ("two", "y"): ["answer 6"],
-        ("three",): ["z"], ("three", "z"): ["answer 8"]}
-LOGITS = {"answer 3": 2.0, "answer 4": -2.0, "x": 1.0, "y": -1.0, "answer 5": 1.0, "answer 6": 1.0, "z": 0.0, "answer 8": 0.0}
+QUESTIONS = [
+    {"question": "one", "answer": "3"},
+    {"question": "two", "answer": "5"},
+    {"question": "three", "answer": "7"},
+]
+TREE = {
+    ("one",): ["answer 3", "answer 4"],
+    ("two",): ["x", "y"],
+    ("two", "x"): ["answer 5"],
+    ("two", "y"): ["answer 6"],
+    ("three",): ["z"],
+    ("three", "z"): ["answer 8"],
+}
+LOGITS = {
+    "answer 3": 2.0,
+    "answer 4": -2.0,
+    "x": 1.0,
+    "y": -1.0,
+    "answer 5": 1.0,
+    "answer 6": 1.0,
+    "z": 0.0,
+    "answer 8": 0.0,
+}
 
 
 @pytest.fixture
 def config(tmp_path):
     data = tmp_path / "questions.jsonl"
     data.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    return SearchConfig(out=str(tmp_path / "out"), data=str(data), algorithms=["bon", "beam", "dvts", "particles"], n=[2, 4], width=2,
-                        strategies=["fused", "l2r-rerank"], batch_questions=2, grade_workers=0)
+    return SearchConfig(
+        out=str(tmp_path / "out"),
+        data=str(data),
+        algorithms=["bon", "beam", "dvts", "particles"],
+        n=[2, 4],
+        width=2,
+        strategies=["fused", "l2r-rerank"],
+        batch_questions=2,
+        grade_workers=0,
+    )
 
 
 def records(cfg):
@@ -40,24 +67,45 @@ def test_every_method_and_baseline_lands_in_one_line_per_question(config):
     assert [r["index"] for r in rows] == [0, 1, 2]
     methods = rows[0]["methods"]
     for n in (2, 4):
-        for name in ("pass", "majority", "random", "bon-max/fused", "bon-vote/fused", "noise:bon-max", "beam/fused", "noise:beam",
-                     "dvts/l2r-rerank", "noise:dvts", "particles/fused", "noise:particles"):
+        for name in (
+            "pass",
+            "majority",
+            "random",
+            "bon-max/fused",
+            "bon-vote/fused",
+            "noise:bon-max",
+            "beam/fused",
+            "noise:beam",
+            "dvts/l2r-rerank",
+            "noise:dvts",
+            "particles/fused",
+            "noise:particles",
+        ):
             assert f"{name}@{n}" in methods and f"{name}@{n}" in text
     one, two, three = (r["methods"] for r in rows)
-    assert one["bon-max/fused@2"]["answer"] == "3" and one["bon-max/fused@2"]["correct"] is True  # pool: answer 3, answer 4
+    assert (
+        one["bon-max/fused@2"]["answer"] == "3" and one["bon-max/fused@2"]["correct"] is True
+    )  # pool: answer 3, answer 4
     assert one["majority@4"]["correct"] is True  # 3, 4, 3, 4: a tie goes to the first answer seen
     assert two["beam/fused@4"]["solution"] == "x\n\nanswer 5" and two["beam/fused@4"]["correct"] is True
     small, full = one["majority@2"]["budget"], one["majority@4"]["budget"]  # the pool's first 2 of 4
-    assert small["policy_calls"] == full["policy_calls"] == 1 and small["policy_tokens"] == sum(p["tokens"] for p in rows[0]["pool"][:2])
-    spent = rows[1]["budget"]  # the pool (2 levels for question two), then 3 algorithms x 2 N x (2 strategies + noise), 2 levels each
-    assert spent["policy_calls"] == 2 + 18 * 2 and spent["policy_tokens"] == sum(p["tokens"] for p in rows[1]["pool"]) + sum(
-        m["budget"]["policy_tokens"] for m in two.values() if "paths" in m)
+    assert small["policy_calls"] == full["policy_calls"] == 1 and small["policy_tokens"] == sum(
+        p["tokens"] for p in rows[0]["pool"][:2]
+    )
+    spent = rows[1][
+        "budget"
+    ]  # the pool (2 levels for question two), then 3 algorithms x 2 N x (2 strategies + noise), 2 levels each
+    assert spent["policy_calls"] == 2 + 18 * 2 and spent["policy_tokens"] == sum(
+        p["tokens"] for p in rows[1]["pool"]
+    ) + sum(m["budget"]["policy_tokens"] for m in two.values() if "paths" in m)
     assert "prm_calls" not in small and one["bon-max/fused@2"]["budget"]["prm_calls"] == 1
     assert three["pass@4"]["correct"] is False and three["beam/fused@4"]["correct"] is False
     beam = two["beam/fused@4"]
     assert [p["steps"] for p in beam["paths"]] == [["x", "answer 5"]] * 2  # a tie (1.0 each) keeps the first children
-    assert beam["paths"][0]["fused"] == [round(1 / (1 + 2.718281828459045 ** -1.0), 4)] * 2
-    assert beam["budget"]["policy_calls"] == 2 and beam["budget"]["policy_tokens"] == 2 * 1 + 4 * 8  # x, y; then two children each
+    assert beam["paths"][0]["fused"] == [round(1 / (1 + 2.718281828459045**-1.0), 4)] * 2
+    assert (
+        beam["budget"]["policy_calls"] == 2 and beam["budget"]["policy_tokens"] == 2 * 1 + 4 * 8
+    )  # x, y; then two children each
     assert all((Path(config.out) / name).stat().st_size > 0 for name in ("accuracy.png", "summary.md", "summary.json"))
 
 
@@ -98,21 +146,36 @@ def test_a_run_killed_while_drawing_the_pool_resumes_at_its_last_level(config, t
     whole = replace(config, out=str(tmp_path / "whole"))
     run_search(whole, ScriptedPolicy(TREE3), [ScriptedScorer(LOGITS)])
     with pytest.raises(RuntimeError, match="killed"):
-        run_search(config, DiesAt(TREE3, at=2), [ScriptedScorer(LOGITS)])  # the first batch's pool: depth 1 drawn, depth 2 not
+        run_search(
+            config, DiesAt(TREE3, at=2), [ScriptedScorer(LOGITS)]
+        )  # the first batch's pool: depth 1 drawn, depth 2 not
     saved = Path(config.out) / "batch-in-flight.json"
     kept = json.loads(saved.read_text())
     pool = kept["pool"]
-    assert kept["indices"] == [0, 1] and {len(p["steps"]) for p in pool["paths"]} == {1} and pool["budget"]["policy_calls"] == [1, 1]
+    assert (
+        kept["indices"] == [0, 1]
+        and {len(p["steps"]) for p in pool["paths"]} == {1}
+        and pool["budget"]["policy_calls"] == [1, 1]
+    )
     assert [["one"], 4] in pool["policy"]["asked"]
     policy = DiesAt(TREE3, at=0)
     run_search(config, policy, [ScriptedScorer(LOGITS)])
-    assert policy.prompts[0] == ["two||x", "two||y", "two||x", "two||y"]  # the saved pool's next level, not its first again
+    assert policy.prompts[0] == [
+        "two||x",
+        "two||y",
+        "two||x",
+        "two||y",
+    ]  # the saved pool's next level, not its first again
     assert not saved.exists()
     mine, theirs = records(config), records(whole)
     assert [without_timings(r) for r in mine] == [without_timings(r) for r in theirs]
-    assert mine[1]["methods"]["majority@4"]["budget"]["policy_calls"] == 2  # the saved level's call and the resumed one's
+    assert (
+        mine[1]["methods"]["majority@4"]["budget"]["policy_calls"] == 2
+    )  # the saved level's call and the resumed one's
 
-    lines = open(f"{config.out}/questions.jsonl").readlines()  # killed after a batch was appended, before its pool was removed
+    lines = open(
+        f"{config.out}/questions.jsonl"
+    ).readlines()  # killed after a batch was appended, before its pool was removed
     open(f"{config.out}/questions.jsonl", "w").writelines(lines[:2])
     saved.write_text(json.dumps(kept))
     policy = DiesAt(TREE3, at=0)
@@ -120,7 +183,9 @@ def test_a_run_killed_while_drawing_the_pool_resumes_at_its_last_level(config, t
     assert {p.split("||")[0] for call in policy.prompts for p in call} == {"three"} and not saved.exists()
     assert [without_timings(r) for r in records(config)] == [without_timings(r) for r in theirs]
 
-    open(f"{config.out}/questions.jsonl", "w").writelines(lines[:1])  # killed in the append: question 0's line made it, 1's did not
+    open(f"{config.out}/questions.jsonl", "w").writelines(
+        lines[:1]
+    )  # killed in the append: question 0's line made it, 1's did not
     saved.write_text(json.dumps(kept))
     policy = DiesAt(TREE3, at=0)
     run_search(config, policy, [ScriptedScorer(LOGITS)])
@@ -151,14 +216,19 @@ def test_a_run_killed_while_a_prm_scores_the_pool_resumes_at_its_next_call(confi
     whole = replace(config, out=str(tmp_path / "whole"))
     run_search(whole, ScriptedPolicy(TREE3), [ScriptedScorer(LOGITS)])
     with pytest.raises(RuntimeError, match="killed"):
-        run_search(config, ScriptedPolicy(TREE3), [ScorerDiesAt(LOGITS, at=3)])  # first batch: 8 paths, calls of 3, 3, 2
+        run_search(
+            config, ScriptedPolicy(TREE3), [ScorerDiesAt(LOGITS, at=3)]
+        )  # first batch: 8 paths, calls of 3, 3, 2
     kept = json.loads((Path(config.out) / "batch-in-flight.json").read_text())
     (scored,) = kept["scores"].values()
     assert len(scored["paths"]) == 6 and scored["budget"]["prm_calls"] == [2, 1]
     policy, scorer = DiesAt(TREE3, at=0), ScriptedScorer(LOGITS)
     run_search(config, policy, [scorer])
     assert policy.prompts[0] == ["one", "two"]  # beam search's first level: the first pool is not drawn again
-    assert [len(paths) for _, paths in scorer.seen[:2]] == [2, 4]  # the first pool's last call, then beam search's first level
+    assert [len(paths) for _, paths in scorer.seen[:2]] == [
+        2,
+        4,
+    ]  # the first pool's last call, then beam search's first level
     mine, theirs = records(config), records(whole)
     assert [without_timings(r) for r in mine] == [without_timings(r) for r in theirs]
     calls = lambda rows: [r["methods"]["bon-max/fused@4"]["budget"]["prm_calls"] for r in rows]  # noqa: E731
@@ -191,7 +261,9 @@ def test_the_hf_policys_batch_size_is_a_setting_a_resume_shares(config):
 
 
 def test_a_grader_that_times_out_gives_unknown_not_wrong(config, monkeypatch):
-    monkeypatch.setattr(search_run, "grade_many", lambda pairs, workers, timeout: [None] * len(pairs))  # what grade_many returns on timeouts
+    monkeypatch.setattr(
+        search_run, "grade_many", lambda pairs, workers, timeout: [None] * len(pairs)
+    )  # what grade_many returns on timeouts
     config.algorithms, config.n = ["beam"], [2]
     text = run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
     row = records(config)[0]
@@ -211,7 +283,13 @@ def test_a_transformers_policy_runs_the_whole_command(config):
     from biprm.search.noise import NoiseScorer
     from biprm.search.policy import HFPolicy
 
-    config.algorithms, config.n, config.strategies, config.max_depth, config.max_step_tokens = ["beam"], [2], ["fused"], 2, 6
+    config.algorithms, config.n, config.strategies, config.max_depth, config.max_step_tokens = (
+        ["beam"],
+        [2],
+        ["fused"],
+        2,
+        6,
+    )
     policy = HFPolicy.from_pretrained("tiny", max_step_tokens=6)
     text = run_search(config, policy, [NoiseScorer()])
     rows = records(config)
@@ -224,6 +302,7 @@ def test_a_transformers_policy_runs_the_whole_command(config):
 @pytest.mark.slow
 def test_a_prefix_scorer_drives_every_strategy(config, bi_scorer):
     from biprm.scoring import prefix
+
     config.algorithms, config.n, config.strategies = ["bon", "beam", "particles"], [2], ["fused", "l2r-rerank", "l2r"]
     run_search(config, ScriptedPolicy(TREE), [prefix.PrefixScorer(bi_scorer)])
     methods = records(config)[1]["methods"]
@@ -239,14 +318,25 @@ def test_the_table_marks_a_search_that_does_not_beat_its_noise_twin_or_majority_
     def record(i):
         right = i % 2 == 0
         cost = {"budget": {"policy_tokens": 10.0}}
-        return {"methods": {"beam/fused@4": {"correct": True, **cost}, "noise:beam@4": {"correct": right, **cost},
-                            "beam/l2r@4": {"correct": right, **cost}, "majority@4": {"correct": None if i == 0 else right, **cost}}}
+        return {
+            "methods": {
+                "beam/fused@4": {"correct": True, **cost},
+                "noise:beam@4": {"correct": right, **cost},
+                "beam/l2r@4": {"correct": right, **cost},
+                "majority@4": {"correct": None if i == 0 else right, **cost},
+            }
+        }
+
     rows = {r["method"]: r for r in method_rows([record(i) for i in range(40)])}
     assert list(rows) == ["majority@4", "beam/fused@4", "beam/l2r@4", "noise:beam@4"]
     assert not rows["beam/fused@4"]["vs_noise"]["within_noise"] and rows["beam/l2r@4"]["vs_noise"]["within_noise"]
     assert rows["majority@4"]["unknown"] == 1 and rows["majority@4"]["questions"] == 39
     text = table(list(rows.values()))
-    assert "| beam/fused@4 | 100.0 [100.0, 100.0] | +50.0 [" in text and "| beam/l2r@4 | 50.0 [" in text and "+0.0 [" in text
+    assert (
+        "| beam/fused@4 | 100.0 [100.0, 100.0] | +50.0 [" in text
+        and "| beam/l2r@4 | 50.0 [" in text
+        and "+0.0 [" in text
+    )
     assert text.count("(noise)") == 1
     assert "vs_majority" not in rows["majority@4"]  # questions 1-39: majority right on the 19 even ones, as is beam/l2r
     assert round(100 * rows["beam/fused@4"]["vs_majority"]["mean"], 1) == round(100 * 20 / 39, 1) == 51.3
@@ -270,7 +360,10 @@ def test_two_prms_score_one_pool_and_each_picks_as_it_would_alone(config, tmp_pa
     policy = ScriptedPolicy(TREE)
     text = run_search(config, policy, [ScriptedScorer(LOGITS), ScriptedScorer(FLIPPED)])
     both = records(config)
-    alone = {"l2r": run_alone(config, tmp_path, "runs/l2r", LOGITS), "bi": run_alone(config, tmp_path, "runs/bi", FLIPPED)}
+    alone = {
+        "l2r": run_alone(config, tmp_path, "runs/l2r", LOGITS),
+        "bi": run_alone(config, tmp_path, "runs/bi", FLIPPED),
+    }
     untimed = lambda b: {k: v for k, v in b.items() if not k.endswith("_s")}  # noqa: E731
     for q, record in enumerate(both):
         assert [p["steps"] for p in record["pool"]] == [p["steps"] for p in alone["l2r"][q]["pool"]]
@@ -279,22 +372,38 @@ def test_two_prms_score_one_pool_and_each_picks_as_it_would_alone(config, tmp_pa
             for n in (2, 4):
                 for method in ("bon-max/fused", "bon-vote/fused"):
                     mine, theirs = record["methods"][f"{method}@{n} [{prm}]"], solo[q]["methods"][f"{method}@{n}"]
-                    assert mine["pick"] == theirs["pick"] and untimed(mine["budget"]) == untimed(theirs["budget"])  # its own PRM cost only
+                    assert mine["pick"] == theirs["pick"] and untimed(mine["budget"]) == untimed(
+                        theirs["budget"]
+                    )  # its own PRM cost only
                 assert f"beam/fused@{n} [{prm}]" in record["methods"] and f"beam/l2r-rerank@{n} [{prm}]" in text
     one = both[0]["methods"]  # pool of question one: answer 3, answer 4
     assert one["bon-max/fused@2 [l2r]"]["answer"] == "3" and one["bon-max/fused@2 [bi]"]["answer"] == "4"
-    assert [m for m in one if m.startswith("noise:")] == ["noise:bon-max@2", "noise:bon-max@4", "noise:beam@2", "noise:beam@4"]
+    assert [m for m in one if m.startswith("noise:")] == [
+        "noise:bon-max@2",
+        "noise:bon-max@4",
+        "noise:beam@2",
+        "noise:beam@4",
+    ]
     pool_tokens = sum(p["tokens"] for r in both for p in r["pool"])
     searches = sum(m["budget"]["policy_tokens"] for r in both for m in r["methods"].values() if "paths" in m)
-    assert sum(r["budget"]["policy_tokens"] for r in both) == pool_tokens + searches == policy.tokens  # the pool generated once
+    assert (
+        sum(r["budget"]["policy_tokens"] for r in both) == pool_tokens + searches == policy.tokens
+    )  # the pool generated once
     assert (Path(config.out) / "accuracy.png").stat().st_size > 0
 
 
 def test_method_names_carry_the_prm_only_when_there_are_several():
     from biprm.search.report import family, method_name, noise_twin, parts
 
-    assert method_name("bon-max/fused", 4, "bi") == "bon-max/fused@4 [bi]" and method_name("bon-max/fused", 4) == "bon-max/fused@4"
-    assert parts("beam/l2r-rerank@16 [ckpt@5]") == ("beam/l2r-rerank", 16, "ckpt@5") and parts("majority@8") == ("majority", 8, None)
+    assert (
+        method_name("bon-max/fused", 4, "bi") == "bon-max/fused@4 [bi]"
+        and method_name("bon-max/fused", 4) == "bon-max/fused@4"
+    )
+    assert parts("beam/l2r-rerank@16 [ckpt@5]") == ("beam/l2r-rerank", 16, "ckpt@5") and parts("majority@8") == (
+        "majority",
+        8,
+        None,
+    )
     assert family("beam/fused@4 [bi]") == "beam/fused [bi]" and noise_twin("beam/fused@4 [bi]") == "noise:beam@4"
     assert noise_twin("bon-vote/fused@4 [bi]") is None and noise_twin("noise:beam@4") is None
 
@@ -312,13 +421,26 @@ def test_the_two_prms_paired_difference_on_hand_computed_values():
 
     def record(i):  # l2r right on questions 0-11, bi on 0-23; question 39: l2r unknown
         cost = {"budget": {}}
-        return {"methods": {"bon-max/fused@4 [l2r]": {"correct": None if i == 39 else i < 12, **cost},
-                            "bon-max/fused@4 [bi]": {"correct": i < 24, **cost}, "beam/fused@4 [bi]": {"correct": True, **cost},
-                            "majority@4": {"correct": False, **cost}}}
+        return {
+            "methods": {
+                "bon-max/fused@4 [l2r]": {"correct": None if i == 39 else i < 12, **cost},
+                "bon-max/fused@4 [bi]": {"correct": i < 24, **cost},
+                "beam/fused@4 [bi]": {"correct": True, **cost},
+                "majority@4": {"correct": False, **cost},
+            }
+        }
+
     rows = prm_differences([record(i) for i in range(40)])
     assert [(r["method"], r["difference"], r["questions"]) for r in rows] == [("bon-max/fused@4", "bi - l2r", 39)]
-    assert rows[0]["mean"] == pytest.approx(12 / 39) and 0 < rows[0]["low"] < 12 / 39 < rows[0]["high"] and not rows[0]["within_noise"]
-    assert difference_table(rows).splitlines()[2] == f"| bon-max/fused@4 | +30.8 [{100 * rows[0]['low']:+.1f}, {100 * rows[0]['high']:+.1f}] | 39 |"
+    assert (
+        rows[0]["mean"] == pytest.approx(12 / 39)
+        and 0 < rows[0]["low"] < 12 / 39 < rows[0]["high"]
+        and not rows[0]["within_noise"]
+    )
+    assert (
+        difference_table(rows).splitlines()[2]
+        == f"| bon-max/fused@4 | +30.8 [{100 * rows[0]['low']:+.1f}, {100 * rows[0]['high']:+.1f}] | 39 |"
+    )
     alone = [{"methods": {"bon-max/fused@4": {"correct": True, "budget": {}}}}]
     assert prm_differences(alone) == []
 
@@ -353,10 +475,18 @@ def test_two_checkpoints_from_the_command_line_each_pay_their_own_prm_tokens(con
         torch.manual_seed(0)
         from_backbone(backbone, tok, mode=mode).save_pretrained(tmp_path / mode)
         tok.save_pretrained(tmp_path / mode)
-    config.algorithms, config.n, config.strategies, config.prm = ["bon", "beam"], [2], ["fused"], [str(tmp_path / "l2r"), str(tmp_path / "bi")]
+    config.algorithms, config.n, config.strategies, config.prm = (
+        ["bon", "beam"],
+        [2],
+        ["fused"],
+        [str(tmp_path / "l2r"), str(tmp_path / "bi")],
+    )
     run_search(config, ScriptedPolicy(TREE))  # the scorers come from --prm's folders
     record = records(config)[1]
-    assert set(record["pool"][0]["prms"]["bi"]) == {"l2r", "r2l", "fused", "score", "n_dropped"} and "r2l" not in record["pool"][0]["prms"]["l2r"]
+    assert (
+        set(record["pool"][0]["prms"]["bi"]) == {"l2r", "r2l", "fused", "score", "n_dropped"}
+        and "r2l" not in record["pool"][0]["prms"]["l2r"]
+    )
     for method in ("bon-max/fused@2", "beam/fused@2"):
         l2r, bi = record["methods"][f"{method} [l2r]"]["budget"], record["methods"][f"{method} [bi]"]["budget"]
         assert l2r["prm_tokens_l2r"] > 0 and l2r.get("prm_tokens_r2l", 0) == 0 and bi["prm_tokens_r2l"] > 0
@@ -372,8 +502,10 @@ def test_the_command_line_takes_several_prms_and_refuses_a_shared_name_in_one_li
     assert seen == [["runs/l2r", "runs/bi"]]
     with pytest.raises(SystemExit):
         cli.main(["search", "--out", str(tmp_path), "--prm", "runs/a/bi", "runs/b/bi"])
-    assert capsys.readouterr().err == ("biprm search: error: --prm runs/a/bi and runs/b/bi: both are named 'bi' in the results; "
-                                       "give one checkpoint folder another name\n")
+    assert capsys.readouterr().err == (
+        "biprm search: error: --prm runs/a/bi and runs/b/bi: both are named 'bi' in the results; "
+        "give one checkpoint folder another name\n"
+    )
 
 
 def test_every_line_of_a_crowded_cost_plot_has_its_own_colour_and_marker():
@@ -393,10 +525,18 @@ def test_a_pool_larger_than_a_chunk_is_scored_in_chunks_and_picks_as_in_one_call
     scorer = ScriptedScorer(LOGITS)
     config.out, config.prm = str(tmp_path / "chunked"), ["runs/chunked"]
     run_search(config, ScriptedPolicy(TREE), [scorer])
-    assert [len(paths) for _, paths in scorer.seen] == [3, 3, 2, 3, 1]  # batch 1: two questions x 4 samples; batch 2: one x 4
+    assert [len(paths) for _, paths in scorer.seen] == [
+        3,
+        3,
+        2,
+        3,
+        1,
+    ]  # batch 1: two questions x 4 samples; batch 2: one x 4
     for mine, theirs in zip(records(config), whole):
         assert [p["fused"] for p in mine["pool"]] == [p["fused"] for p in theirs["pool"]]
-        assert {m: r.get("pick") for m, r in mine["methods"].items()} == {m: r.get("pick") for m, r in theirs["methods"].items()}
+        assert {m: r.get("pick") for m, r in mine["methods"].items()} == {
+            m: r.get("pick") for m, r in theirs["methods"].items()
+        }
 
 
 def _garbage_prm(tmp_path) -> str:
@@ -406,19 +546,30 @@ def _garbage_prm(tmp_path) -> str:
     return str(tmp_path / "garbage")
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--n", "0"], "--n 0: must be at least 1"),
-    (["--n", "-4"], "--n -4: must be at least 1"),
-    (["--width", "0"], "--width 0: must be at least 1"),
-    (["--n", "3", "--width", "2"], "--n 3: beam search and DVTS need N to be a multiple of --width 2"),
-    (["--data", "{tmp}/empty.jsonl"], "--data {tmp}/empty.jsonl: holds no question"),
-    (["--data", "{tmp}/no-question.jsonl"], "{tmp}/no-question.jsonl row 2: needs 'question' (or 'problem') and 'answer'"),
-    (["--data", "{tmp}/missing.jsonl"], "{tmp}/missing.jsonl: no such data file"),
-    (["--prm", "noise", "{tmp}/no-such-prm"], "--prm {tmp}/no-such-prm: no such folder"),
-    (["--prm", "{garbage}"], "--prm {garbage}: is a plain bert model (a backbone), not a biprm checkpoint"),
-    (["--policy", "server", "--policy-url", "localhost:8000"], "--policy-url 'localhost:8000': expected http://HOST:PORT"),
-])
-def test_a_bad_search_input_is_one_line_before_anything_loads_and_leaves_out_as_it_was(args, says, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--n", "0"], "--n 0: must be at least 1"),
+        (["--n", "-4"], "--n -4: must be at least 1"),
+        (["--width", "0"], "--width 0: must be at least 1"),
+        (["--n", "3", "--width", "2"], "--n 3: beam search and DVTS need N to be a multiple of --width 2"),
+        (["--data", "{tmp}/empty.jsonl"], "--data {tmp}/empty.jsonl: holds no question"),
+        (
+            ["--data", "{tmp}/no-question.jsonl"],
+            "{tmp}/no-question.jsonl row 2: needs 'question' (or 'problem') and 'answer'",
+        ),
+        (["--data", "{tmp}/missing.jsonl"], "{tmp}/missing.jsonl: no such data file"),
+        (["--prm", "noise", "{tmp}/no-such-prm"], "--prm {tmp}/no-such-prm: no such folder"),
+        (["--prm", "{garbage}"], "--prm {garbage}: is a plain bert model (a backbone), not a biprm checkpoint"),
+        (
+            ["--policy", "server", "--policy-url", "localhost:8000"],
+            "--policy-url 'localhost:8000': expected http://HOST:PORT",
+        ),
+    ],
+)
+def test_a_bad_search_input_is_one_line_before_anything_loads_and_leaves_out_as_it_was(
+    args, says, tmp_path, capsys, monkeypatch
+):
     from biprm import cli
 
     def never(*_):
@@ -437,7 +588,9 @@ def test_a_bad_search_input_is_one_line_before_anything_loads_and_leaves_out_as_
     with pytest.raises(SystemExit) as stop:
         cli.main(["search", "--out", str(out), "--data", str(tmp_path / "q.jsonl"), *[a.format(**names) for a in args]])
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and err.count("\n") == 1 and err.startswith(f"biprm search: error: {says.format(**names)}"), err
+    assert (
+        stop.value.code == 2 and err.count("\n") == 1 and err.startswith(f"biprm search: error: {says.format(**names)}")
+    ), err
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
 
 
@@ -446,8 +599,16 @@ def test_a_pool_drawn_whole_is_cut_by_the_chosen_segmenter_before_it_is_scored(t
     data.write_text(json.dumps({"question": "one", "answer": "3"}) + "\n")
     tree = {("one",): ["a = 1\nb = 2", "c = 9"], ("one", "a = 1\nb = 2"): ["answer 3"], ("one", "c = 9"): ["answer 4"]}
     logits = {"a = 1\nb = 2": -3.0, "a = 1": 1.0, "b = 2": 1.0, "c = 9": 0.0, "answer 3": 1.0, "answer 4": 0.5}
-    base = SearchConfig(out="x", data=str(data), algorithms=["bon"], n=[2], strategies=["fused"], aggregation="min",
-                        pool_draw="whole", grade_workers=0)
+    base = SearchConfig(
+        out="x",
+        data=str(data),
+        algorithms=["bon"],
+        n=[2],
+        strategies=["fused"],
+        aggregation="min",
+        pool_draw="whole",
+        grade_workers=0,
+    )
     runs = {}
     for segmenter in (None, "lines"):
         cfg = replace(base, out=str(tmp_path / str(segmenter)), segmenter=segmenter)
@@ -456,23 +617,40 @@ def test_a_pool_drawn_whole_is_cut_by_the_chosen_segmenter_before_it_is_scored(t
         runs[segmenter] = records(cfg)[0], scorer.seen
     (step_token, seen_token), (lines, seen_lines) = runs[None], runs["lines"]
     assert [p["steps"] for p in step_token["pool"]] == [["a = 1\nb = 2", "answer 3"], ["c = 9", "answer 4"]]  # as drawn
-    assert [p["steps"] for p in lines["pool"]] == [["a = 1", "b = 2", "answer 3"], ["c = 9", "answer 4"]]  # cut by lines
-    assert [tuple(p) for _, paths in seen_lines for p in paths] == [("a = 1", "b = 2", "answer 3"), ("c = 9", "answer 4")]
+    assert [p["steps"] for p in lines["pool"]] == [
+        ["a = 1", "b = 2", "answer 3"],
+        ["c = 9", "answer 4"],
+    ]  # cut by lines
+    assert [tuple(p) for _, paths in seen_lines for p in paths] == [
+        ("a = 1", "b = 2", "answer 3"),
+        ("c = 9", "answer 4"),
+    ]
     assert [tuple(p) for _, paths in seen_token for p in paths] == [("a = 1\nb = 2", "answer 3"), ("c = 9", "answer 4")]
-    assert [p["tokens"] for p in lines["pool"]] == [p["tokens"] for p in step_token["pool"]] == [19, 13]  # the draw's cost, kept
-    # min over steps: the step token's cut reads the first solution's lines as one bad step (-3), the lines cut as two good ones
-    assert step_token["methods"]["bon-max/fused@2"]["answer"] == "4" and lines["methods"]["bon-max/fused@2"]["answer"] == "3"
+    assert (
+        [p["tokens"] for p in lines["pool"]] == [p["tokens"] for p in step_token["pool"]] == [19, 13]
+    )  # the draw's cost, kept
+    # min over steps: the step token's cut reads the first solution's lines as one bad step (-3), the lines cut as two
+    # good ones
+    assert (
+        step_token["methods"]["bon-max/fused@2"]["answer"] == "4"
+        and lines["methods"]["bon-max/fused@2"]["answer"] == "3"
+    )
 
 
 def test_every_answer_says_how_it_was_read_and_the_table_counts_the_fallback(config):
     run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
     rows = records(config)
     assert {p["read"] for r in rows for p in r["pool"]} == {"fallback"}  # "answer 3": a last number, no marker
-    assert rows[0]["methods"]["bon-max/fused@2"]["read"] == "fallback" and rows[0]["methods"]["pass@2"]["read"] == "fallback"
+    assert (
+        rows[0]["methods"]["bon-max/fused@2"]["read"] == "fallback"
+        and rows[0]["methods"]["pass@2"]["read"] == "fallback"
+    )
     assert all(p["read"] == "fallback" for p in rows[1]["methods"]["beam/fused@4"]["paths"])
     summary = json.loads((Path(config.out) / "summary.json").read_text())
     right = {r["method"]: r for r in summary["rows"]}
-    assert right["pass@4"]["right_by_fallback"] == 2 and right["beam/fused@4"]["right_by_fallback"] == 2  # questions one and two
+    assert (
+        right["pass@4"]["right_by_fallback"] == 2 and right["beam/fused@4"]["right_by_fallback"] == 2
+    )  # questions one and two
 
 
 def test_the_table_names_the_pool_ceiling_and_counts_rows_right_by_the_fallback_only():
@@ -480,14 +658,27 @@ def test_the_table_names_the_pool_ceiling_and_counts_rows_right_by_the_fallback_
 
     def record(i):
         cost = {"budget": {}}
-        return {"methods": {"pass@4": {"correct": True, "read": "marked" if i else "fallback", **cost},  # a marked right sample counts as marked
-                            "beam/fused@4": {"correct": i < 3, "read": "fallback" if i < 2 else "marked", **cost},
-                            "random@4": {"correct": True, "solution": "so 7" if i else "The answer is 7.", **cost}}}  # written before
-    rows = {r["method"]: r for r in method_rows([record(i) for i in range(4)])}  # answers said how they were read: read again
+        return {
+            "methods": {
+                "pass@4": {
+                    "correct": True,
+                    "read": "marked" if i else "fallback",
+                    **cost,
+                },  # a marked right sample counts as marked
+                "beam/fused@4": {"correct": i < 3, "read": "fallback" if i < 2 else "marked", **cost},
+                "random@4": {"correct": True, "solution": "so 7" if i else "The answer is 7.", **cost},
+            }
+        }  # written before
+
+    rows = {
+        r["method"]: r for r in method_rows([record(i) for i in range(4)])
+    }  # answers said how they were read: read again
     assert rows["pass@4"]["right_by_fallback"] == 1 and rows["beam/fused@4"]["right_by_fallback"] == 2
     assert rows["random@4"]["right_by_fallback"] == 3
     lines = {line.split(" | ")[0]: line for line in table(list(rows.values())).splitlines()}
-    assert lines["| pass@4 (pool ceiling)"].endswith("| 75.0 (1) |") and lines["| beam/fused@4"].endswith("| 25.0 (2) |")
+    assert lines["| pass@4 (pool ceiling)"].endswith("| 75.0 (1) |") and lines["| beam/fused@4"].endswith(
+        "| 25.0 (2) |"
+    )
     assert lines["| random@4"].endswith("| 25.0 (3) |")
 
 
@@ -496,7 +687,10 @@ def test_read_answer_says_marked_or_fallback():
 
     assert read_answer("3 + 4 = 7\n\nThe answer is 7.") == ("7", "marked")
     assert read_answer("so it is \\boxed{7}") == ("7", "marked")
-    assert read_answer("she has 3 + 4 = 7 apples") == ("7", "fallback")  # GSM8K's last number: also what a cut-off path gives
+    assert read_answer("she has 3 + 4 = 7 apples") == (
+        "7",
+        "fallback",
+    )  # GSM8K's last number: also what a cut-off path gives
     assert read_answer("no number at all") == (None, None)
 
 
@@ -504,9 +698,21 @@ def test_read_answer_says_marked_or_fallback():
 def test_a_path_cut_at_max_depth_has_no_answer_unless_asked(grade_cut, tmp_path):
     data = tmp_path / "q.jsonl"
     data.write_text(json.dumps({"question": "q", "answer": "7"}) + "\n")
-    cfg = SearchConfig(out=str(tmp_path / "out"), data=str(data), algorithms=["bon", "beam"], n=[2], width=2, max_depth=1,
-                       grade_cut_paths=grade_cut, grade_workers=0)
-    run_search(cfg, ScriptedPolicy({("q",): ["3 + 4 = 7"], ("q", "3 + 4 = 7"): ["answer 7"]}), [ScriptedScorer({"3 + 4 = 7": 0.0})])
+    cfg = SearchConfig(
+        out=str(tmp_path / "out"),
+        data=str(data),
+        algorithms=["bon", "beam"],
+        n=[2],
+        width=2,
+        max_depth=1,
+        grade_cut_paths=grade_cut,
+        grade_workers=0,
+    )
+    run_search(
+        cfg,
+        ScriptedPolicy({("q",): ["3 + 4 = 7"], ("q", "3 + 4 = 7"): ["answer 7"]}),
+        [ScriptedScorer({"3 + 4 = 7": 0.0})],
+    )
     record = records(cfg)[0]
     assert all(p["cut"] and p["finished"] for p in record["pool"])  # the policy never ended them: --max-depth 1 did
     expected = ("7", "fallback", True) if grade_cut else (None, "cut", False)

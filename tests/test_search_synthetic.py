@@ -1,4 +1,5 @@
 """The scripted synthetic-task policy: its error rates, what each error does to the answer, determinism, the CLI."""
+
 import json
 
 import numpy as np
@@ -103,8 +104,33 @@ def test_a_question_the_policy_does_not_know_is_refused():
 
 def test_the_cli_runs_the_synthetic_policy_on_the_synthetic_questions(tmp_path, capsys):
     out = tmp_path / "out"
-    main(["search", "--out", str(out), "--data", "synthetic:6:42", "--policy", "synthetic", "--calc-rate", "0.3", "--claim-rate", "0.1",
-          "--prm", "noise", "--algorithms", "bon", "beam", "--n", "2", "4", "--width", "2", "--grade-workers", "0"])
+    main(
+        [
+            "search",
+            "--out",
+            str(out),
+            "--data",
+            "synthetic:6:42",
+            "--policy",
+            "synthetic",
+            "--calc-rate",
+            "0.3",
+            "--claim-rate",
+            "0.1",
+            "--prm",
+            "noise",
+            "--algorithms",
+            "bon",
+            "beam",
+            "--n",
+            "2",
+            "4",
+            "--width",
+            "2",
+            "--grade-workers",
+            "0",
+        ]
+    )
     rows = [json.loads(line) for line in (out / "questions.jsonl").read_text().splitlines()]
     problems = make_problems(6, seed=42)
     assert [(r["question"], r["gold"]) for r in rows] == [(p.question, str(p.answer)) for p in problems]

@@ -1,4 +1,5 @@
 """Segmenters (biprm.data.segment) on hand-cut examples: each step's text and its span in the trace."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,8 @@ LONG = (
     "and gives 7 to Anna and then 5 to Ben. "
     "Let me compute the total given away first: 7 + 5 = 12. So he has 23 - 12 = 11 apples left. "
     "Wait, let me re-check the subtraction. 23 - 12: 23 minus 10 is 13, minus 2 more is 11. Yes, that is right. "
-    "But the question might mean something else, since it says some apples were rotten, and rotten ones are thrown away "
+    "But the question might mean something else, since it says some apples were rotten, and rotten ones are thrown "
+    "away "
     "before he gives any to his friends. "
     "Hmm, re-reading the problem statement, it says 3 of the apples were rotten and were thrown away before that. "
     "Wait, that changes things. Then he had 23 - 3 = 20 apples, and 20 - 12 = 8 apples left over at the end.\n\n"
@@ -33,7 +35,10 @@ def _check_spans(text: str, cut) -> None:
 def test_paragraph_and_lines_cut_where_a_person_would_with_spans():
     text = "  First line.\nSecond line.\n\n \nThird para.\n"
     paragraphs = Segmenter("paragraph").cut(text, "row 1")
-    assert paragraphs.texts == ["First line.\nSecond line.", "Third para."] and paragraphs.offsets == [[2, 26], [30, 41]]
+    assert paragraphs.texts == ["First line.\nSecond line.", "Third para."] and paragraphs.offsets == [
+        [2, 26],
+        [30, 41],
+    ]
     lines = Segmenter("lines").cut(text, "row 1")
     assert lines.texts == ["First line.", "Second line.", "Third para."] and lines.fallback is None
     _check_spans(text, paragraphs.steps)
@@ -57,8 +62,11 @@ def test_markers_merge_short_steps_and_split_long_ones_at_sentences():
     rule = Markers(min_chars=15, max_chars=60)
     text = "So x = 1. Wait, no. Let me redo it: x equals one, and then y equals two. Finally z = x + y = 3."
     steps, fallback = markers(text, rule)
-    assert [s.text for s in steps] == ["So x = 1. Wait, no.", "Let me redo it: x equals one, and then y equals two.",
-                                       "Finally z = x + y = 3."]
+    assert [s.text for s in steps] == [
+        "So x = 1. Wait, no.",
+        "Let me redo it: x equals one, and then y equals two.",
+        "Finally z = x + y = 3.",
+    ]
     assert fallback is None
     long = "A" * 10 + ". " + "The value is found. " * 6  # no marker: the length rule alone, at sentence starts
     steps, fallback = markers(long, rule)
@@ -70,7 +78,9 @@ def test_markers_never_cut_on_but_however_alternatively_and_settings_are_honoure
     rule = Markers(min_chars=5, max_chars=500)
     text = "We add them. But wait, the sum is odd. However, it still works. Alternatively, use a table. So it is 9."
     assert [s.text for s in markers(text, rule)[0]] == [
-        "We add them. But wait, the sum is odd. However, it still works. Alternatively, use a table.", "So it is 9."]
+        "We add them. But wait, the sum is odd. However, it still works. Alternatively, use a table.",
+        "So it is 9.",
+    ]
     own = Markers(markers=("check",), min_chars=5, max_chars=500)
     assert [s.text for s in markers("We add. Check: 4. So done.", own)[0]] == ["We add.", "Check: 4. So done."]
     with pytest.raises(ValueError, match="min_chars < max_chars"):
@@ -81,6 +91,7 @@ def test_tokens_cut_every_n_tokens_of_the_models_tokenizer():
     class Words:  # a stand-in tokenizer: one token per word, with offsets
         def __call__(self, text, add_special_tokens, return_offsets_mapping):
             import re
+
             return {"offset_mapping": [m.span() for m in re.finditer(r"\S+", text)]}
 
     cut = Segmenter("tokens:2", Words()).cut("a b c d e", "row 2")
@@ -115,7 +126,10 @@ def test_bad_input_is_one_line_naming_the_row():
 def test_the_old_split_rules_and_the_search_splitter_cut_as_before():
     text = "First line.\nSecond line.\n\nThird para."
     assert split_steps(text, "newline") == ["First line.", "Second line.", "Third para."]
-    assert split_steps(text) == ["First line.\nSecond line.", "Third para."] and split_steps("a ки\n\nb ки") == ["a", "b"]
+    assert split_steps(text) == ["First line.\nSecond line.", "Third para."] and split_steps("a ки\n\nb ки") == [
+        "a",
+        "b",
+    ]
     assert split_steps("a\nb") == ["a", "b"] and split_steps(text, "markers") == [text]
     assert search_split("Step one.\n\nStep two.\n\n \n\n", "\n\n") == ["Step one.", "Step two."]
     assert search_split("a<s>b", "<s>") == ["a", "b"]
@@ -125,10 +139,15 @@ def test_the_old_split_rules_and_the_search_splitter_cut_as_before():
 
 def test_a_trace_row_is_cut_and_its_offsets_travel_in_meta(tmp_path):
     rows = tmp_path / "traces.jsonl"
-    rows.write_text("\n".join(json.dumps(r) for r in (
-        {"question": "How many apples?", "solution": LONG, "id": "a"},
-        {"problem": "2 + 2?", "response": "2 + 2 = 4.\n\nThe answer is 4."},
-    )))
+    rows.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in (
+                {"question": "How many apples?", "solution": LONG, "id": "a"},
+                {"problem": "2 + 2?", "response": "2 + 2 = 4.\n\nThe answer is 4."},
+            )
+        )
+    )
     first, second = load_trajectories(str(rows), split_rule=Segmenter("markers"))
     assert first.meta["id"] == "a" and first.meta["segmenter"] == "markers"
     assert [LONG[a:b] for a, b in first.meta["offsets"]] == first.steps
@@ -147,9 +166,20 @@ def test_the_segmenter_a_model_was_trained_with_is_recorded_and_cuts_traces_when
     from biprm.config import TrainConfig
     from biprm.training import train
 
-    model = train(TrainConfig(backbone="tiny", data="synthetic:4", mode="bi", max_steps=1, per_device_train_batch_size=4,
-                              gradient_accumulation_steps=1, output_dir=str(tmp_path / "m"), save_steps=10**9, show_progress=False,
-                              segmenter="markers"))
+    model = train(
+        TrainConfig(
+            backbone="tiny",
+            data="synthetic:4",
+            mode="bi",
+            max_steps=1,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=1,
+            output_dir=str(tmp_path / "m"),
+            save_steps=10**9,
+            show_progress=False,
+            segmenter="markers",
+        )
+    )
     assert json.loads((tmp_path / "m" / "config.json").read_text())["segmenter"] == "markers"
     rows, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     rows.write_text(json.dumps({"question": "How many apples?", "solution": LONG}))
@@ -157,7 +187,10 @@ def test_the_segmenter_a_model_was_trained_with_is_recorded_and_cuts_traces_when
     line = json.loads(out.read_text())
     assert line["meta"]["segmenter"] == "markers" and len(line["fused"]) == len(line["meta"]["offsets"]) == 4
     main(["score", "--model", model, "--input", str(rows), "--output", str(out), "--segmenter", "paragraph"])
-    assert json.loads(out.read_text())["meta"]["offsets"] == [[0, LONG.index("\n\n")], [LONG.index("\n\n") + 2, len(LONG)]]
+    assert json.loads(out.read_text())["meta"]["offsets"] == [
+        [0, LONG.index("\n\n")],
+        [LONG.index("\n\n") + 2, len(LONG)],
+    ]
     with pytest.raises(SystemExit):
         main(["score", "--model", model, "--input", str(rows), "--output", str(out), "--segmenter", "sentences"])
     assert "unknown segmenter 'sentences'" in capsys.readouterr().err
@@ -175,13 +208,15 @@ def test_a_labelled_trace_row_is_labelled_under_every_cut(tmp_path):
     text = "3 + 4 = 7.\nSo 7 * 2 = 15.\n\nThe answer is 15."  # the slip starts at character 14 ("7 * 2 = 15")
     rows = tmp_path / "t.jsonl"
     rows.write_text(json.dumps({"question": "q", "solution": text, "first_error_char": text.index("7 * 2")}))
-    lines, = load_trajectories(str(rows), split_rule=Segmenter("lines"))
-    paragraphs, = load_trajectories(str(rows), split_rule=Segmenter("paragraph"))
+    (lines,) = load_trajectories(str(rows), split_rule=Segmenter("lines"))
+    (paragraphs,) = load_trajectories(str(rows), split_rule=Segmenter("paragraph"))
     assert lines.labels == [1.0, 0.0, 0.0] and paragraphs.labels == [0.0, 0.0] and "first_error_char" not in lines.meta
     rows.write_text(json.dumps({"question": "q", "solution": text, "first_error_char": -1}))
     assert load_trajectories(str(rows), split_rule=Segmenter("lines"))[0].labels == [1.0] * 3
     rows.write_text(json.dumps({"question": "q", "solution": text, "first_error_char": 999}))
-    with pytest.raises(DataError, match="row 1: field 'first_error_char' is 999, past the last step of field 'solution'"):
+    with pytest.raises(
+        DataError, match="row 1: field 'first_error_char' is 999, past the last step of field 'solution'"
+    ):
         load_trajectories(str(rows), split_rule=Segmenter("lines"))
 
 
@@ -189,13 +224,19 @@ def test_score_eval_and_serve_resolve_one_segmenter(tmp_path):
     from biprm.cli import build_parser
     from biprm.scoring.score_file import trace_segmenter
 
-    assert trace_segmenter([], "lines").name == "lines" and trace_segmenter([], None).name == "auto"  # no model: the readers' rule
+    assert (
+        trace_segmenter([], "lines").name == "lines" and trace_segmenter([], None).name == "auto"
+    )  # no model: the readers' rule
     for name, segmenter in (("a", "markers"), ("b", "lines")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps({"segmenter": segmenter}))
     models = [str(tmp_path / "a"), str(tmp_path / "b")]
-    assert trace_segmenter(models[:1], None).name == "markers" and trace_segmenter(models, "paragraph").name == "paragraph"
-    with pytest.raises(ValueError, match=r"trained with different segmenters \(lines, markers\): name one with --segmenter"):
+    assert (
+        trace_segmenter(models[:1], None).name == "markers" and trace_segmenter(models, "paragraph").name == "paragraph"
+    )
+    with pytest.raises(
+        ValueError, match=r"trained with different segmenters \(lines, markers\): name one with --segmenter"
+    ):
         trace_segmenter(models, None)
     parser = build_parser()  # the old flags of eval bon and serve name the same setting
     assert parser.parse_args(["eval", "bon", "--split-rule", "lines"]).segmenter == "lines"
@@ -203,10 +244,15 @@ def test_score_eval_and_serve_resolve_one_segmenter(tmp_path):
     from biprm.evaluation.config import BonConfig, ProcessBenchConfig
     from biprm.serve.config import ServeConfig
 
-    for settings in (BonConfig, ServeConfig):  # a misspelt name is refused with the other settings, before a model loads
+    for settings in (
+        BonConfig,
+        ServeConfig,
+    ):  # a misspelt name is refused with the other settings, before a model loads
         with pytest.raises(ValueError, match="unknown segmenter 'sentences'"):
             settings(model="m", segmenter="sentences")
-    with pytest.raises(ValueError, match="eval processbench scores the given steps; to re-cut them .* benchmarks.boundaries"):
+    with pytest.raises(
+        ValueError, match="eval processbench scores the given steps; to re-cut them .* benchmarks.boundaries"
+    ):
         ProcessBenchConfig(model=["m"], segmenter="markers")
 
 
@@ -215,12 +261,27 @@ def test_training_cuts_trace_rows_by_its_segmenter(tmp_path):
     from biprm.training import train
 
     rows = tmp_path / "traces.jsonl"
-    rows.write_text("\n".join(json.dumps({"question": "How many apples?", "solution": LONG, "first_error_char": at})
-                              for at in (-1, LONG.index("23 - 12"), LONG.index("Therefore"))))
-    settings = dict(backbone="tiny", data=str(rows), mode="bi", max_steps=1, per_device_train_batch_size=3, gradient_accumulation_steps=1,
-                    save_steps=10**9, show_progress=False, max_length=1024)
+    rows.write_text(
+        "\n".join(
+            json.dumps({"question": "How many apples?", "solution": LONG, "first_error_char": at})
+            for at in (-1, LONG.index("23 - 12"), LONG.index("Therefore"))
+        )
+    )
+    settings = dict(
+        backbone="tiny",
+        data=str(rows),
+        mode="bi",
+        max_steps=1,
+        per_device_train_batch_size=3,
+        gradient_accumulation_steps=1,
+        save_steps=10**9,
+        show_progress=False,
+        max_length=1024,
+    )
     train(TrainConfig(**settings, output_dir=str(tmp_path / "m"), segmenter="paragraph"))
     assert json.loads((tmp_path / "m" / "config.json").read_text())["segmenter"] == "paragraph"
     # the encoded rows' cache is keyed by the segmenter too: the paragraph run's rows are not reused under 'given'
-    with pytest.raises(DataError, match=r"traces.jsonl row 1: field 'solution': segmenter 'given' keeps a row's own steps"):
+    with pytest.raises(
+        DataError, match=r"traces.jsonl row 1: field 'solution': segmenter 'given' keeps a row's own steps"
+    ):
         train(TrainConfig(**settings, output_dir=str(tmp_path / "g")))

@@ -1,5 +1,6 @@
 """`biprm serve`: answers equal Scorer.score, requests share batches, bad input is a 400 naming the field,
 overload is a quick 503, over-long input is flagged or refused, shutdown finishes accepted requests."""
+
 import asyncio
 import json
 import copy
@@ -32,7 +33,8 @@ STEPS = ["Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 7.", "The answ
 
 
 def client(bi_scorer, **kw) -> TestClient:
-    """A server over `bi_scorer` (either engine); a copy of it reads another max_length when the settings ask for one."""
+    """A server over `bi_scorer` (either engine); a copy of it reads another max_length when the settings ask for
+    one."""
     cfg = ServeConfig(model="tiny", **kw)
     if bi_scorer.max_length != cfg.max_length:
         bi_scorer, encoder = copy.copy(bi_scorer), copy.copy(bi_scorer.encoder)
@@ -48,7 +50,13 @@ def test_score_equals_the_scorer_for_steps_and_free_text(bi_scorer):
         many = c.post("/v1/score", json=[{"question": Q, "solution": text}, {"question": Q, "steps": STEPS[:1]}]).json()
     for stream in ("l2r", "r2l", "sigma", "fused"):
         assert one[stream] == want.of(0, stream).tolist()
-    assert one["solution"]["min"] == float(want.solution_scores("min")[0]) and set(one["solution"]) == {"min", "mean", "prod", "max", "last"}
+    assert one["solution"]["min"] == float(want.solution_scores("min")[0]) and set(one["solution"]) == {
+        "min",
+        "mean",
+        "prod",
+        "max",
+        "last",
+    }
     assert one["steps_scored"] == 3 and one["truncated"] is False
     # scored beside another request: the same up to float32 rounding of a differently shaped batch
     assert many[0]["steps"] == STEPS and many[0]["fused"] == pytest.approx(one["fused"], abs=1e-6)
@@ -59,20 +67,28 @@ def test_get_reward_speaks_the_openrlhf_interface(bi_scorer):
     prompt = f"<|user|>{Q}<|assistant|>"
     responses = ["3 + 4 = 7.\nThe answer is 7.", "3 + 4 = 8.\nThe answer is 8.</s>"]
     with client(bi_scorer, aggregation="mean", segmenter="newline") as c:
-        body = c.post("/get_reward", json={"query": [prompt + r for r in responses], "prompts": [prompt, prompt]}).json()
+        body = c.post(
+            "/get_reward", json={"query": [prompt + r for r in responses], "prompts": [prompt, prompt]}
+        ).json()
     assert set(body) == {"rewards", "scores", "extra_logs", "step_rewards"} and len(body["rewards"]) == 2
-    trajs = [Trajectory(prompt, split_steps(r.replace(bi_scorer.tokenizer.eos_token, ""), "newline")) for r in responses]
+    trajs = [
+        Trajectory(prompt, split_steps(r.replace(bi_scorer.tokenizer.eos_token, ""), "newline")) for r in responses
+    ]
     want = scored(bi_scorer, trajs)
     assert body["rewards"] == body["scores"] == want.solution_scores("mean").tolist()
     assert body["step_rewards"] == [want.of(0).tolist(), want.of(1).tolist()]
 
 
 def test_a_solution_is_cut_by_the_segmenter_the_request_or_the_server_names(bi_scorer):
-    """One splitter: the request's segmenter ('split' is its old name), else the server's; each step's span comes back."""
+    """One splitter: the request's segmenter ('split' is its old name), else the server's; each step's span comes
+    back."""
     text = "3 + 4 = 7.\nSo the answer is 7.\n\nWait, let me check: 7 - 4 = 3."
     with client(bi_scorer, segmenter="paragraph") as c:
         server = c.post("/v1/score", json={"question": Q, "solution": text}).json()
-        lines, old = (c.post("/v1/score", json={"question": Q, "solution": text, key: "lines"}).json() for key in ("segmenter", "split"))
+        lines, old = (
+            c.post("/v1/score", json={"question": Q, "solution": text, key: "lines"}).json()
+            for key in ("segmenter", "split")
+        )
     assert server["segmenter"] == "paragraph" and server["offsets"] == [[0, 30], [32, 62]]
     assert lines == old and lines["segmenter"] == "lines" and lines["offsets"] == [[0, 10], [11, 30], [32, 62]]
     assert [text[a:b] for a, b in lines["offsets"]] == lines["steps"]
@@ -81,23 +97,34 @@ def test_a_solution_is_cut_by_the_segmenter_the_request_or_the_server_names(bi_s
     assert auto["segmenter"] == "auto" and len(auto["steps"]) == 2 and "given steps" in auto["segmenter_fallback"]
 
 
-@pytest.mark.parametrize("path, body, message", [
-    ("/v1/score", {"steps": STEPS}, "field 'question'"),
-    ("/v1/score", {"question": Q, "steps": STEPS, "solution": "x"}, "exactly one of 'steps' and 'solution'"),
-    ("/v1/score", [{"question": Q, "steps": STEPS}, {"question": Q, "steps": []}], "item 1: field 'steps'"),
-    ("/v1/score", {"question": Q, "solution": "a", "split": "words"}, "unknown segmenter 'words'"),
-    ("/v1/score", {"question": Q, "solution": "a", "segmenter": "tokens:0"}, "tokens:N needs a whole number N > 0"),
-    ("/v1/score", {"question": Q, "solution": " \n "}, "item 0: field 'solution': the trace is empty"),
-    ("/v1/score", {"question": Q, "solution": "a", "segmenter": "given"}, "item 0: field 'solution': segmenter 'given' keeps"),
-    ("/v1/score", {"question": Q, "steps": ["ok"], "colour": 1}, "field 'colour'"),
-    ("/get_reward", {"query": ["a"]}, "field 'prompts'"),
-    ("/get_reward", {"query": ["ab", "cd"], "prompts": ["a"]}, "field 'prompts' has 1 entries for 2"),
-    ("/get_reward", {"query": ["ab"], "prompts": ["x"]}, "field 'query' [0] does not start with field 'prompts' [0]"),
-    ("/get_reward", {"query": ["  ab"], "prompts": ["  "]}, "field 'prompts' [0] is empty"),
-    ("/v1/score", {"question": Q, "steps": ["a", " "]}, "item 0: field 'steps' has an empty step at index 1"),
-    ("/v1/score", {"question": "  ", "steps": ["a"]}, "item 0: field 'question' is missing or empty"),
-    ("/v1/score", [], "empty list"),
-])
+@pytest.mark.parametrize(
+    "path, body, message",
+    [
+        ("/v1/score", {"steps": STEPS}, "field 'question'"),
+        ("/v1/score", {"question": Q, "steps": STEPS, "solution": "x"}, "exactly one of 'steps' and 'solution'"),
+        ("/v1/score", [{"question": Q, "steps": STEPS}, {"question": Q, "steps": []}], "item 1: field 'steps'"),
+        ("/v1/score", {"question": Q, "solution": "a", "split": "words"}, "unknown segmenter 'words'"),
+        ("/v1/score", {"question": Q, "solution": "a", "segmenter": "tokens:0"}, "tokens:N needs a whole number N > 0"),
+        ("/v1/score", {"question": Q, "solution": " \n "}, "item 0: field 'solution': the trace is empty"),
+        (
+            "/v1/score",
+            {"question": Q, "solution": "a", "segmenter": "given"},
+            "item 0: field 'solution': segmenter 'given' keeps",
+        ),
+        ("/v1/score", {"question": Q, "steps": ["ok"], "colour": 1}, "field 'colour'"),
+        ("/get_reward", {"query": ["a"]}, "field 'prompts'"),
+        ("/get_reward", {"query": ["ab", "cd"], "prompts": ["a"]}, "field 'prompts' has 1 entries for 2"),
+        (
+            "/get_reward",
+            {"query": ["ab"], "prompts": ["x"]},
+            "field 'query' [0] does not start with field 'prompts' [0]",
+        ),
+        ("/get_reward", {"query": ["  ab"], "prompts": ["  "]}, "field 'prompts' [0] is empty"),
+        ("/v1/score", {"question": Q, "steps": ["a", " "]}, "item 0: field 'steps' has an empty step at index 1"),
+        ("/v1/score", {"question": "  ", "steps": ["a"]}, "item 0: field 'question' is missing or empty"),
+        ("/v1/score", [], "empty list"),
+    ],
+)
 def test_bad_requests_get_a_400_that_names_the_field(bi_scorer, path, body, message):
     with client(bi_scorer) as c:
         r = c.post(path, json=body)
@@ -132,7 +159,9 @@ def test_each_solution_is_encoded_once_and_the_scorer_sets_max_length(bi_scorer,
 
     calls = []
     real = Encoder.encode
-    monkeypatch.setattr(Encoder, "encode", lambda self, traj, where="trajectory": calls.append(where) or real(self, traj, where))
+    monkeypatch.setattr(
+        Encoder, "encode", lambda self, traj, where="trajectory": calls.append(where) or real(self, traj, where)
+    )
     with client(bi_scorer) as c:
         c.post("/v1/score", json=[{"question": Q, "steps": STEPS}, {"question": Q, "steps": STEPS[:2]}])
         c.post("/get_reward", json={"query": [Q + " 3 + 4 = 7."], "prompts": [Q]})
@@ -154,17 +183,30 @@ def test_health_and_metrics(bi_scorer):
 def test_an_api_key_guards_every_endpoint_but_health(bi_scorer, monkeypatch):
     body = {"question": Q, "steps": STEPS}
     with client(bi_scorer, api_key="s3cret") as c:
-        refused = [c.post("/v1/score", json=body), c.post("/v1/score", json=body, headers={"Authorization": "Bearer wrong"}),
-                   c.post("/v1/score", json=body, headers={"Authorization": "s3cret"}), c.post("/get_reward", json={"query": [Q], "prompts": [Q]}),
-                   c.get("/metrics"), c.get("/docs"), c.get("/openapi.json"), c.get("/no-such-page")]
+        refused = [
+            c.post("/v1/score", json=body),
+            c.post("/v1/score", json=body, headers={"Authorization": "Bearer wrong"}),
+            c.post("/v1/score", json=body, headers={"Authorization": "s3cret"}),
+            c.post("/get_reward", json={"query": [Q], "prompts": [Q]}),
+            c.get("/metrics"),
+            c.get("/docs"),
+            c.get("/openapi.json"),
+            c.get("/no-such-page"),
+        ]
         health = c.get("/health")
         ok = c.post("/v1/score", json=body, headers={"Authorization": "Bearer s3cret"})
     for r in refused:
-        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and "Authorization: Bearer" in r.json()["error"], r.request.url
+        assert (
+            r.status_code == 401
+            and r.headers["www-authenticate"] == "Bearer"
+            and "Authorization: Bearer" in r.json()["error"]
+        ), r.request.url
     assert health.status_code == 200 and ok.status_code == 200
     assert ok.json()["fused"] == pytest.approx(scored(bi_scorer, [Trajectory(Q, STEPS)]).prob().tolist(), abs=1e-6)
     monkeypatch.setenv("BIPRM_API_KEY", "from-env")
-    assert ServeConfig(model="tiny").api_key == "from-env" and ServeConfig(model="tiny", api_key="flag").api_key == "flag"
+    assert (
+        ServeConfig(model="tiny").api_key == "from-env" and ServeConfig(model="tiny", api_key="flag").api_key == "flag"
+    )
     with pytest.raises(ValueError, match="--api-key is empty"):
         ServeConfig(model="tiny", api_key="")
 
@@ -279,8 +321,12 @@ def test_cli_server_finishes_accepted_requests_on_sigterm(tmp_path, bi_scorer):
     bi_scorer.tokenizer.save_pretrained(ckpt)
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    server = subprocess.Popen([sys.executable, "-m", "biprm.cli", "serve", "--model", str(ckpt), "--port", str(port), "--max-wait-ms", "200"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "biprm.cli", "serve", "--model", str(ckpt), "--port", str(port), "--max-wait-ms", "200"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -292,7 +338,11 @@ def test_cli_server_finishes_accepted_requests_on_sigterm(tmp_path, bi_scorer):
         answers = []
 
         def call():
-            req = urllib.request.Request(url + "/v1/score", json.dumps({"question": Q, "steps": STEPS}).encode(), {"content-type": "application/json"})
+            req = urllib.request.Request(
+                url + "/v1/score",
+                json.dumps({"question": Q, "steps": STEPS}).encode(),
+                {"content-type": "application/json"},
+            )
             with urllib.request.urlopen(req, timeout=30) as r:
                 answers.append(json.loads(r.read()))
 
@@ -313,4 +363,3 @@ def test_cli_server_finishes_accepted_requests_on_sigterm(tmp_path, bi_scorer):
     want = scored(bi_scorer, [Trajectory(Q, STEPS)]).prob().tolist()
     assert "Finished server process" in log and "Traceback" not in log, log
     assert len(answers) == 6 and all(a["fused"] == pytest.approx(want, abs=1e-6) for a in answers)
-

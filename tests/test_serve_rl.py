@@ -1,5 +1,6 @@
 """/get_reward with the payload OpenRLHF 0.11 sends: `prompts` rendered with the policy's chat
 template, `query` = decode(prompt ids + response ids, skip_special_tokens=False)."""
+
 from pathlib import Path
 
 import numpy as np
@@ -35,17 +36,23 @@ def tiny_policy(folder: Path) -> Path:
 
 def policies(tmp_path: Path) -> list[Path]:
     found = [tiny_policy(tmp_path / "policy")]
-    smollm2 = cache_root() / "smollm2-135m-instruct"  # SmolLM2's real template, where `biprm` has built that backbone here
+    smollm2 = (
+        cache_root() / "smollm2-135m-instruct"
+    )  # SmolLM2's real template, where `biprm` has built that backbone here
     return found + [smollm2] if (smollm2 / "tokenizer.json").is_file() else found
 
 
 def openrlhf_payload(policy, question: str, responses: list[str]) -> dict:
     """What OpenRLHF 0.11's remote reward client sends for one prompt and its sampled responses."""
-    prompt = policy.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+    prompt = policy.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     prompt_ids = policy(prompt, add_special_tokens=False)["input_ids"]
     queries = []
     for response in responses:
-        response_ids = policy(response, add_special_tokens=False)["input_ids"] + [policy.convert_tokens_to_ids(policy.eos_token)]
+        response_ids = policy(response, add_special_tokens=False)["input_ids"] + [
+            policy.convert_tokens_to_ids(policy.eos_token)
+        ]
         queries.append(policy.decode(prompt_ids + response_ids, skip_special_tokens=False))
     return {"query": queries, "prompts": [prompt] * len(responses)}
 
@@ -54,7 +61,10 @@ def test_the_question_is_found_inside_a_chat_templated_prompt(tmp_path):
     for folder in policies(tmp_path):
         tok = load_tokenizer(str(folder))
         chat = ChatPrompt(tok, str(folder))
-        for messages in ([{"role": "user", "content": Q}], [{"role": "system", "content": "Reason step by step."}, {"role": "user", "content": Q}]):
+        for messages in (
+            [{"role": "user", "content": Q}],
+            [{"role": "system", "content": "Reason step by step."}, {"role": "user", "content": Q}],
+        ):
             prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             assert chat.question(prompt) == Q, (folder, prompt)
         assert chat.question(Q) is None  # not rendered with this template
@@ -65,7 +75,11 @@ def test_get_reward_scores_the_plain_question_of_an_openrlhf_payload(tmp_path, b
         policy = load_tokenizer(str(folder))
         payload = openrlhf_payload(policy, Q, RESPONSES)
         assert payload["query"][0].startswith(payload["prompts"][0]) and payload["prompts"][0] != Q
-        with TestClient(build_app(bi_scorer, ServeConfig(model="tiny", chat_template=str(folder), segmenter="newline", threshold=0.55))) as c:
+        with TestClient(
+            build_app(
+                bi_scorer, ServeConfig(model="tiny", chat_template=str(folder), segmenter="newline", threshold=0.55)
+            )
+        ) as c:
             body = c.post("/get_reward", json=payload).json()
             wrong = c.post("/get_reward", json={"query": [Q + "x"], "prompts": [Q]})
         want = scored(bi_scorer, [Trajectory(Q, r.split("\n")) for r in RESPONSES])
@@ -76,7 +90,10 @@ def test_get_reward_scores_the_plain_question_of_an_openrlhf_payload(tmp_path, b
         probs = [np.array(p) for p in body["step_rewards"]]
         first = [int(np.flatnonzero(p < 0.55)[0]) if (p < 0.55).any() else -1 for p in probs]
         assert body["extra_logs"] == {"first_step_below_threshold": first, "steps_scored": [3, 2]}
-        assert wrong.status_code == 400 and "field 'prompts' [0] is not a prompt of the chat template" in wrong.json()["error"]
+        assert (
+            wrong.status_code == 400
+            and "field 'prompts' [0] is not a prompt of the chat template" in wrong.json()["error"]
+        )
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused_at_start():

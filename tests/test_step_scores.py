@@ -1,4 +1,6 @@
-"""StepScores (`biprm.scoring.step_scores`): selecting trajectories, and the npz files of the score cache and of a study's runs."""
+"""StepScores (`biprm.scoring.step_scores`): selecting trajectories, and the npz files of the score cache and of a
+study's runs."""
+
 import numpy as np
 import pytest
 
@@ -45,7 +47,9 @@ def test_files_written_before_the_move_read_back(tmp_path):
     """The two layouts already on disk: the score cache's bare field names, and a study's `set/field` names."""
     scores = StepScores(OFFSETS, logit(VALUES), r2l=logit(VALUES))
     np.savez(tmp_path / "cache.npz", offsets=scores.offsets, fused=scores.fused, r2l=scores.r2l)
-    np.savez_compressed(tmp_path / "run.npz", **{"valid/offsets": scores.offsets, "valid/fused": scores.fused, "valid/r2l": scores.r2l})
+    np.savez_compressed(
+        tmp_path / "run.npz", **{"valid/offsets": scores.offsets, "valid/fused": scores.fused, "valid/r2l": scores.r2l}
+    )
     assert list(load_scores(tmp_path / "cache.npz")) == [""]
     assert_same(load_scores(tmp_path / "cache.npz")[""], scores)
     assert_same(load_scores(tmp_path / "run.npz")["valid"], scores)

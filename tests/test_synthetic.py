@@ -80,7 +80,9 @@ def test_calc_error_is_built_on(data):
         events, final = parse(t)
         assert len(events[k]) == 4 and not right(events[k])  # the wrong equation itself
         assert all(map(right, events[:k])) and all(map(right, events[k + 1 :]))
-        assert all(len(e) == 1 or e[0] == stated(p) for p, e in zip(events[k:], events[k + 1 :]))  # later steps use the wrong value
+        assert all(
+            len(e) == 1 or e[0] == stated(p) for p, e in zip(events[k:], events[k + 1 :])
+        )  # later steps use the wrong value
         assert not t.correct
     assert len(calc) > 500
 

@@ -1,4 +1,6 @@
-"""Training recipe: runs, resumes to the same result, trains a real backbone (several processes: test_distributed.py)."""
+"""Training recipe: runs, resumes to the same result, trains a real backbone (several processes:
+test_distributed.py)."""
+
 import json
 import subprocess
 import sys
@@ -15,8 +17,18 @@ from conftest import ROOT, scored, study_encoder, weights
 
 
 def tiny_config(out: Path, **kw) -> TrainConfig:
-    base = dict(backbone="tiny", data="synthetic:48", output_dir=str(out), per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=6,
-                learning_rate=1e-3, save_steps=3, logging_steps=1, show_progress=False)
+    base = dict(
+        backbone="tiny",
+        data="synthetic:48",
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=6,
+        learning_rate=1e-3,
+        save_steps=3,
+        logging_steps=1,
+        show_progress=False,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -123,9 +135,23 @@ def test_real_backbone_loss_goes_down(tmp_path, data_dir):
     set_seed(1106)  # the same initial heads that train() builds
     tokenizer = load_tokenizer(backbone)
     before = loss_on_rows(from_backbone(backbone, tokenizer, mode="bi"), tokenizer)
-    out = train(TrainConfig(backbone="smollm2-135m", data=str(data), output_dir=str(tmp_path / "smol"), mode="bi",
-                            per_device_train_batch_size=2, gradient_accumulation_steps=1, max_steps=6, num_train_epochs=10, learning_rate=5e-5, max_length=384,
-                            save_steps=10**9, logging_steps=1, show_progress=False))
+    out = train(
+        TrainConfig(
+            backbone="smollm2-135m",
+            data=str(data),
+            output_dir=str(tmp_path / "smol"),
+            mode="bi",
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=1,
+            max_steps=6,
+            num_train_epochs=10,
+            learning_rate=5e-5,
+            max_length=384,
+            save_steps=10**9,
+            logging_steps=1,
+            show_progress=False,
+        )
+    )
     after = loss_on_rows(BiPRMModel.from_pretrained(out), load_tokenizer(out))
     losses = [e["loss"] for e in json.loads((Path(out) / "train_log.json").read_text()) if "loss" in e]
     assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses)))
@@ -167,7 +193,9 @@ def test_holdout_is_seeded_and_loses_no_row():
     kept, held = holdout(rows, 0.05, seed=1)
     assert len(held) == 2 and sorted([*kept["i"], *held["i"]]) == list(range(40))
     again = holdout(rows, 0.05, seed=1)
-    assert (list(again[0]["i"]), list(again[1]["i"])) == (list(kept["i"]), list(held["i"])) and holdout(rows, 0.0, seed=1) == (rows, None)
+    assert (list(again[0]["i"]), list(again[1]["i"])) == (list(kept["i"]), list(held["i"])) and holdout(
+        rows, 0.0, seed=1
+    ) == (rows, None)
     with pytest.raises(ValueError, match="eval_fraction=1.0"):
         holdout(rows, 1.0, seed=1)
 
@@ -185,17 +213,34 @@ class Snapshot(TrainerCallback):
 @pytest.mark.parametrize("trunk_cache", [True, False])
 def test_train_top_layers_moves_only_the_top_of_the_body(tmp_path, trunk_cache):
     snap = Snapshot()
-    train(tiny_config(tmp_path / "t", mode="bi", train_top_layers=1, max_steps=2, save_steps=10, trunk_cache=trunk_cache,
-                      trunk_cache_dir=str(tmp_path / "trunk")), callbacks=[snap])
+    train(
+        tiny_config(
+            tmp_path / "t",
+            mode="bi",
+            train_top_layers=1,
+            max_steps=2,
+            save_steps=10,
+            trunk_cache=trunk_cache,
+            trunk_cache_dir=str(tmp_path / "trunk"),
+        ),
+        callbacks=[snap],
+    )
     moved = {n for n in snap.before if not torch.equal(snap.before[n], snap.after[n])}
-    assert moved and all(n.startswith(("backbone.layers.2.", "backbone.norm", "value_head", "gate")) for n in moved), moved
+    assert moved and all(n.startswith(("backbone.layers.2.", "backbone.norm", "value_head", "gate")) for n in moved), (
+        moved
+    )
     assert any(n.startswith("backbone.layers.2.") for n in moved) and any(n.startswith("gate") for n in moved)
     assert (tmp_path / "trunk").is_dir() == trunk_cache
 
 
 def test_heads_only_moves_only_the_value_head_and_gate(tmp_path):
     snap = Snapshot()
-    train(tiny_config(tmp_path / "t", train_top_layers=1, heads_only=True, max_steps=2, trunk_cache_dir=str(tmp_path / "trunk")), callbacks=[snap])
+    train(
+        tiny_config(
+            tmp_path / "t", train_top_layers=1, heads_only=True, max_steps=2, trunk_cache_dir=str(tmp_path / "trunk")
+        ),
+        callbacks=[snap],
+    )
     moved = {n for n in snap.before if not torch.equal(snap.before[n], snap.after[n])}
     assert moved and all(n.startswith(("value_head", "gate")) for n in moved), moved
     with pytest.raises(ValueError, match="--heads-only needs --train-top-layers"):
@@ -203,8 +248,22 @@ def test_heads_only_moves_only_the_value_head_and_gate(tmp_path):
 
 
 def trunk_config(out: Path, **kw) -> TrainConfig:
-    return tiny_config(out, data="synthetic:12", mode="bi", per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=-1, num_train_epochs=2.0, warmup_ratio=0.25,
-                       gate_lr_scale=0.5, seed=5, max_length=2048, train_top_layers=1, trunk_cache_dir=str(out.parent / "trunk"), **kw)
+    return tiny_config(
+        out,
+        data="synthetic:12",
+        mode="bi",
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        max_steps=-1,
+        num_train_epochs=2.0,
+        warmup_ratio=0.25,
+        gate_lr_scale=0.5,
+        seed=5,
+        max_length=2048,
+        train_top_layers=1,
+        trunk_cache_dir=str(out.parent / "trunk"),
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("trunk", [False, True])
@@ -226,7 +285,9 @@ def test_the_trainer_alone_takes_a_model_arguments_and_a_dataset(tmp_path, trunk
     if trunk:
         encs = [to_encoded(row) for row in data]
         data = TrunkData(TrunkCache(tmp_path / "trunk", model, 1, encs).build(progress=False), [e.labels for e in encs])
-    args = TrainingArguments(str(tmp_path / "out"), per_device_train_batch_size=4, num_train_epochs=1, use_cpu=True, report_to=[])
+    args = TrainingArguments(
+        str(tmp_path / "out"), per_device_train_batch_size=4, num_train_epochs=1, use_cpu=True, report_to=[]
+    )
     trainer = BiPRMTrainer(model, args, train_dataset=data)
     assert trainer.train().global_step == 2
 
@@ -247,7 +308,11 @@ def test_a_trunk_cache_run_trains_every_batch_when_they_do_not_fill_the_last_ste
 
     seen = []
     real = BiPRMTrainer.training_step
-    monkeypatch.setattr(BiPRMTrainer, "training_step", lambda self, *a, **k: seen.append(self.current_gradient_accumulation_steps) or real(self, *a, **k))
+    monkeypatch.setattr(
+        BiPRMTrainer,
+        "training_step",
+        lambda self, *a, **k: seen.append(self.current_gradient_accumulation_steps) or real(self, *a, **k),
+    )
     cfg = trunk_config(tmp_path / "run")
     cfg.gradient_accumulation_steps = 4  # 12 rows x 2 epochs, 4 a batch: 6 batches
     out = Path(train(cfg))
@@ -261,9 +326,21 @@ def test_replicate_and_train_top_layers_reach_the_same_weights(tmp_path):
     from biprm.data.readers import load_trajectories
 
     train(trunk_config(tmp_path / "train"))
-    study = ReplicateConfig(work_dir=str(tmp_path), backbone="tiny", top_layers=1, lr=1e-3, epochs=2.0, batch_size=4, warmup_ratio=0.25,
-                            gate_lr_scale=0.5, save_every=3, max_length=2048)
-    encs = [study_encoder(2048).encode(t) for t in load_trajectories("synthetic:12", labelled=True)]  # as the study encodes them, once
+    study = ReplicateConfig(
+        work_dir=str(tmp_path),
+        backbone="tiny",
+        top_layers=1,
+        lr=1e-3,
+        epochs=2.0,
+        batch_size=4,
+        warmup_ratio=0.25,
+        gate_lr_scale=0.5,
+        save_every=3,
+        max_length=2048,
+    )
+    encs = [
+        study_encoder(2048).encode(t) for t in load_trajectories("synthetic:12", labelled=True)
+    ]  # as the study encodes them, once
     model, log = train_run(study, "bi", 5, tmp_path / "replicate", False, encs)
     a, b = weights(tmp_path / "train"), weights(tmp_path / "replicate")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -295,7 +372,10 @@ class MatmulDtypes(TrainerCallback):
 
 def test_bf16_on_cpu_is_autocast_over_fp32_weights(tmp_path):
     snap, dtypes = Snapshot(), MatmulDtypes()
-    train(tiny_config(tmp_path / "b", mode="bi", bf16=True, learning_rate=3e-5, max_steps=2, save_steps=10), callbacks=[snap, dtypes])
+    train(
+        tiny_config(tmp_path / "b", mode="bi", bf16=True, learning_rate=3e-5, max_steps=2, save_steps=10),
+        callbacks=[snap, dtypes],
+    )
     assert dtypes.seen == {torch.bfloat16}
     assert all(p.dtype == torch.float32 for p in snap.after.values())
     body = [n for n in snap.before if n.startswith("backbone.layers.")]
@@ -314,17 +394,34 @@ def test_arguments_are_built_before_the_model(tmp_path, monkeypatch):
     assert order == ["args", "model"]  # so a ZeRO-3 config's partitioned init is active while the backbone loads
 
 
-@pytest.mark.parametrize("config, flags, message", [
-    ({"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 2}}, {"gate_lr_scale": 0.1}, "--gate-lr-scale 0.1 would be ignored"),
-    ({"zero_optimization": {"stage": 3}}, {}, "stage3_gather_16bit_weights_on_model_save"),
-    ("{not json", {}, "cannot read it as JSON"),
-    ({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}, {"lora_r": 8}, "--lora-r with ZeRO-3"),
-])
-def test_deepspeed_configs_that_lose_options_or_weights_are_refused_up_front(tmp_path, config, flags, message, monkeypatch):
+@pytest.mark.parametrize(
+    "config, flags, message",
+    [
+        (
+            {"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 2}},
+            {"gate_lr_scale": 0.1},
+            "--gate-lr-scale 0.1 would be ignored",
+        ),
+        ({"zero_optimization": {"stage": 3}}, {}, "stage3_gather_16bit_weights_on_model_save"),
+        ("{not json", {}, "cannot read it as JSON"),
+        (
+            {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}},
+            {"lora_r": 8},
+            "--lora-r with ZeRO-3",
+        ),
+    ],
+)
+def test_deepspeed_configs_that_lose_options_or_weights_are_refused_up_front(
+    tmp_path, config, flags, message, monkeypatch
+):
     recipe = sys.modules["biprm.training"]
 
-    monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)  # deepspeed itself need not be installed for these checks
-    monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the config was checked"))
+    monkeypatch.setattr(
+        "biprm.config.check_extras", lambda needed: None
+    )  # deepspeed itself need not be installed for these checks
+    monkeypatch.setattr(
+        recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the config was checked")
+    )
     path = tmp_path / "ds.json"
     path.write_text(config if isinstance(config, str) else json.dumps(config))
     with pytest.raises(ValueError, match=message):
@@ -352,12 +449,25 @@ def test_a_deepspeed_config_that_sums_bf16_gradients_in_bf16_is_warned_about(tmp
     assert "sums the micro-batches' gradients in bf16" in caplog.text
 
 
-@pytest.mark.parametrize("config, env, facts", [
-    ("ds_zero3.json", {}, {"backend": "deepspeed", "zero_stage": 3, "scheduler_in_config": False}),
-    ({"zero_optimization": {"stage": 2}, "scheduler": {"type": "WarmupLR"}}, {}, {"backend": "deepspeed", "zero_stage": 2, "scheduler_in_config": True}),
-    (None, {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"},  # accelerate launch with a DeepSpeed plugin
-     {"backend": "deepspeed", "zero_stage": 1, "scheduler_in_config": False}),
-])
+@pytest.mark.parametrize(
+    "config, env, facts",
+    [
+        ("ds_zero3.json", {}, {"backend": "deepspeed", "zero_stage": 3, "scheduler_in_config": False}),
+        (
+            {"zero_optimization": {"stage": 2}, "scheduler": {"type": "WarmupLR"}},
+            {},
+            {"backend": "deepspeed", "zero_stage": 2, "scheduler_in_config": True},
+        ),
+        (
+            None,
+            {
+                "ACCELERATE_USE_DEEPSPEED": "true",
+                "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1",
+            },  # accelerate launch with a DeepSpeed plugin
+            {"backend": "deepspeed", "zero_stage": 1, "scheduler_in_config": False},
+        ),
+    ],
+)
 def test_the_run_record_says_what_a_deepspeed_checkpoint_holds(tmp_path, monkeypatch, config, env, facts):
     from biprm.training import backend, engine_facts
 
@@ -374,18 +484,26 @@ def test_the_run_record_says_what_a_deepspeed_checkpoint_holds(tmp_path, monkeyp
     assert engine_facts(cfg, backend(cfg)) == facts
 
 
-@pytest.mark.parametrize("flags, launched_with, name", [
-    ({"deepspeed": str(ROOT / "configs" / "ds_zero3.json")}, None, "deepspeed"),
-    ({}, "ACCELERATE_USE_FSDP", "fsdp"),  # accelerate launch --config_file configs/fsdp.yaml
-    ({}, "ACCELERATE_USE_DEEPSPEED", "deepspeed"),  # accelerate launch with a DeepSpeed accelerate config
-])
-def test_deepspeed_and_fsdp_are_refused_on_a_cpu_before_the_backbone_loads(tmp_path, monkeypatch, flags, launched_with, name):
-    """accelerate starts neither without a GPU: DeepSpeed would fail in its batch-size check, FSDP would train as DDP."""
+@pytest.mark.parametrize(
+    "flags, launched_with, name",
+    [
+        ({"deepspeed": str(ROOT / "configs" / "ds_zero3.json")}, None, "deepspeed"),
+        ({}, "ACCELERATE_USE_FSDP", "fsdp"),  # accelerate launch --config_file configs/fsdp.yaml
+        ({}, "ACCELERATE_USE_DEEPSPEED", "deepspeed"),  # accelerate launch with a DeepSpeed accelerate config
+    ],
+)
+def test_deepspeed_and_fsdp_are_refused_on_a_cpu_before_the_backbone_loads(
+    tmp_path, monkeypatch, flags, launched_with, name
+):
+    """accelerate starts neither without a GPU: DeepSpeed would fail in its batch-size check, FSDP would train as
+    DDP."""
     recipe = sys.modules["biprm.training"]
 
     monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)
     monkeypatch.setattr(recipe, "cpu_only", lambda: True)
-    monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the backend was checked"))
+    monkeypatch.setattr(
+        recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the backend was checked")
+    )
     if launched_with:
         monkeypatch.setenv(launched_with, "true")
     with pytest.raises(ValueError, match=f"^{name} needs a GPU: accelerate starts it only on accelerator devices"):
@@ -401,13 +519,19 @@ class GradientsSeen(TrainerCallback):
         self.trainable = sum(p.requires_grad for p in model.parameters())
 
 
-@pytest.mark.parametrize("flags", [
-    {"mode": "bi"}, {"mode": "bi-static"}, {"mode": "l2r"}, {"mode": "r2l", "objective": "qrank"},
-    {"mode": "bi", "detach_gate_inputs": True, "aux_loss_weight": 0.5},
-    {"mode": "bi", "train_top_layers": 1, "trunk_cache": False},  # frozen layers are no DDP parameters
-    {"mode": "bi-static", "train_top_layers": 1, "trunk_cache": False, "heads_only": True},
-    {"mode": "bi", "lora_r": 2},
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"mode": "bi"},
+        {"mode": "bi-static"},
+        {"mode": "l2r"},
+        {"mode": "r2l", "objective": "qrank"},
+        {"mode": "bi", "detach_gate_inputs": True, "aux_loss_weight": 0.5},
+        {"mode": "bi", "train_top_layers": 1, "trunk_cache": False},  # frozen layers are no DDP parameters
+        {"mode": "bi-static", "train_top_layers": 1, "trunk_cache": False, "heads_only": True},
+        {"mode": "bi", "lora_r": 2},
+    ],
+)
 def test_ddp_searches_no_unused_parameters_as_every_trainable_one_gets_a_gradient(tmp_path, flags):
     from biprm.training import training_arguments
 
@@ -421,11 +545,14 @@ def test_ddp_searches_no_unused_parameters_as_every_trainable_one_gets_a_gradien
 
 
 def test_the_trunk_cache_is_computed_on_the_training_device(tmp_path, monkeypatch):
-    """Where the Trainer trains (a GPU on a GPU node), not on the CPU the backbone loads onto; "meta" stands in for the GPU."""
+    """Where the Trainer trains (a GPU on a GPU node), not on the CPU the backbone loads onto; "meta" stands in for the
+    GPU."""
     recipe = sys.modules["biprm.training"]
 
     device = TrainingArguments.device  # still run: it sets up the process state
-    monkeypatch.setattr(TrainingArguments, "device", property(lambda self: device.__get__(self) and torch.device("meta")))
+    monkeypatch.setattr(
+        TrainingArguments, "device", property(lambda self: device.__get__(self) and torch.device("meta"))
+    )
     built_on = []
 
     def trunk_set(cfg, model, *rest):
@@ -453,11 +580,19 @@ def test_lora_trains_adapters_heads_and_the_step_tag_row_and_saves_a_scoreable_m
         def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
             seen["live"] = scored(Scorer(model.eval(), processing_class), traj)  # adapters not yet merged
 
-    out = Path(train(tiny_config(tmp_path / "l", mode="bi", lora_r=4, max_steps=3, save_steps=10), callbacks=[Trainable()]))
+    out = Path(
+        train(tiny_config(tmp_path / "l", mode="bi", lora_r=4, max_steps=3, save_steps=10), callbacks=[Trainable()])
+    )
     names = seen["names"]
-    assert any("lora_A" in n for n in names) and any("value_head" in n for n in names) and any(".gate." in n for n in names)
+    assert (
+        any("lora_A" in n for n in names)
+        and any("value_head" in n for n in names)
+        and any(".gate." in n for n in names)
+    )
     assert any("trainable_tokens" in n for n in names)  # the step-tag row
-    assert not any(n.endswith("embed_tokens.weight") or ("lora_" not in n and ".layers." in n) for n in names)  # the rest is frozen
+    assert not any(
+        n.endswith("embed_tokens.weight") or ("lora_" not in n and ".layers." in n) for n in names
+    )  # the rest is frozen
     assert (out / "adapter" / "adapter_config.json").is_file() and (out / "model.safetensors").is_file()
     merged = scored(Scorer.from_pretrained(str(out), device="cpu"), traj)
     live = seen["live"]
@@ -472,7 +607,10 @@ def test_checkpoint_is_portable_card_layout_readable_and_loads_in_a_fresh_proces
     config = json.loads((out / "config.json").read_text())
     assert config["biprm_version"] and config["text_layout"]["prompt"].startswith("Question: {question}")
     assert all(p.stat().st_mode & 0o044 == 0o044 for p in out.iterdir() if p.is_file())  # group and others can read
-    code = f"import biprm.modeling, sys; from transformers import AutoModel; m = AutoModel.from_pretrained({str(out)!r}); print(type(m).__name__, m.config.mode)"
+    code = (
+        "import biprm.modeling, sys; from transformers import AutoModel; m = "
+        f"AutoModel.from_pretrained({str(out)!r}); print(type(m).__name__, m.config.mode)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.split()[-2:] == ["BiPRMModel", "bi"], done.stderr[-2000:]
 
@@ -494,8 +632,11 @@ def test_a_checkpoint_with_another_text_layout_is_flagged(tmp_path, caplog):
 def test_a_folder_holding_a_run_is_refused_resumed_only_by_the_same_run_or_overwritten(tmp_path):
     first = tiny_config(tmp_path / "r", max_steps=2, save_steps=1)
     train(first)
-    with pytest.raises(FileExistsError, match=r"holds a training run; add --resume to continue it, or --overwrite, which deletes "
-                                              r"checkpoint-1, checkpoint-2 \(the run's trained steps\), its final model"):
+    with pytest.raises(
+        FileExistsError,
+        match=r"holds a training run; add --resume to continue it, or --overwrite, which deletes "
+        r"checkpoint-1, checkpoint-2 \(the run's trained steps\), its final model",
+    ):
         train(tiny_config(tmp_path / "r", max_steps=2, learning_rate=5e-4))
     with pytest.raises(ValueError, match=r"holds another run \(learning_rate: 0.001 then, 0.0005 now\)"):
         train(tiny_config(tmp_path / "r", max_steps=2, learning_rate=5e-4, resume=True))
@@ -534,7 +675,9 @@ def test_every_refusal_that_depends_on_settings_and_files_comes_before_the_model
     cfg = tiny_config(tmp_path / "run", max_steps=4, save_steps=2)
     train(cfg, callbacks=[StopAt(2)])
     monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the refusal"))
-    monkeypatch.setattr(recipe, "encoded_dataset", lambda *a, **k: pytest.fail("the data were encoded before the refusal"))
+    monkeypatch.setattr(
+        recipe, "encoded_dataset", lambda *a, **k: pytest.fail("the data were encoded before the refusal")
+    )
     with pytest.raises(FileExistsError, match="holds a training run"):  # the output folder
         train(tiny_config(tmp_path / "run", max_steps=4, save_steps=2))
     with pytest.raises(ValueError, match=r"holds another run \(learning_rate"):  # the resume's settings
@@ -542,7 +685,9 @@ def test_every_refusal_that_depends_on_settings_and_files_comes_before_the_model
     checkpoint = tmp_path / "run" / "checkpoint-2"
     (checkpoint / "optimizer.pt").rename(checkpoint / "optimizer.bin")  # as FSDP writes it
     (checkpoint / "pytorch_model_fsdp.bin").touch()
-    with pytest.raises(ValueError, match="checkpoint-2 was written by FSDP and this run trains with one process or DDP"):  # the backend
+    with pytest.raises(
+        ValueError, match="checkpoint-2 was written by FSDP and this run trains with one process or DDP"
+    ):  # the backend
         train(tiny_config(tmp_path / "run", max_steps=4, save_steps=2, resume=True))
 
 
@@ -575,7 +720,9 @@ def test_several_trackers_and_one_spelling_of_the_data_format(tmp_path, monkeypa
     monkeypatch.setattr("biprm.config.check_extras", lambda needed: None)
 
     args = training_arguments(tiny_config(tmp_path / "t", report_to="tensorboard, wandb"))
-    assert args.report_to == ["tensorboard", "wandb"] and training_arguments(tiny_config(tmp_path / "t")).report_to == []
+    assert (
+        args.report_to == ["tensorboard", "wandb"] and training_arguments(tiny_config(tmp_path / "t")).report_to == []
+    )
     assert TrainConfig(format="trl").format == "trl"  # `--format`, as in `biprm score`
 
 
@@ -586,7 +733,9 @@ def test_a_misspelt_choice_fails_before_anything_loads(tmp_path, capsys, field, 
     with pytest.raises(SystemExit) as stop:
         main(["train", f"--{field}", value, "--output-dir", str(tmp_path / "x")])
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert stop.value.code == 2 and err.startswith(f"biprm train: error: argument --{field}: invalid choice: '{value}' (choose from")
+    assert stop.value.code == 2 and err.startswith(
+        f"biprm train: error: argument --{field}: invalid choice: '{value}' (choose from"
+    )
     assert not (tmp_path / "x").exists()
     with pytest.raises(ValueError, match=f"--{field} '{value}': choose one of"):  # the same check for Python callers
         TrainConfig(**{field: value})
@@ -599,10 +748,18 @@ def test_length_grouped_sampler_gets_its_lengths_as_one_list(tmp_path):
 
     from biprm.training import BiPRMTrainer
 
-    data = datasets.Dataset.from_dict({"n_tokens": [5, 1, 9, 3] * 10}).select(range(0, 40, 2))  # with an indices mapping
+    data = datasets.Dataset.from_dict({"n_tokens": [5, 1, 9, 3] * 10}).select(
+        range(0, 40, 2)
+    )  # with an indices mapping
     trainer = BiPRMTrainer.__new__(BiPRMTrainer)  # the sampler needs only the arguments and the data
-    trainer.args = TrainingArguments(str(tmp_path), per_device_train_batch_size=2, train_sampling_strategy="group_by_length",
-                                     length_column_name="n_tokens", use_cpu=True, report_to=[])
+    trainer.args = TrainingArguments(
+        str(tmp_path),
+        per_device_train_batch_size=2,
+        train_sampling_strategy="group_by_length",
+        length_column_name="n_tokens",
+        use_cpu=True,
+        report_to=[],
+    )
     trainer.train_dataset = data
     trainer.state = TrainerState()
     sampler = trainer._get_train_sampler()
@@ -616,20 +773,33 @@ def test_length_grouped_sampler_gets_its_lengths_as_one_list(tmp_path):
     assert list(sampler) != ours and sorted(sampler) == sorted(ours)
 
 
-@pytest.mark.parametrize("flags, extra", [
-    (["--report-to", "tensorboard"], "tensorboard"), (["--report-to", "none,wandb"], "wandb"),
-    (["--deepspeed", str(ROOT / "configs" / "ds_zero3.json")], "deepspeed"), (["--lora-r", "4"], "peft"),
-])
-def test_a_missing_extra_is_named_with_its_install_command_before_anything_loads(tmp_path, capsys, monkeypatch, flags, extra):
+@pytest.mark.parametrize(
+    "flags, extra",
+    [
+        (["--report-to", "tensorboard"], "tensorboard"),
+        (["--report-to", "none,wandb"], "wandb"),
+        (["--deepspeed", str(ROOT / "configs" / "ds_zero3.json")], "deepspeed"),
+        (["--lora-r", "4"], "peft"),
+    ],
+)
+def test_a_missing_extra_is_named_with_its_install_command_before_anything_loads(
+    tmp_path, capsys, monkeypatch, flags, extra
+):
     from biprm.cli import main
     from biprm.config import EXTRAS
 
     monkeypatch.setitem(EXTRAS, extra, ("biprm_no_such_module",))  # missing here, whatever this machine has installed
-    monkeypatch.setattr("biprm.backbones.resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the extras were checked"))
+    monkeypatch.setattr(
+        "biprm.backbones.resolve_backbone", lambda *a: pytest.fail("the backbone loaded before the extras were checked")
+    )
     with pytest.raises(SystemExit):
         main(["train", "--backbone", "tiny", "--output-dir", str(tmp_path / "run"), *flags])
     err = capsys.readouterr().err.strip()
-    assert err.endswith(f'not installed: pip install -e ".[{extra}]"') and "\n" not in err and not (tmp_path / "run").exists(), err
+    assert (
+        err.endswith(f'not installed: pip install -e ".[{extra}]"')
+        and "\n" not in err
+        and not (tmp_path / "run").exists()
+    ), err
 
 
 def test_a_run_that_fails_before_its_first_step_does_not_block_its_retry(tmp_path):
@@ -648,7 +818,9 @@ def test_a_run_that_fails_before_its_first_step_does_not_block_its_retry(tmp_pat
 def test_missing_data_is_named_before_the_backbone_loads(tmp_path, monkeypatch):
     recipe = sys.modules["biprm.training"]
 
-    monkeypatch.setattr(recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before --data was checked"))
+    monkeypatch.setattr(
+        recipe, "resolve_backbone", lambda *a: pytest.fail("the backbone loaded before --data was checked")
+    )
     with pytest.raises(FileNotFoundError, match="nothere.jsonl: no such data file"):
         train(tiny_config(tmp_path / "run", data=str(tmp_path / "nothere.jsonl")))
 

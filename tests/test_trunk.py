@@ -1,4 +1,6 @@
-"""Frozen trunk: training and scoring from cached bottom-layer features equal the full model with the same layers frozen."""
+"""Frozen trunk: training and scoring from cached bottom-layer features equal the full model with the same layers
+frozen."""
+
 import copy
 import json
 
@@ -18,10 +20,22 @@ from biprm.trunk import Layout, TrunkCache, _digest, cached_scores, freeze_botto
 from conftest import scored
 
 TRAJS = [
-    Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."], [1, 1, 1]),
-    Trajectory("Tom has 3 bags of 7 apples. He eats 2. How many are left?", ["3 * 7 = 24 apples.", "24 - 2 = 22.", "The answer is 22."], [1, 0, 0]),
+    Trajectory(
+        "Tom has 3 bags of 7 apples. He eats 2. How many are left?",
+        ["3 * 7 = 21 apples.", "21 - 2 = 19.", "The answer is 19."],
+        [1, 1, 1],
+    ),
+    Trajectory(
+        "Tom has 3 bags of 7 apples. He eats 2. How many are left?",
+        ["3 * 7 = 24 apples.", "24 - 2 = 22.", "The answer is 22."],
+        [1, 0, 0],
+    ),
     Trajectory("Ann reads 12 pages a day for 5 days. How many pages?", ["12 * 5 = 60.", "The answer is 60."], [1, 1]),
-    Trajectory("A box holds 4 rows of 6 eggs. How many eggs?", ["4 * 6 = 24 eggs.", "Half break: 12.", "So 24 remain.", "The answer is 24."], [1, 0, 0, 0]),
+    Trajectory(
+        "A box holds 4 rows of 6 eggs. How many eggs?",
+        ["4 * 6 = 24 eggs.", "Half break: 12.", "So 24 remain.", "The answer is 24."],
+        [1, 0, 0, 0],
+    ),
 ]
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
 BODIES = {
@@ -41,7 +55,9 @@ def tokenizer():
 def build(tokenizer, kind: str, mode: str) -> BiPRMModel:
     step_tag_id = tokenizer.convert_tokens_to_ids(STEP_TAG)
     torch.manual_seed(0)
-    config = BiPRMConfig(backbone_config=BODIES[kind](len(tokenizer)), mode=mode, step_tag_id=step_tag_id, detach_gate_inputs=False)
+    config = BiPRMConfig(
+        backbone_config=BODIES[kind](len(tokenizer)), mode=mode, step_tag_id=step_tag_id, detach_gate_inputs=False
+    )
     config._attn_implementation = "sdpa"
     model = BiPRMModel(config)
     with torch.no_grad():  # heads away from their near-zero init, so every gradient is visibly non-zero
@@ -86,7 +102,9 @@ def test_cached_training_and_scoring_equal_the_full_model_with_the_same_layers_f
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     grads_full, grads_cached = trainable_grads(full), trainable_grads(cached)
     assert grads_full.keys() == grads_cached.keys()
-    assert not any(n.startswith(("backbone.embed_tokens", "backbone.layers.0.", "backbone.layers.1.")) for n in grads_full)
+    assert not any(
+        n.startswith(("backbone.embed_tokens", "backbone.layers.0.", "backbone.layers.1.")) for n in grads_full
+    )
     assert any(n.startswith("backbone.layers.3.") for n in grads_full)
     for name, g in grads_full.items():
         assert g.abs().sum() > 0, name
@@ -128,10 +146,47 @@ def test_cache_is_keyed_by_weights_cut_and_data(tokenizer, tmp_path):
 def test_the_layout_part_of_the_key_is_the_one_built_caches_have():
     """The feature rows and their digest, pinned: a change in how the layout is laid out would orphan every built
     cache, and a resumed study would compute its trunk again (the value is the one biprm computed before this test)."""
-    encs = [Encoded([1, 2, 3], [[4, 9], [5, 6, 9]], [1.0, 0.0]), Encoded([1, 2], [[7, 9]], [1.0]), Encoded([8], [[4, 4, 9], [9], [5, 9]], [1.0, 1.0, 0.0])]
+    encs = [
+        Encoded([1, 2, 3], [[4, 9], [5, 6, 9]], [1.0, 0.0]),
+        Encoded([1, 2], [[7, 9]], [1.0]),
+        Encoded([8], [[4, 4, 9], [9], [5, 9]], [1.0, 1.0, 0.0]),
+    ]
     layout = Layout.of(encs)
     # shortest first; each: prompt, L2R continuation, R2L continuation
-    assert layout.tokens.tolist() == [1, 2, 7, 9, 7, 9, 1, 2, 3, 4, 9, 5, 6, 9, 5, 6, 9, 4, 9, 8, 4, 4, 9, 9, 5, 9, 5, 9, 9, 4, 4, 9]
+    assert layout.tokens.tolist() == [
+        1,
+        2,
+        7,
+        9,
+        7,
+        9,
+        1,
+        2,
+        3,
+        4,
+        9,
+        5,
+        6,
+        9,
+        5,
+        6,
+        9,
+        4,
+        9,
+        8,
+        4,
+        4,
+        9,
+        9,
+        5,
+        9,
+        5,
+        9,
+        9,
+        4,
+        4,
+        9,
+    ]
     digest = _digest(layout.tokens, layout.starts, layout.prompt_lengths, layout.step_lengths, layout.step_offsets)
     assert digest == "70ba59b1eb73058ec12bf82d916b770cdabf9dc5979402a6321af826cf687234"
 
@@ -168,7 +223,9 @@ def test_bf16_cache_stores_half_precision_features_close_to_fp32(tokenizer, tmp_
 
 
 def test_other_architectures_and_bad_cuts_are_refused(tokenizer):
-    config = BiPRMConfig(backbone_config=GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4), mode="bi", step_tag_id=1)
+    config = BiPRMConfig(
+        backbone_config=GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4), mode="bi", step_tag_id=1
+    )
     with pytest.raises(ValueError, match="Llama-family.*'gpt2'"):
         split(BiPRMModel(config), 1)
     model = build(tokenizer, "llama", "bi")
@@ -201,7 +258,11 @@ def test_cached_scores_send_their_batches_to_the_models_device(tokenizer, tmp_pa
     on_meta = cache.batch(np.arange(2), model.streams, device="meta")
     assert all(v.device.type == "meta" for v in on_meta.values() if isinstance(v, torch.Tensor))
     asked, batch = [], TrunkCache.batch
-    monkeypatch.setattr(TrunkCache, "batch", lambda self, idx, streams, labels=None, device="cpu": asked.append(device) or batch(self, idx, streams))
+    monkeypatch.setattr(
+        TrunkCache,
+        "batch",
+        lambda self, idx, streams, labels=None, device="cpu": asked.append(device) or batch(self, idx, streams),
+    )
     monkeypatch.setattr(BiPRMModel, "device", property(lambda self: torch.device("meta")))
     cached_scores(model, cache, tokens_per_batch=128)  # runs on the CPU batches the stand-in hands back
     assert asked and set(asked) == {torch.device("meta")}

@@ -1,6 +1,7 @@
 """verl 0.9.1: the `biprm` reward manager and the `process_grpo` estimator, found through verl's registries,
 on real DataProto batches scored by a running `biprm serve`. verl pins transformers<5.11, so these run in a
 venv of their own (.ci/run); elsewhere they skip."""
+
 import asyncio
 import math
 from pathlib import Path
@@ -26,8 +27,10 @@ from conftest import scored, serving  # noqa: E402
 from test_integrations_process import close, toy_group  # noqa: E402
 
 QUESTIONS = ["What is 3 + 4?", "What is 2 + 2?"]
-RESPONSES = [["3 + 4 = 7.\n\nThe answer is 7.", "3 + 4 = 8.\n\nSo 8.\n\nThe answer is 8."],
-             ["2 + 2 = 4.\n\nThe answer is 4.", ""]]  # the empty response cannot be scored
+RESPONSES = [
+    ["3 + 4 = 7.\n\nThe answer is 7.", "3 + 4 = 8.\n\nSo 8.\n\nThe answer is 8."],
+    ["2 + 2 = 4.\n\nThe answer is 4.", ""],
+]  # the empty response cannot be scored
 
 
 def hand_advantages(rewards: np.ndarray, groups: list[int]) -> np.ndarray:
@@ -56,12 +59,22 @@ def batch(tok) -> DataProto:
     pad = tok.pad_token_id
     prompt_ids = torch.tensor([[pad] * (P - len(p)) + p for p in prompts])
     response_ids = torch.tensor([r + [pad] * (R - len(r)) for r in responses])
-    attention = torch.tensor([[0] * (P - len(p)) + [1] * len(p) + [1] * len(r) + [0] * (R - len(r)) for p, r in zip(prompts, responses)])
+    attention = torch.tensor(
+        [[0] * (P - len(p)) + [1] * len(p) + [1] * len(r) + [0] * (R - len(r)) for p, r in zip(prompts, responses)]
+    )
     raw_prompt = np.empty(len(raw), dtype=object)
     raw_prompt[:] = raw
-    tensors = {"prompts": prompt_ids, "responses": response_ids, "input_ids": torch.cat([prompt_ids, response_ids], 1),
-               "attention_mask": attention, "response_mask": attention[:, P:]}
-    return DataProto(batch=TensorDict(tensors, batch_size=len(prompts)), non_tensor_batch={"uid": np.array(uids, dtype=object), "raw_prompt": raw_prompt})
+    tensors = {
+        "prompts": prompt_ids,
+        "responses": response_ids,
+        "input_ids": torch.cat([prompt_ids, response_ids], 1),
+        "attention_mask": attention,
+        "response_mask": attention[:, P:],
+    }
+    return DataProto(
+        batch=TensorDict(tensors, batch_size=len(prompts)),
+        non_tensor_batch={"uid": np.array(uids, dtype=object), "raw_prompt": raw_prompt},
+    )
 
 
 def test_both_pieces_are_found_through_verls_registries():
@@ -72,8 +85,10 @@ def test_both_pieces_are_found_through_verls_registries():
 def test_process_grpo_through_compute_advantage_equals_the_hand_computed_toy():
     rewards, ends, mask, group = toy_group()
     rewards[1, 2] = 1e-3  # verl reads step ends from nonzero token rewards: the toy's exact 0 becomes a small one
-    data = DataProto(batch=TensorDict({"token_level_rewards": rewards * ends, "response_mask": mask.long()}, batch_size=5),
-                     non_tensor_batch={"uid": np.array(group, dtype=object)})
+    data = DataProto(
+        batch=TensorDict({"token_level_rewards": rewards * ends, "response_mask": mask.long()}, batch_size=5),
+        non_tensor_batch={"uid": np.array(group, dtype=object)},
+    )
     got = compute_advantage(data, "process_grpo", config=AlgoConfig(adv_estimator="process_grpo")).batch["advantages"]
     close(got, torch.tensor(hand_advantages((rewards * ends).numpy(), [0, 0, 1, 1, 1]), dtype=torch.float32))
     with pytest.raises(ValueError, match="use_kl_in_reward"):
@@ -118,8 +133,14 @@ def test_reward_manager_scores_a_real_batch_through_biprm_serve(scorer):
 def check_rewards_and_advantages(scorer, tok, data: DataProto, rm_scores: torch.Tensor, extra: dict) -> None:
     """rm_scores hold each scorable response's step scores where its steps end, the unscorable one none; verl's
     compute_advantage turns them into process_grpo's advantages, as computed by hand."""
-    want = scored(scorer, [Trajectory(QUESTIONS[0], RESPONSES[0][0].split("\n\n")), Trajectory(QUESTIONS[0], RESPONSES[0][1].split("\n\n")),
-                              Trajectory(QUESTIONS[1], RESPONSES[1][0].split("\n\n"))])
+    want = scored(
+        scorer,
+        [
+            Trajectory(QUESTIONS[0], RESPONSES[0][0].split("\n\n")),
+            Trajectory(QUESTIONS[0], RESPONSES[0][1].split("\n\n")),
+            Trajectory(QUESTIONS[1], RESPONSES[1][0].split("\n\n")),
+        ],
+    )
     for i in range(3):
         placed = rm_scores[i].nonzero().flatten()
         assert rm_scores[i, placed].tolist() == pytest.approx(want.of(i).tolist(), abs=1e-6)
@@ -127,13 +148,16 @@ def check_rewards_and_advantages(scorer, tok, data: DataProto, rm_scores: torch.
     assert rm_scores[3].eq(0).all() and math.isnan(extra["biprm_solution"][3])
     assert extra["biprm_steps"].tolist() == [2, 3, 2, 0]
     data.batch["token_level_rewards"] = rm_scores
-    advantages = compute_advantage(data, "process_grpo", config=AlgoConfig(adv_estimator="process_grpo")).batch["advantages"]
+    advantages = compute_advantage(data, "process_grpo", config=AlgoConfig(adv_estimator="process_grpo")).batch[
+        "advantages"
+    ]
     close(advantages, torch.tensor(hand_advantages(rm_scores.double().numpy(), [0, 0, 1, 1]), dtype=torch.float32))
     assert advantages[3].eq(0).all() and advantages[:3].abs().sum() > 0
 
 
 def shipped_config():
-    """verl's default PPO config with configs/verl-biprm.yaml merged in, as a run with its keys as overrides reads it."""
+    """verl's default PPO config with configs/verl-biprm.yaml merged in, as a run with its keys as overrides reads
+    it."""
     default = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml")
     return OmegaConf.merge(default, OmegaConf.load(Path(__file__).parents[1] / "configs/verl-biprm.yaml"))
 

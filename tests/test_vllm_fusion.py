@@ -1,4 +1,5 @@
 """The plugin's split of the heads (each stream's rows, then the fusion) equals BiPRMModel.heads; no vLLM needed."""
+
 import numpy as np
 import pytest
 import torch
@@ -17,8 +18,12 @@ def test_rows_then_fusion_equal_the_models_heads(bi_scorer, mode):
     T, H = 5, config.backbone_config.hidden_size
     h = {"l2r": torch.randn(T, H), "r2l": torch.randn(T, H)}  # forward step order
     with torch.no_grad():
-        want = model.heads(*(h[s] if s in MODE_TABLE[mode].streams else None for s in ("l2r", "r2l")), torch.tensor([0, T]))
-        in_stream_order = {s: h[s] if s == "l2r" else h[s].flip(0) for s in MODE_TABLE[mode].streams}  # as each stream's prompt holds its steps
+        want = model.heads(
+            *(h[s] if s in MODE_TABLE[mode].streams else None for s in ("l2r", "r2l")), torch.tensor([0, T])
+        )
+        in_stream_order = {
+            s: h[s] if s == "l2r" else h[s].flip(0) for s in MODE_TABLE[mode].streams
+        }  # as each stream's prompt holds its steps
         rows = {s: stream_rows(x, model.value_head, model.gate).double().numpy() for s, x in in_stream_order.items()}
     gate = model.gate
     w2, b2 = (gate[2].weight.detach().double().numpy()[0], float(gate[2].bias)) if gate is not None else (None, 0.0)

@@ -9,6 +9,7 @@ text ("\\n") that also stands inside the question and the steps. A Qwen PRM made
 `biprm train --init-from` (MLP head and gate) serves in `bi`; an unnamed causal LM serves given its kind; an implicit
 PRM (EurusPRM), which has no read-out to export, serves on two generating engines as biprm's scorer reads it. Engines
 start one at a time."""
+
 import json
 import os
 import shutil
@@ -18,7 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-for _key, _value in {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}.items():
+for _key, _value in {
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+}.items():
     os.environ.setdefault(_key, _value)  # 2 shared cores: no pinning, a small KV cache
 pytest.importorskip("vllm", reason="vLLM is not installed: see the README for `.[vllm]` (GPU) or the vllm-cpu recipe")
 
@@ -77,14 +82,20 @@ def test_each_kind_serves_the_hf_adapters_scores(replicas, tmp_path, kind):
     folder, trajs = replicas[kind], trajectories()
     export = export_for_vllm(str(folder), str(tmp_path / "export"), mode="bi-static")
     spec = json.loads((export / "config.json").read_text())["biprm"]
-    assert (spec["prm_kind"], spec["mode"], spec["value_head"]) == (kind, "bi-static", "mlp" if kind == "qwen-prm" else "linear")
+    assert (spec["prm_kind"], spec["mode"], spec["value_head"]) == (
+        kind,
+        "bi-static",
+        "mlp" if kind == "qwen-prm" else "linear",
+    )
     hf = Scorer.from_pretrained(str(folder), device="cpu", max_length=CUT_AT, prm_mode="bi-static")
     want = scored(hf, trajs)
     assert np.diff(want.offsets)[-1] < 40  # the long solution lost its tail
     with engine(export) as vllm:
         vllm.encoder.max_length = CUT_AT
         worst = assert_same(scored(vllm, trajs), want)
-        by_text = vllm.llm.encode({"data": [{"question": t.question, "steps": t.steps} for t in trajs[:-1]]}, pooling_task="plugin")[0].outputs
+        by_text = vllm.llm.encode(
+            {"data": [{"question": t.question, "steps": t.steps} for t in trajs[:-1]]}, pooling_task="plugin"
+        )[0].outputs
     for i, answer in enumerate(by_text):  # probabilities
         for key in STREAMS:
             np.testing.assert_allclose(answer[key], want.of(i, key), atol=1e-4, err_msg=f"{key} of item {i} by text")
@@ -98,9 +109,20 @@ def test_a_prm_made_bidirectional_serves_in_bi(replicas, tmp_path):
     """biprm train --init-from on the Qwen PRM: its output (MLP head, a trained gate) exports as a biprm checkpoint."""
     from biprm.training import TrainConfig, train
 
-    out = train(TrainConfig(init_from=str(replicas["qwen-prm"]), data="synthetic:16", output_dir=str(tmp_path / "bi"), mode="bi",
-                            max_steps=2, per_device_train_batch_size=4, gradient_accumulation_steps=1, learning_rate=1e-2,
-                            save_steps=100, show_progress=False))
+    out = train(
+        TrainConfig(
+            init_from=str(replicas["qwen-prm"]),
+            data="synthetic:16",
+            output_dir=str(tmp_path / "bi"),
+            mode="bi",
+            max_steps=2,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=1,
+            learning_rate=1e-2,
+            save_steps=100,
+            show_progress=False,
+        )
+    )
     export = export_for_vllm(str(out), str(tmp_path / "export"))
     spec = json.loads((export / "config.json").read_text())["biprm"]
     assert (spec["prm_kind"], spec["mode"], spec["value_head"]) == ("qwen-prm", "bi", "mlp")
@@ -114,7 +136,8 @@ def test_a_prm_made_bidirectional_serves_in_bi(replicas, tmp_path):
 @pytest.mark.slow
 def test_an_unnamed_causal_lm_serves_as_shipped_with_its_kind(replicas, tmp_path, capsys):
     """`biprm export --prm-kind` of a folder whose name says nothing records the kind in l2r; a gate it lacks is refused
-    in one line; the engine of `biprm serve --engine vllm` (VLLMScorer), given the kind, scores as the HF adapter does."""
+    in one line; the engine of `biprm serve --engine vllm` (VLLMScorer), given the kind, scores as the HF adapter
+    does."""
     plain = tmp_path / "some-causal-lm"
     shutil.copytree(replicas["rlhflow"], plain)
     main(["export", "--model", str(plain), "--out", str(tmp_path / "export"), "--prm-kind", "rlhflow"])
@@ -122,7 +145,11 @@ def test_an_unnamed_causal_lm_serves_as_shipped_with_its_kind(replicas, tmp_path
     assert (spec["prm_kind"], spec["mode"], spec["skip_prefixes"]) == ("rlhflow", "l2r", ["lm_head."])
     with pytest.raises(SystemExit):
         main(["export", "--model", str(plain), "--out", str(tmp_path / "bi"), "--prm-kind", "rlhflow", "--mode", "bi"])
-    assert capsys.readouterr().err.strip().startswith("biprm export: error: --mode bi: a rlhflow PRM is read as l2r, r2l or bi-static")
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .startswith("biprm export: error: --mode bi: a rlhflow PRM is read as l2r, r2l or bi-static")
+    )
     want = scored(Scorer.from_pretrained(str(plain), device="cpu", prm_kind="rlhflow"), trajectories())
     with engine(plain, prm_kind="rlhflow") as vllm:
         worst = assert_same(scored(vllm, trajectories()), want)
@@ -145,19 +172,27 @@ def test_an_implicit_prm_serves_on_two_engines_as_biprm_reads_it(tmp_path, capsy
     capsys.readouterr()  # the replica's saving
     with pytest.raises(SystemExit):
         main(["export", "--model", str(folder), "--out", str(tmp_path / "export")])
-    assert capsys.readouterr().err.strip() == (f"biprm export: error: {folder}: an implicit PRM (eurus-prm) has no value head to export "
-                                               "(its score is a log-ratio to a reference LM); serve it with `biprm serve --model "
-                                               f"{folder} --engine vllm --prm-reference REFERENCE_LM`")
+    assert capsys.readouterr().err.strip() == (
+        f"biprm export: error: {folder}: an implicit PRM (eurus-prm) has no value head to export "
+        "(its score is a log-ratio to a reference LM); serve it with `biprm serve --model "
+        f"{folder} --engine vllm --prm-reference REFERENCE_LM`"
+    )
     for mode in ("l2r", "bi-static"):
-        hf = Scorer.from_pretrained(str(folder), device="cpu", max_length=CUT_AT, prm_reference=reference, prm_mode=mode)
+        hf = Scorer.from_pretrained(
+            str(folder), device="cpu", max_length=CUT_AT, prm_reference=reference, prm_mode=mode
+        )
         want = scored(hf, trajs)
         assert np.diff(want.offsets)[-1] < 40  # the long solution lost its tail
         with engine(folder, prm_reference=reference, prm_mode=mode) as vllm:
             assert vllm.mode == mode and len(vllm.processes()) == 2
             vllm.encoder.max_length = CUT_AT
             got = scored(vllm, trajs)
-            with TestClient(build_app(vllm, ServeConfig(model=str(folder), max_length=CUT_AT, prm_reference=reference))) as client:
-                body = client.post("/v1/score", json=[{"question": t.question, "steps": t.steps} for t in trajs[:2]]).json()
+            with TestClient(
+                build_app(vllm, ServeConfig(model=str(folder), max_length=CUT_AT, prm_reference=reference))
+            ) as client:
+                body = client.post(
+                    "/v1/score", json=[{"question": t.question, "steps": t.steps} for t in trajs[:2]]
+                ).json()
         worst = assert_same(got, want, atol=1e-6)
         for i, item in enumerate(body):
             np.testing.assert_allclose(item["fused"], want.of(i, "fused"), rtol=0, atol=1e-6)

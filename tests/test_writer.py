@@ -1,4 +1,5 @@
 """`biprm.data.writer.atomic_write`, the one way biprm replaces a file: whole or not at all."""
+
 import os
 
 import pytest

@@ -4,6 +4,7 @@ Every function that takes `scores: dict[str, StepScores]` expects all modes scor
 the same items in the same order. Dict keys that are n (BoN) are ints; NaN marks a
 number with nothing to measure, as elsewhere in biprm.metrics.
 """
+
 from biprm.analysis.aggregation import aggregation_table, bon_by_n, format_aggregation_table
 from biprm.analysis.cases import case_studies, pick_cases
 from biprm.analysis.long_chain import long_chain_bon, long_chain_processbench

@@ -1,4 +1,5 @@
 """Appendix "aggregation operators": mean Best-of-N of every mode under every step -> solution reduce."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -5,6 +5,7 @@ of its cuts; that share alone rewards cutting everywhere, so the share of cuts n
 steps per row stand beside it. A row is a trace cut twice: its given steps' `[start, end)` spans and a segmenter's,
 in the same text (biprm.data.segment). Intervals resample rows.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_left
@@ -49,14 +50,21 @@ def near(points: Sequence[int], targets: Sequence[int], within: int = WITHIN) ->
     return found
 
 
-def row_counts(given: Sequence[Sequence[int]], cut: Sequence[Sequence[int]], within: int = WITHIN) -> tuple[int, int, int, int]:
+def row_counts(
+    given: Sequence[Sequence[int]], cut: Sequence[Sequence[int]], within: int = WITHIN
+) -> tuple[int, int, int, int]:
     """One row's (given boundaries found, given boundaries, cuts near a given boundary, cuts)."""
     g, c = boundaries(given), boundaries(cut)
     return near(g, c, within), len(g), near(c, g, within), len(c)
 
 
-def agreement(given: Sequence[Sequence[Sequence[int]]], cuts: Sequence[Sequence[Sequence[int]]], within: int = WITHIN,
-              resamples: int = 1000, seed: int = 0) -> dict:
+def agreement(
+    given: Sequence[Sequence[Sequence[int]]],
+    cuts: Sequence[Sequence[Sequence[int]]],
+    within: int = WITHIN,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> dict:
     """Over rows (each row's given spans and a segmenter's spans of the same text): `found`, the share of given
     boundaries within `within` characters of a cut, and `near`, the share of cuts within `within` of a given boundary,
     each pooled over rows with a percentile interval over resampled rows ({"mean", "low", "high"}); and the mean steps
@@ -77,8 +85,13 @@ def agreement(given: Sequence[Sequence[Sequence[int]]], cuts: Sequence[Sequence[
     }
 
 
-def first_errors_on_given(probs: np.ndarray, offsets: np.ndarray, threshold: float, cuts: Sequence[Sequence[Sequence[int]]],
-                          given: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
+def first_errors_on_given(
+    probs: np.ndarray,
+    offsets: np.ndarray,
+    threshold: float,
+    cuts: Sequence[Sequence[Sequence[int]]],
+    given: Sequence[Sequence[Sequence[int]]],
+) -> np.ndarray:
     """Each row's first error predicted on its re-cut steps (the first step below `threshold`; `probs` flat with
     `offsets`), as the given step that holds its first character (segment.first_error_on): the given labels then score
     any segmenter, so first-error F1 compares across them."""

@@ -12,6 +12,7 @@ scores (fused p, L2R stream l, R2L stream r), ties to the lower index:
 take the top k − 1 successes (at least one), then the top failure, and fill up to k with
 the remaining successes, then failures.
 """
+
 from __future__ import annotations
 
 import html
@@ -54,7 +55,11 @@ def _columns(scores: dict[str, StepScores], bi: str) -> list[tuple[str, StepScor
     cols = [(NAMES.get(mode, mode), s, "fused") for mode, s in scores.items()]
     if bi in scores:
         name = NAMES.get(bi, bi)
-        cols += [(f"{name}: {head}", scores[bi], stream) for head, stream in STREAM_COLUMNS if getattr(scores[bi], stream) is not None]
+        cols += [
+            (f"{name}: {head}", scores[bi], stream)
+            for head, stream in STREAM_COLUMNS
+            if getattr(scores[bi], stream) is not None
+        ]
     return cols
 
 
@@ -93,11 +98,14 @@ def _html(n: int, case: dict, heads: list[str]) -> str:
     mark = {True: ' class="first-error"', False: ""}
     body = "".join(
         f'<tr{mark[bad]}><td class="step">{e(step)}</td><td class="text">{e(text)}</td>'
-        + "".join(f'<td class="num">{e(v)}</td>' for v in [label, *vals]) + "</tr>\n"
+        + "".join(f'<td class="num">{e(v)}</td>' for v in [label, *vals])
+        + "</tr>\n"
         for step, text, label, vals, bad in case["rows"]
     )
-    return (f"<h2>Case {n}: {e(case['title'])}</h2>\n<p><b>Question:</b> {e(case['question'])}</p>\n"
-            f"<table>\n<tr><th>Step</th><th>Text</th>{head}</tr>\n{body}</table>\n")
+    return (
+        f"<h2>Case {n}: {e(case['title'])}</h2>\n<p><b>Question:</b> {e(case['question'])}</p>\n"
+        f"<table>\n<tr><th>Step</th><th>Text</th>{head}</tr>\n{body}</table>\n"
+    )
 
 
 def case_studies(
@@ -109,6 +117,8 @@ def case_studies(
     cases = [_case(trajs[i], i, cols) for i in indices]
     md = "\n".join(_markdown(n, c, heads) for n, c in enumerate(cases, 1))
     sections = "".join(_html(n, c, heads) for n, c in enumerate(cases, 1))
-    page = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>BiPRM case studies</title>'
-            f"<style>{STYLE}</style></head>\n<body>\n<h1>BiPRM case studies</h1>\n{sections}</body></html>\n")
+    page = (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>BiPRM case studies</title>'
+        f"<style>{STYLE}</style></head>\n<body>\n<h1>BiPRM case studies</h1>\n{sections}</body></html>\n"
+    )
     return md, page

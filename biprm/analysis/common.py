@@ -1,4 +1,5 @@
 """Pieces every analysis shares: labels as flat arrays, the ProcessBench report of one mode, Markdown tables."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -10,7 +11,12 @@ from biprm.data.trajectory import Trajectory
 from biprm.metrics.processbench import first_error_f1_by_subset, predict_first_error
 from biprm.scoring.step_scores import StepScores
 
-TITLES = {"gsm8k": "GSM8K", "math": "MATH", "olympiadbench": "OlympiadBench", "omnimath": "Omni-MATH"}  # subset -> table heading
+TITLES = {
+    "gsm8k": "GSM8K",
+    "math": "MATH",
+    "olympiadbench": "OlympiadBench",
+    "omnimath": "Omni-MATH",
+}  # subset -> table heading
 
 
 def first_errors(trajs: Sequence[Trajectory]) -> np.ndarray:

@@ -11,6 +11,7 @@ long mean averages the n of the full set that some question can still serve. Dro
 short candidates rather than whole questions is what isolates long sequences: a
 question's pool mixes short and long solutions.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

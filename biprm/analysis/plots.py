@@ -3,15 +3,35 @@
 All plotting lives here so every figure shares one look: modes keep the paper's
 names and colours (BiPRM red, L2R green, R2L blue) and the x axis reads in percent.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-NAMES = {"bi": "BiPRM", "bi-static": "BiPRM (static avg.)", "l2r": "L2R-PRM", "r2l": "R2L-PRM", "2xl2r": "2×L2R", "2xr2l": "2×R2L",
-         "outcome": "outcome GRPO (answer correct)", "min": "GRPO on min step score (bi)",  # the RL study's arms
-         "process-l2r": "process GRPO, l2r PRM", "process-bi": "process GRPO, bi PRM (fused)"}
-COLORS = {"bi": "tab:red", "bi-static": "tab:orange", "l2r": "tab:green", "r2l": "tab:blue", "2xl2r": "olive", "2xr2l": "tab:cyan",
-          "outcome": "black", "min": "tab:purple", "process-l2r": "tab:green", "process-bi": "tab:red"}  # the RL study's arms
+NAMES = {
+    "bi": "BiPRM",
+    "bi-static": "BiPRM (static avg.)",
+    "l2r": "L2R-PRM",
+    "r2l": "R2L-PRM",
+    "2xl2r": "2×L2R",
+    "2xr2l": "2×R2L",
+    "outcome": "outcome GRPO (answer correct)",
+    "min": "GRPO on min step score (bi)",  # the RL study's arms
+    "process-l2r": "process GRPO, l2r PRM",
+    "process-bi": "process GRPO, bi PRM (fused)",
+}
+COLORS = {
+    "bi": "tab:red",
+    "bi-static": "tab:orange",
+    "l2r": "tab:green",
+    "r2l": "tab:blue",
+    "2xl2r": "olive",
+    "2xr2l": "tab:cyan",
+    "outcome": "black",
+    "min": "tab:purple",
+    "process-l2r": "tab:green",
+    "process-bi": "tab:red",
+}  # the RL study's arms
 
 
 def normalised_position(offsets: np.ndarray) -> np.ndarray:
@@ -32,7 +52,11 @@ def position_curve(values: np.ndarray, offsets: np.ndarray, bins: int = 10) -> d
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = sums / counts
     centres = (np.arange(bins) + 0.5) / bins
-    return {"position": centres.tolist(), "mean": [m if c else None for m, c in zip(mean.tolist(), counts)], "count": counts.tolist()}
+    return {
+        "position": centres.tolist(),
+        "mean": [m if c else None for m, c in zip(mean.tolist(), counts)],
+        "count": counts.tolist(),
+    }
 
 
 def plot_curves(
@@ -53,7 +77,9 @@ def plot_curves(
     for name, curve in curves.items():
         y = np.array(curve["mean"], dtype=float)  # None -> NaN: empty bins are left out, the line joins the rest
         x = np.array(curve["position"]) * 100
-        ax.plot(x[np.isfinite(y)], y[np.isfinite(y)], marker="o", ms=3, label=NAMES.get(name, name), color=COLORS.get(name))
+        ax.plot(
+            x[np.isfinite(y)], y[np.isfinite(y)], marker="o", ms=3, label=NAMES.get(name, name), color=COLORS.get(name)
+        )
     if vline is not None and np.isfinite(vline):
         ax.axvline(vline * 100, ls="--", color="grey", label=vline_label)
     if hline is not None:
@@ -102,14 +128,27 @@ def _save(fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> None:
 def plot_mae_by_position(result: dict, path: str) -> None:
     """Fig. 4a from `biprm.analysis.mae_by_position`, the average error onset dashed."""
     onset = result["error_onset"]
-    plot_curves(path, result["curves"], ylabel=r"MAE $|p_t - y_t|$", title="Step-wise MAE by position",
-                vline=onset, vline_label=f"average error onset ({onset:.1%})")
+    plot_curves(
+        path,
+        result["curves"],
+        ylabel=r"MAE $|p_t - y_t|$",
+        title="Step-wise MAE by position",
+        vline=onset,
+        vline_label=f"average error onset ({onset:.1%})",
+    )
 
 
 def plot_sigma_by_position(result: dict, path: str) -> None:
     """Fig. 4b from `biprm.analysis.sigma_by_position`: below 0.5 R2L dominates, above it L2R."""
-    plot_curves(path, {"bi": result["curve"]}, ylabel=r"mean gate $\sigma_t$ (weight on L2R)",
-                title="Gate weight by step position", hline=0.5, hline_label="equal weight", ylim=(0.0, 1.0))
+    plot_curves(
+        path,
+        {"bi": result["curve"]},
+        ylabel=r"mean gate $\sigma_t$ (weight on L2R)",
+        title="Gate weight by step position",
+        hline=0.5,
+        hline_label="equal weight",
+        ylim=(0.0, 1.0),
+    )
 
 
 def plot_steps(path: str, curves: dict[str, dict], ylabel: str, title: str) -> None:
@@ -119,23 +158,37 @@ def plot_steps(path: str, curves: dict[str, dict], ylabel: str, title: str) -> N
     fig, ax = _axes()
     for name, curve in curves.items():
         x, y = np.array(curve["step"]), np.array(curve["mean"]) * 100
-        line, = ax.plot(x, y, marker="o", ms=3, label=NAMES.get(name, name), color=COLORS.get(name))
-        ax.fill_between(x, np.array(curve["low"]) * 100, np.array(curve["high"]) * 100, color=line.get_color(), alpha=0.12)
+        (line,) = ax.plot(x, y, marker="o", ms=3, label=NAMES.get(name, name), color=COLORS.get(name))
+        ax.fill_between(
+            x, np.array(curve["low"]) * 100, np.array(curve["high"]) * 100, color=line.get_color(), alpha=0.12
+        )
     ax.yaxis.set_major_formatter(PercentFormatter(100))
     _save(fig, ax, path, "training step", ylabel, title)
 
 
 def plot_intervals(path: str, panels: dict[str, dict[str, dict]], title: str, muted: tuple[str, ...] = ()) -> None:
-    """Dot and whisker per scorer ({"mean", "low", "high"}, in %), one panel per endpoint, scorers top to bottom in order;
-    scorers whose name starts with one of `muted` (the rules that read no model) in grey. A scorer a panel lacks is left out."""
+    """Dot and whisker per scorer ({"mean", "low", "high"}, in %), one panel per endpoint, scorers top to bottom in
+    order;
+    scorers whose name starts with one of `muted` (the rules that read no model) in grey. A scorer a panel lacks is left
+    out."""
     names = list(dict.fromkeys(n for cells in panels.values() for n in cells))
-    fig, axes = figure(1, len(panels), figsize=(3.2 * len(panels) + 2.5, 0.32 * len(names) + 1.4), sharey=True, squeeze=False)
+    fig, axes = figure(
+        1, len(panels), figsize=(3.2 * len(panels) + 2.5, 0.32 * len(names) + 1.4), sharey=True, squeeze=False
+    )
     y = np.arange(len(names))[::-1]
     for ax, (panel, cells) in zip(axes[0], panels.items()):
         for row, name in zip(y, names):
             if (c := cells.get(name)) is not None:
                 colour = "grey" if name.startswith(muted) else COLORS.get(name, "black")
-                ax.errorbar(c["mean"], row, xerr=[[c["mean"] - c["low"]], [c["high"] - c["mean"]]], fmt="o", ms=4, capsize=2, color=colour)
+                ax.errorbar(
+                    c["mean"],
+                    row,
+                    xerr=[[c["mean"] - c["low"]], [c["high"] - c["mean"]]],
+                    fmt="o",
+                    ms=4,
+                    capsize=2,
+                    color=colour,
+                )
         ax.set_title(panel, fontsize=8)
         ax.set_xlabel("%")
         ax.grid(alpha=0.3)
@@ -149,8 +202,15 @@ def line_styles(names: list[str]) -> list[dict]:
     import matplotlib
 
     palette = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"]
-    return [dict(color=palette(i % palette.N), marker="os^Dv"[i // palette.N % 5], ms=3, ls="--" if name.startswith("noise:") else "-")
-            for i, name in enumerate(names)]
+    return [
+        dict(
+            color=palette(i % palette.N),
+            marker="os^Dv"[i // palette.N % 5],
+            ms=3,
+            ls="--" if name.startswith("noise:") else "-",
+        )
+        for i, name in enumerate(names)
+    ]
 
 
 def plot_cost_curves(path: str, rows: list[dict]) -> None:

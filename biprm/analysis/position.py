@@ -3,6 +3,7 @@
 Positions are normalised as (t + 0.5) / T, so a step sits at the centre of its share
 of the solution, and the error onset uses the same scale as the bins it is drawn over.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -3,6 +3,7 @@
 The perturbed set comes from `biprm.data.perturb.perturb_dataset`, whose trajectories carry
 re-mapped first-error labels and keep meta "subset", so both sets are scored the same way.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

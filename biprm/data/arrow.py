@@ -10,6 +10,7 @@ another rank of the same job maps the cached file instead of encoding again. No 
 holds the token ids as Python lists: rows are read from the memory-mapped table as
 the data loader asks for them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,18 +28,22 @@ from biprm.data.trajectory import DataError
 
 log = logging.getLogger(__name__)
 ENCODER_VERSION = "1"  # bump when the template or the encoder changes the tokens a row gives
-FEATURES = datasets.Features({
-    "prompt": datasets.Sequence(datasets.Value("int32")),
-    "steps": datasets.Sequence(datasets.Sequence(datasets.Value("int32"))),
-    "labels": datasets.Sequence(datasets.Value("float64")),
-    "n_dropped": datasets.Value("int32"),
-    "n_tokens": datasets.Value("int32"),  # one stream: the length the batches are grouped by
-    "row": datasets.Value("int64"),  # 1-based input row, for messages
-    "error": datasets.Value("string"),  # why a row was skipped (--skip-invalid); empty for kept rows
-})
+FEATURES = datasets.Features(
+    {
+        "prompt": datasets.Sequence(datasets.Value("int32")),
+        "steps": datasets.Sequence(datasets.Sequence(datasets.Value("int32"))),
+        "labels": datasets.Sequence(datasets.Value("float64")),
+        "n_dropped": datasets.Value("int32"),
+        "n_tokens": datasets.Value("int32"),  # one stream: the length the batches are grouped by
+        "row": datasets.Value("int64"),  # 1-based input row, for messages
+        "error": datasets.Value("string"),  # why a row was skipped (--skip-invalid); empty for kept rows
+    }
+)
 
 
-def _encode_rows(batch: dict[str, list], indices: list[int], *, convert, name: str, encoder: Encoder, skip_invalid: bool) -> dict[str, list]:
+def _encode_rows(
+    batch: dict[str, list], indices: list[int], *, convert, name: str, encoder: Encoder, skip_invalid: bool
+) -> dict[str, list]:
     keys = list(batch)
     out: dict[str, list] = {k: [] for k in FEATURES}
     for i, values in zip(indices, zip(*batch.values())):
@@ -57,8 +62,15 @@ def _encode_rows(batch: dict[str, list], indices: list[int], *, convert, name: s
         else:
             bad = ""
         for e in encs:
-            for key, value in (("prompt", e.prompt), ("steps", e.steps), ("labels", e.labels), ("n_dropped", e.n_dropped),
-                               ("n_tokens", e.n_tokens), ("row", i + 1), ("error", bad)):
+            for key, value in (
+                ("prompt", e.prompt),
+                ("steps", e.steps),
+                ("labels", e.labels),
+                ("n_dropped", e.n_dropped),
+                ("n_tokens", e.n_tokens),
+                ("row", i + 1),
+                ("error", bad),
+            ):
                 out[key].append(value)
     return out
 
@@ -75,28 +87,58 @@ def _tokenizer_id(encoder: Encoder) -> str:
 
 
 def encoded_dataset(
-    source: str, encoder: Encoder, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, num_proc: int | None = None,
+    source: str,
+    encoder: Encoder,
+    fmt: str = "auto",
+    split: str = "train",
+    skip_invalid: bool = False,
+    num_proc: int | None = None,
     segmenter: Segmenter | None = None,
 ) -> datasets.Dataset:
-    """Labelled rows of `source`, encoded (columns of FEATURES but `error`); bad rows raise, or are skipped and reported.
+    """Labelled rows of `source`, encoded (columns of FEATURES but `error`); bad rows raise, or are skipped and
+    reported.
     `segmenter` cuts a row given as one string (default: the readers' auto rule); its name is part of the cache key."""
     segmenter = segmenter or Segmenter("auto")
     raw, name, fmt, columns, convert = open_source(source, fmt, split, segmenter, arrow=True)
     if num_proc is None:
         num_proc = min(os.cpu_count() or 1, 8) if len(raw) >= 20_000 else None
-    key = _fingerprint(raw._fingerprint, fmt, str(skip_invalid), str(encoder.max_length), str(encoder.step_tag_id), str(encoder.prefix), _tokenizer_id(encoder), ENCODER_VERSION,
-                       repr((segmenter.name, segmenter.rule)))
+    key = _fingerprint(
+        raw._fingerprint,
+        fmt,
+        str(skip_invalid),
+        str(encoder.max_length),
+        str(encoder.step_tag_id),
+        str(encoder.prefix),
+        _tokenizer_id(encoder),
+        ENCODER_VERSION,
+        repr((segmenter.name, segmenter.rule)),
+    )
     encode = partial(_encode_rows, convert=convert, name=name, encoder=encoder, skip_invalid=skip_invalid)
-    out = raw.map(encode, batched=True, batch_size=256, with_indices=True, remove_columns=columns, features=FEATURES,
-                  num_proc=num_proc if fmt != "synthetic" else None, new_fingerprint=key, desc=f"encoding {Path(name).name}")
+    out = raw.map(
+        encode,
+        batched=True,
+        batch_size=256,
+        with_indices=True,
+        remove_columns=columns,
+        features=FEATURES,
+        num_proc=num_proc if fmt != "synthetic" else None,
+        new_fingerprint=key,
+        desc=f"encoding {Path(name).name}",
+    )
     _report(out, name, len(raw), encoder.max_length)
     if skip_invalid:
         out = out.filter(lambda e: not e, input_columns="error", new_fingerprint=_fingerprint(key, "kept"))
     return out.remove_columns("error")
 
 
-def streamed_dataset(source: str, encoder: Encoder, fmt: str = "auto", split: str = "train", skip_invalid: bool = False,
-                     segmenter: Segmenter | None = None) -> datasets.IterableDataset:
+def streamed_dataset(
+    source: str,
+    encoder: Encoder,
+    fmt: str = "auto",
+    split: str = "train",
+    skip_invalid: bool = False,
+    segmenter: Segmenter | None = None,
+) -> datasets.IterableDataset:
     """`encoded_dataset` for data read as it is consumed (no full download, no cache, no length): rows are encoded
     on the fly; a skipped row is logged as it passes, since there is no end to count at."""
     raw, name, _, columns, convert = open_source(source, fmt, split, segmenter or Segmenter("auto"), streaming=True)
@@ -118,8 +160,14 @@ def _report(out: datasets.Dataset, name: str, n_rows: int, max_length: int) -> N
         log.warning(skip_report(name, errors, n_rows))
     cut = [row for row, n in zip(out["row"], out["n_dropped"]) if n]
     if cut:
-        log.warning("%s: %d rows exceed max_length=%d and lose trailing steps in both streams: rows %s%s", name, len(cut), max_length,
-                    ", ".join(map(str, cut[:10])), " ..." if len(cut) > 10 else "")
+        log.warning(
+            "%s: %d rows exceed max_length=%d and lose trailing steps in both streams: rows %s%s",
+            name,
+            len(cut),
+            max_length,
+            ", ".join(map(str, cut[:10])),
+            " ..." if len(cut) > 10 else "",
+        )
 
 
 def to_encoded(row: dict) -> Encoded:

@@ -9,6 +9,7 @@ data root), a local file, or a Hub dataset `NAME[:CONFIG]`. Questions are matche
 the pool by position and checked by text, as PQM's evaluation does. Grading the
 candidates is the evaluation wing's (`biprm.evaluation.pools`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,7 +25,11 @@ from biprm.data.trajectory import DataError, Trajectory, validate
 # One-style sub-pools of gsm8k_bon_small (candidate positions in its fixed policy order): the full pool
 # stacks 12 policies, so its first n candidates are a choice of policies, not a sample of one.
 SUBPOOLS = {"gpt3": (0, 1, 2, 3), "abel": (4, 5, 6), "metamath": (9, 10, 11)}
-QUESTION_SETS = {"gsm_plus": "gsm_plus/gsmplus_testmini.jsonl", "math500": "math500/test.jsonl", "gsm8k": "gsm8k/test.jsonl"}
+QUESTION_SETS = {
+    "gsm_plus": "gsm_plus/gsmplus_testmini.jsonl",
+    "math500": "math500/test.jsonl",
+    "gsm8k": "gsm8k/test.jsonl",
+}
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +37,10 @@ logger = logging.getLogger(__name__)
 def data_file(root: str | Path, *parts: str) -> Path:
     """A benchmark file under the data root, or an error that says how to point biprm at the data."""
     if not Path(root).is_dir():
-        raise FileNotFoundError(f"benchmark data folder {root} not found: pass --data-root DIR or set BIPRM_DATA=DIR "
-                                "(DIR holds processbench/, prmbench/, gsm8k/, gsm8k_bon_small/ ...)")
+        raise FileNotFoundError(
+            f"benchmark data folder {root} not found: pass --data-root DIR or set BIPRM_DATA=DIR "
+            "(DIR holds processbench/, prmbench/, gsm8k/, gsm8k_bon_small/ ...)"
+        )
     return Path(root, *parts)
 
 
@@ -70,11 +77,26 @@ def _hub_file(spec: str) -> str:
 # ---- the local GSM8K Best-of-N pool ----------------------------------------------------
 
 OPENAI_POLICIES = ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")
-GSMPLUS_POLICIES = ("abel_7b", "abel_13b", "abel_70b", "gpt-3.5-turbo", "gpt4", "metamath_7b", "metamath_13b", "metamath_70b")
+GSMPLUS_POLICIES = (
+    "abel_7b",
+    "abel_13b",
+    "abel_70b",
+    "gpt-3.5-turbo",
+    "gpt4",
+    "metamath_7b",
+    "metamath_13b",
+    "metamath_70b",
+)
 
 
 def _column(
-    rows: list[dict], name: str, questions: list[str], question_key: str, text_key: str, flag_key: str, nested: str | None = None
+    rows: list[dict],
+    name: str,
+    questions: list[str],
+    question_key: str,
+    text_key: str,
+    flag_key: str,
+    nested: str | None = None,
 ) -> list[tuple[str, bool]]:
     """(solution, is_correct) per question, after checking the file is aligned with gsm8k/test.jsonl."""
     if len(rows) != len(questions):
@@ -109,7 +131,9 @@ def gsm8k_bon_small(data_dir: str) -> list[Trajectory]:
 
     pool = root / "gsm8k_bon_small"
     rows, name = read_rows(str(pool / "openai_example_model_solutions.jsonl.gz"))
-    columns = [(p, _column(rows, name, questions, "question", "solution", "is_correct", nested=p)) for p in OPENAI_POLICIES]
+    columns = [
+        (p, _column(rows, name, questions, "question", "solution", "is_correct", nested=p)) for p in OPENAI_POLICIES
+    ]
     for policy in GSMPLUS_POLICIES:
         rows, name = read_rows(str(pool / f"gsmplus_repo_gsm8k_pred_{policy}.json.gz"))
         keys = ("input", "completion") if policy.startswith("metamath") else ("question", "model_prediction")
@@ -119,11 +143,19 @@ def gsm8k_bon_small(data_dir: str) -> list[Trajectory]:
     for qid, (question, gold) in enumerate(zip(questions, golds)):
         for cand, (policy, column) in enumerate(columns):
             text, correct = column[qid]
-            traj = Trajectory(question, solution_steps(text), answer=gold, correct=correct, meta={"qid": qid, "cand": cand, "policy": policy})
+            traj = Trajectory(
+                question,
+                solution_steps(text),
+                answer=gold,
+                correct=correct,
+                meta={"qid": qid, "cand": cand, "policy": policy},
+            )
             trajs.append(validate(traj, f"{pool} question {qid + 1} candidate {policy}"))
     empty = sum(t.steps == [EMPTY_RESPONSE] for t in trajs)
     if empty:
-        logger.warning("%s: %d candidates have no text; each is kept as the single step %r", pool, empty, EMPTY_RESPONSE)
+        logger.warning(
+            "%s: %d candidates have no text; each is kept as the single step %r", pool, empty, EMPTY_RESPONSE
+        )
     return trajs
 
 
@@ -158,9 +190,15 @@ def _attach_golds(trajs: list[Trajectory], spec: str, data_root: str, split: str
 
 
 def load_candidates(
-    spec: str, data_root: str, limit: int | None = None, questions: str | None = None, questions_split: str = "test", split_rule: str | Segmenter = "auto",
+    spec: str,
+    data_root: str,
+    limit: int | None = None,
+    questions: str | None = None,
+    questions_split: str = "test",
+    split_rule: str | Segmenter = "auto",
 ) -> tuple[list[Trajectory], str, str]:
-    """(candidates of `limit` questions spread over the pool, the pool's name, the spec without @QUESTIONS); golds attached
+    """(candidates of `limit` questions spread over the pool, the pool's name, the spec without @QUESTIONS); golds
+    attached
     from `questions` (or the spec's @QUESTIONS) where the candidates carry none."""
     spec, _, at = spec.partition("@")
     questions = questions or at or None
@@ -169,10 +207,16 @@ def load_candidates(
         style = spec.partition(":")[2]
         if style:
             if style not in SUBPOOLS:
-                raise ValueError(f"unknown sub-pool {spec!r}; choose gsm8k_bon_small or gsm8k_bon_small:STYLE, STYLE in {sorted(SUBPOOLS)}")
+                raise ValueError(
+                    f"unknown sub-pool {spec!r}; choose gsm8k_bon_small or gsm8k_bon_small:STYLE, STYLE in "
+                    f"{sorted(SUBPOOLS)}"
+                )
             trajs = [t for t in trajs if t.meta["cand"] in SUBPOOLS[style]]
     else:
-        trajs, name = load_trajectories(_hub_file(spec), fmt="bon", split_rule=split_rule), Path(spec).name.split(".")[0]
+        trajs, name = (
+            load_trajectories(_hub_file(spec), fmt="bon", split_rule=split_rule),
+            Path(spec).name.split(".")[0],
+        )
     if questions:
         _attach_golds(trajs, questions, data_root, questions_split)
     qids = list(dict.fromkeys(t.meta["qid"] for t in trajs))
@@ -181,7 +225,9 @@ def load_candidates(
     return trajs, name, spec
 
 
-def load_processbench(data_root: str, subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS, limit: int | None = None) -> list[Trajectory]:
+def load_processbench(
+    data_root: str, subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS, limit: int | None = None
+) -> list[Trajectory]:
     """The chosen subsets in one list, each row tagged meta["subset"]; `limit` rows per subset via `balanced_slice`.
 
     A subset is one of ProcessBench's four names, or the path of any file in ProcessBench's

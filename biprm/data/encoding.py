@@ -6,6 +6,7 @@ prompt + s_T .. s_1, so both are built from the same pieces and can never disagr
 on where a step starts or ends. Each piece is tokenised on its own, which keeps the
 step tag a single, known id whatever text surrounds it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,7 +29,8 @@ def stream_order(steps: T, stream: str) -> T:
 
 
 def tag_ends(step_lengths: Sequence[int], stream: str, start: int = 0) -> np.ndarray:
-    """Where each step's tag (its last token) sits in `stream`'s row, whose steps begin at `start`; forward step order."""
+    """Where each step's tag (its last token) sits in `stream`'s row, whose steps begin at `start`; forward step
+    order."""
     return stream_order(start + np.cumsum(stream_order(step_lengths, stream)) - 1, stream)
 
 
@@ -94,7 +96,11 @@ def step_windows(lengths: Sequence[int], budget: int, overlap: float = 0.5) -> l
         if b == T:
             return windows
         nxt, kept = b, 0  # back from b while the context kept fits `overlap` and step b still fits with it
-        while nxt - 1 > a and kept + lengths[nxt - 1] <= overlap * budget and kept + lengths[nxt - 1] + lengths[b] <= budget:
+        while (
+            nxt - 1 > a
+            and kept + lengths[nxt - 1] <= overlap * budget
+            and kept + lengths[nxt - 1] + lengths[b] <= budget
+        ):
             nxt, kept = nxt - 1, kept + lengths[nxt - 1]
         a = nxt
 
@@ -116,8 +122,14 @@ class Encoder:
     "tail" the question and the last ones, "refuse" is an error naming the row and its length, and "window" keeps
     every step (the scorer reads it in overlapping windows, `step_windows`). A dropped step is counted (`n_dropped`)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, step_tag_id: int, max_length: int = 2048,
-                 template: Template = TEMPLATES["biprm"], overlength: str = "head"):
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        step_tag_id: int,
+        max_length: int = 2048,
+        template: Template = TEMPLATES["biprm"],
+        overlength: str = "head",
+    ):
         if overlength not in OVERLENGTH:
             raise ValueError(f"overlength {overlength!r}: choose one of {', '.join(OVERLENGTH)}")
         self.tokenizer = tokenizer
@@ -127,9 +139,13 @@ class Encoder:
         self.overlength = overlength
         self.prefix = _prefix(tokenizer, template.bos)
         self.tag_ids = tokenizer.encode(template.tag, add_special_tokens=False)
-        if not template.joint and (not self.tag_ids or self.tag_ids[-1] != step_tag_id):  # a joint kind checks it in context
-            raise ValueError(f"the {template.kind} step tag {template.tag!r} encodes to {self.tag_ids}, which does not end "
-                             f"with the model's step_tag_id {step_tag_id}: the tokenizer does not match the model")
+        if not template.joint and (
+            not self.tag_ids or self.tag_ids[-1] != step_tag_id
+        ):  # a joint kind checks it in context
+            raise ValueError(
+                f"the {template.kind} step tag {template.tag!r} encodes to {self.tag_ids}, which does not end "
+                f"with the model's step_tag_id {step_tag_id}: the tokenizer does not match the model"
+            )
 
     def encode(self, traj: Trajectory, where: str = "trajectory") -> Encoded:
         prompt_text, texts = self.template.render(traj.question, traj.steps)
@@ -154,8 +170,10 @@ class Encoder:
         if self.overlength != "head":
             longest = max(range(len(steps)), key=lambda t: len(steps[t]))
             if len(steps[longest]) > budget:
-                raise DataError(f"{where}: step {longest} alone needs {len(steps[longest])} tokens, past the "
-                                f"{budget} that max_length={self.max_length} leaves after the prompt")
+                raise DataError(
+                    f"{where}: step {longest} alone needs {len(steps[longest])} tokens, past the "
+                    f"{budget} that max_length={self.max_length} leaves after the prompt"
+                )
             if self.overlength == "window":
                 return Encoded(prompt, steps, labels, windowed=True)
         order = steps if self.overlength == "head" else steps[::-1]
@@ -173,18 +191,23 @@ class Encoder:
         tokens, and the R2L stream the same step tokens in reverse order."""
         enc = self.tokenizer(prompt_text + "".join(texts), add_special_tokens=False, return_offsets_mapping=True)
         ends = np.cumsum([len(prompt_text), *map(len, texts)])
-        last = np.array([end - 1 if end > start else start for start, end in enc["offset_mapping"]])  # a token's last character
+        last = np.array(
+            [end - 1 if end > start else start for start, end in enc["offset_mapping"]]
+        )  # a token's last character
         piece = np.searchsorted(ends, last, side="right")
         ids = np.array(enc["input_ids"])
         pieces = [ids[piece == k].tolist() for k in range(len(texts) + 1)]
         for t, step in enumerate(pieces[1:]):
             if not step or step[-1] != self.step_tag_id:
-                raise DataError(f"{where}: field 'steps': step {t} does not end with the {self.template.kind} tag "
-                                f"{self.template.tag!r} once tokenised with the text around it")
+                raise DataError(
+                    f"{where}: field 'steps': step {t} does not end with the {self.template.kind} tag "
+                    f"{self.template.tag!r} once tokenised with the text around it"
+                )
         return self.prefix + pieces[0], pieces[1:]
 
     def _check_tags(self, prompt: list[int], steps: list[list[int]], where: str) -> None:
-        """The tag must occur exactly once per step, at its end; text containing the tag is an error. A kind whose tag is
+        """The tag must occur exactly once per step, at its end; text containing the tag is an error. A kind whose tag
+        is
         ordinary text ("\n") reads it structurally, at each step's last token, so only that is checked."""
         if not self.template.unique_tag:
             return

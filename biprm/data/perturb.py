@@ -15,6 +15,7 @@ is the error, the earliest point where the wrong text starts), f > t becomes f+1
 at position p: p <= f shifts f to f+1, otherwise f is kept, so the filler is labelled 1
 before the error or in a clean trajectory and 0 after the error.
 """
+
 from __future__ import annotations
 
 import hashlib

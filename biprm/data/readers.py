@@ -3,6 +3,7 @@
 Each converter names the file, the row and the raw field in its errors and ends with
 `validate`, so a malformed row stops here instead of surfacing later as a shape error.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -69,7 +70,9 @@ def _read_file(path: Path) -> list[dict]:
             raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if isinstance(data, dict):
         lists = [k for k, v in data.items() if isinstance(v, list)]
-        raise DataError(f"{path}: expected a JSON list of rows, found an object (list-valued keys: {lists}); save the list itself")
+        raise DataError(
+            f"{path}: expected a JSON list of rows, found an object (list-valued keys: {lists}); save the list itself"
+        )
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of rows, found {type(data).__name__}")
     return data
@@ -91,7 +94,9 @@ def read_rows(source: str, split: str = "train") -> tuple[list[dict], str]:
     return table.to_list(), name
 
 
-def _hub_dataset(source: str, split: str, streaming: bool = False) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
+def _hub_dataset(
+    source: str, split: str, streaming: bool = False
+) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
     import datasets
 
     name, _, config = source.partition(":")
@@ -104,7 +109,9 @@ def synthetic_spec(spec: str) -> tuple[int, int] | None:
         return None
     parts = spec.split(":")
     if len(parts) > 3 or not all(p.isdigit() for p in parts[1:]):
-        raise ValueError(f"data {spec!r}: the synthetic task is written synthetic[:N[:SEED]] with whole numbers N and SEED")
+        raise ValueError(
+            f"data {spec!r}: the synthetic task is written synthetic[:N[:SEED]] with whole numbers N and SEED"
+        )
     return (int(parts[1]) if len(parts) > 1 else 2000, int(parts[2]) if len(parts) > 2 else 0)
 
 
@@ -115,7 +122,9 @@ def check_source(spec: str) -> None:
         read_rows(spec)  # raises the reader's one-line error, naming the path
 
 
-def read_table(source: str, split: str = "train", streaming: bool = False) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
+def read_table(
+    source: str, split: str = "train", streaming: bool = False
+) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
     """`read_rows` as an Arrow table (a Hub dataset already is one), memory-mapped instead of held as Python rows."""
     import datasets
 
@@ -181,7 +190,9 @@ def from_trl(row: dict, where: str) -> Trajectory:
     Any other field (an id, an answer, ...) rides along in `meta`, so scores can be joined back."""
     labels = checked_field(row, "labels", where, list) if row.get("labels") is not None else None
     extra = {k: v for k, v in row.items() if k not in ("prompt", "completions", "labels")}
-    traj = Trajectory(checked_field(row, "prompt", where, str), checked_field(row, "completions", where, list), labels, meta=extra)
+    traj = Trajectory(
+        checked_field(row, "prompt", where, str), checked_field(row, "completions", where, list), labels, meta=extra
+    )
     return validate(traj, where)
 
 
@@ -191,7 +202,13 @@ def from_steps(row: dict, where: str) -> Trajectory:
     labels = checked_field(row, "labels", where, list) if row.get("labels") is not None else None
     answer = None if row.get("answer") is None else str(row["answer"])
     extra = {k: v for k, v in row.items() if k not in ("question", "steps", "labels", "answer")}
-    traj = Trajectory(checked_field(row, "question", where, str), checked_field(row, "steps", where, list), labels, answer=answer, meta=extra)
+    traj = Trajectory(
+        checked_field(row, "question", where, str),
+        checked_field(row, "steps", where, list),
+        labels,
+        answer=answer,
+        meta=extra,
+    )
     return validate(traj, where)
 
 
@@ -252,7 +269,10 @@ def from_math_shepherd(row: dict, where: str) -> Trajectory:
 def from_processbench(row: dict, where: str) -> Trajectory:
     """ProcessBench: `label` is the 0-based first wrong step, or -1 when every step is right."""
     meta = {k: row.get(k) for k in ("id", "generator", "final_answer_correct")}
-    traj = validate(Trajectory(checked_field(row, "problem", where, str), checked_field(row, "steps", where, list), meta=meta), where)
+    traj = validate(
+        Trajectory(checked_field(row, "problem", where, str), checked_field(row, "steps", where, list), meta=meta),
+        where,
+    )
     first = checked_field(row, "label", where, int)
     if not -1 <= first < len(traj.steps):
         raise DataError(f"{where}: field 'label' is {first}, expected -1 or a step index in [0, {len(traj.steps) - 1}]")
@@ -285,7 +305,9 @@ def from_prmbench(row: dict, where: str) -> list[Trajectory]:
     original, modified = trajs
     first = min(errors, default=0) - 1
     if first >= len(modified.steps):
-        raise DataError(f"{where}: field 'error_steps' {errors} points past the {len(modified.steps)} steps of 'modified_process'")
+        raise DataError(
+            f"{where}: field 'error_steps' {errors} points past the {len(modified.steps)} steps of 'modified_process'"
+        )
     original.labels = [1.0] * len(original.steps)
     modified.labels = labels_from_first_error(first, len(modified.steps))
     modified.meta["error_steps"] = errors
@@ -311,7 +333,11 @@ def from_bon_pool(row: dict, where: str, split_rule: str | Segmenter = "auto", q
             cand = {"text": cand}
         if not isinstance(cand, dict):
             raise DataError(f"{at}: expected a string or an object with 'steps' or 'text', got a {type(cand).__name__}")
-        steps = checked_field(cand, "steps", at, list) if "steps" in cand else split_steps(checked_field(cand, "text", at, str), split_rule)
+        steps = (
+            checked_field(cand, "steps", at, list)
+            if "steps" in cand
+            else split_steps(checked_field(cand, "text", at, str), split_rule)
+        )
         correct = checked_field(cand, "correct", at, bool) if cand.get("correct") is not None else None
         meta = {"qid": qid, "cand": j} | ({"policy": cand["model_name"]} if "model_name" in cand else {})
         trajs.append(validate(Trajectory(question, steps, answer=answer, correct=correct, meta=meta), at))
@@ -337,7 +363,9 @@ def detect_format(row: dict, where: str) -> str:
     fmt = next((fmt for fmt, keys in _SIGNATURES if isinstance(row, dict) and keys <= row.keys()), None)
     if fmt is None:
         fields = sorted(row) if isinstance(row, dict) else type(row).__name__
-        raise DataError(f"{where}: cannot tell the format from fields {fields}; name it with --format, one of {FORMATS}")
+        raise DataError(
+            f"{where}: cannot tell the format from fields {fields}; name it with --format, one of {FORMATS}"
+        )
     return fmt
 
 
@@ -348,7 +376,13 @@ def row_converter(fmt: str, split_rule: str | Segmenter) -> Callable[[dict, str,
         return lambda row, where, i: from_trace(row, where, segmenter)
     if fmt == "bon":
         return lambda row, where, i: from_bon_pool(row, where, split_rule, qid=i)
-    simple = {"trl": from_trl, "steps": from_steps, "math-shepherd": from_math_shepherd, "processbench": from_processbench, "prmbench": from_prmbench}
+    simple = {
+        "trl": from_trl,
+        "steps": from_steps,
+        "math-shepherd": from_math_shepherd,
+        "processbench": from_processbench,
+        "prmbench": from_prmbench,
+    }
     if fmt not in simple:
         raise ValueError(f"unknown format {fmt!r}; choose from {('auto', *FORMATS)}")
     return lambda row, where, i: simple[fmt](row, where)
@@ -365,7 +399,12 @@ class Rows(NamedTuple):
 
 
 def open_source(
-    source: str, fmt: str = "auto", split: str = "train", split_rule: str | Segmenter = "auto", arrow: bool = False, streaming: bool = False,
+    source: str,
+    fmt: str = "auto",
+    split: str = "train",
+    split_rule: str | Segmenter = "auto",
+    arrow: bool = False,
+    streaming: bool = False,
 ) -> Rows:
     """The one door to data, for Python lists (`load_trajectories`) and Arrow tables (`arrow=True` or `streaming`).
 
@@ -388,7 +427,13 @@ def open_source(
     if first is None:
         raise DataError(f"{name}: has no rows")
     fmt = detect_format(first, f"{name} row 1") if fmt == "auto" else fmt
-    return Rows(raw, name, fmt, getattr(raw, "column_names", None) or list(first if isinstance(first, dict) else []), row_converter(fmt, split_rule))
+    return Rows(
+        raw,
+        name,
+        fmt,
+        getattr(raw, "column_names", None) or list(first if isinstance(first, dict) else []),
+        row_converter(fmt, split_rule),
+    )
 
 
 def skip_reason(error: str, where: str) -> str:
@@ -403,7 +448,8 @@ PLURALS = {"row": "rows", "trajectory": "trajectories"}
 def skip_report(name: str, errors: list[tuple[int, str]], total: int, unit: str = "row") -> str:
     """The one wording of skipped input: skipped rows counted by kind of error, each kind shown by its first
     row's own message (which starts with "NAME UNIT N"):
-    "NAME: skipped 3 of 9 rows: 2 rows like row 5 (field 'labels' has 1 labels for 2 steps); row 9 (field 'prompt' is missing)"."""
+    "NAME: skipped 3 of 9 rows: 2 rows like row 5 (field 'labels' has 1 labels for 2 steps); row 9 (field 'prompt' is
+    missing)"."""
     kinds: dict[str, list[tuple[int, str]]] = {}
     for row, error in errors:
         kinds.setdefault(skip_reason(error, f"{name} {unit} {row}"), []).append((row, error))
@@ -416,7 +462,12 @@ def skip_report(name: str, errors: list[tuple[int, str]], total: int, unit: str 
 
 
 def load_with_report(
-    source: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, split_rule: str | Segmenter = "auto", labelled: bool = False,
+    source: str,
+    fmt: str = "auto",
+    split: str = "train",
+    skip_invalid: bool = False,
+    split_rule: str | Segmenter = "auto",
+    labelled: bool = False,
 ) -> tuple[list[Trajectory], dict[str, int]]:
     """Trajectories of every row, and how many rows were skipped for each reason (empty unless skip_invalid).
 
@@ -449,7 +500,12 @@ def load_with_report(
 
 
 def load_trajectories(
-    source: str, fmt: str = "auto", split: str = "train", skip_invalid: bool = False, split_rule: str | Segmenter = "auto", labelled: bool = False,
+    source: str,
+    fmt: str = "auto",
+    split: str = "train",
+    skip_invalid: bool = False,
+    split_rule: str | Segmenter = "auto",
+    labelled: bool = False,
 ) -> list[Trajectory]:
     """`load_with_report` without the report (skips are still logged as a warning)."""
     return load_with_report(source, fmt, split, skip_invalid, split_rule, labelled)[0]

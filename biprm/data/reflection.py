@@ -13,6 +13,7 @@ Labels follow ProcessBench's rule, a step judged as written: the slip is the fir
 recovered, so the fix and every later step are 1 (as the synthetic task labels a wrong claim); after a slip that is
 never fixed every later step is 0. The evidence that a bare slip was wrong sits only in the passage after it.
 """
+
 from __future__ import annotations
 
 import random
@@ -34,12 +35,15 @@ def fix(problem: Problem, t: int, a: int, wrong: int, opener: str) -> str:
     """A passage that re-derives event t's result, names the slip and states the right value."""
     op, n = problem.ops[t]
     right = problem.values[t]
-    return (f"{opener} step {t + 1}: {a} {op} {n} = {right}, not {wrong}. So {problem.pronoun} has {right} {problem.item}, "
-            f"and I go on from {right}.")
+    return (
+        f"{opener} step {t + 1}: {a} {op} {n} = {right}, not {wrong}. So {problem.pronoun} has {right} {problem.item}, "
+        f"and I go on from {right}."
+    )
 
 
-def make_reflective_solution(problem: Problem, rng: random.Random, kind: str, reflect: float = 0.5,
-                             bare_slip: float = 0.5) -> Trajectory:
+def make_reflective_solution(
+    problem: Problem, rng: random.Random, kind: str, reflect: float = 0.5, bare_slip: float = 0.5
+) -> Trajectory:
     """A labelled solution of `kind` (KINDS) with a re-check passage after each event with chance `reflect` (re-deriving
     an earlier, right value); a slip is written as a bare claim with chance `bare_slip`."""
     if kind not in KINDS:
@@ -54,7 +58,7 @@ def make_reflective_solution(problem: Problem, rng: random.Random, kind: str, re
         if kind == "fixed":
             stated[k] = chain[0]
         else:
-            stated[k:], operands[k + 1:] = chain, chain[:-1]
+            stated[k:], operands[k + 1 :] = chain, chain[:-1]
     steps, labels, first = [], [], -1
     for t in range(n_events):
         slipped = t == k
@@ -69,17 +73,34 @@ def make_reflective_solution(problem: Problem, rng: random.Random, kind: str, re
             right = [j for j in range(t + 1) if j < k or k < 0 or kind == "fixed"]  # a value the solution holds right
             j = rng.choice(right) if right else None
             if j is not None:
-                steps.append(recheck(problem, j, [problem.start, *problem.values[:-1]][j], problem.values[j], rng.choice(OPENERS)))
+                steps.append(
+                    recheck(
+                        problem, j, [problem.start, *problem.values[:-1]][j], problem.values[j], rng.choice(OPENERS)
+                    )
+                )
                 labels.append(0.0 if kind == "slip" and k <= t else 1.0)
-    final = stated[-1] if kind == "slip" else problem.answer  # a fixed slip at the last event is fixed before the answer too
+    final = (
+        stated[-1] if kind == "slip" else problem.answer
+    )  # a fixed slip at the last event is fixed before the answer too
     steps.append(f"The answer is {final}.")
     labels.append(0.0 if kind == "slip" else 1.0)
-    return Trajectory(problem.question, steps, labels, answer=str(problem.answer), correct=final == problem.answer,
-                      meta={"kind": kind, "first_error": first})
+    return Trajectory(
+        problem.question,
+        steps,
+        labels,
+        answer=str(problem.answer),
+        correct=final == problem.answer,
+        meta={"kind": kind, "first_error": first},
+    )
 
 
-def make_reflective_dataset(n: int, seed: int, mix: tuple[float, float, float] = (0.4, 0.3, 0.3), events: tuple[int, int] = (8, 14),
-                            reflect: float = 0.5) -> list[Trajectory]:
+def make_reflective_dataset(
+    n: int,
+    seed: int,
+    mix: tuple[float, float, float] = (0.4, 0.3, 0.3),
+    events: tuple[int, int] = (8, 14),
+    reflect: float = 0.5,
+) -> list[Trajectory]:
     """n labelled long solutions, one problem each, kinds drawn with weights `mix` over KINDS."""
     rng = random.Random(seed)
     out = []
@@ -91,7 +112,17 @@ def make_reflective_dataset(n: int, seed: int, mix: tuple[float, float, float] =
 
 
 def processbench_rows(trajs: list[Trajectory]) -> list[dict]:
-    """The solutions in ProcessBench's layout (problem, steps, label = the first error or -1): what `biprm eval processbench
+    """The solutions in ProcessBench's layout (problem, steps, label = the first error or -1): what `biprm eval
+    processbench
     --data FILE` and `python -m benchmarks.boundaries --subsets FILE` read."""
-    return [{"id": f"reflective-{t.meta['qid']}", "problem": t.question, "steps": t.steps, "label": t.meta["first_error"],
-             "final_answer_correct": t.correct, "kind": t.meta["kind"]} for t in trajs]
+    return [
+        {
+            "id": f"reflective-{t.meta['qid']}",
+            "problem": t.question,
+            "steps": t.steps,
+            "label": t.meta["first_error"],
+            "final_answer_correct": t.correct,
+            "kind": t.meta["kind"],
+        }
+        for t in trajs
+    ]

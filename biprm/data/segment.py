@@ -15,6 +15,7 @@ Each step comes back with its character span in the text it was cut from, so a s
 given as a list are laid end to end with `JOIN` between them: their spans are in that text, and a segmenter other
 than `given` re-cuts it.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,11 +31,26 @@ RULES = SPLIT_NAMES  # the readers' and the server's split rules, kept as they w
 FALLBACK = "auto"  # what cuts a one-string trace for a model whose steps were given (reported in the output)
 
 MARKERS = (
-    "first", "then", "next", "finally",  # sequence
-    "so", "therefore", "thus", "hence",  # conclusion
-    "let me", "let's", "wait", "hmm", "okay", "actually",  # thinking
-    "to verify", "let's check", "substituting",  # verification
-    "for example", "given that", "similarly",  # reasoning
+    "first",
+    "then",
+    "next",
+    "finally",  # sequence
+    "so",
+    "therefore",
+    "thus",
+    "hence",  # conclusion
+    "let me",
+    "let's",
+    "wait",
+    "hmm",
+    "okay",
+    "actually",  # thinking
+    "to verify",
+    "let's check",
+    "substituting",  # verification
+    "for example",
+    "given that",
+    "similarly",  # reasoning
 )
 NEVER = ("but", "however", "alternatively")  # splitting on these over-splits (ThinkBooster)
 
@@ -65,12 +81,15 @@ class Cut:
 
     def meta(self) -> dict:
         """What travels with the scores (the row's meta): the segmenter, each step's [start, end), and any fallback."""
-        return {"segmenter": self.segmenter, "offsets": self.offsets} | ({"segmenter_fallback": self.fallback} if self.fallback else {})
+        return {"segmenter": self.segmenter, "offsets": self.offsets} | (
+            {"segmenter_fallback": self.fallback} if self.fallback else {}
+        )
 
 
 @dataclass(frozen=True)
 class Markers:
-    """The marker rule's settings: words that open a step, words that never do, and the step length bounds (characters)."""
+    """The marker rule's settings: words that open a step, words that never do, and the step length bounds
+    (characters)."""
 
     markers: tuple[str, ...] = MARKERS
     never: tuple[str, ...] = NEVER
@@ -85,7 +104,8 @@ class Markers:
 
 
 def spans(text: str, cuts: list[int]) -> list[Span]:
-    """The pieces of `text` between the cut points (sorted character positions), stripped; blank pieces are not steps."""
+    """The pieces of `text` between the cut points (sorted character positions), stripped; blank pieces are not
+    steps."""
     out = []
     for a, b in zip([0, *cuts], [*cuts, len(text)]):
         piece = text[a:b]
@@ -104,7 +124,8 @@ def step_at(offsets: list[list[int]], char: int) -> int:
 
 
 def first_error_on(first_error: int, cut: list[list[int]], given: list[list[int]]) -> int:
-    """A first error predicted on one cut of a trace (step index, -1 for none) as a step of another cut of the same text:
+    """A first error predicted on one cut of a trace (step index, -1 for none) as a step of another cut of the same
+    text:
     the step of `given` that holds the first character of the predicted step, so first-error F1 compares across
     segmenters on the given steps' labels."""
     return -1 if first_error < 0 else step_at(given, cut[first_error][0])
@@ -157,7 +178,9 @@ def markers(text: str, rule: Markers = Markers()) -> tuple[list[Span], str | Non
         merged[-1] = (merged[-1][0], tail[1])
     free = [p for p in starts if not never.match(text, p)]
     bounds = [p for a, b in merged for p in ([a] if a else []) + _within(text, a, b, free, rule)]
-    fallback = None if cuts else f"no marker opens a sentence: cut at sentence starts within {rule.max_chars} characters"
+    fallback = (
+        None if cuts else f"no marker opens a sentence: cut at sentence starts within {rule.max_chars} characters"
+    )
     return spans(text, bounds), fallback
 
 
@@ -230,8 +253,10 @@ class Segmenter:
         if not isinstance(trace, str) or not trace.strip():
             raise DataError(f"{where}: the trace is empty")
         if self.name == "given":
-            raise DataError(f"{where}: segmenter 'given' keeps a row's own steps, and this row gives one string; "
-                            f"cut it with paragraph, lines, markers or tokens:N")
+            raise DataError(
+                f"{where}: segmenter 'given' keeps a row's own steps, and this row gives one string; "
+                f"cut it with paragraph, lines, markers or tokens:N"
+            )
         steps, fallback = self.text(trace)
         if not steps:
             raise DataError(f"{where}: segmenter {self.name!r} cut the trace into zero steps")
@@ -244,5 +269,9 @@ def for_model(chosen: str | None, trained: str, tokenizer=None) -> Segmenter:
     name = chosen or trained
     if name != "given" or chosen:
         return Segmenter(name, tokenizer)
-    return Segmenter(FALLBACK, tokenizer, note=f"the model was trained on given steps: this trace was cut by {FALLBACK!r} "
-                                                "(tags, else paragraphs, else lines)")
+    return Segmenter(
+        FALLBACK,
+        tokenizer,
+        note=f"the model was trained on given steps: this trace was cut by {FALLBACK!r} "
+        "(tags, else paragraphs, else lines)",
+    )

@@ -9,6 +9,7 @@ later steps and the answer are right), so a claim is 0 at its own step only.
 Correct steps are also written as bare claims at random, so a missing equation alone
 never marks an error.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,15 +25,24 @@ SLIPS = (1, -1, 2, -2, 10, -10)  # how far a calc slip (times the later divisors
 
 # name, subject, object and possessive pronouns
 PEOPLE = (
-    ("Tom", "he", "him", "his"), ("Mia", "she", "her", "her"), ("Leo", "he", "him", "his"), ("Ava", "she", "her", "her"),
-    ("Sam", "he", "him", "his"), ("Zoe", "she", "her", "her"), ("Omar", "he", "him", "his"), ("Nina", "she", "her", "her"),
+    ("Tom", "he", "him", "his"),
+    ("Mia", "she", "her", "her"),
+    ("Leo", "he", "him", "his"),
+    ("Ava", "she", "her", "her"),
+    ("Sam", "he", "him", "his"),
+    ("Zoe", "she", "her", "her"),
+    ("Omar", "he", "him", "his"),
+    ("Nina", "she", "her", "her"),
 )
 ITEMS = ("apples", "stamps", "marbles", "cookies", "stickers", "shells", "cards", "pencils", "coins", "books")
 EVENTS = {
     "+": ("{P} buys {n} more {i}", "{P} finds {n} more {i}", "A friend gives {o} {n} more {i}"),
     "-": ("{P} gives {n} {i} to a friend", "{P} sells {n} {i}", "{P} loses {n} {i}"),
     "*": ("{P} buys enough {i} to have {n} times as many as before", "{Pos} pile of {i} grows to {n} times its size"),
-    "/": ("{P} splits the {i} into {n} equal groups and keeps one group", "{P} packs the {i} into {n} equal boxes and keeps one box"),
+    "/": (
+        "{P} splits the {i} into {n} equal groups and keeps one group",
+        "{P} packs the {i} into {n} equal boxes and keeps one box",
+    ),
 }
 CONNECTORS = ("Then", "After that,", "Next,", "Later,")
 
@@ -54,7 +64,9 @@ class Problem:
     def steps(self) -> list[str]:
         """The reference solution, every step with its equation (rendered on demand: datasets never need it)."""
         operands = [self.start, *self.values[:-1]]
-        return [write_step(self, t, a, c, False) for t, (a, c) in enumerate(zip(operands, self.values))] + [f"The answer is {self.answer}."]
+        return [write_step(self, t, a, c, False) for t, (a, c) in enumerate(zip(operands, self.values))] + [
+            f"The answer is {self.answer}."
+        ]
 
 
 def apply_op(op: str, a: int, n: int) -> int:
@@ -115,7 +127,8 @@ def make_problem(rng: random.Random, events: tuple[int, int] = (2, 6)) -> Proble
 
 def calc_slip(problem: Problem, k: int, value: int, rng: random.Random) -> list[int] | None:
     """A wrong result in place of `value` at event k, then the values that later correct equations build on it;
-    None if no slip keeps them in range. The slip is a multiple of the later divisors, so every later division stays exact,
+    None if no slip keeps them in range. The slip is a multiple of the later divisors, so every later division stays
+    exact,
     and never the true value (a second slip on a wrong path cannot undo the first)."""
     later = problem.ops[k + 1 :]
     scale = math.prod(n for op, n in later if op == "/")
@@ -198,7 +211,11 @@ def make_problems(n: int, seed: int, events: tuple[int, int] = (2, 6)) -> list[P
 
 
 def make_bon_pools(
-    n_questions: int, n_candidates: int, seed: int, errors: tuple[float, float] = (0.5, 0.5), events: tuple[int, int] = (2, 6),
+    n_questions: int,
+    n_candidates: int,
+    seed: int,
+    errors: tuple[float, float] = (0.5, 0.5),
+    events: tuple[int, int] = (2, 6),
     correct_share: tuple[float, float] = (0.0, 1.0),
 ) -> list[Trajectory]:
     """Best-of-N pools: per question a share of correct candidates drawn uniformly from `correct_share`,

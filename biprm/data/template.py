@@ -7,6 +7,7 @@ whether its reference code tokenises the whole text at once (`joint`) or piece b
 Training, scoring and every evaluation encode through these, so a model always sees the
 layout it was trained with, and the value head reads the hidden state at each step's tag.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ class Template:
 
     `joint`: the reference code tokenises prompt and steps as one text (offsets then cut it into pieces), else each
     piece on its own. `bos`: what comes before the prompt: "ids" (the BOS id, where the tokenizer has one),
-    "tokenizer" (what the tokenizer puts first itself), "text" (the BOS text starts the prompt) or "none". `unique_tag`: the tag id
+    "tokenizer" (what the tokenizer puts first itself), "text" (the BOS text starts the prompt) or "none". `unique_tag`:
+    the tag id
     occurs nowhere but after steps, so a count checks the layout; otherwise a step text holding the tag is refused."""
 
     kind: str
@@ -51,13 +53,16 @@ class Template:
 
 
 QWEN_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
-LLAMA31_SYSTEM = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"  # Llama 3.1's default system turn, untrimmed
+LLAMA31_SYSTEM = (
+    "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"  # Llama 3.1's default system turn, untrimmed
+)
 
 
 def _qwen_chat(question: str) -> str:
     """Qwen2.5's chat template up to the assistant's text, with the PRM card's system prompt."""
-    return (f"<|im_start|>system\n{QWEN_SYSTEM}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
-            "<|im_start|>assistant\n")
+    return (
+        f"<|im_start|>system\n{QWEN_SYSTEM}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def _rlhflow_step(step: str, t: int) -> str:
@@ -75,19 +80,28 @@ TEMPLATES = {
     # Skywork-o1-Open-PRM: no chat template; bos + problem + "\n", then each step's ids and the "\n" id
     "skywork-prm": Template("skywork-prm", lambda q: q + "\n", lambda s, t: s, "\n", unique_tag=False, bos="text"),
     # math-shepherd: f"{question} {output}" with output = "step ки\nstep ки"
-    "math-shepherd": Template("math-shepherd", lambda q: q, lambda s, t: (" " if t == 0 else "\n") + s, " ки", joint=True,
-                              bos="tokenizer"),
+    "math-shepherd": Template(
+        "math-shepherd", lambda q: q, lambda s, t: (" " if t == 0 else "\n") + s, " ки", joint=True, bos="tokenizer"
+    ),
     # RLHFlow: a conversation; the first user turn is question + " " + step 1
     "rlhflow": Template(
         "rlhflow",
-        lambda q: (f"<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n{LLAMA31_SYSTEM}<|eot_id|>"
-                   f"<|start_header_id|>user<|end_header_id|>\n\n{q.lstrip()} "),
-        _rlhflow_step, "\n\n", joint=True, unique_tag=False, bos="none",
+        lambda q: (
+            f"<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n{LLAMA31_SYSTEM}<|eot_id|>"
+            f"<|start_header_id|>user<|end_header_id|>\n\n{q.lstrip()} "
+        ),
+        _rlhflow_step,
+        "\n\n",
+        joint=True,
+        unique_tag=False,
+        bos="none",
     ),
-    # EurusPRM (implicit): the chat template, steps joined by "\n\n"; the <|im_end|> that closes the answer follows only a
+    # EurusPRM (implicit): the chat template, steps joined by "\n\n"; the <|im_end|> that closes the answer follows only
+    # a
     # stream's last step, so the model reads it there itself (biprm.implicit) rather than as part of a step
-    "eurus-prm": Template("eurus-prm", _qwen_chat, lambda s, t: s, "\n\n", joint=True, unique_tag=False, bos="none",
-                          close="<|im_end|>"),
+    "eurus-prm": Template(
+        "eurus-prm", _qwen_chat, lambda s, t: s, "\n\n", joint=True, unique_tag=False, bos="none", close="<|im_end|>"
+    ),
     # TRL's PRMTrainer: bos + prompt ids + (step ids + separator ids) per step
     "token-classification": Template("token-classification", lambda q: q, lambda s, t: s, "\n", unique_tag=False),
 }

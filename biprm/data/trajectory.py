@@ -3,6 +3,7 @@
 Readers turn raw rows into `Trajectory` objects; everything downstream (encoding,
 training, scoring, evaluation) consumes them and never looks at raw rows again.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,8 +65,6 @@ def validate(traj: Trajectory, where: str) -> Trajectory:
             raise DataError(f"{where}: field 'steps' has an empty step at index {t}")
     if traj.labels is not None:
         if len(traj.labels) != len(traj.steps):
-            raise DataError(
-                f"{where}: field 'labels' has {len(traj.labels)} labels for {len(traj.steps)} steps"
-            )
+            raise DataError(f"{where}: field 'labels' has {len(traj.labels)} labels for {len(traj.steps)} steps")
         traj.labels = [check_label(y, where) for y in traj.labels]
     return traj

@@ -1,4 +1,5 @@
-"""How files reach disk: whole or not at all (`atomic_write`), and a built training set as JSONL `biprm train` reads back."""
+"""How files reach disk: whole or not at all (`atomic_write`); a built training set as the JSONL `biprm train` reads."""
+
 from __future__ import annotations
 
 import json

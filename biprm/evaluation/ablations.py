@@ -5,6 +5,7 @@ Rows, as in the paper: w/o R2L (an L2R model), w/o L2R (an R2L model), w/o Dynam
 their step probabilities averaged: BiPRM's compute without its second direction), and
 BiPRM. Columns: mean BoN@n per pool, then ProcessBench F1 per subset and on average.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,7 +38,9 @@ def ablation_table(bon_results: list[dict], pb_result: dict | None) -> dict:
         row = {f"{r['pool']} BoN": r["modes"][role]["mean"]["bon"] for r in bon_results}
         if pb_result:
             m = pb_result["modes"][role]
-            row |= {TITLES.get(n, n): s["f1"] for n, s in m["fixed"]["subsets"].items()} | {"PB Avg. F1": m["fixed"]["average_f1"]}
+            row |= {TITLES.get(n, n): s["f1"] for n, s in m["fixed"]["subsets"].items()} | {
+                "PB Avg. F1": m["fixed"]["average_f1"]
+            }
             row |= {"PB Avg. F1 (tuned)": m["tuned"]["average_f1"]} if "tuned" in m else {}
         rows[label] = row
     return {"columns": columns, "rows": rows}
@@ -45,35 +48,60 @@ def ablation_table(bon_results: list[dict], pb_result: dict | None) -> dict:
 
 def format_ablation_table(table: dict) -> str:
     cols = table["columns"]
-    return markdown_table(["method", *cols], [[label, *(fmt(row.get(c)) for c in cols)] for label, row in table["rows"].items()])
+    return markdown_table(
+        ["method", *cols], [[label, *(fmt(row.get(c)) for c in cols)] for label, row in table["rows"].items()]
+    )
 
 
 def unlike_objectives(checkpoints: dict[str, str]) -> str | None:
     """A warning when the checkpoints were trained with different objectives: their rows then compare objectives too."""
     used = {role: checkpoint_config(path).get("objective", "bce") for role, path in checkpoints.items()}
     if len(set(used.values())) > 1:
-        return "these checkpoints were trained with different objectives (" + ", ".join(f"{r}: {o}" for r, o in used.items()) + \
-            "); the ablation then compares objectives as well as modes"
+        return (
+            "these checkpoints were trained with different objectives ("
+            + ", ".join(f"{r}: {o}" for r, o in used.items())
+            + "); the ablation then compares objectives as well as modes"
+        )
     return None
 
 
 def run_ablations(cfg: AblationConfig) -> dict:
     cache = open_cache(cfg)
-    if (warning := unlike_objectives(cfg.checkpoints)):
+    if warning := unlike_objectives(cfg.checkpoints):
         logger.warning(warning)
     sources = ablation_sources(cfg.checkpoints)
     bon, segmenter = [], trace_segmenter(list(cfg.checkpoints.values()), cfg.segmenter)
     for spec in cfg.pool or ["gsm8k_bon_small"]:
-        pool = load_pool(spec, cfg.data_root, cfg.limit, split_rule=segmenter, cache=cache, grade_workers=cfg.grade_workers,
-                         grade_timeout=cfg.grade_timeout)
+        pool = load_pool(
+            spec,
+            cfg.data_root,
+            cfg.limit,
+            split_rule=segmenter,
+            cache=cache,
+            grade_workers=cfg.grade_workers,
+            grade_timeout=cfg.grade_timeout,
+        )
         bon.append(evaluate_bon(pool, score_sources(sources, cache, pool.trajs), cfg.agg, cfg.ns, PROTOCOLS))
     trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
     pb = evaluate_processbench(trajs, score_sources(sources, cache, trajs), cfg.threshold, cfg.tune_threshold)
     table = ablation_table(bon, pb)
-    markdown = "\n\n".join([
-        "# Ablations", f"Mean BoN@n (%, aggregation `{cfg.agg}`) and ProcessBench F1 (%, threshold {cfg.threshold:g}).",
-        format_ablation_table(table), "## Best-of-N", *(format_bon(r) for r in bon), "## ProcessBench", format_processbench(pb),
-    ]) + "\n"
+    markdown = (
+        "\n\n".join(
+            [
+                "# Ablations",
+                f"Mean BoN@n (%, aggregation `{cfg.agg}`) and ProcessBench F1 (%, threshold {cfg.threshold:g}).",
+                format_ablation_table(table),
+                "## Best-of-N",
+                *(format_bon(r) for r in bon),
+                "## ProcessBench",
+                format_processbench(pb),
+            ]
+        )
+        + "\n"
+    )
     print(markdown)
-    print(f"wrote {write_outputs(cfg.out, 'ablations', {'table': table, 'bon': bon, 'processbench': pb}, markdown)} and ablations.json")
+    print(
+        f"wrote {write_outputs(cfg.out, 'ablations', {'table': table, 'bon': bon, 'processbench': pb}, markdown)} and "
+        "ablations.json"
+    )
     return {"table": table, "bon": bon, "processbench": pb}

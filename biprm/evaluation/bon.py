@@ -9,6 +9,7 @@ steps, i.i.d. noise under the same aggregation) and pass@n (the pool ceiling), e
 bootstrap interval over questions; every pair of PRMs gets a paired difference, marked
 "within noise" where its interval holds 0.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,13 +29,20 @@ from biprm.scoring.score_file import trace_segmenter
 from biprm.scoring.step_scores import StepScores, offsets_of
 
 
-
 def _interval(values: np.ndarray, seed: int) -> dict:
     return bootstrap_mean(100.0 * values, seed=seed)
 
 
-def bon_rows(pool: Pool, scores: dict[str, StepScores], how: str, ns: Sequence[int], protocol: str, draws: int = 100,
-             seed: int = 0, votes: bool = False) -> dict[str, dict[int, np.ndarray]]:
+def bon_rows(
+    pool: Pool,
+    scores: dict[str, StepScores],
+    how: str,
+    ns: Sequence[int],
+    protocol: str,
+    draws: int = 100,
+    seed: int = 0,
+    votes: bool = False,
+) -> dict[str, dict[int, np.ndarray]]:
     """{row name: {n: [Q] per-question values}} for every PRM and every content-free scorer."""
     n_steps = np.array([len(t.steps) for t in pool.trajs])
     rows: dict[str, dict[int, np.ndarray]] = {}
@@ -44,9 +52,13 @@ def bon_rows(pool: Pool, scores: dict[str, StepScores], how: str, ns: Sequence[i
             logit = s.solution_logits(how)
             rows.setdefault(key, {})[n] = best_of(idx, logit, pool.correct)
             if votes:
-                rows.setdefault(f"{key}: weighted vote", {})[n] = vote(idx, pool.answer_key, sigmoid(logit), pool.correct)
+                rows.setdefault(f"{key}: weighted vote", {})[n] = vote(
+                    idx, pool.answer_key, sigmoid(logit), pool.correct
+                )
         noise_draws = 200 if protocol == "first" else 10
-        for name, v in content_free(idx, n_steps, pool.correct, pool.answer_key, how, offsets_of(n_steps), noise_draws, seed).items():
+        for name, v in content_free(
+            idx, n_steps, pool.correct, pool.answer_key, how, offsets_of(n_steps), noise_draws, seed
+        ).items():
             rows.setdefault(name, {})[n] = v
     return rows
 
@@ -54,16 +66,29 @@ def bon_rows(pool: Pool, scores: dict[str, StepScores], how: str, ns: Sequence[i
 def summarise(rows: dict[str, dict[int, np.ndarray]], models: Sequence[str], seed: int = 0) -> dict:
     """Means with intervals per row and n (and over n), and the paired difference of every two PRMs."""
     over_n = {name: np.mean(list(by_n.values()), axis=0) for name, by_n in rows.items()}
-    table = {name: {**{n: _interval(v, seed) for n, v in by_n.items()}, "mean": _interval(over_n[name], seed)} for name, by_n in rows.items()}
-    diffs = {f"{a} − {b}": {**{n: paired_difference(100 * rows[a][n], 100 * rows[b][n], seed=seed) for n in rows[a]},
-                            "mean": paired_difference(100 * over_n[a], 100 * over_n[b], seed=seed)}
-             for a, b in combinations(models, 2)}
+    table = {
+        name: {**{n: _interval(v, seed) for n, v in by_n.items()}, "mean": _interval(over_n[name], seed)}
+        for name, by_n in rows.items()
+    }
+    diffs = {
+        f"{a} − {b}": {
+            **{n: paired_difference(100 * rows[a][n], 100 * rows[b][n], seed=seed) for n in rows[a]},
+            "mean": paired_difference(100 * over_n[a], 100 * over_n[b], seed=seed),
+        }
+        for a, b in combinations(models, 2)
+    }
     return {"rows": table, "differences": diffs}
 
 
 def evaluate_bon(
-    pool: Pool, scores: dict[str, StepScores], agg: str = "min", ns: Sequence[int] = DEFAULT_NS, protocols: Sequence[str] = ("first",),
-    aggs: Sequence[str] = (), draws: int = 100, seed: int = 0,
+    pool: Pool,
+    scores: dict[str, StepScores],
+    agg: str = "min",
+    ns: Sequence[int] = DEFAULT_NS,
+    protocols: Sequence[str] = ("first",),
+    aggs: Sequence[str] = (),
+    draws: int = 100,
+    seed: int = 0,
 ) -> dict:
     """Per protocol: the `agg` table with baselines, intervals and differences, and a mean-over-n row per
     PRM for every other aggregation in `aggs`; "modes" keeps `bon_table` of the first protocol per PRM."""
@@ -72,8 +97,16 @@ def evaluate_bon(
     if not used:
         raise ValueError(f"no n in {tuple(ns)} fits the smallest pool ({sizes.min()} candidates)")
     models = list(scores)
-    result = {"pool": pool.name, "questions": len(sizes), "candidates": len(pool.trajs), "agg": agg, "ns": used,
-              "skipped": [n for n in ns if n not in used], "draws": draws, "protocols": {}}
+    result = {
+        "pool": pool.name,
+        "questions": len(sizes),
+        "candidates": len(pool.trajs),
+        "agg": agg,
+        "ns": used,
+        "skipped": [n for n in ns if n not in used],
+        "draws": draws,
+        "protocols": {},
+    }
     for protocol in protocols:
         main = summarise(bon_rows(pool, scores, agg, used, protocol, draws, seed, votes=True), models, seed)
         others = {}
@@ -81,11 +114,15 @@ def evaluate_bon(
             if how != agg:
                 rows = bon_rows(pool, scores, how, used, protocol, draws, seed)
                 names = [*models, f"noise + {how}"]
-                others[how] = {k: v["mean"] for k, v in summarise({k: rows[k] for k in names}, [], seed)["rows"].items()}
+                others[how] = {
+                    k: v["mean"] for k, v in summarise({k: rows[k] for k in names}, [], seed)["rows"].items()
+                }
         result["protocols"][protocol] = {**main, "aggregations": others}
     first = protocols[0]
-    result["modes"] = {k: bon_table(pool.qid, s.solution_logits(agg), pool.correct, pool.answer_key, used, first, draws, seed)
-                       for k, s in scores.items()}
+    result["modes"] = {
+        k: bon_table(pool.qid, s.solution_logits(agg), pool.correct, pool.answer_key, used, first, draws, seed)
+        for k, s in scores.items()
+    }
     return result
 
 
@@ -93,24 +130,35 @@ def _cell(s: dict) -> str:
     return f"{fmt(s['mean'])} [{fmt(s['low'])}, {fmt(s['high'])}]"
 
 
-PROTOCOL_TITLES = {"first": "first n candidates of each question, in pool order (the paper's protocol)",
-                   "random": "random n-subsets of each question's pool"}
+PROTOCOL_TITLES = {
+    "first": "first n candidates of each question, in pool order (the paper's protocol)",
+    "random": "random n-subsets of each question's pool",
+}
 
 
 def format_bon(result: dict) -> str:
     """Per protocol: the PRM rows, the content-free rows, the paired differences, the other aggregations."""
     ns = result["ns"]
     skipped = f"; n = {', '.join(map(str, result['skipped']))} skipped (pools too small)" if result["skipped"] else ""
-    parts = [f"**{result['pool']}**: {result['questions']} questions, {result['candidates']} candidates, "
-             f"aggregation `{result['agg']}`{skipped}. Accuracy (%) with 95 % bootstrap intervals over questions; ties broken uniformly."]
+    parts = [
+        f"**{result['pool']}**: {result['questions']} questions, {result['candidates']} candidates, "
+        f"aggregation `{result['agg']}`{skipped}. Accuracy (%) with 95 % bootstrap intervals over questions; ties "
+        "broken uniformly."
+    ]
     for protocol, p in result["protocols"].items():
         title = PROTOCOL_TITLES[protocol] + (f", {result['draws']} draws" if protocol == "random" else "")
         rows = [[name, *(_cell(r[n]) for n in ns), _cell(r["mean"])] for name, r in p["rows"].items()]
         parts += [f"Protocol: {title}.", markdown_table(["scorer", *(f"@{n}" for n in ns), "mean over n"], rows)]
         if p["differences"]:
             noise = lambda d: " (within noise)" if d["within_noise"] else ""  # noqa: E731
-            diff = [[name, *(_cell(d[n]) for n in ns), _cell(d["mean"]) + noise(d["mean"])] for name, d in p["differences"].items()]
-            parts += ["Paired differences (points):", markdown_table(["difference", *(f"@{n}" for n in ns), "mean over n"], diff)]
+            diff = [
+                [name, *(_cell(d[n]) for n in ns), _cell(d["mean"]) + noise(d["mean"])]
+                for name, d in p["differences"].items()
+            ]
+            parts += [
+                "Paired differences (points):",
+                markdown_table(["difference", *(f"@{n}" for n in ns), "mean over n"], diff),
+            ]
         if p["aggregations"]:
             names = list(dict.fromkeys(k for t in p["aggregations"].values() for k in t if not k.startswith("noise")))
             hows = list(p["aggregations"])
@@ -122,8 +170,17 @@ def format_bon(result: dict) -> str:
 
 def run_bon(cfg: BonConfig) -> dict:
     cache = open_cache(cfg)
-    pool = load_pool(cfg.pool, cfg.data_root, cfg.limit, questions=cfg.questions, questions_split=cfg.questions_split,
-                     split_rule=trace_segmenter(cfg.model, cfg.segmenter), cache=cache, grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
+    pool = load_pool(
+        cfg.pool,
+        cfg.data_root,
+        cfg.limit,
+        questions=cfg.questions,
+        questions_split=cfg.questions_split,
+        split_rule=trace_segmenter(cfg.model, cfg.segmenter),
+        cache=cache,
+        grade_workers=cfg.grade_workers,
+        grade_timeout=cfg.grade_timeout,
+    )
     scores = score_sources(sources_of(cfg.model, cfg.prm_kind), cache, pool.trajs) if cfg.model else {}
     result = evaluate_bon(pool, scores, cfg.agg, cfg.ns, cfg.protocol, cfg.aggs, cfg.draws, cfg.seed)
     markdown = "# Best-of-N\n\n" + format_bon(result) + "\n"

@@ -8,6 +8,7 @@ Scores live as `<root>/<model key>/scores-<dataset key>-logits-<settings>.npz` (
 logits); the settings part holds what changes the numbers (device type, hence dtype, max_length, the attention kernel
 and the overlength policy). A segmenter changes the steps, hence the dataset key: two cuts never share scores.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -66,13 +67,18 @@ T = TypeVar("T")
 
 
 def _read(path: Path, load: Callable[[Path], T]) -> T | None:
-    """What `load` reads from a cache file; None when it is absent, or damaged (then it is named, removed and rebuilt)."""
+    """What `load` reads from a cache file; None when it is absent, or damaged (then it is named, removed and
+    rebuilt)."""
     if not path.is_file():
         return None
     try:
         return load(path)
-    except Exception as error:  # a torn or corrupted .npz: zipfile.BadZipFile, EOFError, ValueError, a missing array ...
-        log.warning("cache file %s is damaged (%s: %s); removing it and computing it again", path, type(error).__name__, error)
+    except (
+        Exception
+    ) as error:  # a torn or corrupted .npz: zipfile.BadZipFile, EOFError, ValueError, a missing array ...
+        log.warning(
+            "cache file %s is damaged (%s: %s); removing it and computing it again", path, type(error).__name__, error
+        )
         path.unlink(missing_ok=True)
         return None
 
@@ -108,7 +114,9 @@ class ScoreCache:
             folder = Path(ckpt)
             weights = weight_files(folder)
             if not (folder / "config.json").is_file() or not weights:
-                raise FileNotFoundError(f"{ckpt}: not a checkpoint folder (needs config.json and *.safetensors weights)")
+                raise FileNotFoundError(
+                    f"{ckpt}: not a checkpoint folder (needs config.json and *.safetensors weights)"
+                )
             h = hashlib.sha256((folder / "config.json").read_bytes())
             for w in weights:
                 h.update(f"{w.name}:{self.file_hash(w)}".encode())
@@ -121,8 +129,12 @@ class ScoreCache:
 
     def scores(self, ckpt: str, trajs: list[Trajectory]) -> StepScores:
         device = torch.device(self.settings.device) if self.settings.device else default_device()
-        kernel = "" if self.settings.attn_implementation == "sdpa" else f"-{self.settings.attn_implementation}"  # sdpa: the keys before the choice
-        policy = "" if self.settings.overlength == "head" else f"-{self.settings.overlength}"  # head: the keys before the choice
+        kernel = (
+            "" if self.settings.attn_implementation == "sdpa" else f"-{self.settings.attn_implementation}"
+        )  # sdpa: the keys before the choice
+        policy = (
+            "" if self.settings.overlength == "head" else f"-{self.settings.overlength}"
+        )  # head: the keys before the choice
         path = self._path("scores", ckpt, trajs, f"logits-{device.type}-len{self.settings.max_length}{kernel}{policy}")
         if (cached := _read(path, lambda p: load_scores(p)[""])) is not None:
             return cached
@@ -130,8 +142,15 @@ class ScoreCache:
         save_scores(path, {"": scores})
         return scores
 
-    def array(self, kind: str, ckpt: str | None, trajs: list[Trajectory], extra: str, compute: Callable[[], np.ndarray],
-              retry: Callable[[np.ndarray], bool] | None = None) -> np.ndarray:
+    def array(
+        self,
+        kind: str,
+        ckpt: str | None,
+        trajs: list[Trajectory],
+        extra: str,
+        compute: Callable[[], np.ndarray],
+        retry: Callable[[np.ndarray], bool] | None = None,
+    ) -> np.ndarray:
         """Any other per-trajectory array worth keeping (grades, token lengths), keyed like scores plus `extra`;
         a cached value for which `retry` is true (e.g. it holds timeouts) is computed again."""
         path = self._path(kind, ckpt, trajs, hashlib.sha256(extra.encode()).hexdigest()[:12])

@@ -4,6 +4,7 @@ The recipes are imported when a command runs, so that building the parser (and `
 Under `accelerate launch` or `torchrun` the recipe runs on the main process and the
 others share its scoring (biprm.evaluation.sharing).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -19,8 +20,10 @@ def _on_every_process(recipe: Callable[[EvalOptions], object], cfg: EvalOptions)
     try:
         run_shared(lambda: recipe(cfg), scorer_loader(cfg))
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(f"the scores finished so far are kept in {open_cache(cfg).root}: the same command reads them "
-                                "instead of scoring again") from None
+        raise KeyboardInterrupt(
+            f"the scores finished so far are kept in {open_cache(cfg).root}: the same command reads them "
+            "instead of scoring again"
+        ) from None
 
 
 def cmd_bon(cfg: BonConfig) -> None:

@@ -1,4 +1,5 @@
 """The score cache of an evaluation command, and how results are written."""
+
 from __future__ import annotations
 
 import json

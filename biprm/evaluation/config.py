@@ -4,6 +4,7 @@
 Shared groups are mixins (how a checkpoint is run, where data and results live, the Best-of-N and
 ProcessBench knobs), so no setting is written twice. Nothing here imports torch: `biprm --help` stays quick.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,15 +15,22 @@ from biprm.config import CHECKPOINT_ROLES, PROCESSBENCH_SUBSETS, ScorerSettings,
 from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS
 
 AGGS = ("min", "mean", "last", "prod")  # the aggregations `eval bon` reports side by side unless told
-POOL = "gsm8k_bon_small, a candidates file (ours or PQM's layout) or hf://OWNER/REPO/FILE; append @QUESTIONS for gold answers"
+POOL = (
+    "gsm8k_bon_small, a candidates file (ours or PQM's layout) or hf://OWNER/REPO/FILE; append @QUESTIONS for gold "
+    "answers"
+)
 
 
 @dataclass(kw_only=True)
 class EvalOptions(ScorerSettings):
-    data_root: str = arg(help="benchmark folder: $BIPRM_DATA, else ../shared/data beside the repo", factory=default_data_root)
+    data_root: str = arg(
+        help="benchmark folder: $BIPRM_DATA, else ../shared/data beside the repo", factory=default_data_root
+    )
     out: str = arg("eval", "output folder")
     cache_dir: str | None = arg(None, "score cache (default: OUT/cache)")
-    limit: int | None = arg(None, "at most N questions per pool and rows per ProcessBench subset, evenly spaced (quick runs)", min=1)
+    limit: int | None = arg(
+        None, "at most N questions per pool and rows per ProcessBench subset, evenly spaced (quick runs)", min=1
+    )
     grade_workers: int = arg(2, "processes for math-verify grading (0: inline)", min=0)
     grade_timeout: float = arg(5.0, "seconds per graded answer; slower ones are reported and retried next run", above=0)
 
@@ -33,7 +41,9 @@ class EvalOptions(ScorerSettings):
 @dataclass(kw_only=True)
 class BestOfN:
     agg: Literal[AGGREGATIONS] = arg("min", "step -> solution score")
-    ns: list[int] = arg(help="Best-of-N sizes; those above the pool size are skipped", factory=lambda: list(DEFAULT_NS), min=1)
+    ns: list[int] = arg(
+        help="Best-of-N sizes; those above the pool size are skipped", factory=lambda: list(DEFAULT_NS), min=1
+    )
 
 
 @dataclass(kw_only=True)
@@ -44,33 +54,56 @@ class FirstError:
 
 @dataclass(kw_only=True)
 class BonConfig(BestOfN, EvalOptions):
-    model: list[str] = arg(help="checkpoint folder (several, or repeated, to compare); none: the content-free rows alone",
-                           factory=list, action="extend")
+    model: list[str] = arg(
+        help="checkpoint folder (several, or repeated, to compare); none: the content-free rows alone",
+        factory=list,
+        action="extend",
+    )
     pool: str = arg("gsm8k_bon_small", POOL)
-    questions: str | None = arg(None, "gold answers, matched by position: gsm_plus, math500, gsm8k, a file or a Hub dataset")
+    questions: str | None = arg(
+        None, "gold answers, matched by position: gsm_plus, math500, gsm8k, a file or a Hub dataset"
+    )
     questions_split: str = arg("test", "split when --questions is a Hub dataset (GSM-Plus: testmini)")
-    protocol: list[str] = arg(help="which n candidates a question offers: first (its first n, the paper's), random (random n-subsets), or both",
-                              factory=lambda: list(PROTOCOLS), choices=PROTOCOLS)
+    protocol: list[str] = arg(
+        help="which n candidates a question offers: first (its first n, the paper's), random (random n-subsets), or "
+        "both",
+        factory=lambda: list(PROTOCOLS),
+        choices=PROTOCOLS,
+    )
     draws: int = arg(100, "random n-subsets per question under --protocol random", min=1)
-    aggs: list[str] = arg(help="aggregations reported side by side (mean over n)", factory=lambda: list(AGGS), choices=AGGREGATIONS)
+    aggs: list[str] = arg(
+        help="aggregations reported side by side (mean over n)", factory=lambda: list(AGGS), choices=AGGREGATIONS
+    )
     seed: int = arg(0, "seed of the random n-subsets, the noise baseline and the bootstrap", min=0)
 
 
 @dataclass(kw_only=True)
 class ProcessBenchConfig(FirstError, EvalOptions):
     model: list[str] = arg(help="checkpoint folder (several, or repeated, to compare)", action="extend")
-    tune_threshold: bool = arg(False, "also report F1 at a threshold chosen out of sample: tuned on GSM8K "
-                                      "(cross-fitted on its own rows), applied to all subsets")
-    tune_data: str | None = arg(None, "a ProcessBench-layout dev file on which the threshold is tuned instead (its rows are never reported)",
-                                metavar="FILE")
-    data: list[str] = arg(help="files in ProcessBench's layout (problem, steps, label) to evaluate instead of --subsets",
-                          factory=list, action="extend", metavar="FILE")
+    tune_threshold: bool = arg(
+        False,
+        "also report F1 at a threshold chosen out of sample: tuned on GSM8K "
+        "(cross-fitted on its own rows), applied to all subsets",
+    )
+    tune_data: str | None = arg(
+        None,
+        "a ProcessBench-layout dev file on which the threshold is tuned instead (its rows are never reported)",
+        metavar="FILE",
+    )
+    data: list[str] = arg(
+        help="files in ProcessBench's layout (problem, steps, label) to evaluate instead of --subsets",
+        factory=list,
+        action="extend",
+        metavar="FILE",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.segmenter not in (None, "given"):
-            raise ValueError(f"--segmenter {self.segmenter}: eval processbench scores the given steps; to re-cut them and map "
-                             "each first error back to them, run python -m benchmarks.boundaries --model CKPT")
+            raise ValueError(
+                f"--segmenter {self.segmenter}: eval processbench scores the given steps; to re-cut them and map "
+                "each first error back to them, run python -m benchmarks.boundaries --model CKPT"
+            )
 
 
 @dataclass(kw_only=True)
@@ -94,8 +127,13 @@ class AblationConfig(BestOfN, FirstError, EvalOptions):
 class SuiteConfig(BestOfN, FirstError, EvalOptions):
     model: str = arg(help="checkpoint folder")
     pool: list[str] = arg(help=f"extra pools besides gsm8k_bon_small: {POOL}", factory=list, action="extend")
-    ablation: list[str] = arg(help=f"separately trained models as ROLE=CKPT (ROLE in {', '.join(CHECKPOINT_ROLES)}); "
-                                   "--model fills its own role", factory=list, action="extend", metavar="ROLE=CKPT")
+    ablation: list[str] = arg(
+        help=f"separately trained models as ROLE=CKPT (ROLE in {', '.join(CHECKPOINT_ROLES)}); "
+        "--model fills its own role",
+        factory=list,
+        action="extend",
+        metavar="ROLE=CKPT",
+    )
     long_chain_tokens: int = arg(1024, "long-chain subset: sequences longer than this", min=1)
     perturb_seed: int = arg(1106, "seed of the perturbation analysis", min=0)
     cases: int = arg(3, "case studies to show", min=1)
@@ -105,7 +143,9 @@ class SuiteConfig(BestOfN, FirstError, EvalOptions):
         for given in self.ablation:
             role, sep, _ = given.partition("=")
             if not sep or role not in CHECKPOINT_ROLES:
-                raise ValueError(f"--ablation {given!r}: expected ROLE=CHECKPOINT with ROLE in {', '.join(CHECKPOINT_ROLES)}")
+                raise ValueError(
+                    f"--ablation {given!r}: expected ROLE=CHECKPOINT with ROLE in {', '.join(CHECKPOINT_ROLES)}"
+                )
 
     @property
     def roles(self) -> dict[str, str]:

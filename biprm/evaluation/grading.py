@@ -12,6 +12,7 @@ Conventions:
 - Gold "None" (GSM-Plus critical-thinking items) is matched only by a prediction that
   says so ("None", "no answer", ...). A missing prediction (None) is always wrong.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,7 +37,9 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE = re.compile(r"[{}]")
-_ANSWER_IS = re.compile(r"\banswer is\b[ \t]*:?[ \t]*([^\n]+)", re.IGNORECASE)  # one line: "answer is:\n\nThe answer is 3" is not an answer
+_ANSWER_IS = re.compile(
+    r"\banswer is\b[ \t]*:?[ \t]*([^\n]+)", re.IGNORECASE
+)  # one line: "answer is:\n\nThe answer is 3" is not an answer
 # anywhere in a line ("Therefore, Claire will eat #### 7 dozen eggs"), up to the line's end or its next "####"
 _HASHES = re.compile(r"####[ \t]*((?:(?!####)[^\n])*)")
 _SENTENCE_END = re.compile(r"\.\s")
@@ -105,7 +108,8 @@ def extract_answer(solution: str, question: str | None = None) -> str | None:
 
 def read_answer(solution: str, question: str | None = None) -> tuple[str | None, Reads | None]:
     """`extract_answer`'s answer and how it was read: "marked" (a box, "The answer is", "####") or "fallback" (the last
-    sentence's number, the GSM8K convention), None with no answer. A table says which right answers rest on the fallback:
+    sentence's number, the GSM8K convention), None with no answer. A table says which right answers rest on the
+    fallback:
     a path cut off mid-solution has a last number too."""
     boxed = _last_boxed(solution)
     marked = [boxed] if boxed is not None else []
@@ -132,7 +136,8 @@ def _says_none(answer: str) -> bool:
 def _to_parsable(answer: str) -> str | None:
     """Wrap an answer so that math-verify reads all of it; None for prose that cannot be read (unknown).
 
-    Prose with a number in it is read as a person reads it (`prose.read_prose`, without the question). Bare LaTeX is not seen at all
+    Prose with a number in it is read as a person reads it (`prose.read_prose`, without the question). Bare LaTeX is not
+    seen at all
     ("\\sqrt{2}" parses to nothing) or only in part ("10\\sqrt{2}" parses to 10), so LaTeX
     goes inside $...$. Other prose is left bare: in math mode its words would become a
     product of symbols. Lone words become \\text{} so that "Evelyn" matches a gold
@@ -194,7 +199,9 @@ def _leave_interrupt_to_parent() -> None:
 
 def _new_pool(workers: int) -> ProcessPoolExecutor:
     """A spawned pool, warmed up so that import time does not eat the first deadlines."""
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_leave_interrupt_to_parent)
+    pool = ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_leave_interrupt_to_parent
+    )
     wait([pool.submit(_grade_chunk, [("1", "1")]) for _ in range(workers)], timeout=120)
     return pool
 
@@ -210,8 +217,13 @@ def _kill_pool(pool: ProcessPoolExecutor) -> None:
 
 
 def _drain(
-    pool: ProcessPoolExecutor, queue: deque[list[int]], todo: list[Pair], verdicts: list[bool],
-    failed: list[int], workers: int, timeout: float,
+    pool: ProcessPoolExecutor,
+    queue: deque[list[int]],
+    todo: list[Pair],
+    verdicts: list[bool],
+    failed: list[int],
+    workers: int,
+    timeout: float,
 ) -> None:
     """Grade queued chunks until the queue is empty or one fails; a failure requeues work.
 

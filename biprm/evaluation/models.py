@@ -6,6 +6,7 @@ paper's 2×L2R / 2×R2L ensembles). Every source reads its checkpoints through t
 cache, so the three sources of one checkpoint cost one scoring pass. (A checkpoint's
 training mode, `checkpoint_mode`, is another thing: l2r, r2l, bi-static or bi.)
 """
+
 from __future__ import annotations
 
 import json
@@ -73,11 +74,16 @@ def checkpoint_mode(ckpt: str) -> str:
 
 
 def checkpoint_sources(ckpt: str, prefix: str = "", prm_kind: str | None = None) -> list[ScoreSource]:
-    """A two-stream checkpoint's fused output and each of its streams, labelled so they cannot pass for separate models."""
+    """A two-stream checkpoint's fused output and each of its streams, labelled so they cannot pass for separate
+    models."""
     config = checkpoint_config(ckpt, prm_kind)
     mode, kind = config["mode"], config.get("prm_kind", "biprm")
     if kind != "biprm":  # the training-free rows: what reversal alone does to this PRM
-        streams = [("l2r", f"{kind} (as shipped)"), ("r2l", f"{kind}: steps reversed, zero-shot"), ("fused", f"{kind}: static average, zero-shot")]
+        streams = [
+            ("l2r", f"{kind} (as shipped)"),
+            ("r2l", f"{kind}: steps reversed, zero-shot"),
+            ("fused", f"{kind}: static average, zero-shot"),
+        ]
         return [ScoreSource(prefix + label, [ckpt], stream) for stream, label in streams]
     if MODE_TABLE[mode].fusion is None:
         return [ScoreSource(prefix + mode, [ckpt])]
@@ -108,7 +114,9 @@ def ablation_sources(ckpts: dict[str, str]) -> list[ScoreSource]:
     for role, expected, _ in ROLES:
         for ckpt in members.get(role, []):
             if checkpoint_mode(ckpt) != expected:
-                raise ValueError(f"{ckpt} is a {checkpoint_mode(ckpt)!r} checkpoint, but the {role!r} row needs {expected!r}")
+                raise ValueError(
+                    f"{ckpt} is a {checkpoint_mode(ckpt)!r} checkpoint, but the {role!r} row needs {expected!r}"
+                )
         if role in members:
             sources.append(ScoreSource(role, members[role]))
     return sources

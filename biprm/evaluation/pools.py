@@ -3,6 +3,7 @@
 The candidates come from the data wing (`biprm.data.benchmarks`); here each is graded with
 math-verify where its gold is known, and grades are kept in the score cache.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,8 +41,15 @@ def answer_key(answer: str | None, i: int) -> str:
 
 
 def load_pool(
-    spec: str, data_root: str, limit: int | None = None, questions: str | None = None, questions_split: str = "test",
-    split_rule: str | Segmenter = "auto", cache: ScoreCache | None = None, grade_workers: int = 2, grade_timeout: float = 5.0,
+    spec: str,
+    data_root: str,
+    limit: int | None = None,
+    questions: str | None = None,
+    questions_split: str = "test",
+    split_rule: str | Segmenter = "auto",
+    cache: ScoreCache | None = None,
+    grade_workers: int = 2,
+    grade_timeout: float = 5.0,
 ) -> Pool:
     """A pool with correctness per candidate: math-verify against the gold wherever the gold is known,
     the stored flag only where it is not.
@@ -52,21 +60,39 @@ def load_pool(
     graded again on the next run (the cache keeps -1 for it, never a verdict)."""
     trajs, name, spec = load_candidates(spec, data_root, limit, questions, questions_split, split_rule)
 
-    preds = [extract_answer("\n".join(t.steps), t.question) for t in trajs]  # the question decides "7 dozen" (docs/EVALUATION.md)
+    preds = [
+        extract_answer("\n".join(t.steps), t.question) for t in trajs
+    ]  # the question decides "7 dozen" (docs/EVALUATION.md)
     if any(t.answer is None and t.correct is None for t in trajs):
-        raise DataError(f"{spec}: candidates have no stored 'correct' flag and no gold answer; name the questions as {spec}@QUESTIONS")
+        raise DataError(
+            f"{spec}: candidates have no stored 'correct' flag and no gold answer; name the questions as "
+            f"{spec}@QUESTIONS"
+        )
     known = np.array([i for i, t in enumerate(trajs) if t.answer is not None], dtype=np.int64)
     pairs = [(trajs[i].answer, preds[i]) for i in known]
     graded = np.zeros(0, dtype=np.int8)
     if pairs:
-        grade = lambda: np.array([-1 if v is None else int(v) for v in grade_many(pairs, grade_workers, grade_timeout)], dtype=np.int8)  # noqa: E731
+
+        def grade() -> np.ndarray:
+            return np.array(
+                [-1 if v is None else int(v) for v in grade_many(pairs, grade_workers, grade_timeout)], dtype=np.int8
+            )
+
         if cache is None:
             graded = grade()
         else:
-            graded = cache.array("grades", None, [trajs[i] for i in known], repr(pairs), grade, retry=lambda v: bool((v == -1).any()))
-        if (timed_out := int((graded == -1).sum())):
-            logger.warning("%s: %d candidates could not be graded within %g s; their stored flag (else 'incorrect') is used in this "
-                           "run and they are graded again on the next (raise --grade-timeout to give them longer)", name, timed_out, grade_timeout)
+            graded = cache.array(
+                "grades", None, [trajs[i] for i in known], repr(pairs), grade, retry=lambda v: bool((v == -1).any())
+            )
+        if timed_out := int((graded == -1).sum()):
+            logger.warning(
+                "%s: %d candidates could not be graded within %g s; their stored flag (else 'incorrect') is used in "
+                "this "
+                "run and they are graded again on the next (raise --grade-timeout to give them longer)",
+                name,
+                timed_out,
+                grade_timeout,
+            )
     correct = np.array([bool(t.correct) for t in trajs])
     done = known[graded != -1]
     verdicts = graded[graded != -1] == 1

@@ -14,6 +14,7 @@ FILE`), its threshold is used everywhere instead. The in-sample threshold appear
 Content-free rows stand beside: flag nothing, flag step 0, and "flag step k when there
 are more than k steps" with k chosen on the same tuning rows as the threshold.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -26,7 +27,13 @@ from biprm.evaluation.common import fmt, open_cache, write_outputs
 from biprm.evaluation.config import ProcessBenchConfig
 from biprm.data.benchmarks import load_processbench
 from biprm.evaluation.models import score_sources, sources_of
-from biprm.metrics.processbench import first_error_f1_by_subset, flag_step, predict_first_error, tune_flag_step, tune_threshold
+from biprm.metrics.processbench import (
+    first_error_f1_by_subset,
+    flag_step,
+    predict_first_error,
+    tune_flag_step,
+    tune_threshold,
+)
 from biprm.scoring.step_scores import StepScores
 
 TUNE_ON = "gsm8k"
@@ -91,17 +98,23 @@ def cross_fitted(trajs: list[Trajectory], choose: Choice, apply: Apply) -> tuple
 
 
 def flag_step_rule(trajs: list[Trajectory], dev: list[Trajectory] | None = None) -> dict:
-    """"Flag step k when there are more than k steps", k tuned on `dev`, else cross-fitted (`cross_fitted`): a content-free row."""
+    """ "Flag step k when there are more than k steps", k tuned on `dev`, else cross-fitted (`cross_fitted`): a
+    content-free row."""
     first, where, n_steps = first_errors(trajs), subsets(trajs), _n_steps(trajs)
     if dev is not None:
         k, _ = tune_flag_step(_n_steps(dev), first_errors(dev))
         return {"k": k, **first_error_f1_by_subset(flag_step(n_steps, k), first, where)}
-    pred, k, folds = cross_fitted(trajs, lambda rows: tune_flag_step(n_steps[rows], first[rows])[0], lambda k: flag_step(n_steps, k))
+    pred, k, folds = cross_fitted(
+        trajs, lambda rows: tune_flag_step(n_steps[rows], first[rows])[0], lambda k: flag_step(n_steps, k)
+    )
     return {"k": k, "folds": folds, **_report(pred, first, where)}
 
 
-def out_of_sample(trajs: list[Trajectory], scores: StepScores, dev: tuple[list[Trajectory], StepScores] | None = None) -> dict:
-    """{"threshold", "tuned_on", ...report}: F1 per subset where no row is predicted with a threshold tuned on it (see module doc)."""
+def out_of_sample(
+    trajs: list[Trajectory], scores: StepScores, dev: tuple[list[Trajectory], StepScores] | None = None
+) -> dict:
+    """{"threshold", "tuned_on", ...report}: F1 per subset where no row is predicted with a threshold tuned on it (see
+    module doc)."""
     first, where, probs = first_errors(trajs), subsets(trajs), scores.prob()
     predict = lambda t: predict_first_error(probs, scores.offsets, t)  # noqa: E731
     if dev is not None:
@@ -109,7 +122,12 @@ def out_of_sample(trajs: list[Trajectory], scores: StepScores, dev: tuple[list[T
         return {"threshold": t, "tuned_on": "dev", **first_error_f1_by_subset(predict(t), first, where)}
     choose = lambda rows: tuned_threshold([trajs[i] for i in rows], scores.select(rows))[0]  # noqa: E731
     pred, t, folds = cross_fitted(trajs, choose, predict)
-    return {"threshold": t, "tuned_on": _tuning_rows(trajs)[1], "folds": [{"threshold": f} for f in folds], **_report(pred, first, where)}
+    return {
+        "threshold": t,
+        "tuned_on": _tuning_rows(trajs)[1],
+        "folds": [{"threshold": f} for f in folds],
+        **_report(pred, first, where),
+    }
 
 
 def _report(pred: np.ndarray, first: np.ndarray, where: np.ndarray) -> dict:
@@ -121,9 +139,15 @@ def _report(pred: np.ndarray, first: np.ndarray, where: np.ndarray) -> dict:
     return report
 
 
-def evaluate_processbench(trajs: list[Trajectory], scores: dict[str, StepScores], threshold: float = 0.5, tune: bool = False,
-                          dev: tuple[list[Trajectory], dict[str, StepScores]] | None = None) -> dict:
-    """Per mode: "fixed" (at `threshold`) and, with `tune` or `dev`, "tuned" (out of sample) and "in_sample" (an upper bound)."""
+def evaluate_processbench(
+    trajs: list[Trajectory],
+    scores: dict[str, StepScores],
+    threshold: float = 0.5,
+    tune: bool = False,
+    dev: tuple[list[Trajectory], dict[str, StepScores]] | None = None,
+) -> dict:
+    """Per mode: "fixed" (at `threshold`) and, with `tune` or `dev`, "tuned" (out of sample) and "in_sample" (an upper
+    bound)."""
     modes, where, first = {}, subsets(trajs), first_errors(trajs)
     # rows without GSM8K rows (a user's own file) are cross-fitted within themselves, where they hold both kinds of row
     in_file = dev is None and TUNE_ON not in where and len(np.unique(first == -1)) == 2
@@ -142,7 +166,13 @@ def evaluate_processbench(trajs: list[Trajectory], scores: dict[str, StepScores]
     if dev is not None or TUNE_ON in where or in_file:
         rule = flag_step_rule(trajs, None if dev is None else dev[0])
         baselines[f"flag step k when there are more than k steps (k = {rule['k']}, tuned out of sample)"] = rule
-    return {"threshold": threshold, "subsets": names, "rows": {n: int((where == n).sum()) for n in names}, "modes": modes, "baselines": baselines}
+    return {
+        "threshold": threshold,
+        "subsets": names,
+        "rows": {n: int((where == n).sum()) for n in names},
+        "modes": modes,
+        "baselines": baselines,
+    }
 
 
 def format_processbench(result: dict) -> str:
@@ -151,17 +181,41 @@ def format_processbench(result: dict) -> str:
     heads = [TITLES.get(n, n) for n in names]
     f1_row = lambda r: [fmt(r["subsets"][n]["f1"]) for n in names] + [fmt(r["average_f1"])]  # noqa: E731
     rows = [[f"{key} @ {result['threshold']:g}", *f1_row(m["fixed"])] for key, m in modes.items()]
-    source = lambda m: {"dev": "a dev set", TUNE_ON: "GSM8K, cross-fitted"}.get(m["tuned"]["tuned_on"], "these rows, cross-fitted over questions")  # noqa: E731
-    rows += [[f"{key} @ {m['tuned']['threshold']:.3f} (tuned on {source(m)})", *f1_row(m["tuned"])] for key, m in modes.items() if "tuned" in m]
-    rows += [[f"{key} @ {m['in_sample']['threshold']:.3f} (in sample: an upper bound, not a result)", *f1_row(m["in_sample"])]
-             for key, m in modes.items() if "in_sample" in m]
+
+    def source(m: dict) -> str:
+        return {"dev": "a dev set", TUNE_ON: "GSM8K, cross-fitted"}.get(
+            m["tuned"]["tuned_on"], "these rows, cross-fitted over questions"
+        )
+
+    rows += [
+        [f"{key} @ {m['tuned']['threshold']:.3f} (tuned on {source(m)})", *f1_row(m["tuned"])]
+        for key, m in modes.items()
+        if "tuned" in m
+    ]
+    rows += [
+        [
+            f"{key} @ {m['in_sample']['threshold']:.3f} (in sample: an upper bound, not a result)",
+            *f1_row(m["in_sample"]),
+        ]
+        for key, m in modes.items()
+        if "in_sample" in m
+    ]
     rows += [[f"baseline: {key}", *f1_row(b)] for key, b in result.get("baselines", {}).items()]
     both = lambda s: f"{fmt(s['acc_error'])} / {fmt(s['acc_correct'])}"  # noqa: E731
-    acc = [[f"{key} @ {result['threshold']:g}", *(both(m["fixed"]["subsets"][n]) for n in names)] for key, m in modes.items()]
-    acc += [[f"baseline: {key}", *(both(b["subsets"][n]) for n in names)] for key, b in result.get("baselines", {}).items()]
+    acc = [
+        [f"{key} @ {result['threshold']:g}", *(both(m["fixed"]["subsets"][n]) for n in names)]
+        for key, m in modes.items()
+    ]
+    acc += [
+        [f"baseline: {key}", *(both(b["subsets"][n]) for n in names)] for key, b in result.get("baselines", {}).items()
+    ]
     sizes = ", ".join(f"{TITLES.get(n, n)} {k}" for n, k in result["rows"].items())
-    return (f"Rows: {sizes}. F1 (%):\n\n" + markdown_table(["mode", *heads, "Avg. F1"], rows)
-            + "\n\nAccuracy on erroneous / clean rows (%):\n\n" + markdown_table(["mode", *heads], acc))
+    return (
+        f"Rows: {sizes}. F1 (%):\n\n"
+        + markdown_table(["mode", *heads, "Avg. F1"], rows)
+        + "\n\nAccuracy on erroneous / clean rows (%):\n\n"
+        + markdown_table(["mode", *heads], acc)
+    )
 
 
 def run_processbench(cfg: ProcessBenchConfig) -> dict:

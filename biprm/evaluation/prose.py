@@ -16,6 +16,7 @@ minutes" gives 30. Here an answer is read by clauses and by what follows its num
 
 What cannot be read this way is unknown (`Reading(None)`), never a guessed number.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,9 +31,14 @@ NUMBER = (
 )
 _NUMBER_FULL = re.compile(NUMBER)
 NUMBER_IN_TEXT = re.compile(r"(?<![\w.])" + NUMBER)
-_ONES = {w: i for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
-    "eighteen nineteen".split())}
+_ONES = {
+    w: i
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+        "seventeen "
+        "eighteen nineteen".split()
+    )
+}
 _TENS = {w: 10 * i for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split(), start=2)}
 _SCALES = {"hundred": 100, "thousand": 10**3, "million": 10**6, "billion": 10**9}
 _WORD_TOKEN = re.compile(r"[A-Za-z]+(?:-[A-Za-z]+)?")
@@ -40,7 +46,8 @@ _WORD_TOKEN = re.compile(r"[A-Za-z]+(?:-[A-Za-z]+)?")
 _CLAUSE = re.compile(
     r"(?P<causal>,?\s*\b(?:so|therefore|thus|hence)\b,?)"
     r"|(?P<equivalent>,?\s*\b(?:which is|which equals|which means|that is|i\.e\.|or)\b,?|\s*=\s*)",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 # A number after one of these modifies the answer ("in 4 weeks", "for 5 days"); it is not the answer.
 _MODIFIER_BEFORE = re.compile(r"\b(?:in|for|after|within|during|per|every|each)\s*\$?\Z", re.IGNORECASE)
 _HALF = re.compile(r"\s+and\s+(?:a|one)\s+half\b", re.IGNORECASE)
@@ -48,15 +55,60 @@ _SCALE_AFTER = re.compile(r"\s*(?P<scale>thousand|million|billion)s?\b", re.IGNO
 _DOZEN_AFTER = re.compile(r"\s*dozens?\b", re.IGNORECASE)
 # (larger unit, smaller unit, smaller per larger): "N hours and M minutes".
 _COMPOUNDS = tuple(
-    (large, small, ratio, re.compile(rf"\s*(?:{large})s?\s*,?\s*(?:and\s+)?(?P<n>\d+(?:\.\d+)?)\s*(?:{small})(?:e?s)?\b", re.IGNORECASE))
-    for large, small, ratio in (("hour", "minute", 60), ("minute", "second", 60), ("day", "hour", 24), ("week", "day", 7),
-                                ("year", "month", 12), ("foot|feet", "inch", 12), ("pound", "ounce", 16), ("dollar", "cent", 100)))
-_UNITS = ("second", "minute", "hour", "day", "week", "month", "year", "inch", "foot", "feet", "yard", "mile", "meter", "metre",
-          "centimet", "kilomet", "cm", "km", "dollar", "cent", "pound", "ounce", "gram", "kilogram", "kg", "liter", "litre",
-          "gallon", "cup", "dozen")
+    (
+        large,
+        small,
+        ratio,
+        re.compile(rf"\s*(?:{large})s?\s*,?\s*(?:and\s+)?(?P<n>\d+(?:\.\d+)?)\s*(?:{small})(?:e?s)?\b", re.IGNORECASE),
+    )
+    for large, small, ratio in (
+        ("hour", "minute", 60),
+        ("minute", "second", 60),
+        ("day", "hour", 24),
+        ("week", "day", 7),
+        ("year", "month", 12),
+        ("foot|feet", "inch", 12),
+        ("pound", "ounce", 16),
+        ("dollar", "cent", 100),
+    )
+)
+_UNITS = (
+    "second",
+    "minute",
+    "hour",
+    "day",
+    "week",
+    "month",
+    "year",
+    "inch",
+    "foot",
+    "feet",
+    "yard",
+    "mile",
+    "meter",
+    "metre",
+    "centimet",
+    "kilomet",
+    "cm",
+    "km",
+    "dollar",
+    "cent",
+    "pound",
+    "ounce",
+    "gram",
+    "kilogram",
+    "kg",
+    "liter",
+    "litre",
+    "gallon",
+    "cup",
+    "dozen",
+)
 _UNIT_AFTER = re.compile(r"\s*([A-Za-z]+)")
 # Arithmetic with a name in it ("10+John's age", "(x - 16) gallons"): an expression, not a number.
-_VARIABLE = re.compile(r"[A-Za-z]\s*[+*×]\s*[\d(]|[\d)]\s*[+*×]\s*[A-Za-z]|[A-Za-z)]\s+[-\u2212]\s+[\d(]|[\d)]\s+[-\u2212]\s+[A-Za-z(]")
+_VARIABLE = re.compile(
+    r"[A-Za-z]\s*[+*×]\s*[\d(]|[\d)]\s*[+*×]\s*[A-Za-z]|[A-Za-z)]\s+[-\u2212]\s+[\d(]|[\d)]\s+[-\u2212]\s+[A-Za-z(]"
+)
 _CLOCK = re.compile(r"\b(\d{1,2}):(\d\d)\b")
 _ADJECTIVE_AFTER = re.compile(r"-[A-Za-z]")  # "400-meter hurdles", "30-minute episodes"
 _LATEX = re.compile(r"\\[a-zA-Z]|[{}^_]")
@@ -139,7 +191,8 @@ def _grammar(tokens: list[str]) -> list[int | None] | None:
 
 
 def words_to_number(text: str) -> int | None:
-    """ "twelve" -> 12, "two hundred and five" -> 205, "a million" -> 1000000; None if `text` is not one number in words."""
+    """ "twelve" -> 12, "two hundred and five" -> 205, "a million" -> 1000000; None if `text` is not one number in
+    words."""
     values = _grammar(re.split(r"[\s-]+", text.lower().strip()))
     return values[-1] if values else None
 
@@ -178,10 +231,15 @@ def _mentions(text: str, words: bool | str) -> list[_Mention]:
         if spelling is None or (m["den"] and int(m["den"]) == 0):
             continue
         value = Fraction(m["int"].replace(",", "")) / (int(m["den"]) if m["den"] else 1)
-        found.append(_Mention(m.start(), m.end(), -value if spelling.startswith("-") else value, spelling, bool(m["pct"])))
+        found.append(
+            _Mention(m.start(), m.end(), -value if spelling.startswith("-") else value, spelling, bool(m["pct"]))
+        )
     if words:
-        found += [_Mention(a, b, Fraction(v), str(v), in_words=True) for a, b, v in _word_numbers(text)
-                  if not any(f.start < b and a < f.end for f in found) and (words == "all" or text[a:b].lower() != "one")]
+        found += [
+            _Mention(a, b, Fraction(v), str(v), in_words=True)
+            for a, b, v in _word_numbers(text)
+            if not any(f.start < b and a < f.end for f in found) and (words == "all" or text[a:b].lower() != "one")
+        ]
     return sorted(found, key=lambda f: f.start)
 
 
@@ -256,7 +314,11 @@ def read_prose(text: str, question: str | None = None, marked: bool = True) -> R
     as an answer ("the first five tests"; a lone "one" is as often a pronoun)."""
     text = text.replace("\\$", "$").replace("\\%", "%").strip().lstrip("#:").strip().rstrip(".").strip()
     text = _CLOCK.sub(lambda m: m[1] if m[2] == "00" else m[0], text)  # "2:00 pm" is 2; "2:30 pm" stays unreadable
-    if _LATEX.search(text) or not _PROSE_WORD.search(NUMBER_IN_TEXT.sub(" ", text)) or not _mentions(text, "all" if marked else True):
+    if (
+        _LATEX.search(text)
+        or not _PROSE_WORD.search(NUMBER_IN_TEXT.sub(" ", text))
+        or not _mentions(text, "all" if marked else True)
+    ):
         return None
     if _VARIABLE.search(text) or _CLOCK.search(text):
         return Reading(None)
@@ -268,7 +330,9 @@ def read_prose(text: str, question: str | None = None, marked: bool = True) -> R
     for start, stop, kind in reversed(list(zip(starts, stops, kinds))):
         clause = text[start:stop]
         mentions = _mentions(clause, words="all" if marked or readings else True)
-        if not (marked or readings):  # a last sentence: its numbers in words are counts in passing ("the first five tests")
+        if not (
+            marked or readings
+        ):  # a last sentence: its numbers in words are counts in passing ("the first five tests")
             if mentions and all(m.in_words for m in mentions):
                 return Reading(None)
             mentions = [m for m in mentions if not m.in_words]

@@ -1,4 +1,5 @@
 """Markdown for the analyses that `biprm.analysis` returns as data only."""
+
 from __future__ import annotations
 
 from biprm.analysis.common import markdown_table
@@ -11,8 +12,10 @@ def format_long_chain(result: dict, metric: str, what: str) -> str:
         [mode, fmt(full[metric]), fmt(result["long"][mode][metric]), fmt(result["relative_drop"][mode])]
         for mode, full in result["full"].items()
     ]
-    head = (f"Long subset: {result['n_long']} of {result['n_full']} {what} longer than {result['threshold']} tokens; "
-            f"average length {fmt(result['avg_len_full'], 0)} → {fmt(result['avg_len_long'], 0)} tokens.\n\n")
+    head = (
+        f"Long subset: {result['n_long']} of {result['n_full']} {what} longer than {result['threshold']} tokens; "
+        f"average length {fmt(result['avg_len_full'], 0)} → {fmt(result['avg_len_long'], 0)} tokens.\n\n"
+    )
     return head + markdown_table(["mode", "full", f"> {result['threshold']} tokens", "relative drop %"], rows)
 
 

@@ -9,6 +9,7 @@ file written from them, are the ones a single process would compute (up to float
 rounding of differently shaped batches). A process that fails sends its error back,
 and the main process raises it; when the recipe ends, for any reason, the others stop.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,12 +24,17 @@ from biprm.scoring.scorer import Scorer
 
 log = logging.getLogger(__name__)
 Job = tuple[str, list[Trajectory]] | None  # (checkpoint, block of trajectories); None: stop
-_jobs = None  # while run_shared runs: the gloo group that carries jobs and results (never a GPU, so waiting costs nothing)
+_jobs = (
+    None  # while run_shared runs: the gloo group that carries jobs and results (never a GPU, so waiting costs nothing)
+)
 
 
-def _score(scorer: Callable[[str], Scorer], job: tuple[str, list[Trajectory]], progress: bool) -> StepScores | Exception | None:
+def _score(
+    scorer: Callable[[str], Scorer], job: tuple[str, list[Trajectory]], progress: bool
+) -> StepScores | Exception | None:
     """One block's scores; None for an empty block. A failure is sent back, so that the main process fails
-    with it instead of waiting forever: bad input (ValueError, OSError) as a ValueError, anything else as a RuntimeError."""
+    with it instead of waiting forever: bad input (ValueError, OSError) as a ValueError, anything else as a
+    RuntimeError."""
     ckpt, block = job
     if not block:
         return None
@@ -59,14 +65,23 @@ def score_shared(scorer: Callable[[str], Scorer], ckpt: str, trajs: list[Traject
         return _score_here(scorer(ckpt), trajs, progress=True)
     bounds = [len(trajs) * r // world for r in range(world + 1)]
     blocks = [trajs[a:b] for a, b in zip(bounds, bounds[1:])]
-    log.info("scoring %d trajectories with %s on %d processes (%s rows each)", len(trajs), ckpt, world, "/".join(str(len(b)) for b in blocks))
+    log.info(
+        "scoring %d trajectories with %s on %d processes (%s rows each)",
+        len(trajs),
+        ckpt,
+        world,
+        "/".join(str(len(b)) for b in blocks),
+    )
     job: list[Job] = [None]
     dist.scatter_object_list(job, [(ckpt, b) for b in blocks], src=0, group=_jobs)
     parts = _gather(_score(scorer, job[0], progress=True))
     for r, error in enumerate(parts):
         if isinstance(error, Exception):
-            raise type(error)(f"scoring {ckpt} failed on process {r + 1} of {world}, which scored rows {bounds[r] + 1}-{bounds[r + 1]} "
-                              f"(its 'trajectory k' is row {bounds[r] + 1} + k): {error}")
+            raise type(error)(
+                f"scoring {ckpt} failed on process {r + 1} of {world}, which scored rows "
+                f"{bounds[r] + 1}-{bounds[r + 1]} "
+                f"(its 'trajectory k' is row {bounds[r] + 1} + k): {error}"
+            )
     return concat([p for p in parts if p is not None])
 
 

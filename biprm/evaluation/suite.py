@@ -11,6 +11,7 @@ Modes are the checkpoint's own outputs (a `bi` model: fused, L2R stream, R2L str
 with `ablation`, the separately trained models. Scores come from the cache, so a rerun
 only computes what is missing, and report.md, results.json and the PNGs are rewritten.
 """
+
 from __future__ import annotations
 
 import re
@@ -46,7 +47,14 @@ from biprm.evaluation.common import fmt, open_cache, write_json
 from biprm.evaluation.config import SuiteConfig
 from biprm.data.benchmarks import load_processbench
 from biprm.evaluation.pools import load_pool
-from biprm.evaluation.models import ScoreSource, ablation_sources, checkpoint_mode, checkpoint_sources, score_sources, token_lengths
+from biprm.evaluation.models import (
+    ScoreSource,
+    ablation_sources,
+    checkpoint_mode,
+    checkpoint_sources,
+    score_sources,
+    token_lengths,
+)
 from biprm.evaluation.processbench import TUNE_ON, evaluate_processbench, format_processbench
 from biprm.evaluation.report import format_curves, format_long_chain
 from biprm.metrics.bon import PROTOCOLS
@@ -89,10 +97,19 @@ def run_suite(cfg: SuiteConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ablation = {checkpoint_mode(cfg.model): cfg.model} | cfg.roles if cfg.ablation else {}
-    suite = Suite(cfg, open_cache(cfg), ablation_sources(ablation) if ablation else checkpoint_sources(cfg.model, prm_kind=cfg.prm_kind), out)
+    suite = Suite(
+        cfg,
+        open_cache(cfg),
+        ablation_sources(ablation) if ablation else checkpoint_sources(cfg.model, prm_kind=cfg.prm_kind),
+        out,
+    )
     pools = ["gsm8k_bon_small", *cfg.pool]
     stage = Stages(len(pools) + 5)
-    results: dict = {"config": asdict(cfg), "modes": {m.key: {"checkpoints": m.checkpoints, "stream": m.stream} for m in suite.sources}, "bon": {}}
+    results: dict = {
+        "config": asdict(cfg),
+        "modes": {m.key: {"checkpoints": m.checkpoints, "stream": m.stream} for m in suite.sources},
+        "bon": {},
+    }
     md = [header(cfg, ablation), markdown_sources(suite.sources)]
     for spec in pools:
         with stage(f"BoN {spec}"):
@@ -104,8 +121,12 @@ def run_suite(cfg: SuiteConfig) -> dict:
         scores = suite.scores(trajs)
         pb = results["processbench"] = evaluate_processbench(trajs, scores, cfg.threshold, tune=TUNE_ON in cfg.subsets)
         md += ["## ProcessBench", format_processbench(pb)]
-    for name, section in (("position analyses", position_section), ("long chains", long_chain_section),
-                          ("perturbations", perturbation_section), ("case studies", cases_section)):
+    for name, section in (
+        ("position analyses", position_section),
+        ("long chains", long_chain_section),
+        ("perturbations", perturbation_section),
+        ("case studies", cases_section),
+    ):
         with stage(name):
             part, lines = section(suite, trajs, scores)
         results |= part
@@ -123,39 +144,61 @@ def run_suite(cfg: SuiteConfig) -> dict:
 
 
 def header(cfg: SuiteConfig, ablation: dict[str, str]) -> str:
-    return (f"# BiPRM evaluation report\n\nModel `{cfg.model}`" + (f", ablation models {ablation}" if ablation else "")
-            + f"; data `{cfg.data_root}`" + (f"; at most {cfg.limit} questions per pool and rows per subset" if cfg.limit else "") + ".")
+    return (
+        f"# BiPRM evaluation report\n\nModel `{cfg.model}`"
+        + (f", ablation models {ablation}" if ablation else "")
+        + f"; data `{cfg.data_root}`"
+        + (f"; at most {cfg.limit} questions per pool and rows per subset" if cfg.limit else "")
+        + "."
+    )
 
 
 def bon_section(suite: Suite, spec: str) -> Section:
     """Best-of-N on one pool: the protocol, aggregation sensitivity, long chains."""
     cfg = suite.cfg
-    pool = load_pool(spec, cfg.data_root, cfg.limit, split_rule=trace_segmenter([cfg.model], cfg.segmenter), cache=suite.cache,
-                     grade_workers=cfg.grade_workers, grade_timeout=cfg.grade_timeout)
+    pool = load_pool(
+        spec,
+        cfg.data_root,
+        cfg.limit,
+        split_rule=trace_segmenter([cfg.model], cfg.segmenter),
+        cache=suite.cache,
+        grade_workers=cfg.grade_workers,
+        grade_timeout=cfg.grade_timeout,
+    )
     scores = suite.scores(pool.trajs)
     lengths = token_lengths(cfg.model, pool.trajs, suite.cache)
     bon = evaluate_bon(pool, scores, cfg.agg, cfg.ns, PROTOCOLS)
     bon["aggregation"] = aggregation_table(pool.qid, pool.correct, scores, cfg.ns)
     bon["long_chain"] = long_chain_bon(pool.qid, pool.correct, scores, lengths, cfg.long_chain_tokens, cfg.ns, cfg.agg)
     return {pool.name: bon}, [
-        f"## Best-of-N: {pool.name}", format_bon(bon), "### Aggregation sensitivity", format_aggregation_table(bon["aggregation"]),
-        "### Long chains", format_long_chain(bon["long_chain"], "mean", "candidates") + f"\n\nMean BoN@n (%), aggregation `{cfg.agg}`."]
+        f"## Best-of-N: {pool.name}",
+        format_bon(bon),
+        "### Aggregation sensitivity",
+        format_aggregation_table(bon["aggregation"]),
+        "### Long chains",
+        format_long_chain(bon["long_chain"], "mean", "candidates") + f"\n\nMean BoN@n (%), aggregation `{cfg.agg}`.",
+    ]
 
 
 def position_section(suite: Suite, trajs: list[Trajectory], scores: dict[str, StepScores]) -> Section:
     """Where along a solution each mode errs, and what the gate trusts there."""
     mae = mae_by_position(trajs, scores)
     plot_mae_by_position(mae, str(suite.out / "mae_by_position.png"))
-    md = ["## Step-wise MAE by position (ProcessBench labels)",
-          f"![MAE by position](mae_by_position.png)\n\nMean |p_t − y_t| per position bin; average error onset "
-          f"{fmt(100 * mae['error_onset'])}% over {mae['n_erroneous']} erroneous of {mae['n_trajectories']} solutions.\n\n"
-          + format_curves(mae["curves"])]
+    md = [
+        "## Step-wise MAE by position (ProcessBench labels)",
+        f"![MAE by position](mae_by_position.png)\n\nMean |p_t − y_t| per position bin; average error onset "
+        f"{fmt(100 * mae['error_onset'])}% over {mae['n_erroneous']} erroneous of {mae['n_trajectories']} "
+        "solutions.\n\n" + format_curves(mae["curves"]),
+    ]
     gated = {m.key: sigma_by_position(scores[m.key]) for m in suite.sources if m.stream == "fused" and m.kind == "bi"}
     for n, (key, sigma) in enumerate(gated.items()):
         name = "sigma_by_position.png" if n == 0 else f"sigma_by_position_{n}.png"
         plot_sigma_by_position(sigma, str(suite.out / name))
-        md += [f"## Gate σ by position: {key}", f"![gate by position]({name})\n\nMean σ_t, the weight on the L2R stream "
-               "(below 0.5 the R2L stream dominates).\n\n" + format_curves({key: sigma["curve"]})]
+        md += [
+            f"## Gate σ by position: {key}",
+            f"![gate by position]({name})\n\nMean σ_t, the weight on the L2R stream "
+            "(below 0.5 the R2L stream dominates).\n\n" + format_curves({key: sigma["curve"]}),
+        ]
     return {"mae_by_position": mae, "sigma_by_position": gated}, md
 
 
@@ -164,8 +207,11 @@ def long_chain_section(suite: Suite, trajs: list[Trajectory], scores: dict[str, 
     lengths = token_lengths(cfg.model, trajs, suite.cache)
     lc = long_chain_processbench(trajs, scores, lengths, cfg.long_chain_tokens, cfg.threshold)
     return {"long_chain_processbench": lc}, [
-        "## Long chains: ProcessBench", format_long_chain(lc, "average_f1", "solutions")
-        + f"\n\nAverage F1 (%) over subsets at threshold {cfg.threshold:g}; a subset without both kinds of long row has no F1."]
+        "## Long chains: ProcessBench",
+        format_long_chain(lc, "average_f1", "solutions")
+        + f"\n\nAverage F1 (%) over subsets at threshold {cfg.threshold:g}; a subset without both kinds of long row "
+        "has no F1.",
+    ]
 
 
 def perturbation_section(suite: Suite, trajs: list[Trajectory], scores: dict[str, StepScores]) -> Section:
@@ -174,23 +220,34 @@ def perturbation_section(suite: Suite, trajs: list[Trajectory], scores: dict[str
     perturbed = perturb_dataset(trajs, cfg.perturb_seed)
     robust = perturbation_robustness(scores, suite.scores(perturbed), trajs, perturbed, cfg.threshold)
     return {"perturbation": robust}, [
-        "## Robustness to step-boundary perturbations", f"Perturbed F1 (%) and its drop from the clean set, threshold "
-        f"{cfg.threshold:g}, seed {cfg.perturb_seed}: one merge, split or filler step per solution.\n\n" + format_perturbation_table(robust)]
+        "## Robustness to step-boundary perturbations",
+        f"Perturbed F1 (%) and its drop from the clean set, threshold "
+        f"{cfg.threshold:g}, seed {cfg.perturb_seed}: one merge, split or filler step per solution.\n\n"
+        + format_perturbation_table(robust),
+    ]
 
 
 def cases_section(suite: Suite, trajs: list[Trajectory], scores: dict[str, StepScores]) -> Section:
     """Case studies, read from the gated model (else the static one): they compare its two streams."""
     shown = {m.key: scores[m.key] for m in suite.sources if m.stream == "fused"}
-    bi = next((m.key for kind in ("bi", "bi-static") for m in suite.sources if m.stream == "fused" and m.kind == kind), None)
+    bi = next(
+        (m.key for kind in ("bi", "bi-static") for m in suite.sources if m.stream == "fused" and m.kind == kind), None
+    )
     if bi is None:
-        return {}, ["## Case studies", "Skipped: case studies compare the L2R and R2L streams, and no model here has both."]
+        return {}, [
+            "## Case studies",
+            "Skipped: case studies compare the L2R and R2L streams, and no model here has both.",
+        ]
     picked = pick_cases(trajs, shown, suite.cfg.cases, bi=bi)
     cases_md, cases_html = case_studies(trajs, shown, picked, bi=bi)
     (suite.out / "cases.md").write_text(cases_md)
     (suite.out / "cases.html").write_text(cases_html)
     titles = "\n".join(f"- {t}" for t in re.findall("^## (.*)$", cases_md, flags=re.M))
-    return {"cases": picked}, ["## Case studies", f"Step-by-step probabilities of {len(picked)} ProcessBench items, read from `{bi}`, in "
-                                                  f"[cases.md](cases.md) and [cases.html](cases.html):\n\n{titles}"]
+    return {"cases": picked}, [
+        "## Case studies",
+        f"Step-by-step probabilities of {len(picked)} ProcessBench items, read from `{bi}`, in "
+        f"[cases.md](cases.md) and [cases.html](cases.html):\n\n{titles}",
+    ]
 
 
 def markdown_sources(sources: list[ScoreSource]) -> str:

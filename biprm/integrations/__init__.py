@@ -1,1 +1,1 @@
-"""BiPRM rewards for RL trainers and search libraries: a TRL GRPO reward function, per-token process rewards, an its_hub PRM."""
+"""BiPRM rewards for RL trainers and search libraries: TRL GRPO rewards, per-token process rewards, an its_hub PRM."""

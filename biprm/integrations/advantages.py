@@ -7,6 +7,7 @@ An optional outcome reward per completion, normalised over its group as GRPO doe
 added to every token with a weight. A completion with no scored step gets advantage 0 and
 counts in no statistic: the reward model said nothing about it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -23,8 +24,15 @@ def group_stats(values: torch.Tensor, groups: torch.Tensor, n_groups: int) -> tu
     return mean, (square / (count - 1).clamp(min=1)).sqrt()
 
 
-def process_advantages(step_rewards: torch.Tensor, step_end: torch.Tensor, mask: torch.Tensor, group: Sequence,
-                       outcome: torch.Tensor | None = None, outcome_weight: float = 1.0, eps: float = 1e-6) -> torch.Tensor:
+def process_advantages(
+    step_rewards: torch.Tensor,
+    step_end: torch.Tensor,
+    mask: torch.Tensor,
+    group: Sequence,
+    outcome: torch.Tensor | None = None,
+    outcome_weight: float = 1.0,
+    eps: float = 1e-6,
+) -> torch.Tensor:
     """(B, T) advantages from step rewards placed on the tokens where steps end.
 
     step_rewards: (B, T), read only where `step_end` (B, T, bool) is true, so a step may score 0.

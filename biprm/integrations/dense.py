@@ -4,6 +4,7 @@ Each step's score goes on the policy token where that step's text ends; every ot
 token gets 0. Steps are found in the completion text in order, so the rule that cut
 the text into steps must be the one that produced `steps` (e.g. `split_steps`).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,9 @@ def step_end_chars(text: str, steps: Sequence[str]) -> list[int]:
 
 def step_end_tokens(offsets: Sequence[tuple[int, int]], ends: Sequence[int]) -> list[int]:
     """Index of the token that holds the last character of each step, from the tokenizer's offset mapping."""
-    token_ends = np.maximum.accumulate([e for _, e in offsets])  # special tokens are (0, 0): they end where the last text did
+    token_ends = np.maximum.accumulate(
+        [e for _, e in offsets]
+    )  # special tokens are (0, 0): they end where the last text did
     index = np.searchsorted(token_ends, np.asarray(ends) - 1, side="right")
     if len(ends) and index.max() >= len(offsets):
         raise ValueError("a step ends past the last token: the offsets do not cover the completion text")
@@ -56,20 +59,25 @@ def decoded_offsets(tokenizer, ids: Sequence[int]) -> tuple[str, list[tuple[int,
 
 
 def stream_scores(row: dict, stream: str) -> list[float]:
-    """One stream's step scores from a score row (`biprm score`'s or the server's); a stream the model lacks is an error."""
+    """One stream's step scores from a score row (`biprm score`'s or the server's); a stream the model lacks is an
+    error."""
     if row.get(stream) is None:
         raise LookupError(f"stream {stream!r}: the reward model does not output it (its score rows have it null)")
     return row[stream]
 
 
-def placed_step_rewards(text: str, steps: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]]) -> tuple[list[int], list[float]]:
+def placed_step_rewards(
+    text: str, steps: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]]
+) -> tuple[list[int], list[float]]:
     """(token ending each scored step, that step's score). A scorer may return fewer scores than
     steps (steps past its max_length); only those steps are placed."""
     placed = step_end_tokens(offsets, step_end_chars(text, steps)[: len(scores)])
     return placed, [float(x) for x in scores[: len(placed)]]
 
 
-def token_rewards(text: str, steps: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]]) -> np.ndarray:
+def token_rewards(
+    text: str, steps: Sequence[str], scores: Sequence[float], offsets: Sequence[tuple[int, int]]
+) -> np.ndarray:
     """Per-token rewards for a completion: scores[k] on the token ending step k, 0 elsewhere.
 
     `offsets` are the (start, end) characters of the completion's tokens, as

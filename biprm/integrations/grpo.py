@@ -9,6 +9,7 @@ aggregation (min, the paper's, unless chosen otherwise):
     reward = BiPRMReward(scorer=Scorer.from_pretrained("runs/biprm"))   # or url="http://rm-host:8000"
     GRPOTrainer(model=policy, reward_funcs=[reward], ...)
 """
+
 from __future__ import annotations
 
 import json
@@ -52,27 +53,50 @@ class BiPRMReward:
 
     __name__ = "biprm"
 
-    def __init__(self, scorer: Scorer | None = None, url: str | None = None, aggregation: str = "min", split: str = "auto",
-                 invalid_reward: float = 0.0, request_size: int = 64, retries: int = 8, timeout: float = 600.0, api_key: str | None = None):
+    def __init__(
+        self,
+        scorer: Scorer | None = None,
+        url: str | None = None,
+        aggregation: str = "min",
+        split: str = "auto",
+        invalid_reward: float = 0.0,
+        request_size: int = 64,
+        retries: int = 8,
+        timeout: float = 600.0,
+        api_key: str | None = None,
+    ):
         if (scorer is None) == (url is None):
             raise ValueError("give exactly one of `scorer` (score in this process) and `url` (a running `biprm serve`)")
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation {aggregation!r}: choose one of {AGGREGATIONS}")
         split_steps("", split)  # an unknown rule fails here, not at the first training step
         self.scorer, self.url, self.aggregation, self.split = scorer, url and url.rstrip("/"), aggregation, split
-        self.invalid_reward, self.request_size, self.retries, self.timeout = invalid_reward, request_size, retries, timeout
+        self.invalid_reward, self.request_size, self.retries, self.timeout = (
+            invalid_reward,
+            request_size,
+            retries,
+            timeout,
+        )
         key = api_key or os.environ.get(API_KEY_ENV)
         self.headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
 
     def trajectories(self, prompts: list, completions: list) -> list[Trajectory]:
         """One trajectory per completion (a completion with no step text has no steps)."""
-        return [Trajectory(message_text(p, "user"), split_steps(message_text(c, "assistant"), self.split))
-                for p, c in zip(prompts, completions, strict=True)]
+        return [
+            Trajectory(message_text(p, "user"), split_steps(message_text(c, "assistant"), self.split))
+            for p, c in zip(prompts, completions, strict=True)
+        ]
 
     def __call__(self, prompts: list, completions: list, **kwargs) -> list[float]:
         rows, why = self.rows(prompts, completions)
         if why:
-            log.warning("%d of %d completions could not be scored and get reward %g; first: %s", len(why), len(rows), self.invalid_reward, why[0])
+            log.warning(
+                "%d of %d completions could not be scored and get reward %g; first: %s",
+                len(why),
+                len(rows),
+                self.invalid_reward,
+                why[0],
+            )
         return [self.invalid_reward if row is None else row["solution"][self.aggregation] for row in rows]
 
     def rows(self, prompts: list, completions: list) -> tuple[list[dict | None], list[str]]:
@@ -83,7 +107,8 @@ class BiPRMReward:
         return [rows.get(i) for i in range(len(trajs))], why
 
     def _local(self, trajs: list[Trajectory]) -> tuple[dict[int, dict], list[str]]:
-        """({completion: row}, why the others got none): each completion is encoded once, then scored from its encoding."""
+        """({completion: row}, why the others got none): each completion is encoded once, then scored from its
+        encoding."""
         encs, problems = self.scorer.encode(trajs, [f"completion {i}" for i in range(len(trajs))], skip_invalid=True)
         bad = {i for i, _ in problems}
         ok = [i for i in range(len(trajs)) if i not in bad]
@@ -149,6 +174,12 @@ class AnswerReward:
 
     def __call__(self, prompts: list, completions: list, **kwargs) -> list[float | None]:
         if self.column not in kwargs:
-            raise ValueError(f"the training dataset has no {self.column!r} column for AnswerReward to grade against (AnswerReward(column=...))")
-        pairs = [(str(gold), extract_answer(message_text(c, "assistant"))) for gold, c in zip(kwargs[self.column], completions, strict=True)]
+            raise ValueError(
+                f"the training dataset has no {self.column!r} column for AnswerReward to grade against "
+                "(AnswerReward(column=...))"
+            )
+        pairs = [
+            (str(gold), extract_answer(message_text(c, "assistant")))
+            for gold, c in zip(kwargs[self.column], completions, strict=True)
+        ]
         return [None if v is None else float(v) for v in grade_many(pairs, self.workers, self.timeout)]

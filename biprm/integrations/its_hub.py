@@ -18,6 +18,7 @@ ParticleFiltering hand the PRM `ChatMessages.to_prompt()`, which flattens a mess
 into one "role: content" text, so a system message would be read as part of the question;
 set a system prompt on the language model instead.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,25 +31,47 @@ from biprm.scoring.paths import PathScorer, check_streams, fused_scores
 from biprm.search.steps import STEP_TOKEN, response_steps
 from biprm.serve.batcher import Batcher
 
-BATCH_WAIT_MS = 10.0  # how long a level's first ascore waits for the other questions' (their policy calls end close together)
-LOW, HIGH = np.finfo(np.float64).tiny, 1.0 - np.finfo(np.float64).epsneg  # open (0, 1): a caller may take a log or a logit
+BATCH_WAIT_MS = (
+    10.0  # how long a level's first ascore waits for the other questions' (their policy calls end close together)
+)
+LOW, HIGH = (
+    np.finfo(np.float64).tiny,
+    1.0 - np.finfo(np.float64).epsneg,
+)  # open (0, 1): a caller may take a log or a logit
 
 
 class BiPRMProcessRewardModel(AbstractProcessRewardModel):
-    def __init__(self, scorer: PathScorer, step_token: str = STEP_TOKEN, aggregation: str = "min", streams: str = "fused",
-                 max_wait_ms: float = BATCH_WAIT_MS):
-        """`step_token`: the one the search's StepGeneration cuts steps at; `aggregation`: step scores -> one per path."""
+    def __init__(
+        self,
+        scorer: PathScorer,
+        step_token: str = STEP_TOKEN,
+        aggregation: str = "min",
+        streams: str = "fused",
+        max_wait_ms: float = BATCH_WAIT_MS,
+    ):
+        """`step_token`: the one the search's StepGeneration cuts steps at; `aggregation`: step scores -> one per
+        path."""
         check_streams(streams)
-        self.scorer, self.step_token, self.aggregation, self.streams, self.max_wait_ms = scorer, step_token, aggregation, streams, max_wait_ms
+        self.scorer, self.step_token, self.aggregation, self.streams, self.max_wait_ms = (
+            scorer,
+            step_token,
+            aggregation,
+            streams,
+            max_wait_ms,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batcher: Batcher | None = None
 
-    def score(self, prompt_or_messages: str | list[ChatMessage] | ChatMessages, responses: str | list[str]) -> float | list[float]:
+    def score(
+        self, prompt_or_messages: str | list[ChatMessage] | ChatMessages, responses: str | list[str]
+    ) -> float | list[float]:
         """One probability per response, scored now (not gathered with other calls)."""
         probs = self._now(self._items(prompt_or_messages, responses))
         return probs[0] if isinstance(responses, str) else probs
 
-    async def ascore(self, prompt_or_messages: str | list[ChatMessage] | ChatMessages, responses: str | list[str]) -> float | list[float]:
+    async def ascore(
+        self, prompt_or_messages: str | list[ChatMessage] | ChatMessages, responses: str | list[str]
+    ) -> float | list[float]:
         """As `score`, gathered with the calls of concurrent searches into one PathScorer call on a worker thread."""
         probs = await self._gathered(self._items(prompt_or_messages, responses))
         return probs[0] if isinstance(responses, str) else probs
@@ -74,7 +97,8 @@ class BiPRMProcessRewardModel(AbstractProcessRewardModel):
         return fused_scores(self.scorer.score([q for q, _ in items], [s for _, s in items], self.streams))
 
     def _probs(self, scores: StepScores) -> list[float]:
-        """Aggregated probabilities; a path none of whose steps fit the PRM's max_length (flagged by the scorer) gets the lowest."""
+        """Aggregated probabilities; a path none of whose steps fit the PRM's max_length (flagged by the scorer) gets
+        the lowest."""
         fit = np.flatnonzero(np.diff(scores.offsets) > 0)
         probs = np.full(len(scores), LOW)
         if len(fit):
@@ -85,7 +109,10 @@ class BiPRMProcessRewardModel(AbstractProcessRewardModel):
         """A Batcher lives on one event loop; its_hub's sync `infer` runs a fresh loop per question."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            self._loop, self._batcher = loop, Batcher(self._score, self.max_wait_ms, max_batch_tokens=1 << 62, max_queue=1 << 62)
+            self._loop, self._batcher = (
+                loop,
+                Batcher(self._score, self.max_wait_ms, max_batch_tokens=1 << 62, max_queue=1 << 62),
+            )
             self._batcher.start()
         return self._batcher
 
@@ -102,7 +129,9 @@ class BiPRMOutcomeRewardModel(AbstractOutcomeRewardModel):
         probs = self.prm._now(items)
         return probs[0] if single else probs
 
-    async def ascore(self, messages: list[ChatMessage] | list[list[ChatMessage]], orchestrator=None, **kwargs) -> float | list[float]:
+    async def ascore(
+        self, messages: list[ChatMessage] | list[list[ChatMessage]], orchestrator=None, **kwargs
+    ) -> float | list[float]:
         single, items = self._items(messages)
         probs = await self.prm._gathered(items)
         return probs[0] if single else probs
@@ -113,6 +142,8 @@ class BiPRMOutcomeRewardModel(AbstractOutcomeRewardModel):
         for i, conversation in enumerate([messages] if single else messages):
             *prompt, answer = [m if isinstance(m, ChatMessage) else ChatMessage.from_dict(m) for m in conversation]
             if answer.role != "assistant":
-                raise ValueError(f"its_hub conversation {i}: the last message is the {answer.role}'s, not a response to score")
+                raise ValueError(
+                    f"its_hub conversation {i}: the last message is the {answer.role}'s, not a response to score"
+                )
             items += self.prm._items(prompt, answer.extract_text_content())
         return single, items

@@ -12,6 +12,7 @@ as they are. `reward_funcs`, when given, are the outcome term: their sum under
 `args.reward_weights`, times `outcome_weight`. Without them TRL logs the BiPRM's solution
 score as its reward (`rewards/biprm/mean` and `/std`) and the advantages are the steps' alone.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,7 +43,10 @@ def relog(logged: deque, values: list[float]) -> None:
 def placed_rewards(steps: list[tuple[list[int], list[float]]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, width) step rewards, each on the token where its step ends, and (N, width) where steps end, from each
     completion's (ends, values). float64: in float32, scores 1e-8 apart round to one value and their spread is lost."""
-    rewards, step_end = torch.zeros(len(steps), width, dtype=torch.float64), torch.zeros(len(steps), width, dtype=torch.bool)
+    rewards, step_end = (
+        torch.zeros(len(steps), width, dtype=torch.float64),
+        torch.zeros(len(steps), width, dtype=torch.bool),
+    )
     for i, (ends, values) in enumerate(steps):
         rewards[i, ends], step_end[i, ends] = torch.tensor(values, dtype=torch.float64), True
     return rewards, step_end
@@ -57,12 +61,23 @@ class ProcessGRPOTrainer(GRPOTrainer):
     `process/truncated_ratio`; `GRPOConfig(mask_truncated_completions=True)` drops it from the loss.
     """
 
-    def __init__(self, model: Any, process_reward: BiPRMReward, reward_funcs: list | None = None, *,
-                 stream: str = "fused", outcome_weight: float = 1.0, **kwargs):
+    def __init__(
+        self,
+        model: Any,
+        process_reward: BiPRMReward,
+        reward_funcs: list | None = None,
+        *,
+        stream: str = "fused",
+        outcome_weight: float = 1.0,
+        **kwargs,
+    ):
         if stream not in ("fused", "l2r", "r2l"):
             raise ValueError(f"stream {stream!r}: choose 'fused', 'l2r' or 'r2l'")
         if any(kwargs.get(k) for k in ("tools", "rollout_func", "environment_factory")):
-            raise ValueError("ProcessGRPOTrainer scores single-turn completions; tools, rollout_func and environment_factory are not supported")
+            raise ValueError(
+                "ProcessGRPOTrainer scores single-turn completions; tools, rollout_func and environment_factory are "
+                "not supported"
+            )
         self.process_reward, self.stream, self.outcome_weight = process_reward, stream, outcome_weight
         self.has_outcome = bool(reward_funcs)
         self._rows: list[dict | None] = []
@@ -78,20 +93,28 @@ class ProcessGRPOTrainer(GRPOTrainer):
         self._rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         return self._rewards_per_func
 
-    def _score_steps(self, prompts: list, completion_ids_list: list[list[int]]) -> tuple[list[dict | None], list[Steps]]:
+    def _score_steps(
+        self, prompts: list, completion_ids_list: list[list[int]]
+    ) -> tuple[list[dict | None], list[Steps]]:
         """Score rows of this process's completions and their step rewards on the policy's tokens."""
         decoded = [decoded_offsets(self._tokenizer, ids) for ids in completion_ids_list]
         rows, why = self.process_reward.rows(prompts, [text for text, _ in decoded])
         steps = []
         for i, ((text, offsets), row) in enumerate(zip(decoded, rows)):
             try:
-                steps.append(([], []) if row is None else placed_step_rewards(text, row["steps"], stream_scores(row, self.stream), offsets))
+                steps.append(
+                    ([], [])
+                    if row is None
+                    else placed_step_rewards(text, row["steps"], stream_scores(row, self.stream), offsets)
+                )
             except ValueError as error:  # a step not found in the text
                 rows[i] = None
                 steps.append(([], []))
                 why.append(f"completion {i}: {error}")
         if why:
-            log.warning("%d of %d completions could not be scored and get advantage 0; first: %s", len(why), len(rows), why[0])
+            log.warning(
+                "%d of %d completions could not be scored and get advantage 0; first: %s", len(why), len(rows), why[0]
+            )
         eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]
         truncated = [bool(ids) and ids[-1] not in eos_and_pad for ids in completion_ids_list]
         self._log_completion_extra("step_rewards", [[round(r, 4) for r in s] for _, s in steps])
@@ -106,7 +129,9 @@ class ProcessGRPOTrainer(GRPOTrainer):
         advantages = self._token_advantages(mask)
         start = self.accelerator.process_index * len(mask)
         output["advantages"] = advantages[start : start + len(mask), : mask.size(1)].to(mask.device)
-        relog(self._logs["advantages"], advantages[:, 0].tolist())  # each completion's first-token advantage, not TRL's (B,)
+        relog(
+            self._logs["advantages"], advantages[:, 0].tolist()
+        )  # each completion's first-token advantage, not TRL's (B,)
         return output
 
     def _token_advantages(self, completion_mask: torch.Tensor) -> torch.Tensor:
@@ -118,7 +143,9 @@ class ProcessGRPOTrainer(GRPOTrainer):
         mask = torch.arange(width)[None, :] < lengths[:, None]
         n_gen = self.num_generations if self.model.training else self.num_generations_eval
         group = torch.arange(len(steps)) // n_gen
-        return process_advantages(rewards, step_end, mask, group, self._outcome_rewards(), self.outcome_weight).float()  # TRL's dtype
+        return process_advantages(
+            rewards, step_end, mask, group, self._outcome_rewards(), self.outcome_weight
+        ).float()  # TRL's dtype
 
     def _outcome_rewards(self) -> torch.Tensor | None:
         """Every process's outcome reward (the reward functions' weighted sum; NaN where all gave None), or None."""

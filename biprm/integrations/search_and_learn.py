@@ -6,6 +6,7 @@ texts of its live outputs (steps joined by "\n\n"), and aggregate the step score
 so a run uses this one by returning it from there: its contract is duck-typed, and nothing
 here imports search-and-learn.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,8 +22,11 @@ class SearchAndLearnPRM:
 
     def score(self, questions: list[str], outputs: list[list[str]]) -> list[list[list[float]]]:
         """Every output of every question in one PathScorer call; a path past max_length has fewer scores than steps."""
-        items = [(q, response_steps(o, self.step_token, f"question {i}, output {j}"))
-                 for i, (q, outs) in enumerate(zip(questions, outputs, strict=True)) for j, o in enumerate(outs)]
+        items = [
+            (q, response_steps(o, self.step_token, f"question {i}, output {j}"))
+            for i, (q, outs) in enumerate(zip(questions, outputs, strict=True))
+            for j, o in enumerate(outs)
+        ]
         paths = self.scorer.score([q for q, _ in items], [s for _, s in items], self.streams)
         scores = fused_scores(paths)
         per_path = np.split(scores.prob(), scores.offsets[1:-1])

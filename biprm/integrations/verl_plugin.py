@@ -11,11 +11,13 @@ and applies `biprm.integrations.advantages.process_advantages`.
 verl 0.9.1 calls `assemble_rm_scores` only in `RewardLoopManager.compute_rm_score`, which
 its PPO trainer runs when `reward.reward_model.enable` is true and the reward model shares
 the actor's GPUs; there it reaches this manager's `run_single` only if
-`reward.custom_reward_function.path` is set too (docs/RL.md). Otherwise the agent loop computes each reward during rollout and places
+`reward.custom_reward_function.path` is set too (docs/RL.md). Otherwise the agent loop computes each reward during
+rollout and places
 `reward_score`, one float, on the last token (`agent_loop.py`); step rewards cannot
 reach an estimator on that path without a change to verl, and this manager's list-valued
 `reward_score` is refused there.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,12 +38,15 @@ log = logging.getLogger(__name__)
 
 
 @register_adv_est("process_grpo")
-def compute_process_grpo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, config=None,
-                                   epsilon: float = 1e-6, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_process_grpo_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, config=None, epsilon: float = 1e-6, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's estimator signature: (advantages, returns), both (B, T); `index` holds each response's group uid."""
     if config is not None and config.get("use_kl_in_reward", False):
-        raise ValueError("algorithm.adv_estimator=process_grpo reads step rewards from the token rewards; "
-                         "algorithm.use_kl_in_reward adds a penalty to every token: use actor.use_kl_loss instead")
+        raise ValueError(
+            "algorithm.adv_estimator=process_grpo reads step rewards from the token rewards; "
+            "algorithm.use_kl_in_reward adds a penalty to every token: use actor.use_kl_loss instead"
+        )
     advantages = process_advantages(token_level_rewards, token_level_rewards != 0, response_mask, index, eps=epsilon)
     return advantages, advantages
 
@@ -61,7 +66,9 @@ class BiPRMRewardManager(RewardManagerBase):
         opts = dict(config.reward.get("reward_kwargs") or {})
         if "url" not in opts:
             raise ValueError("reward.reward_kwargs.url: the address of a running `biprm serve` is required")
-        self.reward = BiPRMReward(url=opts["url"], split=opts.get("split", "auto"), request_size=int(opts.get("request_size", 64)))
+        self.reward = BiPRMReward(
+            url=opts["url"], split=opts.get("split", "auto"), request_size=int(opts.get("request_size", 64))
+        )
         self.stream, self.batch_wait = opts.get("stream", "fused"), float(opts.get("batch_wait_s", 0.01))
         self._pending: list[tuple[str, str, asyncio.Future]] = []
 
@@ -72,7 +79,10 @@ class BiPRMRewardManager(RewardManagerBase):
         text, offsets = decoded_offsets(self.tokenizer, item.batch["responses"][:length].tolist())
         row = await self._score(message_text(list(item.non_tensor_batch["raw_prompt"]), "user"), text)
         placed = ([], []) if row is None else self._place(text, row, offsets)
-        info = {"biprm_solution": math.nan if row is None else row["solution"][self.reward.aggregation], "biprm_steps": len(placed[0])}
+        info = {
+            "biprm_solution": math.nan if row is None else row["solution"][self.reward.aggregation],
+            "biprm_steps": len(placed[0]),
+        }
         return {"reward_score": [list(p) for p in zip(*placed)], "reward_extra_info": info}
 
     def _place(self, text: str, row: dict, offsets: list[tuple[int, int]]) -> tuple[list[int], list[float]]:
@@ -94,13 +104,17 @@ class BiPRMRewardManager(RewardManagerBase):
         await asyncio.sleep(self.batch_wait)
         batch, self._pending = self._pending, []
         try:
-            rows, why = await asyncio.get_running_loop().run_in_executor(None, self.reward.rows, [q for q, _, _ in batch], [t for _, t, _ in batch])
+            rows, why = await asyncio.get_running_loop().run_in_executor(
+                None, self.reward.rows, [q for q, _, _ in batch], [t for _, t, _ in batch]
+            )
         except Exception as error:  # noqa: BLE001  every waiting response hears of it
             for *_, future in batch:
                 future.set_exception(error)
             return
         if why:
-            log.warning("%d of %d responses could not be scored and get no step reward; first: %s", len(why), len(batch), why[0])
+            log.warning(
+                "%d of %d responses could not be scored and get no step reward; first: %s", len(why), len(batch), why[0]
+            )
         for (*_, future), row in zip(batch, rows):
             future.set_result(row)
 

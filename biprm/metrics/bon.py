@@ -16,6 +16,7 @@ A candidate's `score` is its solution logit (`StepScores.solution_logits`): the 
 needs no other property, and the weighted vote weighs each answer by sigmoid(score).
 Answer keys must be mutually comparable (e.g. all str): give unparsed answers distinct keys.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -45,7 +46,9 @@ def subsets(qid: np.ndarray, n: int, protocol: str = "first", draws: int = 100, 
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if sizes.min() < n:  # a silent smaller n would skew the comparison
-        raise ValueError(f"n={n} exceeds the pool of {int((sizes < n).sum())} question(s) (smallest pool: {sizes.min()})")
+        raise ValueError(
+            f"n={n} exceeds the pool of {int((sizes < n).sum())} question(s) (smallest pool: {sizes.min()})"
+        )
     if protocol == "first":
         return (starts[:, None] + np.arange(n))[None]
     if protocol != "random":
@@ -112,7 +115,9 @@ def majority(idx: np.ndarray, answer_key: np.ndarray, correct: np.ndarray) -> np
     return vote(idx, answer_key, np.ones(np.asarray(correct).shape), correct)
 
 
-def noise_best_of(idx: np.ndarray, offsets: np.ndarray, correct: np.ndarray, how: str, draws: int = 200, seed: int = 0) -> np.ndarray:
+def noise_best_of(
+    idx: np.ndarray, offsets: np.ndarray, correct: np.ndarray, how: str, draws: int = 200, seed: int = 0
+) -> np.ndarray:
     """[Q] BoN of i.i.d. standard-normal step logits under aggregation `how`, averaged over `draws`.
 
     It reads no text, only the step count: under `min` it prefers short solutions, under
@@ -120,11 +125,21 @@ def noise_best_of(idx: np.ndarray, offsets: np.ndarray, correct: np.ndarray, how
     """
     offsets = np.asarray(offsets, dtype=np.int64)
     rng = np.random.default_rng(seed)
-    return np.mean([best_of(idx, aggregate(rng.standard_normal(offsets[-1]), offsets, how), correct) for _ in range(draws)], axis=0)
+    return np.mean(
+        [best_of(idx, aggregate(rng.standard_normal(offsets[-1]), offsets, how), correct) for _ in range(draws)], axis=0
+    )
 
 
-def content_free(idx: np.ndarray, n_steps: np.ndarray, correct: np.ndarray, answer_key: np.ndarray, how: str,
-                 offsets: np.ndarray, draws: int = 200, seed: int = 0) -> dict[str, np.ndarray]:
+def content_free(
+    idx: np.ndarray,
+    n_steps: np.ndarray,
+    correct: np.ndarray,
+    answer_key: np.ndarray,
+    how: str,
+    offsets: np.ndarray,
+    draws: int = 200,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
     """[Q] values of every scorer that reads no step text, for one protocol's subsets `idx`."""
     n_steps = np.asarray(n_steps, dtype=np.float64)
     return {
@@ -137,14 +152,28 @@ def content_free(idx: np.ndarray, n_steps: np.ndarray, correct: np.ndarray, answ
     }
 
 
-def bon_at_n(qid: np.ndarray, score: np.ndarray, correct: np.ndarray, n: int, protocol: str = "first", draws: int = 100, seed: int = 0) -> float:
+def bon_at_n(
+    qid: np.ndarray,
+    score: np.ndarray,
+    correct: np.ndarray,
+    n: int,
+    protocol: str = "first",
+    draws: int = 100,
+    seed: int = 0,
+) -> float:
     """Best-of-n accuracy (%), ties broken uniformly."""
     return 100.0 * float(best_of(subsets(qid, n, protocol, draws, seed), score, correct).mean())
 
 
 def bon_table(
-    qid: np.ndarray, score: np.ndarray, correct: np.ndarray, answer_key: np.ndarray, ns: Sequence[int] = DEFAULT_NS,
-    protocol: str = "first", draws: int = 100, seed: int = 0,
+    qid: np.ndarray,
+    score: np.ndarray,
+    correct: np.ndarray,
+    answer_key: np.ndarray,
+    ns: Sequence[int] = DEFAULT_NS,
+    protocol: str = "first",
+    draws: int = 100,
+    seed: int = 0,
 ) -> dict:
     """BoN, pass, random pick, fair majority, weighted vote and tie share for every n that fits the smallest pool.
 
@@ -159,9 +188,14 @@ def bon_table(
     table: dict[str, dict[int, float]] = {k: {} for k in ("bon", "pass", "chance", "majority", "weighted", "tie")}
     for n in used:
         idx = subsets(qid, n, protocol, draws, seed)
-        values = {"bon": best_of(idx, score, correct), "pass": pass_any(idx, correct), "chance": random_pick(idx, correct),
-                  "majority": majority(idx, answer_key, correct), "weighted": vote(idx, answer_key, sigmoid(score), correct),
-                  "tie": tie_share(idx, score)}
+        values = {
+            "bon": best_of(idx, score, correct),
+            "pass": pass_any(idx, correct),
+            "chance": random_pick(idx, correct),
+            "majority": majority(idx, answer_key, correct),
+            "weighted": vote(idx, answer_key, sigmoid(score), correct),
+            "tie": tie_share(idx, score),
+        }
         for k, v in values.items():
             table[k][n] = 100.0 * float(v.mean())
     mean = {name: float(np.mean(list(row.values()))) for name, row in table.items()}

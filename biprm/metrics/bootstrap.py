@@ -5,6 +5,7 @@ with replacement, and seeds with replacement too, so an interval covers both sou
 noise. A difference of two scorers resamples the same questions for both (a paired
 bootstrap): question difficulty cancels, and only the scorers' disagreement remains.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -37,7 +38,8 @@ def bootstrap_mean(values: np.ndarray, resamples: int = 2000, seed: int = 0, lev
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
-    """{"mean", "low", "high", "within_noise"}: mean(a) - mean(b) on the same questions; within noise when the interval holds 0."""
+    """{"mean", "low", "high", "within_noise"}: mean(a) - mean(b) on the same questions; within noise when the interval
+    holds 0."""
     a, b = _as_rows(a), _as_rows(b)
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"a paired difference needs the same questions: {a.shape[1]} against {b.shape[1]}")
@@ -45,10 +47,17 @@ def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed:
     questions = rng.integers(a.shape[1], size=(resamples, a.shape[1]))
     diffs = _resampled_means(a, questions, rng) - _resampled_means(b, questions, rng)
     low, high = np.quantile(diffs, [(1 - level) / 2, (1 + level) / 2])
-    return {"mean": float(a.mean() - b.mean()), "low": float(low), "high": float(high), "within_noise": bool(low <= 0 <= high)}
+    return {
+        "mean": float(a.mean() - b.mean()),
+        "low": float(low),
+        "high": float(high),
+        "within_noise": bool(low <= 0 <= high),
+    }
 
 
-def bootstrap_statistic(stat: Callable[[np.ndarray], float], n: int, resamples: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
+def bootstrap_statistic(
+    stat: Callable[[np.ndarray], float], n: int, resamples: int = 1000, seed: int = 0, level: float = 0.95
+) -> dict:
     """{"mean", "low", "high"} of a statistic that is not a mean of per-item values (F1, AUC):
     `stat(index)` is evaluated on the full index and on `resamples` resampled ones."""
     rng = np.random.default_rng(seed)

@@ -33,6 +33,7 @@ any 0/0 and lets that sentinel into the arithmetic):
 
 Everything else matches the reference's formulas exactly.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -57,7 +58,9 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return np.divide(100.0 * num, den, out=np.full(den.shape, np.nan), where=den > 0)
 
 
-def _confusion(probs: np.ndarray, step_labels: np.ndarray, group: np.ndarray, n_groups: int, threshold: float) -> np.ndarray:
+def _confusion(
+    probs: np.ndarray, step_labels: np.ndarray, group: np.ndarray, n_groups: int, threshold: float
+) -> np.ndarray:
     """[n_groups, 4] step counts (tn, fp, fn, tp) of every group, in one bincount."""
     probs = np.asarray(probs, dtype=np.float64)
     step_labels = np.asarray(step_labels)

@@ -4,6 +4,7 @@ Labels and predictions are 0-based step indices, -1 meaning "no wrong step". Ste
 probabilities are flat with `offsets` (see biprm.scoring.step_scores), so predictions and the whole
 threshold sweep are vectorised reduces, never a loop over trajectories.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -93,7 +94,9 @@ def first_error_f1_by_subset(pred: np.ndarray, label: np.ndarray, subset: np.nda
     """ProcessBench's report: scores per subset (in order of first appearance) and the mean F1 over subsets."""
     pred, label, subset = np.asarray(pred), np.asarray(label), np.asarray(subset)
     names, first = np.unique(subset, return_index=True)
-    per = {str(name): processbench_scores(pred[subset == name], label[subset == name]) for name in names[np.argsort(first)]}
+    per = {
+        str(name): processbench_scores(pred[subset == name], label[subset == name]) for name in names[np.argsort(first)]
+    }
     return {"subsets": per, "average_f1": float(np.mean([s["f1"] for s in per.values()]))}
 
 

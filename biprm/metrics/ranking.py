@@ -1,4 +1,5 @@
 """Threshold-free separation of two groups by a score."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -8,14 +8,23 @@ Partial solutions, as a search asks for them, are scored behind one contract (`p
 The names below load on first use, so a module that needs only `aggregate` (numpy) never
 pays for torch.
 """
+
 from __future__ import annotations
 
 import importlib
 
 _EXPORTS = {
-    "StepScores": "step_scores", "save_scores": "step_scores", "load_scores": "step_scores",
-    "Scorer": "scorer", "Budgets": "scorer", "CPU_BUDGETS": "scorer", "device_budgets": "scorer",
-    "PathScorer": "paths", "PathScore": "paths", "PrefixScorer": "prefix", "ServedScorer": "served",
+    "StepScores": "step_scores",
+    "save_scores": "step_scores",
+    "load_scores": "step_scores",
+    "Scorer": "scorer",
+    "Budgets": "scorer",
+    "CPU_BUDGETS": "scorer",
+    "device_budgets": "scorer",
+    "PathScorer": "paths",
+    "PathScore": "paths",
+    "PrefixScorer": "prefix",
+    "ServedScorer": "served",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -13,6 +13,7 @@ In probability space a step logit of 12 and one of 12.0001 both round to 0.99999
 float32, and the product of many probabilities near 1 rounds to 1; in logit space every
 ordering the model makes survives, so Best-of-N never picks by pool order.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,7 +46,8 @@ def logit_of_log(log_p: np.ndarray) -> np.ndarray:
 
 def segments(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(values in float64, where each trajectory starts, its length) of flat per-step `values`: what every
-    reduce over trajectories needs. Offsets that do not run from 0 to len(values), or an empty trajectory, are refused."""
+    reduce over trajectories needs. Offsets that do not run from 0 to len(values), or an empty trajectory, are
+    refused."""
     values = np.asarray(values, dtype=np.float64)
     offsets = np.asarray(offsets, dtype=np.int64)
     if offsets[0] != 0 or offsets[-1] != len(values):

@@ -11,6 +11,7 @@ Scores are float64 logits, as `StepScores` holds them (sigmoid gives the probabi
 in float32 probabilities near 1 round to a few values, and a search would then pick among
 tied paths by their order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,9 +34,9 @@ class PathScore:
     n_dropped: int = 0  # trailing steps past the PRM's max_length: flagged, never cut silently
 
 
-
 def fused_scores(paths: Sequence[PathScore]) -> StepScores:
-    """The ranked step logits of every path, flat, so biprm's aggregations and probabilities read them as any scored set."""
+    """The ranked step logits of every path, flat, so biprm's aggregations and probabilities read them as any scored
+    set."""
     return StepScores(offsets_of([len(p.fused) for p in paths]), np.concatenate([p.fused for p in paths]))
 
 
@@ -51,7 +52,10 @@ def path_scores(lengths: Sequence[int], n_dropped: Sequence[int], l2r, r2l, fuse
         r2l, fused = None, l2r
     cut = lambda x: None if x is None else np.split(np.asarray(x, dtype=np.float64), np.cumsum(lengths)[:-1])  # noqa: E731
     l2r, r2l, fused = cut(l2r), cut(r2l), cut(fused)
-    return [PathScore(None if l2r is None else l2r[i], None if r2l is None else r2l[i], fused[i], int(d)) for i, d in enumerate(n_dropped)]
+    return [
+        PathScore(None if l2r is None else l2r[i], None if r2l is None else r2l[i], fused[i], int(d))
+        for i, d in enumerate(n_dropped)
+    ]
 
 
 class PathScorer(Protocol):
@@ -60,5 +64,6 @@ class PathScorer(Protocol):
     tokens: dict[str, int]
     calls: int
 
-    def score(self, questions: Sequence[str], paths: Sequence[Sequence[str]], streams: str = "fused") -> list[PathScore]:
-        ...
+    def score(
+        self, questions: Sequence[str], paths: Sequence[Sequence[str]], streams: str = "fused"
+    ) -> list[PathScore]: ...

@@ -16,6 +16,7 @@ of the call's last paths are dropped, and those paths rerun from their prompt if
 `incremental=False` drops every node before each call: L2R from scratch, each question's
 prompt still run once per call, for comparison. An implicit PRM (biprm.implicit) reads every path whole.
 """
+
 from __future__ import annotations
 
 import logging
@@ -68,7 +69,12 @@ class PrefixScorer:
     """`PathScorer` over a `Scorer`'s model (any mode); `tokens` counts the tokens run: prompt, l2r, r2l."""
 
     def __init__(self, scorer: Scorer, incremental: bool = True, max_cache_mb: float = 4096):
-        self.scorer, self.model, self.incremental, self.max_cache_mb = scorer, scorer.model.eval(), incremental, max_cache_mb
+        self.scorer, self.model, self.incremental, self.max_cache_mb = (
+            scorer,
+            scorer.model.eval(),
+            incremental,
+            max_cache_mb,
+        )
         self.nodes: dict[Key, Node] = {}
         self.tokens = {"prompt": 0, "l2r": 0, "r2l": 0}
         self.calls = 0
@@ -83,7 +89,9 @@ class PrefixScorer:
         return self.scorer.mode
 
     @torch.inference_mode()
-    def score(self, questions: Sequence[str], paths: Sequence[Sequence[str]], streams: str = "fused") -> list[PathScore]:
+    def score(
+        self, questions: Sequence[str], paths: Sequence[Sequence[str]], streams: str = "fused"
+    ) -> list[PathScore]:
         """Per-step logits of every path. A path past max_length is scored on the steps that fit, and `n_dropped`
         says how many did not (all of them, with no score, when the prompt and first step alone are too long)."""
         check_streams(streams)
@@ -92,13 +100,19 @@ class PrefixScorer:
         if streams == "l2r" and not run_l2r:
             raise ValueError(f"streams='l2r' needs a model with an L2R stream; this one is {self.mode!r}")
         trajs = [Trajectory(q, list(p)) for q, p in zip(questions, paths, strict=True)]
-        encs, problems = self.scorer.encode(trajs, [f"path {i} (question {q[:40]!r})" for i, q in enumerate(questions)], skip_invalid=True)
+        encs, problems = self.scorer.encode(
+            trajs, [f"path {i} (question {q[:40]!r})" for i, q in enumerate(questions)], skip_invalid=True
+        )
         unfit = {i for i, message in problems if "max_length" in message}
         if other := [message for i, message in problems if i not in unfit]:
             raise DataError(other[0])
         if unfit:
-            log.warning("%d of %d paths have no step that fits max_length=%d: they get no score (n_dropped = all their steps)",
-                        len(unfit), len(trajs), self.scorer.max_length)
+            log.warning(
+                "%d of %d paths have no step that fits max_length=%d: they get no score (n_dropped = all their steps)",
+                len(unfit),
+                len(trajs),
+                self.scorer.max_length,
+            )
         fits = [i for i in range(len(trajs)) if i not in unfit]
         keys = [(trajs[i].question, *trajs[i].steps[: len(e.steps)]) for i, e in zip(fits, encs)]
         lengths, dropped = np.zeros(len(trajs), dtype=np.int64), np.array([len(t.steps) for t in trajs], dtype=np.int64)
@@ -116,12 +130,18 @@ class PrefixScorer:
             return path_scores(lengths, dropped, scores.l2r, scores.r2l, scores.fused, streams)
         return self._path_scores(*self._tag_states(keys, encs, run_l2r, run_r2l), lengths, dropped, streams)
 
-    def _tag_states(self, keys: list[Key], encs: list[Encoded], run_l2r: bool, run_r2l: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _tag_states(
+        self, keys: list[Key], encs: list[Encoded], run_l2r: bool, run_r2l: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Hidden states at every step tag of each stream, flat in path order: L2R from the cache after running what
         is new, R2L rerun whole; then only the nodes of these paths stay cached."""
         self._cache_prompts(keys, encs)
         l2r_rows = self._l2r_rows(keys, encs) if run_l2r else {}
-        r2l_rows = [Row([self.nodes[k[:1]]], *continuation(e, "r2l", shared=True), cached=False) for k, e in zip(keys, encs)] if run_r2l else []
+        r2l_rows = (
+            [Row([self.nodes[k[:1]]], *continuation(e, "r2l", shared=True), cached=False) for k, e in zip(keys, encs)]
+            if run_r2l
+            else []
+        )
         tags, kvs = self._run(list(l2r_rows.values()) + r2l_rows)
         for (key, row), tag, kv in zip(l2r_rows.items(), tags, kvs):
             self._add_nodes(key, row, tag, kv)
@@ -129,12 +149,13 @@ class PrefixScorer:
         self.tokens["r2l"] += sum(len(r.ids) for r in r2l_rows)
         self.nodes = {k[:j]: self.nodes[k[:j]] for k in keys for j in range(1, len(k) + 1) if k[:j] in self.nodes}
         h_l2r = torch.cat([torch.stack([n.tag for n in self.nodes[k].chain()[1:]]) for k in keys]) if run_l2r else None
-        h_r2l = torch.cat(tags[len(l2r_rows):]) if run_r2l else None
+        h_r2l = torch.cat(tags[len(l2r_rows) :]) if run_r2l else None
         self._bound_cache()
         return h_l2r, h_r2l
 
     def _bound_cache(self) -> None:
-        """Keep the prompts, then the step nodes in path order while they fit in max_cache_mb; a node stays only with its parent."""
+        """Keep the prompts, then the step nodes in path order while they fit in max_cache_mb; a node stays only with
+        its parent."""
         room, kept = self.max_cache_mb * 2**20, {}
         for key, node in self.nodes.items():  # parents come before their children (see _tag_states)
             if len(key) == 1:
@@ -159,7 +180,10 @@ class PrefixScorer:
         for key, enc in zip(keys, encs):
             j = next(j for j in range(len(key), 0, -1) if key[:j] in self.nodes)  # the prompt (j = 1) is always there
             if j < len(key) and key not in rows:
-                rows[key] = Row(self.nodes[key[:j]].chain(), *continuation(Encoded(enc.prompt, enc.steps[j - 1 :], None), "l2r", shared=True))
+                rows[key] = Row(
+                    self.nodes[key[:j]].chain(),
+                    *continuation(Encoded(enc.prompt, enc.steps[j - 1 :], None), "l2r", shared=True),
+                )
         return rows
 
     def _add_nodes(self, key: Key, row: Row, tags: torch.Tensor, kv: torch.Tensor) -> None:
@@ -170,7 +194,8 @@ class PrefixScorer:
             parent = self.nodes[key[: first + s + 1]] = Node(kv[:, :, a:b].clone(), tags[s], parent)
 
     def _run(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-        """Hidden states at each row's tags and the keys and values of its new tokens (None where not `cached`), in row order;
+        """Hidden states at each row's tags and the keys and values of its new tokens (None where not `cached`), in row
+        order;
         rows run longest first, in calls of about the scorer's `tokens_per_call` tokens counted with padding."""
         tags: list[torch.Tensor] = [None] * len(rows)
         kvs: list[torch.Tensor | None] = [None] * len(rows)
@@ -207,21 +232,34 @@ class PrefixScorer:
                 if r.past:
                     past[:, b, :, : past_lengths[b]] = torch.cat([n.kv for n in r.past], dim=2)
             cache = {name: DynamicCache([(past[i], past[i + 1]) for i in range(0, len(past), 2)])}
-        out = body(input_ids=ids.to(device), attention_mask=self.model._for_backend(mask.to(device)),
-                   position_ids=positions.to(device), use_cache=True, **cache)
+        out = body(
+            input_ids=ids.to(device),
+            attention_mask=self.model._for_backend(mask.to(device)),
+            position_ids=positions.to(device),
+            use_cache=True,
+            **cache,
+        )
         flat = torch.from_numpy(np.concatenate([b * N + r.ends for b, r in enumerate(rows)])).to(device)
         tags = out.last_hidden_state.reshape(B * N, -1)[flat].split([len(r.ends) for r in rows])
         kept = [b for b, r in enumerate(rows) if r.cached]
         kvs: list[torch.Tensor | None] = [None] * B
         if kept:
             at = torch.tensor(kept, device=device)
-            new = torch.stack([t[at, :, P:] for k, v, *_ in getattr(out, name) for t in (k, v)])  # [2 x layers, kept, heads, N, dim]
+            new = torch.stack(
+                [t[at, :, P:] for k, v, *_ in getattr(out, name) for t in (k, v)]
+            )  # [2 x layers, kept, heads, N, dim]
             for j, b in enumerate(kept):
                 kvs[b] = new[:, j, :, : len(rows[b].ids)]
         return list(tags), kvs
 
-    def _path_scores(self, h_l2r: torch.Tensor | None, h_r2l: torch.Tensor | None, lengths: Sequence[int], dropped: Sequence[int],
-                     streams: str) -> list[PathScore]:
+    def _path_scores(
+        self,
+        h_l2r: torch.Tensor | None,
+        h_r2l: torch.Tensor | None,
+        lengths: Sequence[int],
+        dropped: Sequence[int],
+        streams: str,
+    ) -> list[PathScore]:
         """The model's own heads on the tag states (the value head alone for streams="l2r")."""
         if streams == "l2r":
             out = {"l2r": self.model.value_head(h_l2r).squeeze(-1), "r2l": None, "fused": None}

@@ -1,4 +1,5 @@
 """The one process group of `accelerate launch` / `torchrun`, shared by `biprm score` and `biprm eval`."""
+
 from __future__ import annotations
 
 from datetime import timedelta

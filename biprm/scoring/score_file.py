@@ -8,6 +8,7 @@ complete lines of each part file and scores only the rest. When every process is
 the first one joins the parts in input order into the output, through a rename, so the
 output file is never seen half-written.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,24 +55,46 @@ def complete_lines(path: Path) -> int:
 
 
 def score_file(
-    model: str, source: str, output: str, fmt: str = "auto", skip_invalid: bool = False, settings: ScorerSettings | None = None,
-    chunk: int = 1024, resume: bool = False, segmenter: str | None = None,
+    model: str,
+    source: str,
+    output: str,
+    fmt: str = "auto",
+    skip_invalid: bool = False,
+    settings: ScorerSettings | None = None,
+    chunk: int = 1024,
+    resume: bool = False,
+    segmenter: str | None = None,
 ) -> int:
-    """Score `source` into `output`; `segmenter` cuts a one-string trace (default: the model's, see `trace_segmenter`)."""
+    """Score `source` into `output`; `segmenter` cuts a one-string trace (default: the model's, see
+    `trace_segmenter`)."""
     settings = settings or ScorerSettings()
     check_checkpoint(model, settings.prm_kind)
     split = trace_segmenter([model], segmenter)
-    trajs = load_trajectories(source, fmt=fmt, skip_invalid=skip_invalid, split_rule=split)  # bad rows fail before the model loads
+    trajs = load_trajectories(
+        source, fmt=fmt, skip_invalid=skip_invalid, split_rule=split
+    )  # bad rows fail before the model loads
     state = process_state()
     rank, world = state.process_index, state.num_processes
     to_stdout = output == "-"
     if to_stdout and world > 1:
         raise ValueError("--output - works with one process; give a file to score with several")
     scratch = Path(output + ".parts") if not to_stdout else None
-    if scratch is not None and state.is_main_process:  # what decides which rows each part holds, and how they are scored
-        run = {"model": str(Path(model).resolve()), "model_files": _stamp(Path(model)), "input": source, "input_file": _stamp(Path(source)),
-               "rows": len(trajs), "processes": world, "format": fmt, "skip_invalid": skip_invalid, "max_length": settings.max_length,
-               "overlength": settings.overlength, "segmenter": split.name}
+    if (
+        scratch is not None and state.is_main_process
+    ):  # what decides which rows each part holds, and how they are scored
+        run = {
+            "model": str(Path(model).resolve()),
+            "model_files": _stamp(Path(model)),
+            "input": source,
+            "input_file": _stamp(Path(source)),
+            "rows": len(trajs),
+            "processes": world,
+            "format": fmt,
+            "skip_invalid": skip_invalid,
+            "max_length": settings.max_length,
+            "overlength": settings.overlength,
+            "segmenter": split.name,
+        }
         _check_run(scratch, run, resume)
     state.wait_for_everyone()
 
@@ -97,14 +120,23 @@ def score_file(
     if part is not None:
         done = complete_lines(part)
         if done > len(mine):
-            raise ValueError(f"--resume: {part} holds {done} rows, more than the {len(mine)} this process scores; delete {scratch}")
+            raise ValueError(
+                f"--resume: {part} holds {done} rows, more than the {len(mine)} this process scores; delete {scratch}"
+            )
         if done:
             log.info("resuming: %d of %d rows of part %d already scored", done, len(mine), rank)
     sink = sys.stdout if to_stdout else open(part, "a")
     try:
-        for a in tqdm(range(done, len(mine), chunk), desc=f"scoring ({scorer.mode})", unit="chunk", disable=not state.is_main_process):
+        for a in tqdm(
+            range(done, len(mine), chunk),
+            desc=f"scoring ({scorer.mode})",
+            unit="chunk",
+            disable=not state.is_main_process,
+        ):
             scores = scorer.score(encs[a : a + chunk], progress=False)
-            sink.writelines(json.dumps(row) + "\n" for row in score_rows(mine[a : a + chunk], scores, encs=encs[a : a + chunk]))
+            sink.writelines(
+                json.dumps(row) + "\n" for row in score_rows(mine[a : a + chunk], scores, encs=encs[a : a + chunk])
+            )
             sink.flush()
             if not to_stdout:
                 os.fsync(sink.fileno())
@@ -129,12 +161,15 @@ def trained_segmenter(model: str) -> str:
 
 
 def trace_segmenter(models: list[str], chosen: str | None, tokenizer=None) -> Segmenter:
-    """What cuts a trace given as one string (and a Best-of-N candidate's text) for score, eval and serve: `chosen`, else
+    """What cuts a trace given as one string (and a Best-of-N candidate's text) for score, eval and serve: `chosen`,
+    else
     the segmenter the models' configs record (biprm.data.segment.for_model; models that disagree must be told which);
     tokens:N counts the first model's tokens (or `tokenizer`'s)."""
     trained = sorted({trained_segmenter(m) for m in models}) or ["given"]
     if chosen is None and len(trained) > 1:
-        raise ValueError(f"the models were trained with different segmenters ({', '.join(trained)}): name one with --segmenter")
+        raise ValueError(
+            f"the models were trained with different segmenters ({', '.join(trained)}): name one with --segmenter"
+        )
     name = chosen or trained[0]
     if name.startswith("tokens:") and tokenizer is None and models:
         tokenizer = load_tokenizer(models[0])
@@ -165,9 +200,13 @@ def _check_run(scratch: Path, run: dict, resume: bool) -> None:
     if scratch.exists() and not any(p.stat().st_size for p in scratch.glob("part-*")):
         shutil.rmtree(scratch)  # a run that failed before its first chunk: nothing to keep, nothing to block a retry
     if scratch.exists() and not resume:
-        raise FileExistsError(f"{scratch} holds the parts of an unfinished run: add --resume to continue it, or delete it")
+        raise FileExistsError(
+            f"{scratch} holds the parts of an unfinished run: add --resume to continue it, or delete it"
+        )
     if resume and scratch.exists() and not record.exists() and any(scratch.iterdir()):
-        raise FileExistsError(f"{scratch} holds parts but no run.json saying which run wrote them; delete the folder and start again")
+        raise FileExistsError(
+            f"{scratch} holds parts but no run.json saying which run wrote them; delete the folder and start again"
+        )
     if resume and record.exists():
         before = json.loads(record.read_text())
         if before != run:

@@ -20,6 +20,7 @@ benchmarks/, explained in docs/PERFORMANCE.md):
 Unless set, the token budgets follow the device (`device_budgets`): on a CPU the ones
 measured on 2 cores, on a GPU what a share of its free memory holds.
 """
+
 from __future__ import annotations
 
 import logging
@@ -104,12 +105,23 @@ class Scorer:
         self.tokenizer = tokenizer
         self.implicit = isinstance(model, ImplicitPRM)  # its own layout: plain causal rows, read from vocabulary logits
         if self.implicit and overlength == "window":
-            raise ValueError(f"--overlength window: an implicit PRM ({model.config.prm_kind}) sums its log-ratios from the "
-                             "question on, so a window that starts later changes every score; use head, tail or refuse")
+            raise ValueError(
+                f"--overlength window: an implicit PRM ({model.config.prm_kind}) sums its log-ratios from the "
+                "question on, so a window that starts later changes every score; use head, tail or refuse"
+            )
         window = getattr(model.config.backbone_config, "max_position_embeddings", None)
-        if model.config.prm_kind != "biprm" and window and max_length > window:  # a PRM trained elsewhere declares its window
-            log.warning("max_length %d is past the %s PRM's window of %d positions: each stream reads at most %d tokens, "
-                        "longer ones by the --overlength policy (%s)", max_length, model.config.prm_kind, window, window, overlength)
+        if (
+            model.config.prm_kind != "biprm" and window and max_length > window
+        ):  # a PRM trained elsewhere declares its window
+            log.warning(
+                "max_length %d is past the %s PRM's window of %d positions: each stream reads at most %d tokens, "
+                "longer ones by the --overlength policy (%s)",
+                max_length,
+                model.config.prm_kind,
+                window,
+                window,
+                overlength,
+            )
             max_length = window
         self.encoder = encoder_for(model.config, tokenizer, max_length, overlength)
         self.budgets = device_budgets(model)
@@ -120,9 +132,18 @@ class Scorer:
         self.tokens_per_call = tokens_per_call or self.budgets.per_call
 
     @classmethod
-    def from_pretrained(cls, path: str, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-                        max_length: int = MAX_LENGTH, attn_implementation: str = "sdpa", prm_kind: str | None = None,
-                        prm_mode: str = "l2r", prm_reference: str | None = None, **kwargs) -> "Scorer":
+    def from_pretrained(
+        cls,
+        path: str,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        max_length: int = MAX_LENGTH,
+        attn_implementation: str = "sdpa",
+        prm_kind: str | None = None,
+        prm_mode: str = "l2r",
+        prm_reference: str | None = None,
+        **kwargs,
+    ) -> "Scorer":
         """A biprm checkpoint, or the folder of another PRM kind (biprm.prms: detected, or named by `prm_kind`), read
         as shipped (`prm_mode` l2r) or also reversed, zero-shot, with the static average of the two (bi-static). An
         implicit PRM (biprm.implicit) is read against the reference LM in `prm_reference`."""
@@ -134,18 +155,28 @@ class Scorer:
         if kind in KINDS and KINDS[kind].implicit:
             model = from_implicit(path, kind, prm_reference, tokenizer, prm_mode, dtype, attn_implementation).to(device)
         else:
-            model = BiPRMModel.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, prm_kind=prm_kind,
-                                               prm_mode=prm_mode).to(device)
+            model = BiPRMModel.from_pretrained(
+                path, dtype=dtype, attn_implementation=attn_implementation, prm_kind=prm_kind, prm_mode=prm_mode
+            ).to(device)
         check_layout(model.config, path)
         return cls(model, tokenizer, max_length, **kwargs)
 
     @classmethod
-    def from_settings(cls, path: str, settings: ScorerSettings, device: str | torch.device | None = None, prm_mode: str = "l2r") -> "Scorer":
+    def from_settings(
+        cls, path: str, settings: ScorerSettings, device: str | torch.device | None = None, prm_mode: str = "l2r"
+    ) -> "Scorer":
         """The scorer the flags of `score`, `eval` and `serve` describe; `device` overrides theirs."""
         return cls.from_pretrained(
-            path, device=device or settings.device, max_length=settings.max_length, attn_implementation=settings.attn_implementation,
-            prm_kind=settings.prm_kind, prm_mode=prm_mode, prm_reference=settings.prm_reference,
-            tokens_per_batch=settings.tokens_per_batch, tokens_per_call=settings.tokens_per_call, tokens_per_row=settings.tokens_per_row or None,
+            path,
+            device=device or settings.device,
+            max_length=settings.max_length,
+            attn_implementation=settings.attn_implementation,
+            prm_kind=settings.prm_kind,
+            prm_mode=prm_mode,
+            prm_reference=settings.prm_reference,
+            tokens_per_batch=settings.tokens_per_batch,
+            tokens_per_call=settings.tokens_per_call,
+            tokens_per_row=settings.tokens_per_row or None,
             overlength=settings.overlength,
         )
 
@@ -178,8 +209,9 @@ class Scorer:
         """Tokens per stream; what a longer trajectory gets is the encoder's `overlength` policy."""
         return self.encoder.max_length
 
-    def encode(self, trajs: list[Trajectory], names: list[str] | None = None,
-               skip_invalid: bool = False) -> tuple[list[Encoded], list[tuple[int, str]]]:
+    def encode(
+        self, trajs: list[Trajectory], names: list[str] | None = None, skip_invalid: bool = False
+    ) -> tuple[list[Encoded], list[tuple[int, str]]]:
         """The encodings `score` takes, of every trajectory the model can read, in input order, and (index, one-line
         message) of each it cannot: an empty field, step-tag text, a first step past max_length. Such a trajectory
         raises DataError unless `skip_invalid`. Identical trajectories (common in sampled Best-of-N pools) share one
@@ -201,10 +233,20 @@ class Scorer:
             if enc.n_dropped or enc.windowed:
                 cut.append(where)
         if cut:
-            what = {"head": "their trailing steps are not scored", "tail": "their leading steps are not scored",
-                    "window": "every step is scored in overlapping windows"}[self.encoder.overlength]
-            log.warning("%d of %d trajectories exceed max_length=%d: %s (%s%s)",
-                        len(cut), len(encs), self.max_length, what, ", ".join(cut[:5]), " ..." if len(cut) > 5 else "")
+            what = {
+                "head": "their trailing steps are not scored",
+                "tail": "their leading steps are not scored",
+                "window": "every step is scored in overlapping windows",
+            }[self.encoder.overlength]
+            log.warning(
+                "%d of %d trajectories exceed max_length=%d: %s (%s%s)",
+                len(cut),
+                len(encs),
+                self.max_length,
+                what,
+                ", ".join(cut[:5]),
+                " ..." if len(cut) > 5 else "",
+            )
         return encs, problems
 
     def score(self, encs: list[Encoded], progress: bool = True) -> StepScores:
@@ -217,30 +259,43 @@ class Scorer:
         windowed = np.array([e.windowed for e in unique], dtype=bool)
         plain = [e for e in unique if not e.windowed]
         cached = self.prefix_cache and not self.implicit
-        if cached is None and not self.implicit:  # past DENSE_MAX a row's own mask would grow with the square of its length
-            cached = len(plain) >= CACHE_FROM * len({tuple(e.prompt) for e in plain}) and all(e.n_tokens <= DENSE_MAX for e in plain)
+        if (
+            cached is None and not self.implicit
+        ):  # past DENSE_MAX a row's own mask would grow with the square of its length
+            cached = len(plain) >= CACHE_FROM * len({tuple(e.prompt) for e in plain}) and all(
+                e.n_tokens <= DENSE_MAX for e in plain
+            )
         scores = self._score(plain, cached, progress)
         if windowed.any():
             scores = concat([scores, self._windows([e for e in unique if e.windowed])])
-            scores = scores.select(np.argsort(np.concatenate([np.flatnonzero(~windowed), np.flatnonzero(windowed)]), kind="stable"))
+            scores = scores.select(
+                np.argsort(np.concatenate([np.flatnonzero(~windowed), np.flatnonzero(windowed)]), kind="stable")
+            )
         return scores.select(np.searchsorted(distinct, which))
 
     @torch.inference_mode()
     def _windows(self, encs: list[Encoded]) -> StepScores:
-        """Trajectories past max_length under the "window" policy. Each stream reads each step in the window where it has
+        """Trajectories past max_length under the "window" policy. Each stream reads each step in the window where it
+        has
         the most context: L2R in the first window (`step_windows`) that holds it, with the steps before it; R2L the same
-        on the reversed steps, with the steps after it. The heads then fuse a step's two hidden states as in one pass."""
+        on the reversed steps, with the steps after it. The heads then fuse a step's two hidden states as in one
+        pass."""
         states = {}
         for stream in self.model.streams:
             items, where, base = [], [], 0
             for enc in encs:
                 T = len(enc.steps)
-                runs = step_windows(stream_order([len(s) for s in enc.steps], stream), self.max_length - len(enc.prompt))
+                runs = step_windows(
+                    stream_order([len(s) for s in enc.steps], stream), self.max_length - len(enc.prompt)
+                )
                 sizes = np.array([b - a for a, b in runs])
                 starts = base + np.cumsum(sizes) - sizes
                 at = [starts[j] + (u if stream == "l2r" else sizes[j] - 1 - u) for j, u in first_runs(runs, T)]
                 where += stream_order(at, stream)  # forward step order
-                items += [Encoded(enc.prompt, enc.steps[a:b] if stream == "l2r" else enc.steps[T - b : T - a], None) for a, b in runs]
+                items += [
+                    Encoded(enc.prompt, enc.steps[a:b] if stream == "l2r" else enc.steps[T - b : T - a], None)
+                    for a, b in runs
+                ]
                 base += int(sizes.sum())
             cost = [e.n_tokens for e in items]
             found = []
@@ -254,7 +309,9 @@ class Scorer:
         out = self.model.heads(states.get("l2r"), states.get("r2l"), torch.from_numpy(offsets))
         host = lambda x: None if x is None else x.double().cpu().numpy()  # noqa: E731
         spec = MODE_TABLE[self.mode]
-        return StepScores(offsets, host(out.fused), host(out.l2r), host(out.r2l), host(out.sigma) if spec.fusion else None)
+        return StepScores(
+            offsets, host(out.fused), host(out.l2r), host(out.r2l), host(out.sigma) if spec.fusion else None
+        )
 
     @torch.inference_mode()
     def _score(self, encs: list[Encoded], cached: bool, progress: bool) -> StepScores:

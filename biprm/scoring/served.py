@@ -5,6 +5,7 @@ keeps no KV cache between requests), so a served search pays L2R from scratch at
 depth, O(D^2) tokens per path like R2L; use `PrefixScorer` in-process for incremental L2R.
 The server does not report tokens, so `tokens` stays empty; `calls` counts requests.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,9 @@ class ServedScorer:
         self.tokens: dict[str, int] = {}
         self.calls = 0
 
-    def score(self, questions: Sequence[str], paths: Sequence[Sequence[str]], streams: str = "fused") -> list[PathScore]:
+    def score(
+        self, questions: Sequence[str], paths: Sequence[Sequence[str]], streams: str = "fused"
+    ) -> list[PathScore]:
         """Per-step logits of every path, as `PrefixScorer` gives them (the server's probabilities, mapped back)."""
         check_streams(streams)
         body = [{"question": q, "steps": list(p)} for q, p in zip(questions, paths, strict=True)]
@@ -38,14 +41,20 @@ class ServedScorer:
         return path_scores(lengths, dropped, logits.l2r, logits.r2l, logits.fused, streams)
 
     def _post(self, route: str, body: object) -> list[dict]:
-        """The parsed answer; a refusal or an unreachable server is one error line naming the URL and the server's reason."""
-        headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
+        """The parsed answer; a refusal or an unreachable server is one error line naming the URL and the server's
+        reason."""
+        headers = {"Content-Type": "application/json"} | (
+            {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        )
         request = urllib.request.Request(self.url + route, json.dumps(body).encode(), headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as answer:
                 return json.loads(answer.read())
         except urllib.error.HTTPError as error:
             reason = error.read().decode(errors="replace")
-            raise RuntimeError(f"{self.url}{route}: HTTP {error.code}: {json.loads(reason).get('error', reason) if reason.startswith('{') else reason}") from None
+            raise RuntimeError(
+                f"{self.url}{route}: HTTP {error.code}: "
+                f"{json.loads(reason).get('error', reason) if reason.startswith('{') else reason}"
+            ) from None
         except urllib.error.URLError as error:
             raise RuntimeError(f"{self.url}{route}: cannot reach the server ({error.reason})") from None

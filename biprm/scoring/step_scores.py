@@ -7,6 +7,7 @@ weight on the L2R stream. A stream the model does not run is None. `score_rows` 
 them into the JSON lines that `biprm score` writes and the server returns; `save_scores`
 and `load_scores` keep them in npz files (the score cache's, a study's per-run logits).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -38,7 +39,13 @@ class StepScores:
     def from_probs(cls, offsets, fused, l2r=None, r2l=None, sigma=None) -> "StepScores":
         """Scores given as step probabilities (another PRM's output, a hand-made example)."""
         as_logit = lambda p: None if p is None else logit(p)  # noqa: E731
-        return cls(np.asarray(offsets, dtype=np.int64), logit(fused), as_logit(l2r), as_logit(r2l), None if sigma is None else np.asarray(sigma))
+        return cls(
+            np.asarray(offsets, dtype=np.int64),
+            logit(fused),
+            as_logit(l2r),
+            as_logit(r2l),
+            None if sigma is None else np.asarray(sigma),
+        )
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -69,15 +76,21 @@ class StepScores:
         return StepScores(offsets_of(lengths), self.fused[flat], pick(self.l2r), pick(self.r2l), pick(self.sigma))
 
 
-
-
 def concat(parts: list[StepScores]) -> StepScores:
     """The scores of several blocks of trajectories, one after another."""
     join = lambda k: None if getattr(parts[0], k) is None else np.concatenate([getattr(p, k) for p in parts])  # noqa: E731
-    return StepScores(offsets_of(np.concatenate([np.diff(p.offsets) for p in parts])), join("fused"), join("l2r"), join("r2l"), join("sigma"))
+    return StepScores(
+        offsets_of(np.concatenate([np.diff(p.offsets) for p in parts])),
+        join("fused"),
+        join("l2r"),
+        join("r2l"),
+        join("sigma"),
+    )
 
 
-def score_rows(trajs: list[Trajectory], scores: StepScores, digits: int | None = 6, encs: list[Encoded] | None = None) -> Iterator[dict]:
+def score_rows(
+    trajs: list[Trajectory], scores: StepScores, digits: int | None = 6, encs: list[Encoded] | None = None
+) -> Iterator[dict]:
     """One dict per trajectory, the same keys whatever the mode: a stream the model lacks is null.
 
     The input travels with its scores (question, steps, labels, answer, correct, meta with
@@ -93,7 +106,14 @@ def score_rows(trajs: list[Trajectory], scores: StepScores, digits: int | None =
     solution = {how: sigmoid(x) for how, x in logits.items()}
     step = float if digits is None else lambda x: round(float(x), digits)
     for i, traj in enumerate(trajs):
-        row = {"question": traj.question, "steps": traj.steps, "labels": traj.labels, "answer": traj.answer, "correct": traj.correct, "meta": traj.meta}
+        row = {
+            "question": traj.question,
+            "steps": traj.steps,
+            "labels": traj.labels,
+            "answer": traj.answer,
+            "correct": traj.correct,
+            "meta": traj.meta,
+        }
         row |= {s: None if getattr(scores, s) is None else [step(x) for x in scores.of(i, s)] for s in STEP_OUTPUTS}
         row["solution"] = {how: float(solution[how][i]) for how in AGGREGATIONS}
         row["solution_logit"] = {how: float(logits[how][i]) for how in AGGREGATIONS}
@@ -106,8 +126,12 @@ def score_rows(trajs: list[Trajectory], scores: StepScores, digits: int | None =
 def save_scores(path: str | Path, scores: dict[str, StepScores], compress: bool = False) -> Path:
     """Named StepScores in one npz file, written whole or not at all. Keys are `name/field`, with the
     name "" a bare `field` (the score cache keeps one set per file); a stream the model lacks is left out."""
-    arrays = {f"{name}/{field}" if name else field: value
-              for name, s in scores.items() for field in FIELDS if (value := getattr(s, field)) is not None}
+    arrays = {
+        f"{name}/{field}" if name else field: value
+        for name, s in scores.items()
+        for field in FIELDS
+        if (value := getattr(s, field)) is not None
+    }
     return atomic_write(path, lambda f: (np.savez_compressed if compress else np.savez)(f, **arrays))
 
 

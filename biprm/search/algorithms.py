@@ -9,6 +9,7 @@ aggregate (`biprm.scoring.aggregate`, default "last" as in its_hub/reward-hub an
 Strategies say which PRM stream ranks paths while expanding and which one picks at the end:
 fused/fused, l2r/fused (one fused rerank of the final paths), l2r/l2r.
 """
+
 from __future__ import annotations
 
 import time
@@ -61,9 +62,19 @@ class SearchPath:
     score: float = -np.inf  # aggregate of the ranking stream; -inf until scored or when no step fits the PRM
 
     def child(self, out: StepOut, max_depth: int) -> "SearchPath":
-        steps, capped = (self.steps + (out.text,), self.capped + (out.capped,)) if out.text else (self.steps, self.capped)
-        return replace(self, steps=steps, capped=capped, finished=out.finished or len(steps) >= max_depth,
-                       cut=not out.finished and len(steps) >= max_depth, tokens=self.tokens + out.tokens, scored=None, score=-np.inf)
+        steps, capped = (
+            (self.steps + (out.text,), self.capped + (out.capped,)) if out.text else (self.steps, self.capped)
+        )
+        return replace(
+            self,
+            steps=steps,
+            capped=capped,
+            finished=out.finished or len(steps) >= max_depth,
+            cut=not out.finished and len(steps) >= max_depth,
+            tokens=self.tokens + out.tokens,
+            scored=None,
+            score=-np.inf,
+        )
 
 
 @dataclass
@@ -90,19 +101,34 @@ class Budget:
 
     def row(self, q: int, scale: float = 1.0) -> dict[str, float]:
         """Question q's costs, all but the call counts scaled (a part of a pool still took every call)."""
-        return {k: round(float(v[q]) * (1.0 if k.endswith("_calls") else scale), 4) for k, v in sorted(self.values.items())}
+        return {
+            k: round(float(v[q]) * (1.0 if k.endswith("_calls") else scale), 4) for k, v in sorted(self.values.items())
+        }
 
 
 class Search:
     """One search over a batch of questions: expands with the policy, scores with the PRM, keeps the accounts."""
 
-    def __init__(self, questions: list[str], policy: Policy, scorer: PathScorer, max_depth: int = 16, aggregation: str = "last",
-                 strategy: Strategy = "fused", note: Callable[[str], None] = lambda _: None, segmenter: Segmenter | None = None,
-                 step_token: str = STEP_TOKEN):
+    def __init__(
+        self,
+        questions: list[str],
+        policy: Policy,
+        scorer: PathScorer,
+        max_depth: int = 16,
+        aggregation: str = "last",
+        strategy: Strategy = "fused",
+        note: Callable[[str], None] = lambda _: None,
+        segmenter: Segmenter | None = None,
+        step_token: str = STEP_TOKEN,
+    ):
         """`segmenter`, where given, cuts each solution drawn whole again (`recut`); `step_token` joins its pieces."""
         self.questions, self.policy, self.scorer, self.max_depth = questions, policy, scorer, max_depth
         self.segmenter, self.step_token = segmenter, step_token
-        self.aggregation, self.strategy, self.note = aggregation, strategy, note  # note: says what runs now (a progress bar's status)
+        self.aggregation, self.strategy, self.note = (
+            aggregation,
+            strategy,
+            note,
+        )  # note: says what runs now (a progress bar's status)
         self.budget = Budget(len(questions))
 
     @property
@@ -135,7 +161,9 @@ class Search:
         solutions = self.policy.generate_solution(self.prompts(paths), k, self.max_depth)
         if self.segmenter is not None:
             solutions = [recut(steps, self.segmenter, self.step_token, self.max_depth) for steps in solutions]
-        self.charge_policy(paths, k, np.array([sum(o.tokens for o in steps) for steps in solutions], dtype=float), start)
+        self.charge_policy(
+            paths, k, np.array([sum(o.tokens for o in steps) for steps in solutions], dtype=float), start
+        )
         children = []
         for i, steps in enumerate(solutions):
             child = paths[i // k]
@@ -151,7 +179,11 @@ class Search:
             return
         self.note(f"PRM: {len(todo)} paths")
         before, start = dict(self.scorer.tokens), time.perf_counter()
-        results = self.scorer.score([self.questions[p.q] for p in todo], [list(p.steps) for p in todo], streams="l2r" if stream == "l2r" else "fused")
+        results = self.scorer.score(
+            [self.questions[p.q] for p in todo],
+            [list(p.steps) for p in todo],
+            streams="l2r" if stream == "l2r" else "fused",
+        )
         spent = {f"prm_tokens_{s}": t - before.get(s, 0) for s, t in self.scorer.tokens.items()}
         chars = np.array([sum(map(len, p.steps)) for p in todo], dtype=float)
         self.budget.charge("prm", np.array([p.q for p in todo]), chars, time.perf_counter() - start, spent)
@@ -201,8 +233,13 @@ def grow(s: Search, paths: list[SearchPath]) -> list[SearchPath]:
     return paths
 
 
-def sample(s: Search, n: int, paths: list[SearchPath] | None = None, save: Callable[[list[SearchPath]], None] = lambda _: None,
-           whole: bool = False) -> list[SearchPath]:
+def sample(
+    s: Search,
+    n: int,
+    paths: list[SearchPath] | None = None,
+    save: Callable[[list[SearchPath]], None] = lambda _: None,
+    whole: bool = False,
+) -> list[SearchPath]:
     """n independent solutions per question, unscored: the best-of-N pool, question-major, that every PRM then scores
     (the pick: the highest score, or `vote` weighted by probability). Drawn a level at a time, or `whole` in one call.
     `paths`, a pool part-drawn by a killed run, goes on from its last level; `save` gets the pool after every level."""
@@ -216,7 +253,8 @@ def sample(s: Search, n: int, paths: list[SearchPath] | None = None, save: Calla
 
 
 def tree_search(s: Search, keep: int, k: int, groups: int) -> list[SearchPath]:
-    """Keep the `keep` best paths of each group, give each unfinished one k children, repeat until all kept are finished.
+    """Keep the `keep` best paths of each group, give each unfinished one k children, repeat until all kept are
+    finished.
 
     A finished path stays in the running for its group's slots (as in its_hub) but is never copied."""
     kept = s.roots(groups)
@@ -243,7 +281,8 @@ def dvts(s: Search, n: int, width: int) -> list[SearchPath]:
 
 def resample(paths: list[SearchPath], n: int, rng: np.random.Generator) -> list[SearchPath]:
     """n draws with replacement per question, weights softmax(score) (its_hub's multinomial resampling).
-    `paths` holds n particles per question, question-major; a question whose particles all score -inf draws uniformly."""
+    `paths` holds n particles per question, question-major; a question whose particles all score -inf draws
+    uniformly."""
     scores = np.array([p.score for p in paths]).reshape(-1, n)
     scores = np.where(np.isneginf(scores).all(1, keepdims=True), 0.0, scores)
     w = np.exp(scores - scores.max(1, keepdims=True))
@@ -255,7 +294,8 @@ def resample(paths: list[SearchPath], n: int, rng: np.random.Generator) -> list[
 
 def particle_filter(s: Search, n: int, rng: np.random.Generator) -> list[SearchPath]:
     """its_hub's ParticleFiltering: n particles; each level extends the unfinished ones and resamples all by weight
-    exp(score) (the logit of the aggregated probability, as its_hub's inverse sigmoid). Finished ones keep their weight."""
+    exp(score) (the logit of the aggregated probability, as its_hub's inverse sigmoid). Finished ones keep their
+    weight."""
     particles = s.expand(s.roots(), n)
     s.score(particles, s.ranking_stream)
     particles = resample(particles, n, rng)

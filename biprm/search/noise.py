@@ -9,6 +9,7 @@ fewer draws than one written in many, and lose the maximum more often, so "noise
 read the text after all. That separate draw lasts while the step is newest: one level on,
 the copy's step takes its twin's draw again (only aggregations other than "last" see it).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,7 +39,9 @@ class NoiseScorer:
             draws.append(np.random.default_rng(int.from_bytes(key.digest(), "little")).standard_normal())
         return np.array(draws)
 
-    def score(self, questions: Sequence[str], paths: Sequence[Sequence[str]], streams: str = "fused") -> list[PathScore]:
+    def score(
+        self, questions: Sequence[str], paths: Sequence[Sequence[str]], streams: str = "fused"
+    ) -> list[PathScore]:
         self.calls += 1
         seen: Counter[tuple[str, ...]] = Counter()
         out = []

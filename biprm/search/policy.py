@@ -7,6 +7,7 @@ token is closed at `max_step_tokens` and marked `capped`, so a rambling policy c
 run a search forever. Each backend only says why a step ended; `close_step` turns that
 into a `StepOut` the same way for all of them.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,9 +45,11 @@ def close_step(raw: str, ending: Ending, tokens: int, step_token: str = STEP_TOK
     return StepOut(text, finished=ending == "end" or not text, capped=ending == "cap" and bool(text), tokens=tokens)
 
 
-def cut_solution(raw: str, ending: Ending, tokens: int, tokenizer, max_steps: int, max_step_tokens: int,
-                 step_token: str = STEP_TOKEN) -> list[StepOut]:
-    """A solution drawn whole, cut into the steps a step-by-step draw closes: at every step token, and where a piece runs
+def cut_solution(
+    raw: str, ending: Ending, tokens: int, tokenizer, max_steps: int, max_step_tokens: int, step_token: str = STEP_TOKEN
+) -> list[StepOut]:
+    """A solution drawn whole, cut into the steps a step-by-step draw closes: at every step token, and where a piece
+    runs
     past `max_step_tokens` (that step is capped and the rest of the piece goes on as the next step, where a step-by-step
     draw would have put a step token and asked again). An empty piece ends the solution, as an empty step does; so do
     `max_steps` steps. A piece's tokens are its re-encoded length; the last kept step takes the rest of the `tokens`
@@ -81,11 +84,14 @@ def recut(steps: list[StepOut], segmenter: Segmenter, step_token: str, max_steps
         return steps  # an empty solution stays the empty step that ends it
     cut = segmenter.cut(text, "a drawn solution").steps
     if len(cut) > max_steps:
-        cut = cut[: max_steps - 1] + [Span(text[cut[max_steps - 1].start : cut[-1].end], cut[max_steps - 1].start, cut[-1].end)]
+        cut = cut[: max_steps - 1] + [
+            Span(text[cut[max_steps - 1].start : cut[-1].end], cut[max_steps - 1].start, cut[-1].end)
+        ]
     ends = [c.start for c in cut[1:]] + [len(text)]
     tokens = [total * (b - a.start) // len(text) for a, b in zip(cut[:-1], ends)]
-    return ([StepOut(c.text, False, False, t) for c, t in zip(cut, tokens)]
-            + [StepOut(cut[-1].text, True, steps[-1].capped, total - sum(tokens))])
+    return [StepOut(c.text, False, False, t) for c, t in zip(cut, tokens)] + [
+        StepOut(cut[-1].text, True, steps[-1].capped, total - sum(tokens))
+    ]
 
 
 class PolicyError(ConnectionError):
@@ -96,7 +102,14 @@ class StepPolicy:
     """What the search uses: `prompt` renders a partial solution, `generate_step` samples n next steps per prompt
     (prompt-major: the n steps of prompt i are outputs i*n .. i*n+n-1). Counts generated tokens and calls."""
 
-    def __init__(self, tokenizer, step_token: str = STEP_TOKEN, max_step_tokens: int = 256, temperature: float = 0.8, top_p: float = 1.0):
+    def __init__(
+        self,
+        tokenizer,
+        step_token: str = STEP_TOKEN,
+        max_step_tokens: int = 256,
+        temperature: float = 0.8,
+        top_p: float = 1.0,
+    ):
         self.tokenizer, self.step_token, self.max_step_tokens = tokenizer, step_token, max_step_tokens
         self.temperature, self.top_p = temperature, top_p
         self.tokens, self.calls, self._heads = 0, 0, {}
@@ -110,8 +123,11 @@ class StepPolicy:
         if question not in self._heads:
             messages = [{"role": "user", "content": question}]
             chat = getattr(self.tokenizer, "chat_template", None)
-            self._heads[question] = (self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) if chat
-                                     else question + self.step_token)
+            self._heads[question] = (
+                self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                if chat
+                else question + self.step_token
+            )
         return self._heads[question]
 
     def reseed(self, seed: int) -> None:
@@ -129,7 +145,10 @@ class StepPolicy:
     def generate_step(self, prompts: list[str], n: int) -> list[StepOut]:
         if not prompts:
             return []
-        outs = [close_step(raw, ending, tokens, self.step_token) for raw, ending, tokens in self._generate(prompts, n, self.max_step_tokens, [self.step_token])]
+        outs = [
+            close_step(raw, ending, tokens, self.step_token)
+            for raw, ending, tokens in self._generate(prompts, n, self.max_step_tokens, [self.step_token])
+        ]
         self.calls += 1
         self.tokens += sum(o.tokens for o in outs)
         return outs
@@ -137,11 +156,15 @@ class StepPolicy:
     def generate_solution(self, prompts: list[str], n: int, max_steps: int) -> list[list[StepOut]]:
         """n whole solutions per prompt in one call, cut into steps afterwards (`cut_solution`). Best-of-N's pool needs
         no step boundaries while it is drawn, and a server then keeps its batch full instead of waiting at every level
-        for the slowest step. The call may generate a little past `max_steps` steps (the slack its token limit gives)."""
+        for the slowest step. The call may generate a little past `max_steps` steps (the slack its token limit
+        gives)."""
         if not prompts:
             return []
         raw = self._generate(prompts, n, max_steps * (self.max_step_tokens + 2), [])
-        outs = [cut_solution(text, ending, tokens, self.tokenizer, max_steps, self.max_step_tokens, self.step_token) for text, ending, tokens in raw]
+        outs = [
+            cut_solution(text, ending, tokens, self.tokenizer, max_steps, self.max_step_tokens, self.step_token)
+            for text, ending, tokens in raw
+        ]
         self.calls += 1
         self.tokens += sum(tokens for *_, tokens in raw)
         return outs
@@ -157,13 +180,30 @@ class ServerPolicy(StepPolicy):
     The completions route takes a list of prompts, so a whole level is one HTTP call (the chat route takes
     one conversation per call). vLLM says why a choice stopped in `stop_reason` (None: end of sequence)."""
 
-    def __init__(self, url: str, model: str, tokenizer, retries: int = 4, backoff: float = 1.0, timeout: float = 600.0, **kw):
+    def __init__(
+        self, url: str, model: str, tokenizer, retries: int = 4, backoff: float = 1.0, timeout: float = 600.0, **kw
+    ):
         super().__init__(tokenizer, **kw)
-        self.url, self.model, self.retries, self.backoff, self.timeout = url.rstrip("/") + "/v1/completions", model, retries, backoff, timeout
+        self.url, self.model, self.retries, self.backoff, self.timeout = (
+            url.rstrip("/") + "/v1/completions",
+            model,
+            retries,
+            backoff,
+            timeout,
+        )
 
     def _generate(self, prompts: list[str], n: int, max_tokens: int, stop: list[str]) -> list[tuple[str, Ending, int]]:
-        body = {"model": self.model, "prompt": prompts, "n": n, "max_tokens": max_tokens, "temperature": self.temperature,
-                "top_p": self.top_p, "stop": stop, "include_stop_str_in_output": True, "logprobs": 0}
+        body = {
+            "model": self.model,
+            "prompt": prompts,
+            "n": n,
+            "max_tokens": max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": stop,
+            "include_stop_str_in_output": True,
+            "logprobs": 0,
+        }
         choices = sorted(self._post(body)["choices"], key=lambda c: c["index"])
         if len(choices) != len(prompts) * n:
             raise PolicyError(f"policy server {self.url}: {len(choices)} choices for {len(prompts)} prompts x {n}")
@@ -174,7 +214,9 @@ class ServerPolicy(StepPolicy):
         """Generated tokens: the sampled tokens' log-probabilities list them; re-encoding the text is the fallback
         (it can differ where a token is part of a character)."""
         listed = (choice.get("logprobs") or {}).get("tokens")
-        return len(listed) if listed is not None else len(self.tokenizer.encode(choice["text"], add_special_tokens=False))
+        return (
+            len(listed) if listed is not None else len(self.tokenizer.encode(choice["text"], add_special_tokens=False))
+        )
 
     def _ending(self, choice: dict) -> Ending:
         if choice.get("finish_reason") == "length":
@@ -215,7 +257,14 @@ class VLLMPolicy(StepPolicy):
             prompts, n = [p for p in prompts for _ in range(n)], 1
         params = SamplingParams(n=n, temperature=self.temperature, top_p=self.top_p, max_tokens=max_tokens, stop=stop)
         outs = [c for o in self.llm.generate(prompts, params, use_tqdm=False) for c in o.outputs]
-        return [(c.text, "cap" if c.finish_reason == "length" else "end" if c.stop_reason is None else "step", len(c.token_ids)) for c in outs]
+        return [
+            (
+                c.text,
+                "cap" if c.finish_reason == "length" else "end" if c.stop_reason is None else "step",
+                len(c.token_ids),
+            )
+            for c in outs
+        ]
 
 
 class HFPolicy(StepPolicy):
@@ -262,18 +311,35 @@ class HFPolicy(StepPolicy):
     def _generate(self, prompts: list[str], n: int, max_tokens: int, stop: list[str]) -> list[tuple[str, Ending, int]]:
         import torch
 
-        rows, out = [p for p in prompts for _ in range(n)], []  # each prompt n times: greedy decoding takes one sequence per row
+        rows, out = (
+            [p for p in prompts for _ in range(n)],
+            [],
+        )  # each prompt n times: greedy decoding takes one sequence per row
         for i in range(0, len(rows), self.batch_size):
-            enc = self.tokenizer(rows[i : i + self.batch_size], return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
+            enc = self.tokenizer(
+                rows[i : i + self.batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+            ).to(self.model.device)
             with torch.no_grad():
-                ids = self.model.generate(**enc, do_sample=self.temperature > 0, temperature=self.temperature or None, top_p=self.top_p,
-                                          max_new_tokens=max_tokens, stop_strings=stop or None, tokenizer=self.tokenizer,
-                                          pad_token_id=self.tokenizer.pad_token_id)
+                ids = self.model.generate(
+                    **enc,
+                    do_sample=self.temperature > 0,
+                    temperature=self.temperature or None,
+                    top_p=self.top_p,
+                    max_new_tokens=max_tokens,
+                    stop_strings=stop or None,
+                    tokenizer=self.tokenizer,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                )
             new = ids[:, enc["input_ids"].shape[1] :]
             ended = (new == self.tokenizer.eos_token_id) | (new == self.tokenizer.pad_token_id)
-            length = torch.where(ended.any(-1), ended.int().argmax(-1), new.shape[1])  # tokens before the end or padding
+            length = torch.where(
+                ended.any(-1), ended.int().argmax(-1), new.shape[1]
+            )  # tokens before the end or padding
             eos = (new == self.tokenizer.eos_token_id).any(-1)
             texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
             # a stop string ends a row too (padded after it): close_step sees the token in the text and says "step"
-            out += [(t, "end" if e else "cap", int(k) + int(e and not any(x in t for x in stop))) for t, e, k in zip(texts, eos.tolist(), length.tolist())]
+            out += [
+                (t, "end" if e else "cap", int(k) + int(e and not any(x in t for x in stop)))
+                for t, e, k in zip(texts, eos.tolist(), length.tolist())
+            ]
         return out

@@ -12,6 +12,7 @@ pool and questions. "right by fallback" counts the questions a row has right onl
 as the text's last number, with no answer marker (biprm.evaluation.grading.read_answer): GSM8K's convention, but a
 path cut off mid-solution has a last number too.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,24 +28,26 @@ NAME = re.compile(r"(?P<base>.+)@(?P<n>\d+)(?: \[(?P<prm>[^\]]+)\])?")
 
 
 def method_name(base: str, n: int, prm: str | None = None) -> str:
-    """("beam/fused", 4, "bi") -> "beam/fused@4 [bi]"; `prm` is None for baselines, noise twins and a run with one PRM."""
+    """("beam/fused", 4, "bi") -> "beam/fused@4 [bi]"; `prm` is None for baselines, noise twins and a run with one
+    PRM."""
     return f"{base}@{n}" + (f" [{prm}]" if prm else "")
 
 
 def parts(method: str) -> tuple[str, int, str | None]:
-    """"beam/fused@4 [bi]" -> ("beam/fused", 4, "bi"): what `method_name` joined."""
+    """ "beam/fused@4 [bi]" -> ("beam/fused", 4, "bi"): what `method_name` joined."""
     m = NAME.fullmatch(method)
     return m["base"], int(m["n"]), m["prm"]
 
 
 def family(method: str) -> str:
-    """"beam/fused@4 [bi]" -> "beam/fused [bi]": the method over every N, one line of the plot."""
+    """ "beam/fused@4 [bi]" -> "beam/fused [bi]": the method over every N, one line of the plot."""
     base, _, prm = parts(method)
     return f"{base} [{prm}]" if prm else base
 
 
 def noise_twin(method: str) -> str | None:
-    """The noise-driven run of a PRM method ("beam/l2r@4 [bi]" -> "noise:beam@4", "bon-max/fused@4" -> "noise:bon-max@4")."""
+    """The noise-driven run of a PRM method ("beam/l2r@4 [bi]" -> "noise:beam@4", "bon-max/fused@4" ->
+    "noise:bon-max@4")."""
     base, n, _ = parts(method)
     if base.startswith("noise:") or base in BASELINES or base.startswith("bon-vote"):
         return None
@@ -52,11 +55,20 @@ def noise_twin(method: str) -> str | None:
 
 
 def ordered(methods: list[str]) -> list[str]:
-    """Per N: baselines, then each PRM method (its PRMs in the order given, the sort being stable) with its noise twin right under it."""
+    """Per N: baselines, then each PRM method (its PRMs in the order given, the sort being stable) with its noise twin
+    right under it."""
+
     def key(m: str) -> tuple:
         base, n, _ = parts(m)
         plain = base.removeprefix("noise:")
-        return (n, BASELINES.index(base) if base in BASELINES else len(BASELINES), plain.split("/")[0], base.startswith("noise:"), base)
+        return (
+            n,
+            BASELINES.index(base) if base in BASELINES else len(BASELINES),
+            plain.split("/")[0],
+            base.startswith("noise:"),
+            base,
+        )
+
     return sorted(methods, key=key)
 
 
@@ -88,7 +100,8 @@ def paired(a: np.ndarray, b: np.ndarray, seed: int) -> dict | None:
 
 
 def method_rows(records: list[dict], seed: int = 0) -> list[dict]:
-    """One row per method: accuracy over the questions it could grade, its interval, unknowns, mean cost per question."""
+    """One row per method: accuracy over the questions it could grade, its interval, unknowns, mean cost per
+    question."""
     names = ordered(list(dict.fromkeys(m for r in records for m in r["methods"])))
     correct = {m: graded(records, m) for m in names}
     rows = []
@@ -104,16 +117,23 @@ def method_rows(records: list[dict], seed: int = 0) -> list[dict]:
         if (twin := noise_twin(m)) in correct and (d := paired(correct[m], correct[twin], seed)):
             row["vs_noise"] = d
         base, n, _ = parts(m)
-        if base not in BASELINES and (majority := method_name("majority", n)) in correct and (d := paired(correct[m], correct[majority], seed)):
+        if (
+            base not in BASELINES
+            and (majority := method_name("majority", n)) in correct
+            and (d := paired(correct[m], correct[majority], seed))
+        ):
             row["vs_majority"] = d
         budgets = [r["methods"][m]["budget"] for r in records]
-        row["budget"] = {k: float(np.mean([b.get(k, 0.0) for b in budgets])) for k in sorted({k for b in budgets for k in b})}
+        row["budget"] = {
+            k: float(np.mean([b.get(k, 0.0) for b in budgets])) for k in sorted({k for b in budgets for k in b})
+        }
         rows.append(row)
     return rows
 
 
 def prm_differences(records: list[dict], seed: int = 0) -> list[dict]:
-    """With exactly two PRMs, each method's paired difference: the second's accuracy minus the first's, in --prm's order (the
+    """With exactly two PRMs, each method's paired difference: the second's accuracy minus the first's, in --prm's order
+    (the
     order a run writes their methods in)."""
     names = list(dict.fromkeys(m for r in records for m in r["methods"]))
     prms = list(dict.fromkeys(prm for m in names if (prm := parts(m)[2])))
@@ -123,7 +143,11 @@ def prm_differences(records: list[dict], seed: int = 0) -> list[dict]:
     rows = []
     for m in names:
         base, n, prm = parts(m)
-        if prm == prms[1] and (other := method_name(base, n, prms[0])) in names and (d := paired(graded(records, m), graded(records, other), seed)):
+        if (
+            prm == prms[1]
+            and (other := method_name(base, n, prms[0])) in names
+            and (d := paired(graded(records, m), graded(records, other), seed))
+        ):
             rows.append({"method": method_name(base, n), "difference": f"{prms[1]} - {prms[0]}", **d})
     return rows
 
@@ -136,21 +160,43 @@ def points(d: dict) -> str:
 def table(rows: list[dict]) -> str:
     """The markdown table `biprm search` prints and writes to summary.md."""
     streams = sorted({k.removeprefix("prm_tokens_") for r in rows for k in r["budget"] if k.startswith("prm_tokens_")})
-    head = ["method", "accuracy % [95% CI]", "vs noise (pts) [95% CI]", "vs majority (pts) [95% CI]", "unknown", "policy tok/q",
-            f"PRM tok/q ({' / '.join(streams) or '-'})", "calls/q policy / PRM", "wall s/q policy / PRM",
-            "marked only % (right by fallback)"]
+    head = [
+        "method",
+        "accuracy % [95% CI]",
+        "vs noise (pts) [95% CI]",
+        "vs majority (pts) [95% CI]",
+        "unknown",
+        "policy tok/q",
+        f"PRM tok/q ({' / '.join(streams) or '-'})",
+        "calls/q policy / PRM",
+        "wall s/q policy / PRM",
+        "marked only % (right by fallback)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         b = r["budget"]
-        acc = f"{100 * r['accuracy_mean']:.1f} [{100 * r['accuracy_low']:.1f}, {100 * r['accuracy_high']:.1f}]" if "accuracy_mean" in r else "-"
+        acc = (
+            f"{100 * r['accuracy_mean']:.1f} [{100 * r['accuracy_low']:.1f}, {100 * r['accuracy_high']:.1f}]"
+            if "accuracy_mean" in r
+            else "-"
+        )
         d, m = r.get("vs_noise"), r.get("vs_majority")
         vs = f"{points(d)}{' (noise)' if d['within_noise'] else ''}" if d else ""
         vs_majority = f"{points(m)}{' (tie)' if m['within_noise'] else ''}" if m else ""
         prm = " / ".join(f"{b.get(f'prm_tokens_{s}', 0):.0f}" for s in streams) or "0"
         name = f"{r['method']} (pool ceiling)" if parts(r["method"])[0] == "pass" else r["method"]
-        cells = [name, acc, vs, vs_majority, str(r["unknown"]), f"{b.get('policy_tokens', 0):.0f}", prm,
-                 f"{b.get('policy_calls', 0):.1f} / {b.get('prm_calls', 0):.1f}", f"{b.get('policy_s', 0):.2f} / {b.get('prm_s', 0):.2f}",
-                 f"{100 * r['accuracy_marked']:.1f} ({r['right_by_fallback']})" if "accuracy_marked" in r else "-"]
+        cells = [
+            name,
+            acc,
+            vs,
+            vs_majority,
+            str(r["unknown"]),
+            f"{b.get('policy_tokens', 0):.0f}",
+            prm,
+            f"{b.get('policy_calls', 0):.1f} / {b.get('prm_calls', 0):.1f}",
+            f"{b.get('policy_s', 0):.2f} / {b.get('prm_s', 0):.2f}",
+            f"{100 * r['accuracy_marked']:.1f} ({r['right_by_fallback']})" if "accuracy_marked" in r else "-",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -158,7 +204,9 @@ def table(rows: list[dict]) -> str:
 def difference_table(rows: list[dict]) -> str:
     """The two PRMs' paired differences, one line per method; '(tie)' where the interval holds 0."""
     lines = [f"| method | {rows[0]['difference']} (pts) [95% CI] | questions |", "|---|---|---|"]
-    lines += [f"| {r['method']} | {points(r)}{' (tie)' if r['within_noise'] else ''} | {r['questions']} |" for r in rows]
+    lines += [
+        f"| {r['method']} | {points(r)}{' (tie)' if r['within_noise'] else ''} | {r['questions']} |" for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -171,14 +219,23 @@ def summarize(out: Path, seed: int = 0) -> str:
         raise ValueError(f"{out}/questions.jsonl holds no question yet")
     rows, differences = method_rows(records, seed), prm_differences(records, seed)
     total = {k: sum(r["budget"].get(k, 0.0) for r in records) for k in {k for r in records for k in r["budget"]}}
-    text = (f"{len(records)} questions; accuracy over the questions graded (a grade that timed out is unknown); "
-            f"'(noise)', '(tie)': the interval holds 0; marked only: accuracy counting only answers with a marker (box, 'The answer "
-            f"is', ####), beside the questions right only through the text's last number.\n\n{table(rows)}\n\nthe run's whole cost (the pool once, every search): "
-            + ", ".join(f"{k} {v:.1f}" for k, v in sorted(total.items())) + "\n")
+    text = (
+        f"{len(records)} questions; accuracy over the questions graded (a grade that timed out is unknown); "
+        "'(noise)', '(tie)': the interval holds 0; marked only: accuracy counting only answers with a marker (box, "
+        "'The answer "
+        f"is', ####), beside the questions right only through the text's last number.\n\n{table(rows)}\n\nthe run's "
+        "whole cost (the pool once, every search): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in sorted(total.items()))
+        + "\n"
+    )
     if differences:
-        text += f"\nthe two PRMs on the same pool and questions, paired; '(tie)': the interval holds 0.\n\n{difference_table(differences)}\n"
+        text += (
+            "\nthe two PRMs on the same pool and questions, paired; '(tie)': the interval holds "
+            f"0.\n\n{difference_table(differences)}\n"
+        )
     Path(out, "summary.md").write_text(text)
-    Path(out, "summary.json").write_text(json.dumps({"questions": len(records), "rows": rows, "prm_differences": differences, "total": total},
-                                                    indent=1))
+    Path(out, "summary.json").write_text(
+        json.dumps({"questions": len(records), "rows": rows, "prm_differences": differences, "total": total}, indent=1)
+    )
     plot_cost_curves(str(Path(out, "accuracy.png")), rows)
     return text

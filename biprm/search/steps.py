@@ -6,6 +6,7 @@ same text cut at that token, with the token itself stripped. Generation and scor
 both go through these two functions, so they can never cut a solution differently; the cut
 itself is biprm.data.segment's, the one splitter of biprm.
 """
+
 from __future__ import annotations
 
 from biprm.data.segment import separator
@@ -24,7 +25,8 @@ def join_steps(steps: list[str], step_token: str = STEP_TOKEN) -> str:
 
 
 def response_steps(response: str, step_token: str, where: str) -> list[str]:
-    """A search library's response text cut into steps at its step token; one with no step text is an error naming it."""
+    """A search library's response text cut into steps at its step token; one with no step text is an error naming
+    it."""
     steps = split_steps(response, step_token)
     if not steps:
         raise ValueError(f"{where}: no step text after splitting at the step token {step_token!r}")

@@ -7,13 +7,15 @@ the task's own wording. At each event step it draws a calc slip with probability
 With probability `claim_rate` it draws a bare wrong claim, which the next step contradicts
 by using the true value, so the answer stays right. As in the task's training data, a claim
 is drawn only where another event step follows to contradict it, and never right after a
-claim (that step shows the equation). Otherwise the step is right. The last step states the answer. A search study on it therefore knows how often
+claim (that step shows the equation). Otherwise the step is right. The last step states the answer. A search study on it
+therefore knows how often
 a single sample is wrong, and why.
 
 Each draw comes from a hash of (seed, question, prefix, how often that prefix was asked
 since `reseed`), so a rerun writes the same steps, whatever else shares its batch, and so
 does a resumed one (the counts are in the batch's checkpoint).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,9 +41,13 @@ def synthetic_problems(data: str) -> list[Problem] | None:
 class SyntheticPolicy(StepPolicy):
     """`StepPolicy` over the synthetic task's problems; `tokenizer` (optional) only counts the tokens it writes."""
 
-    def __init__(self, problems: Sequence[Problem], calc_rate: float, claim_rate: float, seed: int = 0, tokenizer=None, **kw):
+    def __init__(
+        self, problems: Sequence[Problem], calc_rate: float, claim_rate: float, seed: int = 0, tokenizer=None, **kw
+    ):
         if not (0 <= calc_rate and 0 <= claim_rate and calc_rate + claim_rate <= 1):
-            raise ValueError(f"--calc-rate {calc_rate} and --claim-rate {claim_rate}: each must be >= 0 and their sum <= 1")
+            raise ValueError(
+                f"--calc-rate {calc_rate} and --claim-rate {claim_rate}: each must be >= 0 and their sum <= 1"
+            )
         super().__init__(tokenizer, **kw)
         self.problems = {p.question: p for p in problems}
         self.calc_rate, self.claim_rate, self.seed = calc_rate, claim_rate, seed
@@ -67,10 +73,15 @@ class SyntheticPolicy(StepPolicy):
         for prompt in prompts:
             question, *steps = split_steps(prompt, self.step_token)
             if question not in self.problems:
-                raise ValueError(f"synthetic policy: no problem behind the question {question[:80]!r}; use --data synthetic[:N[:SEED]]")
+                raise ValueError(
+                    f"synthetic policy: no problem behind the question {question[:80]!r}; use --data "
+                    "synthetic[:N[:SEED]]"
+                )
             for _ in range(n):
                 text, last = self.next_step(self.problems[question], steps, self._rng(question, steps))
-                tokens = len(self.tokenizer.encode(text, add_special_tokens=False)) if self.tokenizer else len(text.split())
+                tokens = (
+                    len(self.tokenizer.encode(text, add_special_tokens=False)) if self.tokenizer else len(text.split())
+                )
                 out.append((text, "end", tokens) if last else (text + self.step_token, "step", tokens))
         return out
 
@@ -92,7 +103,9 @@ class SyntheticPolicy(StepPolicy):
             return write_step(problem, t, carried, slip[0], bare=False), False
         if self.calc_rate <= u < self.calc_rate + self.claim_rate and t + 1 < len(problem.ops) and not after_claim:
             return write_step(problem, t, carried, wrong_claim(right, rng), bare=True), False
-        bare = not after_claim and rng.random() < BARE_CLAIM_RATE  # the step after a claim shows the equation that contradicts it
+        bare = (
+            not after_claim and rng.random() < BARE_CLAIM_RATE
+        )  # the step after a claim shows the equation that contradicts it
         return write_step(problem, t, carried, right, bare), False
 
 

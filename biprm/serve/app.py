@@ -22,6 +22,7 @@ The scorer underneath is biprm's own `Scorer` or, with --engine vllm, a vLLM eng
 running biprm's plugin (`biprm.vllm_plugin`), or two for an implicit PRM (`biprm.serve.vllm_engine`);
 the endpoints are the same.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -58,8 +59,12 @@ class ScoreItem(BaseModel):
     question: str = Field(min_length=1)
     steps: list[str] | None = Field(default=None, min_length=1, description="the solution's steps, in order")
     solution: str | None = Field(default=None, description="free text, cut into steps by `segmenter`")
-    segmenter: str | None = Field(default=None, validation_alias=AliasChoices("segmenter", "split"),
-                                  description="paragraph, lines, markers, tokens:N or a split rule; the server's if unset ('split': its old name)")
+    segmenter: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("segmenter", "split"),
+        description="paragraph, lines, markers, tokens:N or a split rule; the server's if unset "
+        "('split': its old name)",
+    )
 
     @model_validator(mode="after")
     def _one_of(self) -> "ScoreItem":
@@ -84,7 +89,8 @@ class ServiceError(Exception):
 
 
 def _cut(text: str, segmenter: Segmenter, where: str) -> Cut:
-    """The steps of a free-text solution with their spans; an empty one, or one cut into no steps, is a 400 naming `where`."""
+    """The steps of a free-text solution with their spans; an empty one, or one cut into no steps, is a 400 naming
+    `where`."""
     try:
         return segmenter.cut(text, where)
     except DataError as error:
@@ -96,19 +102,30 @@ class Service:
 
     def __init__(self, scorer: Scorer | VLLMScorer, cfg: ServeConfig):
         if scorer.max_length != cfg.max_length:
-            raise ValueError(f"the scorer reads {scorer.max_length} tokens per stream, the settings say --max-length {cfg.max_length}")
+            raise ValueError(
+                f"the scorer reads {scorer.max_length} tokens per stream, the settings say --max-length "
+                f"{cfg.max_length}"
+            )
         self.scorer, self.cfg = scorer, cfg
         self.batcher = Batcher(self._score, cfg.max_wait_ms, cfg.max_batch_tokens, cfg.max_queue)
         self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="biprm-tokenize")
         self.chat = ChatPrompt.load(cfg.chat_template) if cfg.chat_template else None
         tok = scorer.tokenizer
         self.segmenter = trace_segmenter([cfg.model], cfg.segmenter, tok)
-        self.special = sorted({t for t in (tok.eos_token, tok.pad_token, *(self.chat.special if self.chat else ())) if t}, key=len, reverse=True)
+        self.special = sorted(
+            {t for t in (tok.eos_token, tok.pad_token, *(self.chat.special if self.chat else ())) if t},
+            key=len,
+            reverse=True,
+        )
 
     def check_text(self, chars: int, where: str) -> None:
         """Refuse text too long to be worth tokenizing, before any work is spent on it."""
         if chars > self.cfg.max_text_chars:
-            raise ServiceError(413, f"{where}: {chars} characters; this server takes at most {self.cfg.max_text_chars} per solution (--max-text-chars)")
+            raise ServiceError(
+                413,
+                f"{where}: {chars} characters; this server takes at most {self.cfg.max_text_chars} per solution "
+                "(--max-text-chars)",
+            )
 
     def _score(self, encs: list[Encoded]) -> StepScores:
         return self.scorer.score(encs, progress=False)
@@ -124,15 +141,25 @@ class Service:
     async def run(self, trajs: list[Trajectory], names: list[str]) -> tuple[StepScores, np.ndarray]:
         """(scores, steps dropped per trajectory); bad text is a 400 naming the item, over-long a flag or 413."""
         if len(trajs) > self.cfg.max_queue:
-            raise ServiceError(413, f"{len(trajs)} solutions in one request; this server takes at most {self.cfg.max_queue} solutions per request (--max-queue)")
+            raise ServiceError(
+                413,
+                f"{len(trajs)} solutions in one request; this server takes at most {self.cfg.max_queue} solutions per "
+                "request (--max-queue)",
+            )
         encs = await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, self._encode, trajs, names)
         dropped = np.array([e.n_dropped for e in encs])
         if self.cfg.on_overlength == "refuse" and dropped.any():
             i = int(np.flatnonzero(dropped)[0])
-            raise ServiceError(413, f"{names[i]}: longer than max_length={self.cfg.max_length} tokens ({dropped[i]} trailing steps would not be scored)")
+            raise ServiceError(
+                413,
+                f"{names[i]}: longer than max_length={self.cfg.max_length} tokens ({dropped[i]} trailing steps would "
+                "not be scored)",
+            )
         self.check_alive()
         try:
-            scores = await self.batcher.submit(encs, sum(e.n_tokens for e in encs) * len(MODE_TABLE[self.scorer.mode].streams))
+            scores = await self.batcher.submit(
+                encs, sum(e.n_tokens for e in encs) * len(MODE_TABLE[self.scorer.mode].streams)
+            )
         except Overloaded as error:
             raise ServiceError(503, str(error)) from None
         except Exception:
@@ -149,14 +176,24 @@ class Service:
     async def score(self, items: list[ScoreItem]) -> list[dict]:
         trajs, cuts = [], []
         for i, it in enumerate(items):
-            self.check_text(len(it.question) + (len(it.solution) if it.steps is None else sum(map(len, it.steps))), f"item {i}")
+            self.check_text(
+                len(it.question) + (len(it.solution) if it.steps is None else sum(map(len, it.steps))), f"item {i}"
+            )
             segmenter = self.segmenter if it.segmenter is None else Segmenter(it.segmenter, self.scorer.tokenizer)
             cuts.append(None if it.steps is not None else _cut(it.solution, segmenter, f"item {i}: field 'solution'"))
             trajs.append(Trajectory(it.question, it.steps if cuts[-1] is None else cuts[-1].texts))
         scores, dropped = await self.run(trajs, [f"item {i}" for i in range(len(items))])
-        keys = ("steps", *STEP_OUTPUTS, "solution", "solution_logit", "steps_scored")  # what `biprm score` writes, less the input's own fields
-        return [{**{k: row[k] for k in keys}, "truncated": bool(d), **(cut.meta() if cut else {})}
-                for row, d, cut in zip(score_rows(trajs, scores, digits=None), dropped, cuts)]
+        keys = (
+            "steps",
+            *STEP_OUTPUTS,
+            "solution",
+            "solution_logit",
+            "steps_scored",
+        )  # what `biprm score` writes, less the input's own fields
+        return [
+            {**{k: row[k] for k in keys}, "truncated": bool(d), **(cut.meta() if cut else {})}
+            for row, d, cut in zip(score_rows(trajs, scores, digits=None), dropped, cuts)
+        ]
 
     def question(self, prompt: str, i: int) -> str:
         """The plain question: the prompt itself, or its last user message under --chat-template."""
@@ -166,23 +203,31 @@ class Service:
             return prompt.strip()
         question = self.chat.question(prompt)
         if not question:
-            raise ServiceError(400, f"field 'prompts' [{i}] is not a prompt of the chat template of {self.chat.name} (--chat-template)")
+            raise ServiceError(
+                400, f"field 'prompts' [{i}] is not a prompt of the chat template of {self.chat.name} (--chat-template)"
+            )
         return question
 
     async def reward(self, req: RewardRequest) -> dict:
         """OpenRLHF's answer: `rewards` and `scores` (the solution score), `extra_logs` (one value per query,
         as trainers log them) and the per-step fused probabilities in `step_rewards`."""
         if len(req.query) != len(req.prompts):
-            raise ServiceError(400, f"field 'prompts' has {len(req.prompts)} entries for {len(req.query)} in field 'query'")
+            raise ServiceError(
+                400, f"field 'prompts' has {len(req.prompts)} entries for {len(req.query)} in field 'query'"
+            )
         trajs = []
         for i, (query, prompt) in enumerate(zip(req.query, req.prompts)):
             self.check_text(len(query), f"field 'query' [{i}]")
             if not query.startswith(prompt):
                 raise ServiceError(400, f"field 'query' [{i}] does not start with field 'prompts' [{i}]")
-            response = query[len(prompt):]
-            for token in self.special:  # the policy's turn markup, padding and end-of-sequence text are not part of the answer
+            response = query[len(prompt) :]
+            for (
+                token
+            ) in self.special:  # the policy's turn markup, padding and end-of-sequence text are not part of the answer
                 response = response.replace(token, "")
-            trajs.append(Trajectory(self.question(prompt, i), _cut(response, self.segmenter, f"field 'query' [{i}]").texts))
+            trajs.append(
+                Trajectory(self.question(prompt, i), _cut(response, self.segmenter, f"field 'query' [{i}]").texts)
+            )
         scores, _ = await self.run(trajs, [f"field 'query' [{i}]" for i in range(len(trajs))])
         rewards = scores.solution_scores(self.cfg.aggregation).tolist()
         probs = scores.prob()
@@ -199,12 +244,18 @@ class Service:
     def metrics(self) -> str:
         s, b = self.batcher.stats, self.batcher
         lines = [
-            "# TYPE biprm_requests_total counter", f"biprm_requests_total {s.requests}",
-            "# TYPE biprm_rejected_total counter", f"biprm_rejected_total {s.rejected}",
-            "# TYPE biprm_failed_total counter", f"biprm_failed_total {s.failed}",
-            "# TYPE biprm_batches_total counter", f"biprm_batches_total {s.batches}",
-            "# TYPE biprm_solutions_total counter", f"biprm_solutions_total {s.solutions}",
-            "# TYPE biprm_queue_solutions gauge", f"biprm_queue_solutions {b.queued}",
+            "# TYPE biprm_requests_total counter",
+            f"biprm_requests_total {s.requests}",
+            "# TYPE biprm_rejected_total counter",
+            f"biprm_rejected_total {s.rejected}",
+            "# TYPE biprm_failed_total counter",
+            f"biprm_failed_total {s.failed}",
+            "# TYPE biprm_batches_total counter",
+            f"biprm_batches_total {s.batches}",
+            "# TYPE biprm_solutions_total counter",
+            f"biprm_solutions_total {s.solutions}",
+            "# TYPE biprm_queue_solutions gauge",
+            f"biprm_queue_solutions {b.queued}",
         ]
         for name, values in (("biprm_batch_solutions", s.batch_sizes), ("biprm_latency_seconds", s.latencies)):
             lines.append(f"# TYPE {name} summary")
@@ -238,7 +289,9 @@ async def _json(request: Request, limit: int):
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            raise ServiceError(413, f"the body has more than {limit} bytes; this server reads at most {limit} (--max-body-bytes)")
+            raise ServiceError(
+                413, f"the body has more than {limit} bytes; this server reads at most {limit} (--max-body-bytes)"
+            )
     try:
         return json.loads(body)
     except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deep to parse
@@ -274,15 +327,26 @@ def build_app(scorer: Scorer | VLLMScorer, cfg: ServeConfig, owns_scorer: bool =
 
     @app.exception_handler(ServiceError)
     async def refused(request: Request, error: ServiceError) -> JSONResponse:
-        return JSONResponse({"error": str(error)}, status_code=error.status, headers={"Retry-After": "1"} if error.status == 503 and error.retry else None)
+        return JSONResponse(
+            {"error": str(error)},
+            status_code=error.status,
+            headers={"Retry-After": "1"} if error.status == 503 and error.retry else None,
+        )
 
     if cfg.api_key is not None:
+
         @app.middleware("http")
         async def authorize(request: Request, call_next):
             if request.url.path == "/health" or _bearer_matches(request, cfg.api_key):
                 return await call_next(request)
-            return JSONResponse({"error": f"this server wants an API key: send 'Authorization: Bearer <key>' (--api-key or {API_KEY_ENV} of the server)"},
-                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            return JSONResponse(
+                {
+                    "error": "this server wants an API key: send 'Authorization: Bearer <key>' (--api-key or "
+                    f"{API_KEY_ENV} of the server)"
+                },
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     @app.post("/v1/score", openapi_extra=_body_schema({"oneOf": [ScoreItem.model_json_schema(), _ITEMS.json_schema()]}))
     async def score(request: Request) -> dict | list[dict]:
@@ -326,10 +390,17 @@ def serve(cfg: ServeConfig) -> None:
     import uvicorn
 
     if cfg.engine == "vllm":
-        scorer = VLLMScorer.from_pretrained(cfg.model, cfg.max_length, cfg.prm_kind, cfg.prm_reference, **json.loads(cfg.engine_args))
+        scorer = VLLMScorer.from_pretrained(
+            cfg.model, cfg.max_length, cfg.prm_kind, cfg.prm_reference, **json.loads(cfg.engine_args)
+        )
     else:
         scorer = Scorer.from_settings(cfg.model, cfg)
     log.info("serving %s (%s) on http://%s:%d", cfg.model, scorer.mode, cfg.host, cfg.port)
     if cfg.api_key is None and cfg.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("serving on %s without an API key: anyone who reaches port %d can use this model (set %s)", cfg.host, cfg.port, API_KEY_ENV)
+        log.warning(
+            "serving on %s without an API key: anyone who reaches port %d can use this model (set %s)",
+            cfg.host,
+            cfg.port,
+            API_KEY_ENV,
+        )
     uvicorn.run(build_app(scorer, cfg, owns_scorer=True), host=cfg.host, port=cfg.port, log_level="info")

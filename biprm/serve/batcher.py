@@ -7,6 +7,7 @@ and the event loop stays free to accept and refuse). The Scorer's own batching,
 deduplication and prompt cache then apply across requests. Each request gets its own
 slice of the result back.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -76,7 +77,8 @@ class Batcher:
         self._pool.shutdown(wait=True)
 
     async def submit(self, encs: list[Encoded], tokens: int) -> StepScores:
-        """Scores of `encs` (`tokens` in all, both streams), in order; raises Overloaded at once when the queue has no room."""
+        """Scores of `encs` (`tokens` in all, both streams), in order; raises Overloaded at once when the queue has no
+        room."""
         if self.queued + len(encs) > self.max_queue:
             self.stats.rejected += 1
             raise Overloaded(f"{self.queued} solutions are queued (limit {self.max_queue}); retry later")
@@ -124,7 +126,9 @@ class Batcher:
                 self.stats.failed += len(jobs)
                 for job in jobs:
                     if not job.future.done():
-                        job.future.set_exception(error if isinstance(error, Exception) else RuntimeError(f"scoring stopped: {error!r}"))
+                        job.future.set_exception(
+                            error if isinstance(error, Exception) else RuntimeError(f"scoring stopped: {error!r}")
+                        )
                 if not isinstance(error, Exception):
                     raise
                 continue

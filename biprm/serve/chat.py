@@ -7,6 +7,7 @@ template is rendered around marker messages once, which shows the text that open
 user turn and the text that follows the user's message up to the assistant's answer;
 a prompt's question is what lies between the last opener and that ending.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,7 @@ def _common_suffix(a: str, b: str) -> str:
     n = 0
     while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
         n += 1
-    return a[len(a) - n:]
+    return a[len(a) - n :]
 
 
 class ChatPrompt:
@@ -32,7 +33,9 @@ class ChatPrompt:
         between = render(_ASK, _REPLY, _AGAIN).split(_REPLY)[1].split(_AGAIN)[0]
         self.opener = _common_suffix(before, between)  # the user turn's markup, with whatever closed the turn before it
         if not self.opener:
-            raise ValueError(f"--chat-template {name}: cannot find the text that opens a user turn in its chat template")
+            raise ValueError(
+                f"--chat-template {name}: cannot find the text that opens a user turn in its chat template"
+            )
         self.name = name
         self.special = list(tokenizer.all_special_tokens)
 
@@ -51,4 +54,4 @@ class ChatPrompt:
             return None
         head = prompt[: len(prompt) - len(self.ending)]
         start = head.rfind(self.opener)
-        return None if start < 0 else head[start + len(self.opener):].strip()
+        return None if start < 0 else head[start + len(self.opener) :].strip()

@@ -18,6 +18,7 @@ model whose config says float32 runs in float16 (`_get_and_verify_dtype`), which
 does not give biprm's scores, so the export names bfloat16 (or float16) and fp32 is asked for on
 vLLM's command line. The heads run in fp32 whatever the body's dtype.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,14 @@ HEAD_FILE = "biprm_head"  # the value head of a PRM trained elsewhere, beside it
 SAFE_INDEX = "model.safetensors.index.json"  # vLLM loads only the safetensors files a folder's index names
 
 
-def export_for_vllm(checkpoint: str, out: str, link: bool = False, dtype: str = "bfloat16", prm_kind: str | None = None,
-                    mode: str | None = None) -> Path:
+def export_for_vllm(
+    checkpoint: str,
+    out: str,
+    link: bool = False,
+    dtype: str = "bfloat16",
+    prm_kind: str | None = None,
+    mode: str | None = None,
+) -> Path:
     """The export folder, whose config asks vLLM for `dtype`; with `link` its files are symbolic links to the
     checkpoint's (a scratch export). `checkpoint` is a biprm folder (it keeps its mode) or a PRM trained elsewhere, of
     the kind detected or named by `prm_kind`, read in `mode` (default l2r)."""
@@ -44,7 +51,10 @@ def export_for_vllm(checkpoint: str, out: str, link: bool = False, dtype: str = 
     from biprm.prms import KINDS, detect, read_out, weight_files
 
     if dtype not in SERVED_DTYPES:
-        raise ValueError(f"--dtype {dtype}: vLLM keeps only {' or '.join(SERVED_DTYPES)} from an export; for float32 pass --dtype float32 to vllm serve")
+        raise ValueError(
+            f"--dtype {dtype}: vLLM keeps only {' or '.join(SERVED_DTYPES)} from an export; for float32 pass --dtype "
+            "float32 to vllm serve"
+        )
     src, dst = Path(checkpoint), Path(out)
     if prm_kind is None or not src.is_dir():  # a named kind is checked against the folder by `detect`
         check_checkpoint(checkpoint)
@@ -52,18 +62,24 @@ def export_for_vllm(checkpoint: str, out: str, link: bool = False, dtype: str = 
         raise ValueError(f"--out {out}: the export needs its own folder, not the checkpoint's")
     kind = detect(src, prm_kind)
     if kind in KINDS and KINDS[kind].implicit:
-        raise ValueError(f"{src}: an implicit PRM ({kind}) has no value head to export (its score is a log-ratio to a reference "
-                         f"LM); serve it with `biprm serve --model {src} --engine vllm --prm-reference REFERENCE_LM`")
+        raise ValueError(
+            f"{src}: an implicit PRM ({kind}) has no value head to export (its score is a log-ratio to a reference "
+            f"LM); serve it with `biprm serve --model {src} --engine vllm --prm-reference REFERENCE_LM`"
+        )
     if kind == "biprm":
         config = BiPRMConfig.from_pretrained(src)
         if mode not in (None, config.mode):
-            raise ValueError(f"--mode {mode}: {src} is a biprm checkpoint trained in mode {config.mode}, which it keeps")
+            raise ValueError(
+                f"--mode {mode}: {src} is a biprm checkpoint trained in mode {config.mode}, which it keeps"
+            )
         head, skip = {}, []
     else:
         mode = mode or "l2r"
         if mode not in MODES or MODE_TABLE[mode].fusion == "gate":
-            raise ValueError(f"--mode {mode}: a {kind} PRM is read as l2r, r2l or bi-static (it has no trained gate; "
-                             f"`biprm train --init-from {src} --mode bi` trains one, and its output exports as it is)")
+            raise ValueError(
+                f"--mode {mode}: a {kind} PRM is read as l2r, r2l or bi-static (it has no trained gate; "
+                f"`biprm train --init-from {src} --mode bi` trains one, and its output exports as it is)"
+            )
         tokenizer = load_tokenizer(str(src))
         config = prm_config(str(src), kind, tokenizer, mode=mode)
         head, skip = read_out(src, KINDS[kind], tokenizer), source_head_prefixes(kind)
@@ -73,8 +89,14 @@ def export_for_vllm(checkpoint: str, out: str, link: bool = False, dtype: str = 
         architectures=[ARCHITECTURE],
         dtype=dtype,
         io_processor_plugin=PLUGIN,
-        biprm={"mode": config.mode, "step_tag_id": config.step_tag_id, "prm_kind": config.prm_kind, "value_head": config.value_head,
-               "text_layout": layout(config.prm_kind), "skip_prefixes": skip},
+        biprm={
+            "mode": config.mode,
+            "step_tag_id": config.step_tag_id,
+            "prm_kind": config.prm_kind,
+            "value_head": config.value_head,
+            "text_layout": layout(config.prm_kind),
+            "skip_prefixes": skip,
+        },
     )
     written = {"config.json"} | ({SAFE_INDEX} if head else set())
     for f in src.iterdir():
@@ -91,7 +113,8 @@ def export_for_vllm(checkpoint: str, out: str, link: bool = False, dtype: str = 
 
 
 def source_head_prefixes(kind: str) -> list[str]:
-    """State-dict prefixes of a source PRM's own read-out (and any LM head), which its value head replaces in the export."""
+    """State-dict prefixes of a source PRM's own read-out (and any LM head), which its value head replaces in the
+    export."""
     from biprm.prms import KINDS
 
     names = {name for group in KINDS[kind].head_keys for name in group.split("|")} | {"lm_head.weight"}

@@ -12,6 +12,7 @@ An implicit PRM (biprm.implicit: EurusPRM) has no read-out for a pooling model t
 generating engines, one on the PRM and one on its reference LM, give the log-probability of each token of each stream
 row (`prompt_logprobs`), and `read_steps` reads q from their difference as biprm's own scorer does.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,16 +80,23 @@ def check_engine(path: str, engine_args: dict) -> None:
         head, dtype = model.get_head_size(), model.dtype
         with set_current_vllm_config(config):
             backend = get_attn_backend(head, dtype, config.cache_config.cache_dtype)
-    except (TypeError, ValueError) as error:  # an unknown engine argument, a dtype the device lacks, no attention backend
-        raise ValueError(f"{path}: vLLM cannot run it with the engine arguments {engine_args}: {one_line(error)}") from None
+    except (
+        TypeError,
+        ValueError,
+    ) as error:  # an unknown engine argument, a dtype the device lacks, no attention backend
+        raise ValueError(
+            f"{path}: vLLM cannot run it with the engine arguments {engine_args}: {one_line(error)}"
+        ) from None
     problems = []
     if not backend.supports_head_size(head):
         problems.append(f"head size {head} (it takes {', '.join(map(str, backend.get_supported_head_sizes()))})")
     if not backend.supports_dtype(dtype):
         problems.append(f"dtype {dtype} (it takes {', '.join(map(str, backend.supported_dtypes))})")
     if problems:
-        raise ValueError(f"{path}: vLLM's {backend.get_name()} attention cannot run this checkpoint: {'; '.join(problems)}; "
-                         "serve it with --engine biprm")
+        raise ValueError(
+            f"{path}: vLLM's {backend.get_name()} attention cannot run this checkpoint: {'; '.join(problems)}; "
+            "serve it with --engine biprm"
+        )
 
 
 def start_engine(path: str, engine_args: dict):
@@ -106,7 +114,8 @@ def start_engine(path: str, engine_args: dict):
 
 
 def engine_resources(llm):
-    """vLLM's record of an engine's processes and of a fatal error it saw (None when the engine runs in this process)."""
+    """vLLM's record of an engine's processes and of a fatal error it saw (None when the engine runs in this
+    process)."""
     return getattr(llm.llm_engine.engine_core, "resources", None)
 
 
@@ -130,8 +139,15 @@ class VLLMScorer:
         self.watch()
 
     @classmethod
-    def from_pretrained(cls, path: str, max_length: int, prm_kind: str | None = None, prm_reference: str | None = None,
-                        prm_mode: str = "l2r", **engine_args) -> "VLLMScorer":
+    def from_pretrained(
+        cls,
+        path: str,
+        max_length: int,
+        prm_kind: str | None = None,
+        prm_reference: str | None = None,
+        prm_mode: str = "l2r",
+        **engine_args,
+    ) -> "VLLMScorer":
         """The engine over `path` (a biprm checkpoint, its export, or a PRM trained elsewhere: biprm.prms); a checkpoint
         it cannot run is a ValueError in one line, before the engine starts. An implicit PRM is read against the
         reference LM in `prm_reference`, in `prm_mode` (`ImplicitVLLMScorer`); any other PRM in its export's mode."""
@@ -161,7 +177,11 @@ class VLLMScorer:
         ended = [p for p in self.processes() if p.exitcode is not None]
         if ended:
             p = ended[0]
-            how = f"was killed by {signal.Signals(-p.exitcode).name}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
+            how = (
+                f"was killed by {signal.Signals(-p.exitcode).name}"
+                if p.exitcode < 0
+                else f"exited with code {p.exitcode}"
+            )
             return f"the vLLM engine process {p.name} (pid {p.pid}) {how}; vLLM's log says more"
         if any(getattr(engine_resources(llm), "engine_dead", False) for llm in self.engines):
             return "the vLLM engine reported a fatal error; vLLM's log has its traceback"
@@ -198,7 +218,9 @@ class VLLMScorer:
             fused=join("fused"),
             l2r=None if has["l2r"] is None else join("l2r"),
             r2l=None if has["r2l"] is None else join("r2l"),
-            sigma=None if answers[0]["sigma"] is None else np.concatenate([a["sigma"] for a in answers]).astype(np.float64),
+            sigma=None
+            if answers[0]["sigma"] is None
+            else np.concatenate([a["sigma"] for a in answers]).astype(np.float64),
         )
 
 
@@ -209,11 +231,15 @@ class ImplicitVLLMScorer(VLLMScorer):
 
     def __init__(self, llm, reference, tokenizer, read: Reading, mode: str):
         self.llm, self.reference, self.tokenizer, self.read, self.mode = llm, reference, tokenizer, read, mode
-        self.encoder = Encoder(tokenizer, read.tag_id, llm.llm_engine.model_config.max_model_len - 1, TEMPLATES[read.kind])
+        self.encoder = Encoder(
+            tokenizer, read.tag_id, llm.llm_engine.model_config.max_model_len - 1, TEMPLATES[read.kind]
+        )
         self.watch()
 
     @classmethod
-    def start(cls, path: str, kind: str, reference: str | None, mode: str, max_length: int, engine_args: dict) -> "ImplicitVLLMScorer":
+    def start(
+        cls, path: str, kind: str, reference: str | None, mode: str, max_length: int, engine_args: dict
+    ) -> "ImplicitVLLMScorer":
         """Both engines, for stream rows of up to `max_length` tokens; a missing or mismatched reference and a mode
         with a gate are refused in one line before either starts (`implicit.reading`)."""
         tokenizer = load_tokenizer(path)
@@ -221,7 +247,11 @@ class ImplicitVLLMScorer(VLLMScorer):
         engines = []
         try:
             for folder in (path, reference):
-                engines.append(start_engine(folder, {"model": folder, "runner": "generate", **room(folder, max_length), **engine_args}))
+                engines.append(
+                    start_engine(
+                        folder, {"model": folder, "runner": "generate", **room(folder, max_length), **engine_args}
+                    )
+                )
         except BaseException:
             for llm in engines:
                 llm.llm_engine.engine_core.shutdown()
@@ -240,7 +270,9 @@ class ImplicitVLLMScorer(VLLMScorer):
             for r, logps in enumerate(prompt_logps(llm, [row for row, _ in built], progress)):
                 ratio[r, : len(logps)] += sign * torch.tensor(logps, dtype=torch.float64)
         collect = Collector(offsets_of([len(e.steps) for e in encs]), self.mode)
-        collect(np.arange(len(encs)), read_steps(self.read.beta * ratio, built, [len(e.prompt) for e in encs], self.mode))
+        collect(
+            np.arange(len(encs)), read_steps(self.read.beta * ratio, built, [len(e.prompt) for e in encs], self.mode)
+        )
         return collect.scores()
 
 
@@ -249,8 +281,11 @@ def room(folder: str, max_length: int) -> dict:
     it generates after the prompt, which it never runs through the model, so that token may stand one past a window
     the rows fill (model_max_length is how far vLLM lets max_model_len go). On a GPU the two engines share it."""
     window = getattr(folder_config(folder), "max_position_embeddings", None)
-    return {"max_model_len": max_length + 1, **({"hf_overrides": {"model_max_length": window + 1}} if window == max_length else {}),
-            **({"gpu_memory_utilization": 0.45} if torch.cuda.is_available() else {})}  # half of vLLM's default 0.9 each
+    return {
+        "max_model_len": max_length + 1,
+        **({"hf_overrides": {"model_max_length": window + 1}} if window == max_length else {}),
+        **({"gpu_memory_utilization": 0.45} if torch.cuda.is_available() else {}),
+    }  # half of vLLM's default 0.9 each
 
 
 def prompt_logps(llm, rows: list[list[int]], progress: bool) -> list[list[float]]:
@@ -259,4 +294,6 @@ def prompt_logps(llm, rows: list[list[int]], progress: bool) -> list[list[float]
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=row) for row in rows], params, use_tqdm=progress)
-    return [[at[token].logprob for at, token in zip(out.prompt_logprobs[1:], row[1:])] for out, row in zip(outputs, rows)]
+    return [
+        [at[token].logprob for at, token in zip(out.prompt_logprobs[1:], row[1:])] for out, row in zip(outputs, rows)
+    ]

@@ -8,11 +8,15 @@ outputs into one answer.
 Nothing here imports vLLM until vLLM calls an entry point (pyproject: `vllm.general_plugins`
 and `vllm.io_processor_plugins`), so biprm works without it.
 """
+
 from __future__ import annotations
 
 ARCHITECTURE = "BiPRMForStepScoring"
 PLUGIN = "biprm"  # the IO processor's name, which the exported config asks for
-SERVED_DTYPES = ("bfloat16", "float16")  # what vLLM's `--dtype auto` keeps from a pooling model's config (float32 becomes float16)
+SERVED_DTYPES = (
+    "bfloat16",
+    "float16",
+)  # what vLLM's `--dtype auto` keeps from a pooling model's config (float32 becomes float16)
 
 
 def register() -> None:

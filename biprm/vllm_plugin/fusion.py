@@ -6,6 +6,7 @@ ids). The model returns [value logit (, W1_L·h + b1, W1_R·h)] at every token w
 in the stream's order; the rows at the step pieces' last tokens are kept (`at_step_ends`), the R2L
 rows are turned back to forward step order, then the gate is finished and fused.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +18,8 @@ from biprm.config import MODE_TABLE
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    """sigmoid in float64 as exp(-log(1 + e^-x)), which does not overflow; the plugin leans on nothing of biprm's scoring.
+    """sigmoid in float64 as exp(-log(1 + e^-x)), which does not overflow; the plugin leans on nothing of biprm's
+    scoring.
     Plain numpy, because R2L rows arrive reversed (a negative stride) and torch refuses those."""
     return np.exp(-np.logaddexp(0.0, -np.asarray(x, dtype=np.float64)))
 
@@ -28,7 +30,9 @@ def at_step_ends(rows: np.ndarray, enc: Encoded, stream: str, tag: int) -> np.nd
     also occurs inside the question or a step, and only a piece's end is a step tag; for a unique tag all rows are."""
     at_tag = np.flatnonzero(np.asarray(enc.stream(stream)) == tag)
     if len(at_tag) != len(rows):
-        raise ValueError(f"the model pooled {len(rows)} rows where the {stream} prompt holds {len(at_tag)} step-tag tokens")
+        raise ValueError(
+            f"the model pooled {len(rows)} rows where the {stream} prompt holds {len(at_tag)} step-tag tokens"
+        )
     return rows[np.isin(at_tag, tag_ends([len(s) for s in enc.steps], stream, len(enc.prompt)))]
 
 
@@ -42,7 +46,9 @@ def stream_rows(h: torch.Tensor, value_head: nn.Module, gate: nn.Sequential | No
     return torch.cat([value, h @ first.weight[:, :H].T + first.bias, h @ first.weight[:, H:].T], dim=-1)
 
 
-def fuse(rows: dict[str, np.ndarray], mode: str, w2: np.ndarray | None = None, b2: float = 0.0) -> dict[str, np.ndarray | None]:
+def fuse(
+    rows: dict[str, np.ndarray], mode: str, w2: np.ndarray | None = None, b2: float = 0.0
+) -> dict[str, np.ndarray | None]:
     """Per-step logits (l2r, r2l, fused) and the gate weight sigma, in forward step order."""
     l2r, r2l = (stream_order(rows[s], s) if s in rows else None for s in ("l2r", "r2l"))
     out = {"l2r": None if l2r is None else l2r[:, 0], "r2l": None if r2l is None else r2l[:, 0], "sigma": None}

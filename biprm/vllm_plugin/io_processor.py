@@ -13,6 +13,7 @@ id is the step tag, and only this processor knows where each step piece ends, so
 request's encodings from `pre_process` to `post_process` (by request id; offline, where vLLM gives
 none, `LLM.encode` runs one request at a time) and reads each step at its piece's last token.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -56,14 +57,18 @@ class BiPRMIOProcessor(IOProcessor):
         self.encoder = spec_encoder(spec, AutoTokenizer.from_pretrained(model.tokenizer), model.max_model_len)
         self.in_flight: OrderedDict[str | None, list[Encoded]] = OrderedDict()
         self.vocab_size = model.get_vocab_size()
-        self.w2, self.b2 = _second_gate_layer(Path(model.model)) if MODE_TABLE[self.mode].fusion == "gate" else (None, 0.0)
+        self.w2, self.b2 = (
+            _second_gate_layer(Path(model.model)) if MODE_TABLE[self.mode].fusion == "gate" else (None, 0.0)
+        )
 
     def parse_data(self, data: object) -> list[Encoded]:
         """Text items are tokenized here; token items (what `biprm serve --engine vllm` sends, already encoded
         and cut to its max_length) are checked and taken as they are."""
         items = data if isinstance(data, list) else [data]
-        if not items or not all(isinstance(x, dict) and set(x) in ({"question", "steps"}, {"prompt_ids", "step_ids"}) for x in items):
-            raise ValueError("'data' must be {\"question\": str, \"steps\": [str, ...]} or a non-empty list of them")
+        if not items or not all(
+            isinstance(x, dict) and set(x) in ({"question", "steps"}, {"prompt_ids", "step_ids"}) for x in items
+        ):
+            raise ValueError('\'data\' must be {"question": str, "steps": [str, ...]} or a non-empty list of them')
         return [self.encode(x, f"item {i}") for i, x in enumerate(items)]
 
     def encode(self, item: dict, where: str) -> Encoded:
@@ -74,10 +79,18 @@ class BiPRMIOProcessor(IOProcessor):
         steps = [self.token_ids(s, f"{where}: field 'step_ids' [{j}]") for j, s in enumerate(item["step_ids"])]
         enc = Encoded(self.token_ids(item["prompt_ids"], f"{where}: field 'prompt_ids'"), steps, None)
         tag, unique = self.encoder.step_tag_id, self.encoder.template.unique_tag  # a text tag ("\n") may occur anywhere
-        if not enc.steps or any(not s or s[-1] != tag or (unique and s.count(tag) != 1) for s in enc.steps) or (unique and tag in enc.prompt):
-            raise ValueError(f"{where}: every step must end with the step tag {tag}" + (" and hold no other" if unique else ""))
+        if (
+            not enc.steps
+            or any(not s or s[-1] != tag or (unique and s.count(tag) != 1) for s in enc.steps)
+            or (unique and tag in enc.prompt)
+        ):
+            raise ValueError(
+                f"{where}: every step must end with the step tag {tag}" + (" and hold no other" if unique else "")
+            )
         if enc.n_tokens > self.encoder.max_length:
-            raise ValueError(f"{where}: {enc.n_tokens} tokens per stream; this engine takes at most {self.encoder.max_length}")
+            raise ValueError(
+                f"{where}: {enc.n_tokens} tokens per stream; this engine takes at most {self.encoder.max_length}"
+            )
         return enc
 
     def token_ids(self, ids: object, where: str) -> list[int]:
@@ -86,7 +99,9 @@ class BiPRMIOProcessor(IOProcessor):
             raise ValueError(f"{where} must be a list of token ids")
         for t in ids:
             if not isinstance(t, Integral) or isinstance(t, bool) or not 0 <= t < self.vocab_size:
-                raise ValueError(f"{where}: {t!r} is not a token id of this model (integers from 0 to {self.vocab_size - 1})")
+                raise ValueError(
+                    f"{where}: {t!r} is not a token id of this model (integers from 0 to {self.vocab_size - 1})"
+                )
         return [int(t) for t in ids]
 
     def pre_process(self, prompt: list[Encoded], request_id: str | None = None, **kwargs) -> list[TokensPrompt]:
@@ -95,12 +110,18 @@ class BiPRMIOProcessor(IOProcessor):
             self.in_flight.popitem(last=False)
         return [TokensPrompt(prompt_token_ids=e.stream(s)) for e in prompt for s in self.streams]
 
-    def post_process(self, model_output: Sequence[PoolingRequestOutput], request_id: str | None = None, **kwargs) -> list[dict]:
+    def post_process(
+        self, model_output: Sequence[PoolingRequestOutput], request_id: str | None = None, **kwargs
+    ) -> list[dict]:
         encs = self.in_flight.pop(request_id, None)
         sent = [(e, s) for e in encs or [] for s in self.streams]
-        if len(sent) != len(model_output) or any(list(o.prompt_token_ids) != e.stream(s) for o, (e, s) in zip(model_output, sent)):
-            raise ValueError(f"request {request_id}: its encodings are not the prompts answered (a request id sent twice at once, "
-                             f"or more than {IN_FLIGHT} requests in flight)")
+        if len(sent) != len(model_output) or any(
+            list(o.prompt_token_ids) != e.stream(s) for o, (e, s) in zip(model_output, sent)
+        ):
+            raise ValueError(
+                f"request {request_id}: its encodings are not the prompts answered (a request id sent twice at once, "
+                f"or more than {IN_FLIGHT} requests in flight)"
+            )
         tag = self.encoder.step_tag_id
         outs = [at_step_ends(o.outputs.data.double().cpu().numpy(), e, s, tag) for o, (e, s) in zip(model_output, sent)]
         answers = []
@@ -113,7 +134,9 @@ class BiPRMIOProcessor(IOProcessor):
         logits = fuse(rows, self.mode, self.w2, self.b2)
         prob = lambda k: None if logits[k] is None else sigmoid(logits[k]).tolist()  # noqa: E731
         return {
-            "fused": prob("fused"), "l2r": prob("l2r"), "r2l": prob("r2l"),
+            "fused": prob("fused"),
+            "l2r": prob("l2r"),
+            "r2l": prob("r2l"),
             "sigma": None if logits["sigma"] is None else logits["sigma"].tolist(),
             "logits": {k: None if logits[k] is None else logits[k].tolist() for k in ("fused", "l2r", "r2l")},
             "steps_scored": len(logits["fused"]),

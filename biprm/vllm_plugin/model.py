@@ -14,6 +14,7 @@ two shares, finishes the gate and fuses. Per step tag the pooler returns one row
 [value logit, W1_L·h + b1, W1_R·h] for `bi` (the IO processor keeps the half that belongs to
 the stream), [value logit] for the other modes. The heads run in fp32, as in biprm.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -31,7 +32,12 @@ from vllm.v1.pool.metadata import PoolingMetadata
 from biprm.config import MODE_TABLE
 from biprm.vllm_plugin.fusion import stream_rows
 
-BODIES = {"llama": "llama:LlamaModel", "qwen2": "qwen2:Qwen2Model", "qwen3": "qwen3:Qwen3Model", "mistral": "llama:LlamaModel"}
+BODIES = {
+    "llama": "llama:LlamaModel",
+    "qwen2": "qwen2:Qwen2Model",
+    "qwen3": "qwen3:Qwen3Model",
+    "mistral": "llama:LlamaModel",
+}
 
 
 def body_class(model_type: str) -> type[nn.Module]:
@@ -47,7 +53,10 @@ class StepHeads(Pooler):
     def __init__(self, model: "BiPRMForStepScoring", step_tag_id: int):
         super().__init__()
         self.tokens = AllPool()  # each request's hidden states, across chunked prefill
-        self.model, self.step_tag_id = [model], step_tag_id  # a list, so the model is not registered twice as a submodule
+        self.model, self.step_tag_id = (
+            [model],
+            step_tag_id,
+        )  # a list, so the model is not registered twice as a submodule
 
     def get_supported_tasks(self) -> Set[str]:
         return {"plugin"}
@@ -61,8 +70,11 @@ class StepHeads(Pooler):
         if not done:
             return per_request
         ids = pooling_metadata.get_prompt_token_ids_cpu()
-        # the hidden states cover the prompt's last len(h) tokens (all of them: prefix-cache reads are off for plugin tasks)
-        where = [(ids[i][len(ids[i]) - len(per_request[i]):] == self.step_tag_id).nonzero(as_tuple=True)[0] for i in done]
+        # the hidden states cover the prompt's last len(h) tokens (all of them: prefix-cache reads are off for plugin
+        # tasks)
+        where = [
+            (ids[i][len(ids[i]) - len(per_request[i]) :] == self.step_tag_id).nonzero(as_tuple=True)[0] for i in done
+        ]
         tags = torch.cat([per_request[i][w.to(per_request[i].device)] for i, w in zip(done, where)])
         rows = self.model[0].heads(tags).split([len(w) for w in where])
         out: list[torch.Tensor | None] = list(per_request)
@@ -81,12 +93,19 @@ class BiPRMForStepScoring(nn.Module):
         self.mode = config.biprm["mode"]
         self.model = body_class(config.model_type)(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         H, fp32 = config.hidden_size, torch.float32
-        self.value_head = (nn.Linear(H, 1, dtype=fp32) if config.biprm.get("value_head", "linear") == "linear"
-                           else nn.Sequential(nn.Linear(H, H, dtype=fp32), nn.ReLU(), nn.Linear(H, 1, dtype=fp32)))
+        self.value_head = (
+            nn.Linear(H, 1, dtype=fp32)
+            if config.biprm.get("value_head", "linear") == "linear"
+            else nn.Sequential(nn.Linear(H, H, dtype=fp32), nn.ReLU(), nn.Linear(H, 1, dtype=fp32))
+        )
         gated = MODE_TABLE[self.mode].fusion == "gate"
-        self.gate = nn.Sequential(nn.Linear(2 * H, H, dtype=fp32), nn.ReLU(), nn.Linear(H, 1, dtype=fp32)) if gated else None
+        self.gate = (
+            nn.Sequential(nn.Linear(2 * H, H, dtype=fp32), nn.ReLU(), nn.Linear(H, 1, dtype=fp32)) if gated else None
+        )
         self.pooler = StepHeads(self, config.biprm["step_tag_id"])
-        self.skip_prefixes = config.biprm.get("skip_prefixes", [])  # a source PRM's own head, which the value head replaces
+        self.skip_prefixes = config.biprm.get(
+            "skip_prefixes", []
+        )  # a source PRM's own head, which the value head replaces
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
 
     def heads(self, h: torch.Tensor) -> torch.Tensor:
@@ -105,4 +124,6 @@ class BiPRMForStepScoring(nn.Module):
         return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return AutoWeightsLoader(self, ignore_unexpected_prefixes=self.skip_prefixes).load_weights(weights, mapper=self.hf_to_vllm_mapper)
+        return AutoWeightsLoader(self, ignore_unexpected_prefixes=self.skip_prefixes).load_weights(
+            weights, mapper=self.hf_to_vllm_mapper
+        )

@@ -2,6 +2,7 @@
 
 `biprm.serve.export` writes them under `biprm` in the export's config.json; they are read here, apart from
 vLLM and the server, so both read them one way."""
+
 from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase

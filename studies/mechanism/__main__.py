@@ -1,4 +1,5 @@
 """`python -m studies.mechanism --config studies/mechanism/v2.yaml [--report-only]`: resumable, rerun to continue."""
+
 from biprm.cli import run_program
 from studies.mechanism.config import MechanismConfig
 

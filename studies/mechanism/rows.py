@@ -18,10 +18,12 @@ twin, labelled 1. Version 2 labels each step by whether it is itself correct ("o
 slip is carried into every later result). R and C are 1 everywhere in both. t is drawn
 uniformly over the eligible steps of each solution, and the wrong value has as many
 characters as the right one (version 2: and its roundness class, `roundness`), so neither
-position, length nor roundness can tell a corrupted row from its clean twin. The paper's mechanism predicts that on F rows the
+position, length nor roundness can tell a corrupted row from its clean twin. The paper's mechanism predicts that on F
+rows the
 R2L stream (and so BiPRM) finds step t while L2R can at best flag t+1; on L rows, that
 L2R is enough.
 """
+
 from __future__ import annotations
 
 import random
@@ -95,7 +97,9 @@ def roundness(value: Decimal) -> tuple[int, int, bool]:
     return max(0, -exponent), max(0, exponent), last == 5
 
 
-def _same_width_wrong(value: Decimal, like: str, rng: random.Random, taken: set[Decimal], keep_roundness: bool = False) -> str | None:
+def _same_width_wrong(
+    value: Decimal, like: str, rng: random.Random, taken: set[Decimal], keep_roundness: bool = False
+) -> str | None:
     """A wrong value written with as many characters as `like` (no length cue), or None; a whole
     value written with decimals ("25.00") stays whole, so the cents give nothing away. With
     `keep_roundness` it also has the right value's `roundness`, drawn in steps of its last digit."""
@@ -128,7 +132,9 @@ def row_labels(kind: str, t: int, n: int, labels: str) -> list[float]:
     return labels_from_first_error(t, n)
 
 
-def quadruple(ref: Trajectory, rng: random.Random, labels: str = "first-error", keep_roundness: bool = False) -> list[Trajectory] | None:
+def quadruple(
+    ref: Trajectory, rng: random.Random, labels: str = "first-error", keep_roundness: bool = False
+) -> list[Trajectory] | None:
     """The R, C, F and L rows of one reference (meta: kind, step, from, to), or None if no step fits."""
     steps = eligible_steps(ref)
     if not steps:
@@ -159,12 +165,21 @@ def quadruple(ref: Trajectory, rng: random.Random, labels: str = "first-error", 
     n = len(ref.steps)
     rows = []
     for kind in KINDS:
-        meta = {**ref.meta, "kind": kind, "first_error": t if kind in "FL" else -1, "step": t, "from": m.group(), "to": wrong}
+        meta = {
+            **ref.meta,
+            "kind": kind,
+            "first_error": t if kind in "FL" else -1,
+            "step": t,
+            "from": m.group(),
+            "to": wrong,
+        }
         rows.append(replace(ref, steps=list(text[kind]), labels=row_labels(kind, t, n, labels), meta=meta))
     return rows
 
 
-def _build(rows: list[dict], name: str, chosen: list[int], seed: int, split: str, **options) -> tuple[list[Trajectory], int]:
+def _build(
+    rows: list[dict], name: str, chosen: list[int], seed: int, split: str, **options
+) -> tuple[list[Trajectory], int]:
     out, missing = [], 0
     for i in chosen:
         ref = gsm8k_reference(rows[i].get("question"), rows[i].get("answer"), f"{name} row {i + 1}")
@@ -197,13 +212,23 @@ def build_mechanism(
     test_rows, test_name = read_rows(str(data_file(data_root, QUESTION_SETS["gsm8k"])))
     test_idx = spread(len(test_rows), test_questions).tolist()
     sets, report = {}, {"gsm8k_train_removed_as_evaluation": len(train_rows) - len(clean), "seed": seed}
-    for split, rows, name, idx in (("train", train_rows, train_name, train_idx), ("valid", train_rows, train_name, valid_idx),
-                                   ("test", test_rows, test_name, test_idx)):
-        sets[split], missing = _build(rows, name, idx, mix_seed(seed, ("train", "valid", "test").index(split)), split, **options)
+    for split, rows, name, idx in (
+        ("train", train_rows, train_name, train_idx),
+        ("valid", train_rows, train_name, valid_idx),
+        ("test", test_rows, test_name, test_idx),
+    ):
+        sets[split], missing = _build(
+            rows, name, idx, mix_seed(seed, ("train", "valid", "test").index(split)), split, **options
+        )
         steps = [r.meta["step"] for r in sets[split] if r.meta["kind"] == "F"]
-        report[split] = {"questions_tried": len(idx), "questions_without_eligible_step": missing, "questions": len(steps),
-                         "rows": len(sets[split]), "error_step_histogram": {str(k): steps.count(k) for k in sorted(set(steps))},
-                         "steps_histogram": _histogram([len(r.steps) for r in sets[split] if r.meta["kind"] == "R"])}
+        report[split] = {
+            "questions_tried": len(idx),
+            "questions_without_eligible_step": missing,
+            "questions": len(steps),
+            "rows": len(sets[split]),
+            "error_step_histogram": {str(k): steps.count(k) for k in sorted(set(steps))},
+            "steps_histogram": _histogram([len(r.steps) for r in sets[split] if r.meta["kind"] == "R"]),
+        }
     return sets, report
 
 
@@ -217,7 +242,9 @@ def _subpools(pool: Pool) -> dict[str, Pool]:
     out = {}
     for name, keep in SUBPOOLS.items():
         idx = np.flatnonzero(np.isin(cand, keep))
-        out[name] = Pool(f"{pool.name}:{name}", [pool.trajs[i] for i in idx], pool.qid[idx], pool.correct[idx], pool.answer_key[idx])
+        out[name] = Pool(
+            f"{pool.name}:{name}", [pool.trajs[i] for i in idx], pool.qid[idx], pool.correct[idx], pool.answer_key[idx]
+        )
     return out
 
 
@@ -228,12 +255,25 @@ def scores_path(cfg: MechanismConfig, name: str) -> Path:
 
 def load_sets(cfg: MechanismConfig) -> tuple[dict[str, list[Trajectory]], dict[str, Pool], dict]:
     """(trajectories per set, the BoN sub-pools, the data report); the set "bon" holds every sub-pool's candidates."""
-    rows, report = build_mechanism(cfg.data_root, cfg.train_questions, cfg.valid_questions, cfg.test_questions, cfg.data_seed,
-                                   labels=cfg.labels, keep_roundness=cfg.keep_roundness)
+    rows, report = build_mechanism(
+        cfg.data_root,
+        cfg.train_questions,
+        cfg.valid_questions,
+        cfg.test_questions,
+        cfg.data_seed,
+        labels=cfg.labels,
+        keep_roundness=cfg.keep_roundness,
+    )
     pool = load_pool("gsm8k_bon_small", cfg.data_root, cfg.bon_questions)
     keep = np.isin([t.meta["cand"] for t in pool.trajs], sum(SUBPOOLS.values(), ()))
-    pool = Pool(pool.name, [t for t, k in zip(pool.trajs, keep) if k], pool.qid[keep], pool.correct[keep], pool.answer_key[keep])
-    sets = {**rows, "processbench": load_processbench(cfg.data_root, ("gsm8k",), cfg.processbench_rows), "bon": pool.trajs}
+    pool = Pool(
+        pool.name, [t for t, k in zip(pool.trajs, keep) if k], pool.qid[keep], pool.correct[keep], pool.answer_key[keep]
+    )
+    sets = {
+        **rows,
+        "processbench": load_processbench(cfg.data_root, ("gsm8k",), cfg.processbench_rows),
+        "bon": pool.trajs,
+    }
     report["processbench_gsm8k_rows"] = len(sets["processbench"])
     report["bon"] = {"questions": len(np.unique(pool.qid)), "candidates": len(pool.trajs)}
     return sets, {"all": pool, **_subpools(pool)}, report

@@ -26,6 +26,7 @@ validation rows as they train (`SigmaByPosition`).
 The endpoints are written in studies/mechanism/README.md before the runs; the report computes
 exactly those.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,7 +80,9 @@ def runs_of(cfg: MechanismConfig) -> list[Run]:
     runs = [Run(m, first + k) for k in range(depth) for m in ORDER if k < cfg.seeds.get(m, 0)]
     if cfg.version == 1:
         runs.sort(key=lambda run: run.mode == "bi-static")
-    return runs + [Run(m, first + k, heads_only=True) for k in range(cfg.probe_seeds) for m in ("l2r", "r2l", "bi", "bi-static")]
+    return runs + [
+        Run(m, first + k, heads_only=True) for k in range(cfg.probe_seeds) for m in ("l2r", "r2l", "bi", "bi-static")
+    ]
 
 
 def run_dir(cfg: MechanismConfig, name: str) -> Path:
@@ -117,37 +120,62 @@ def this_machine(fast: bool) -> dict:
 
 def check_machine(cfg: MechanismConfig, fast: bool) -> None:
     """Version 3's one machine and precision (`cfg.device`): refused on another kind of device, and on another GPU or
-    precision than the study's first finished run (a run there would be excluded from the verdict yet take its seed's place)."""
+    precision than the study's first finished run (a run there would be excluded from the verdict yet take its seed's
+    place)."""
     if not cfg.device:
         return
     here = this_machine(fast)
     if ("cuda" if torch.cuda.is_available() else "cpu") != cfg.device:
-        raise ValueError(f"{cfg.out}: every run of this study trains on {cfg.device} (studies/mechanism/README.md), and this machine has none")
+        raise ValueError(
+            f"{cfg.out}: every run of this study trains on {cfg.device} (studies/mechanism/README.md), and this "
+            "machine has none"
+        )
     for run in runs_of(cfg):
         path = Path(cfg.out) / "runs" / f"{run.name}.json"
         if path.is_file():
             first = json.loads(path.read_text())
             if {k: first[k] for k in here} != here:
-                raise ValueError(f"{cfg.out}: its runs train on {first['device']} with bf16 {first['bf16']} (as {run.name} did); "
-                                 f"this machine is {here['device']} with bf16 {here['bf16']}")
+                raise ValueError(
+                    f"{cfg.out}: its runs train on {first['device']} with bf16 {first['bf16']} (as {run.name} did); "
+                    f"this machine is {here['device']} with bf16 {here['bf16']}"
+                )
             return
 
 
-def train_and_score(cfg: MechanismConfig, run: Run, sets: dict, encs: dict[str, list[Encoded]], caches: dict, fast: bool) -> dict[str, StepScores]:
-    """Train one run (or load it, if finished) on the study's encodings, score every set, and write its logits and JSON."""
+def train_and_score(
+    cfg: MechanismConfig, run: Run, sets: dict, encs: dict[str, list[Encoded]], caches: dict, fast: bool
+) -> dict[str, StepScores]:
+    """Train one run (or load it, if finished) on the study's encodings, score every set, and write its logits and
+    JSON."""
     started = time.perf_counter()
     base_mode, overrides = VARIANTS.get(run.mode, (run.mode, {}))
     run_cfg = replace(cfg, **overrides)
     callbacks = None
     if cfg.version >= 2 and base_mode == "bi" and not run.heads_only:
         callbacks = [SigmaByPosition(caches["valid"], cfg.save_every, sigma_during_training(cfg, run.name), fast)]
-    model, train_log = train_run(run_cfg, base_mode, run.seed, run_dir(cfg, run.name), fast, encs["train"],
-                                 heads_only=run.heads_only, callbacks=callbacks)
+    model, train_log = train_run(
+        run_cfg,
+        base_mode,
+        run.seed,
+        run_dir(cfg, run.name),
+        fast,
+        encs["train"],
+        heads_only=run.heads_only,
+        callbacks=callbacks,
+    )
     with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
         scores = {name: cached_scores(model, caches[name]) for name in sets if name != "train"}
     save_scores(scores_path(cfg, run.name), scores, compress=True)
-    result = {"run": run.name, **asdict(run), "lr": cfg.lr, "epochs": cfg.epochs, "gate_lr_scale": run_cfg.gate_lr_scale,
-              **this_machine(fast), "train": train_log, "seconds": round(time.perf_counter() - started, 1)}
+    result = {
+        "run": run.name,
+        **asdict(run),
+        "lr": cfg.lr,
+        "epochs": cfg.epochs,
+        "gate_lr_scale": run_cfg.gate_lr_scale,
+        **this_machine(fast),
+        "train": train_log,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
     write_json(Path(cfg.out) / "runs" / f"{run.name}.json", result)
     log.info("%s done in %.0f s", run.name, result["seconds"])
     del model  # before the next run builds its own
@@ -164,7 +192,9 @@ def pilot_passes(valid: list, scores: StepScores) -> dict:
     return {"primary": primary, "chance": chance, "learns": primary >= 2 * chance}
 
 
-def pilot_budget(cfg: MechanismConfig, sets: dict, encs: dict[str, list[Encoded]], caches: dict, fast: bool) -> MechanismConfig:
+def pilot_budget(
+    cfg: MechanismConfig, sets: dict, encs: dict[str, list[Encoded]], caches: dict, fast: bool
+) -> MechanismConfig:
     """The study's config after version 2's pilot (studies/mechanism/README.md): `l2r` and `r2l` seed 1106 at the
     paper's lr and epochs; if either learns (`pilot_passes`) they are the study's first runs, else they
     move to OUT/pilot/ and every run trains at (fallback_lr, fallback_epochs). Decided once (OUT/pilot.json)."""
@@ -186,8 +216,18 @@ def pilot_budget(cfg: MechanismConfig, sets: dict, encs: dict[str, list[Encoded]
             for mode in values:
                 for p in (out / "runs").glob(f"{mode}-seed1106.*"):
                     shutil.move(p, out / "pilot" / p.name)
-        write_json(path, {"rule": pilot_passes.__doc__.split("\n")[0].strip(), "lr": cfg.lr, "epochs": cfg.epochs, "values": values,
-                          "decision": "the paper's lr and epochs" if go else f"fallback: lr {cfg.fallback_lr}, {cfg.fallback_epochs} epochs"})
+        write_json(
+            path,
+            {
+                "rule": pilot_passes.__doc__.split("\n")[0].strip(),
+                "lr": cfg.lr,
+                "epochs": cfg.epochs,
+                "values": values,
+                "decision": "the paper's lr and epochs"
+                if go
+                else f"fallback: lr {cfg.fallback_lr}, {cfg.fallback_epochs} epochs",
+            },
+        )
         log.info("pilot: %s", json.loads(path.read_text())["decision"])
     if json.loads(path.read_text())["decision"].startswith("fallback"):
         return replace(cfg, lr=cfg.fallback_lr, epochs=cfg.fallback_epochs)
@@ -205,7 +245,9 @@ def run_study(cfg: MechanismConfig) -> None:
     tokenizer = load_tokenizer(backbone_dir)
     base = from_backbone(backbone_dir, tokenizer, mode="bi")
     encoder = Encoder(tokenizer, base.config.step_tag_id, cfg.max_length)
-    encs = {name: [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)] for name, trajs in sets.items()}
+    encs = {
+        name: [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)] for name, trajs in sets.items()
+    }
     caches = trunk_caches(work, base, cfg.top_layers, encs, dtype)
     del base  # the caches no longer hold it
     release_memory()

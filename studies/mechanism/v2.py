@@ -5,6 +5,7 @@ Every scorer, trained or not, goes through the same endpoint code: the rules tha
 format rule, the rounder-number rule), the position rules and noise are written as step scores
 (`StepScores` logits), so a cue that survives in the data shows up in the same column as the models.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,14 @@ def _read(traj: Trajectory, k: int, stream: str, one_standard: bool = False) -> 
         return (traj.question, "after step t", k)
     if stream == "l2r":
         steps = traj.steps[: k + 1]
-        if k == traj.meta.get("step") and traj.meta.get("kind") in ("C", "F"):  # only L2R reads step t before what reuses it
-            steps = [*steps[:-1], steps[-1].replace(traj.meta["from" if traj.meta["kind"] == "C" else "to"], "<value>", 1)]
+        if k == traj.meta.get("step") and traj.meta.get("kind") in (
+            "C",
+            "F",
+        ):  # only L2R reads step t before what reuses it
+            steps = [
+                *steps[:-1],
+                steps[-1].replace(traj.meta["from" if traj.meta["kind"] == "C" else "to"], "<value>", 1),
+            ]
         return (traj.question, *steps)
     if stream == "r2l":
         return (traj.question, *traj.steps[k:])
@@ -77,11 +84,14 @@ def _as_scores(per_row: list[list[float]]) -> StepScores:
 
 def format_rule(trajs: list[Trajectory]) -> StepScores:
     """Low on a non-final step that states a result without "=" (version 1's C and F rows bared step t)."""
-    return _as_scores([[-1.0 if k < len(t.steps) - 1 and "=" not in s else 1.0 for k, s in enumerate(t.steps)] for t in trajs])
+    return _as_scores(
+        [[-1.0 if k < len(t.steps) - 1 and "=" not in s else 1.0 for k, s in enumerate(t.steps)] for t in trajs]
+    )
 
 
 def rounder_number_score(step: str) -> float:
-    """Higher for a rounder last result: two points per trailing zero, one for a last digit 5, minus one per decimal place."""
+    """Higher for a rounder last result: two points per trailing zero, one for a last digit 5, minus one per decimal
+    place."""
     found = list(_results(step))
     if not found:
         return 0.0
@@ -108,7 +118,9 @@ def noise(trajs: list[Trajectory], seed: int) -> StepScores:
 # ---- endpoints ------------------------------------------------------------------------------------
 
 
-def below_every_clean_step(s: StepScores, f_rows: np.ndarray, c_rows: np.ndarray, t: np.ndarray, stream: str = "fused") -> np.ndarray:
+def below_every_clean_step(
+    s: StepScores, f_rows: np.ndarray, c_rows: np.ndarray, t: np.ndarray, stream: str = "fused"
+) -> np.ndarray:
     """The primary endpoint, per question: 1 where the F row's step t is scored strictly below every step
     of its C twin, else 0. The twins differ only in the number at step t, so any scorer that reads no
     text scores them alike and gets 0; i.i.d. noise gets 1/(n+1) on n steps."""
@@ -133,9 +145,13 @@ def endpoints(s: StepScores, trajs: list[Trajectory], threshold: float) -> dict[
     """Per question: the primary endpoint, P1 and P2 at `threshold`, whether each clean row passes, and S1."""
     rows, t = rows_by_kind(trajs)
     pred = {k: predict_first_error(s.prob(), s.offsets, threshold)[rows[k]] for k in KINDS}
-    out = {"primary: F's step t below every step of C": below_every_clean_step(s, rows["F"], rows["C"], t),
-           "P1: F rows, first error exact": pred["F"] == t, "P2: L rows, first error exact": pred["L"] == t,
-           "R rows: no error": pred["R"] == -1, "C rows: no error": pred["C"] == -1}
+    out = {
+        "primary: F's step t below every step of C": below_every_clean_step(s, rows["F"], rows["C"], t),
+        "P1: F rows, first error exact": pred["F"] == t,
+        "P2: L rows, first error exact": pred["L"] == t,
+        "R rows: no error": pred["R"] == -1,
+        "C rows: no error": pred["C"] == -1,
+    }
     at = {k: _at(s, "fused", rows[k], t) for k in KINDS}
     out["S1: C > F at t"] = paired_win(at["C"], at["F"])
     out["S1: R > L at t"] = paired_win(at["R"], at["L"])
@@ -182,7 +198,9 @@ def verdict(differences: dict[str, dict[str, dict]], arms: tuple[str, ...], bett
             if interval is None:
                 missing.append(name)
             else:
-                outcomes[name] = "held" if interval["low"] > bound else "contradicted" if interval["high"] < bound else "undecided"
+                outcomes[name] = (
+                    "held" if interval["low"] > bound else "contradicted" if interval["high"] < bound else "undecided"
+                )
     if missing:
         return {"outcome": "not yet decidable", "predictions": outcomes, "missing": missing}
     by_arm = {a: [outcomes[name] for name in predictions(a, better, sigma)] for a in arms}

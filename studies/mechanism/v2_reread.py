@@ -1,4 +1,5 @@
-"""Version 2's post-hoc re-read (studies/mechanism/README.md, "Version 2: the post-hoc re-read"), from the saved logits alone.
+"""Version 2's post-hoc re-read (studies/mechanism/README.md, "Version 2: the post-hoc re-read"), from the saved logits
+alone.
 
 Not pre-registered: the pre-registered rule's outcome stays on record beside it. Each piece answers one way the
 pre-registered reading went further than its numbers:
@@ -12,6 +13,7 @@ pre-registered reading went further than its numbers:
 - power of each prediction at the observed intervals; loss floors under one standard for both streams; which
   machine and precision each run used.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,15 +49,19 @@ def _kept(values: np.ndarray) -> np.ndarray:
     return values[:, ~np.isnan(values).any(0)]
 
 
-def sigma_contrasts(metrics: dict[str, list[dict[str, np.ndarray]]], arms: tuple[str, ...] = ARMS, level: float = LEVEL) -> dict[str, dict[str, dict]]:
+def sigma_contrasts(
+    metrics: dict[str, list[dict[str, np.ndarray]]], arms: tuple[str, ...] = ARMS, level: float = LEVEL
+) -> dict[str, dict[str, dict]]:
     """Per bi arm, SIGMA_CONTRASTS at `level` (intervals over seeds and questions), from `scorer_metrics`' σ columns."""
     out = {}
     for arm in arms:
         if arm not in metrics:
             continue
         at = {k: np.stack([m[f"σ at t, {k} rows"] for m in metrics[arm]]) for k in KINDS}
-        out[arm] = {name: bootstrap_mean(_kept(sum(at[k] for k in plus) - sum(at[k] for k in minus)), level=level)
-                    for name, plus, minus in SIGMA_CONTRASTS}
+        out[arm] = {
+            name: bootstrap_mean(_kept(sum(at[k] for k in plus) - sum(at[k] for k in minus)), level=level)
+            for name, plus, minus in SIGMA_CONTRASTS
+        }
     return out
 
 
@@ -98,8 +104,8 @@ def r2l_share(s: StepScores, rows: np.ndarray, t: np.ndarray) -> float:
     """R2L's effective share of the fused logit at step t, mean over `rows`: |(1 − σ)·r2l| / (|σ·l2r| + |(1 − σ)·r2l|).
     Under logit-space fusion this, not 1 − σ, is how much of the decision R2L carries."""
     sigma, l2r, r2l = (_at_logit(s, name, rows, t) for name in ("sigma", "l2r", "r2l"))
-    r, l = np.abs((1 - sigma) * r2l), np.abs(sigma * l2r)
-    return float(np.nanmean(r / (r + l)))
+    from_r2l, from_l2r = np.abs((1 - sigma) * r2l), np.abs(sigma * l2r)
+    return float(np.nanmean(from_r2l / (from_r2l + from_l2r)))
 
 
 def _at_logit(s: StepScores, name: str, rows: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -152,8 +158,10 @@ def prediction_power(differences: dict) -> dict[str, dict]:
             continue
         p2 = differences["P2: L rows, first error exact"][f"{arm} − l2r"]
         s5 = differences["σ at t"][f"{arm}: L rows − F rows"]
-        out[arm] = {f"1. beats l2r on F rows, at a true +{POWER_EFFECT:g}": power(p1, 0.0, POWER_EFFECT),
-                    "2. not worse than l2r on L rows, at a true 0": power(p2, -MARGIN, 0.0)}
+        out[arm] = {
+            f"1. beats l2r on F rows, at a true +{POWER_EFFECT:g}": power(p1, 0.0, POWER_EFFECT),
+            "2. not worse than l2r on L rows, at a true 0": power(p2, -MARGIN, 0.0),
+        }
         for label, other in (("3. at least as good as r2l", "r2l"), ("4. at least as good as bi-static", "bi-static")):
             if (d := differences[PRIMARY].get(f"{arm} − {other}")) is not None:
                 out[arm][f"{label}, at a true 0"] = power(d, -MARGIN, 0.0)
@@ -166,9 +174,11 @@ def one_standard_floors(train: list[Trajectory]) -> dict:
     and the share of training steps that the second standard changes for R2L (L rows after t)."""
     total = sum(len(x.steps) for x in train)
     after = sum(len(x.steps) - 1 - x.meta["step"] for x in train if x.meta["kind"] == "L")
-    return {"pre-registered": {s: loss_floor(train, s) for s in ("l2r", "r2l")},
-            "one standard": {s: loss_floor(train, s, one_standard=True) for s in ("l2r", "r2l")},
-            "L rows after t, share of training steps": after / total}
+    return {
+        "pre-registered": {s: loss_floor(train, s) for s in ("l2r", "r2l")},
+        "one standard": {s: loss_floor(train, s, one_standard=True) for s in ("l2r", "r2l")},
+        "L rows after t, share of training steps": after / total,
+    }
 
 
 def machines(out: Path, primary: dict[str, float]) -> dict[str, dict]:
@@ -176,12 +186,24 @@ def machines(out: Path, primary: dict[str, float]) -> dict[str, dict]:
     found = {}
     for path in sorted((out / "runs").glob("*-seed*.json")):
         run = json.loads(path.read_text())
-        found[run["run"]] = {"seed": run["seed"], "device": run["device"], "bf16": run["bf16"], "primary": primary.get(run["run"])}
+        found[run["run"]] = {
+            "seed": run["seed"],
+            "device": run["device"],
+            "bf16": run["bf16"],
+            "primary": primary.get(run["run"]),
+        }
     return found
 
 
-def reread(sets: dict[str, list[Trajectory]], groups: dict[str, list], metrics: dict[str, list[dict]], table: dict,
-           differences: dict, better: str, out: Path) -> dict:
+def reread(
+    sets: dict[str, list[Trajectory]],
+    groups: dict[str, list],
+    metrics: dict[str, list[dict]],
+    table: dict,
+    differences: dict,
+    better: str,
+    out: Path,
+) -> dict:
     """Every number of the post-hoc re-read (module doc)."""
     test = sets["test"]
     rows, t = rows_by_kind(test)
@@ -193,15 +215,25 @@ def reread(sets: dict[str, list[Trajectory]], groups: dict[str, list], metrics: 
         "sigma_contrasts": contrasts,
         "verdicts": reread_verdicts(differences, contrasts, better),
         "sigma_by_position": {name: sigma_by_position(s, rows["R"]) for name, s in gated.items()},
-        "r2l_share_at_t": {name: {k: r2l_share(s, rows[k], t) for k in KINDS} | {"σ": {k: float(np.nanmean(_at(s, "sigma", rows[k], t)))
-                                                                                      for k in KINDS}} for name, s in gated.items()},
+        "r2l_share_at_t": {
+            name: {k: r2l_share(s, rows[k], t) for k in KINDS}
+            | {"σ": {k: float(np.nanmean(_at(s, "sigma", rows[k], t))) for k in KINDS}}
+            for name, s in gated.items()
+        },
         "format_null": null,
         "primary_beside_null": {g: table[g][PRIMARY] for g in table if g in groups},
         "clean_lowest_at_t": lowest,
         "power": prediction_power(differences),
         "loss_floors": one_standard_floors(sets["train"]),
-        "machines": machines(out, {name: 100 * float(np.nanmean(m[PRIMARY])) for g, runs in groups.items() if g in metrics
-                                   for (name, _), m in zip(runs, metrics[g])}),
+        "machines": machines(
+            out,
+            {
+                name: 100 * float(np.nanmean(m[PRIMARY]))
+                for g, runs in groups.items()
+                if g in metrics
+                for (name, _), m in zip(runs, metrics[g])
+            },
+        ),
     }
 
 
@@ -215,50 +247,125 @@ def format_reread(r: dict, pre_registered: dict) -> str:
 
     p = r["post_hoc"]
     pre = pre_registered["predictions"]
-    sides = [["verdict", f"**{pre_registered['outcome']}** (`verdict()`, prediction 5 as σ(L) − σ(F))",
-              "; ".join(f"{name}: **{v['outcome']}**" for name, v in p["verdicts"].items())]]
+    sides = [
+        [
+            "verdict",
+            f"**{pre_registered['outcome']}** (`verdict()`, prediction 5 as σ(L) − σ(F))",
+            "; ".join(f"{name}: **{v['outcome']}**" for name, v in p["verdicts"].items()),
+        ]
+    ]
     for arm, c in p["sigma_contrasts"].items():
-        sides.append([f"{arm}: prediction 5", f"{pre[f'{arm}' + chr(39) + 's σ at step t is lower on F rows than on L rows']}: "
-                      f"{_interval(c[SIGMA_CONTRASTS[0][0]], 4)} (a bare step against a worked one)",
-                      f"format alone, σ(R) − σ(C): {_interval(c[SIGMA_CONTRASTS[1][0]], 4)}; same format, σ(C) − σ(F): "
-                      f"{_interval(c[SIGMA_CONTRASTS[2][0]], 4)}; difference-in-differences: {_interval(c[SIGMA_CONTRASTS[4][0]], 4)}"])
+        sides.append(
+            [
+                f"{arm}: prediction 5",
+                f"{pre[f'{arm}' + chr(39) + 's σ at step t is lower on F rows than on L rows']}: "
+                f"{_interval(c[SIGMA_CONTRASTS[0][0]], 4)} (a bare step against a worked one)",
+                f"format alone, σ(R) − σ(C): {_interval(c[SIGMA_CONTRASTS[1][0]], 4)}; same format, σ(C) − σ(F): "
+                f"{_interval(c[SIGMA_CONTRASTS[2][0]], 4)}; difference-in-differences: "
+                f"{_interval(c[SIGMA_CONTRASTS[4][0]], 4)}",
+            ]
+        )
     rising = [name for name, v in p["sigma_by_position"].items() if v["spearman"] > 0]
-    sides.append(["the paper's σ claim (σ rises with position)", "not tested",
-                  f"σ rises with position in {len(rising)} of {len(p['sigma_by_position'])} gated runs (Spearman, test R rows: "
-                  + ", ".join(f"{n} {v['spearman']:+.2f}" for n, v in p["sigma_by_position"].items()) + ")"])
-    sides.append(["primary endpoint's null", "0 (every rule that reads no model), 19.0 (i.i.d. noise)",
-                  f"{_interval(p['format_null'], 1, '')}: the format rule with its ties broken at random"])
+    sides.append(
+        [
+            "the paper's σ claim (σ rises with position)",
+            "not tested",
+            f"σ rises with position in {len(rising)} of {len(p['sigma_by_position'])} gated runs (Spearman, test R "
+            "rows: " + ", ".join(f"{n} {v['spearman']:+.2f}" for n, v in p["sigma_by_position"].items()) + ")",
+        ]
+    )
+    sides.append(
+        [
+            "primary endpoint's null",
+            "0 (every rule that reads no model), 19.0 (i.i.d. noise)",
+            f"{_interval(p['format_null'], 1, '')}: the format rule with its ties broken at random",
+        ]
+    )
     floors = p["loss_floors"]
-    sides.append(["R2L's loss floor", f"{floors['pre-registered']['r2l']:.3f} (L2R {floors['pre-registered']['l2r']:.3f})",
-                  f"{floors['one standard']['r2l']:.3f} under one standard for both streams (L2R {floors['one standard']['l2r']:.3f}); "
-                  f"L rows after t are {100 * floors['L rows after t, share of training steps']:.1f} % of training steps"])
-    md = ["## Post-hoc re-read (issue 48): not pre-registered, beside the pre-registered outcome",
-          "Computed from the same committed logits by `v2_reread` (studies/mechanism/README.md, \"Version 2: the post-hoc re-read\").",
-          markdown_table(["", "pre-registered reading", "post-hoc re-read"], sides)]
-    md += ["### σ at t: contrasts by format (97.5 % intervals over seeds and questions)",
-           markdown_table(["contrast", *p["sigma_contrasts"]],
-                          [[name, *(_interval(c[name], 4) for c in p["sigma_contrasts"].values())] for name, _, _ in SIGMA_CONTRASTS])]
-    md += ["### σ by position (the paper's claim), and R2L's effective share of the fused logit at t",
-           "Share = |(1 − σ)·r2l| / (|σ·l2r| + |(1 − σ)·r2l|) at step t, mean over rows; σ at t beside it.",
-           markdown_table(["run", "Spearman σ ~ position (test R rows)", "σ by fifth of position", *(f"R2L share, {k}" for k in KINDS),
-                           *(f"σ, {k}" for k in KINDS)],
-                          [[n, f"{v['spearman']:+.3f}", " ".join(f"{x:.3f}" for x in v["by_fifth"]),
-                            *(f"{p['r2l_share_at_t'][n][k]:.3f}" for k in KINDS), *(f"{p['r2l_share_at_t'][n]['σ'][k]:.3f}" for k in KINDS)]
-                           for n, v in p["sigma_by_position"].items()])]
+    sides.append(
+        [
+            "R2L's loss floor",
+            f"{floors['pre-registered']['r2l']:.3f} (L2R {floors['pre-registered']['l2r']:.3f})",
+            f"{floors['one standard']['r2l']:.3f} under one standard for both streams (L2R "
+            f"{floors['one standard']['l2r']:.3f}); "
+            f"L rows after t are {100 * floors['L rows after t, share of training steps']:.1f} % of training steps",
+        ]
+    )
+    md = [
+        "## Post-hoc re-read (issue 48): not pre-registered, beside the pre-registered outcome",
+        'Computed from the same committed logits by `v2_reread` (studies/mechanism/README.md, "Version 2: the post-hoc '
+        're-read").',
+        markdown_table(["", "pre-registered reading", "post-hoc re-read"], sides),
+    ]
+    md += [
+        "### σ at t: contrasts by format (97.5 % intervals over seeds and questions)",
+        markdown_table(
+            ["contrast", *p["sigma_contrasts"]],
+            [[name, *(_interval(c[name], 4) for c in p["sigma_contrasts"].values())] for name, _, _ in SIGMA_CONTRASTS],
+        ),
+    ]
+    md += [
+        "### σ by position (the paper's claim), and R2L's effective share of the fused logit at t",
+        "Share = |(1 − σ)·r2l| / (|σ·l2r| + |(1 − σ)·r2l|) at step t, mean over rows; σ at t beside it.",
+        markdown_table(
+            [
+                "run",
+                "Spearman σ ~ position (test R rows)",
+                "σ by fifth of position",
+                *(f"R2L share, {k}" for k in KINDS),
+                *(f"σ, {k}" for k in KINDS),
+            ],
+            [
+                [
+                    n,
+                    f"{v['spearman']:+.3f}",
+                    " ".join(f"{x:.3f}" for x in v["by_fifth"]),
+                    *(f"{p['r2l_share_at_t'][n][k]:.3f}" for k in KINDS),
+                    *(f"{p['r2l_share_at_t'][n]['σ'][k]:.3f}" for k in KINDS),
+                ]
+                for n, v in p["sigma_by_position"].items()
+            ],
+        ),
+    ]
     lowest = p["clean_lowest_at_t"]
-    md += ["### The primary endpoint beside its format-aware null (%)",
-           markdown_table(["scorer", "primary", "C rows whose lowest step is the bare step t (per seed)"],
-                          [[g, _interval(v, 1, ""), ", ".join(f"{100 * x:.1f}" for x in lowest.get(g, []))]
-                           for g, v in p["primary_beside_null"].items()]
-                          + [["format rule, ties broken at random", _interval(p["format_null"], 1, ""), "100 (by construction)"]])]
-    md += ["### Power each prediction had at the observed intervals (97.5 %, normal approximation)",
-           markdown_table(["prediction", *p["power"]],
-                          [[name, *(f"{v[name]:.4f}" if name.startswith("5.") else f"{100 * v[name]:.0f} %" for v in p["power"].values())]
-                           for name in next(iter(p["power"].values()))])]
-    md += ["### Where each run trained",
-           markdown_table(["run", "seed", "device", "bf16", "primary endpoint (%)"],
-                          [[n, str(v["seed"]), v["device"], str(v["bf16"]), "–" if v["primary"] is None else f"{v['primary']:.1f}"]
-                           for n, v in p["machines"].items()]),
-           "Seeds 1106 and 1107 trained on one machine and precision, 1108 on another: an effect of precision would show as "
-           "seed spread, and these runs cannot tell the two apart."]
+    md += [
+        "### The primary endpoint beside its format-aware null (%)",
+        markdown_table(
+            ["scorer", "primary", "C rows whose lowest step is the bare step t (per seed)"],
+            [
+                [g, _interval(v, 1, ""), ", ".join(f"{100 * x:.1f}" for x in lowest.get(g, []))]
+                for g, v in p["primary_beside_null"].items()
+            ]
+            + [["format rule, ties broken at random", _interval(p["format_null"], 1, ""), "100 (by construction)"]],
+        ),
+    ]
+    md += [
+        "### Power each prediction had at the observed intervals (97.5 %, normal approximation)",
+        markdown_table(
+            ["prediction", *p["power"]],
+            [
+                [
+                    name,
+                    *(
+                        f"{v[name]:.4f}" if name.startswith("5.") else f"{100 * v[name]:.0f} %"
+                        for v in p["power"].values()
+                    ),
+                ]
+                for name in next(iter(p["power"].values()))
+            ],
+        ),
+    ]
+    md += [
+        "### Where each run trained",
+        markdown_table(
+            ["run", "seed", "device", "bf16", "primary endpoint (%)"],
+            [
+                [n, str(v["seed"]), v["device"], str(v["bf16"]), "–" if v["primary"] is None else f"{v['primary']:.1f}"]
+                for n, v in p["machines"].items()
+            ],
+        ),
+        "Seeds 1106 and 1107 trained on one machine and precision, 1108 on another: an effect of precision would show "
+        "as "
+        "seed spread, and these runs cannot tell the two apart.",
+    ]
     return "\n\n".join(md) + "\n"

@@ -1,4 +1,5 @@
-"""Version 3 of the mechanism study (studies/mechanism/README.md, "Version 3: the design, pre-registered"): its verdict rule with
+"""Version 3 of the mechanism study (studies/mechanism/README.md, "Version 3: the design, pre-registered"): its verdict
+rule with
 symmetric margins, the L2R-readable-value covariate, the paper's σ-rises-with-position claim with an interval, each
 prediction's power, and its report, computed from the saved logits alone.
 
@@ -7,6 +8,7 @@ Every number of the design (arms, seeds, margins, interval level, depth, precisi
 σ contrasts, the format-aware null, R2L's share of the fused logit and the loss floors are version 2's code
 (`v2_report.endpoint_tables`, `v2_reread`), called with version 3's arm, pairs and level.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,10 +46,18 @@ PREDICTIONS = {
     "p3_as_good_as_r2l": ("at least as good as r2l", "primary, arm − r2l (points)"),
     "p4_as_good_as_static": ("at least as good as bi-static", "primary, arm − bi-static (points)"),
     "p5_sigma_at_error": ("σ leans on R2L at a future-revealed error, within one format", "σ(C) − σ(F) at t"),
-    "p6_sigma_rises": ("the paper's claim: σ rises with position", "mean over seeds of Spearman(σ, k/(n−1)), test R rows"),
+    "p6_sigma_rises": (
+        "the paper's claim: σ rises with position",
+        "mean over seeds of Spearman(σ, k/(n−1)), test R rows",
+    ),
 }
 IN_VERDICT = ("p1_beats_l2r", "p2_not_worse_on_L", "p3_as_good_as_r2l", "p4_as_good_as_static", "p5_sigma_at_error")
-DECIDING = ("p1_beats_l2r", "p3_as_good_as_r2l", "p4_as_good_as_static", "p5_sigma_at_error")  # contradicted: the verdict is
+DECIDING = (
+    "p1_beats_l2r",
+    "p3_as_good_as_r2l",
+    "p4_as_good_as_static",
+    "p5_sigma_at_error",
+)  # contradicted: the verdict is
 COVARIATE_ENDPOINTS = (*VERDICT_ENDPOINTS, "S1: C > F at t")
 
 
@@ -77,16 +87,29 @@ def verdict(intervals: dict[str, dict], margins: dict[str, float]) -> dict:
         outcome = "contradicted"
     else:
         outcome = "not decided at this power"
-    return {"outcome": outcome, "predictions": outcomes, "missing": missing, "paper's σ claim": outcomes.get("p6_sigma_rises", "not yet measured")}
+    return {
+        "outcome": outcome,
+        "predictions": outcomes,
+        "missing": missing,
+        "paper's σ claim": outcomes.get("p6_sigma_rises", "not yet measured"),
+    }
 
 
-def prediction_power(intervals: dict[str, dict], margins: dict[str, float], power_at: dict[str, list[float]],
-                     level: float, scale: float = 1.0) -> dict[str, dict[str, float]]:
+def prediction_power(
+    intervals: dict[str, dict],
+    margins: dict[str, float],
+    power_at: dict[str, list[float]],
+    level: float,
+    scale: float = 1.0,
+) -> dict[str, dict[str, float]]:
     """Per prediction and true value: the chance its interval (standard error times `scale`) lands on the true value's
     side of the margin (held above it, contradicted below). scale = √(3/20) on version 2's intervals is the design's
     power column."""
-    return {key: {f"{true:+g}": power(intervals[key], margins[key], true, level, scale) for true in power_at.get(key, [])}
-            for key in PREDICTIONS if key in intervals}
+    return {
+        key: {f"{true:+g}": power(intervals[key], margins[key], true, level, scale) for true in power_at.get(key, [])}
+        for key in PREDICTIONS
+        if key in intervals
+    }
 
 
 # ---- the covariate: can L2R read the right value from before step t? -----------------------------
@@ -106,7 +129,11 @@ def covariate(test: list[Trajectory], metrics: dict[str, list[dict[str, np.ndarr
     rows, _ = rows_by_kind(test)
     mask = np.array([readable(test[r]) for r in rows["R"]])
     halves = {"readable": mask, "not readable": ~mask}
-    out: dict = {"readable_share": float(mask.mean()), "questions": {h: int(m.sum()) for h, m in halves.items()}, "endpoints": {}}
+    out: dict = {
+        "readable_share": float(mask.mean()),
+        "questions": {h: int(m.sum()) for h, m in halves.items()},
+        "endpoints": {},
+    }
     for endpoint in COVARIATE_ENDPOINTS if metrics else ():
         stacked = {g: 100 * np.stack([m[endpoint] for m in ms]) for g, ms in metrics.items()}
         found = {}
@@ -158,16 +185,27 @@ def verdict_runs(cfg: MechanismConfig, groups: dict[str, list]) -> dict:
     from studies.mechanism.study import runs_of  # here: study imports this module
 
     out = Path(cfg.out)
-    recorded = {r.name: json.loads(p.read_text()) for r in runs_of(cfg) if (p := out / "runs" / f"{r.name}.json").is_file()}
+    recorded = {
+        r.name: json.loads(p.read_text()) for r in runs_of(cfg) if (p := out / "runs" / f"{r.name}.json").is_file()
+    }
     machine = next(({"device": v["device"], "bf16": v["bf16"]} for v in recorded.values()), None)
-    apart = {n: {"device": v["device"], "bf16": v["bf16"]} for n, v in recorded.items() if {"device": v["device"], "bf16": v["bf16"]} != machine}
+    apart = {
+        n: {"device": v["device"], "bf16": v["bf16"]}
+        for n, v in recorded.items()
+        if {"device": v["device"], "bf16": v["bf16"]} != machine
+    }
     seed_of = {n: v["seed"] for n, v in recorded.items()}
     on = {g: [(n, s) for n, s in groups.get(g, []) if n in seed_of and n not in apart] for g in cfg.seeds}
     complete = sorted(set.intersection(*({seed_of[n] for n, _ in runs} for runs in on.values()))) if on else []
     kept = {g: [(n, s) for n, s in runs if seed_of[n] in complete] for g, runs in on.items()}
     short = [f"{g} {len(on[g])} of {n}" for g, n in cfg.seeds.items() if len(on[g]) < n]
-    return {"groups": {g: runs for g, runs in kept.items() if runs}, "machine": machine, "apart": apart, "seeds": complete,
-            "provisional": short}
+    return {
+        "groups": {g: runs for g, runs in kept.items() if runs},
+        "machine": machine,
+        "apart": apart,
+        "seeds": complete,
+        "provisional": short,
+    }
 
 
 # ---- the report --------------------------------------------------------------------------------------
@@ -177,65 +215,116 @@ def summarise(cfg: MechanismConfig) -> dict:
     sets, _, data = load_sets(cfg)
     chosen = verdict_runs(cfg, _collect(cfg))
     groups, arm, level = chosen["groups"], cfg.verdict_arm, cfg.level
-    found = endpoint_tables(sets, groups, arms=(arm,), level=level,
-                            pairs=((arm, "l2r"), (arm, "r2l"), (arm, "bi-static"), ("r2l", "l2r"), ("bi-static", "l2r")))
+    found = endpoint_tables(
+        sets,
+        groups,
+        arms=(arm,),
+        level=level,
+        pairs=((arm, "l2r"), (arm, "r2l"), (arm, "bi-static"), ("r2l", "l2r"), ("bi-static", "l2r")),
+    )
     metrics, differences = found.pop("metrics"), found["differences"]
     test = sets["test"]
     rows, t = rows_by_kind(test)
     contrasts = sigma_contrasts(metrics, (arm,), level).get(arm, {})
     gated = [s["test"] for _, s in groups.get(arm, [])]
-    intervals = {key: d for key, d in (("p1_beats_l2r", differences[PRIMARY].get(f"{arm} − l2r")),
-                                       ("p2_not_worse_on_L", differences[P2].get(f"{arm} − l2r")),
-                                       ("p3_as_good_as_r2l", differences[PRIMARY].get(f"{arm} − r2l")),
-                                       ("p4_as_good_as_static", differences[PRIMARY].get(f"{arm} − bi-static")),
-                                       ("p5_sigma_at_error", contrasts.get(SAME_FORMAT)),
-                                       ("p6_sigma_rises", sigma_rises(gated, rows["R"], level) if gated else None)) if d is not None}
+    intervals = {
+        key: d
+        for key, d in (
+            ("p1_beats_l2r", differences[PRIMARY].get(f"{arm} − l2r")),
+            ("p2_not_worse_on_L", differences[P2].get(f"{arm} − l2r")),
+            ("p3_as_good_as_r2l", differences[PRIMARY].get(f"{arm} − r2l")),
+            ("p4_as_good_as_static", differences[PRIMARY].get(f"{arm} − bi-static")),
+            ("p5_sigma_at_error", contrasts.get(SAME_FORMAT)),
+            ("p6_sigma_rises", sigma_rises(gated, rows["R"], level) if gated else None),
+        )
+        if d is not None
+    }
     result = verdict(intervals, cfg.margins)
     if chosen["provisional"] and not result["missing"]:
         result["outcome"] += f" (provisional: runs in {', '.join(chosen['provisional'])})"
     runs_of_arm = {n: s["test"] for n, s in groups.get(arm, [])}
-    return {"data": data, "design": {k: getattr(cfg, k) for k in ("seeds", "first_seed", "verdict_arm", "level", "margins", "top_layers", "bf16", "device")},
-            "machine": chosen["machine"], "apart": chosen["apart"], "seeds": chosen["seeds"],
-            "groups": {g: [n for n, _ in runs] for g, runs in groups.items()}, **found, "verdict": result, "intervals": intervals,
-            "power": prediction_power(intervals, cfg.margins, cfg.power_at or {}, level),
-            "sigma_contrasts": contrasts, "format_null": bootstrap_mean(100 * format_null(test)[None]),
-            "r2l_share_at_t": {n: {k: r2l_share(s, rows[k], t) for k in KINDS} for n, s in runs_of_arm.items()},
-            "covariate": covariate(test, metrics, arm, level), "loss_floors": one_standard_floors(sets["train"])}
+    return {
+        "data": data,
+        "design": {
+            k: getattr(cfg, k)
+            for k in ("seeds", "first_seed", "verdict_arm", "level", "margins", "top_layers", "bf16", "device")
+        },
+        "machine": chosen["machine"],
+        "apart": chosen["apart"],
+        "seeds": chosen["seeds"],
+        "groups": {g: [n for n, _ in runs] for g, runs in groups.items()},
+        **found,
+        "verdict": result,
+        "intervals": intervals,
+        "power": prediction_power(intervals, cfg.margins, cfg.power_at or {}, level),
+        "sigma_contrasts": contrasts,
+        "format_null": bootstrap_mean(100 * format_null(test)[None]),
+        "r2l_share_at_t": {n: {k: r2l_share(s, rows[k], t) for k in KINDS} for n, s in runs_of_arm.items()},
+        "covariate": covariate(test, metrics, arm, level),
+        "loss_floors": one_standard_floors(sets["train"]),
+    }
 
 
 def format_report(r: dict) -> str:
     arm, margins, v = r["design"]["verdict_arm"], r["design"]["margins"], r["verdict"]
     claim = v["paper's σ claim"]
     digits = {"p5_sigma_at_error": 4, "p6_sigma_rises": 3}
-    predictions = [[f"{i + 1}. {text}", quantity, _cell(r["intervals"].get(key), digits.get(key, 1)), f"{margins[key]:+g}",
-                    v["predictions"].get(key, "not yet measured") + ("" if key in IN_VERDICT else " (not in the verdict)"),
-                    ", ".join(f"{100 * p:.0f} % at {true}" for true, p in r["power"].get(key, {}).items()) or "–"]
-                   for i, (key, (text, quantity)) in enumerate(PREDICTIONS.items())]
+    predictions = [
+        [
+            f"{i + 1}. {text}",
+            quantity,
+            _cell(r["intervals"].get(key), digits.get(key, 1)),
+            f"{margins[key]:+g}",
+            v["predictions"].get(key, "not yet measured") + ("" if key in IN_VERDICT else " (not in the verdict)"),
+            ", ".join(f"{100 * p:.0f} % at {true}" for true, p in r["power"].get(key, {}).items()) or "–",
+        ]
+        for i, (key, (text, quantity)) in enumerate(PREDICTIONS.items())
+    ]
     cols = [*VERDICT_ENDPOINTS, "R rows: no error", "C rows: no error", "S1: C > F at t", "S1: R > L at t"]
     table = [[f"{g} ({x['seeds']})", *(_cell(x.get(c)) for c in cols)] for g, x in r["table"].items()]
-    table.append(["format rule, ties broken at random (the primary endpoint's null)", _cell(r["format_null"]), *[""] * (len(cols) - 1)])
-    diffs = [[name, *(_cell(r["differences"][k].get(name)) for k in VERDICT_ENDPOINTS)]
-             for name in dict.fromkeys(n for k in VERDICT_ENDPOINTS for n in r["differences"][k])]
+    table.append(
+        [
+            "format rule, ties broken at random (the primary endpoint's null)",
+            _cell(r["format_null"]),
+            *[""] * (len(cols) - 1),
+        ]
+    )
+    diffs = [
+        [name, *(_cell(r["differences"][k].get(name)) for k in VERDICT_ENDPOINTS)]
+        for name in dict.fromkeys(n for k in VERDICT_ENDPOINTS for n in r["differences"][k])
+    ]
     share = [[n, *(f"{x[k]:.3f}" for k in KINDS)] for n, x in r["r2l_share_at_t"].items()]
     floors = r["loss_floors"]
     cov = r["covariate"]
-    cov_rows = [[endpoint, half, *(_cell(found[half].get(name)) for name in (arm, "l2r", "r2l", f"{arm} − l2r", "r2l − l2r"))]
-                for endpoint, found in cov["endpoints"].items() for half in found]
+    cov_rows = [
+        [endpoint, half, *(_cell(found[half].get(name)) for name in (arm, "l2r", "r2l", f"{arm} − l2r", "r2l − l2r"))]
+        for endpoint, found in cov["endpoints"].items()
+        for half in found
+    ]
     machine = r["machine"] or {"device": "–", "bf16": "–"}
     md = [
         "# Mechanism study, version 3: same-format σ, symmetric margins, one machine",
-        "Design, margins and verdict rule: studies/mechanism/README.md, \"Version 3\" (committed before any run); every number from "
+        'Design, margins and verdict rule: studies/mechanism/README.md, "Version 3" (committed before any run); every '
+        "number from "
         "studies/mechanism/v3.yaml. "
-        f"Verdict by the pre-registered rule ({arm}): **{v['outcome']}**. The paper's σ claim (prediction 6, read on its own): "
+        f"Verdict by the pre-registered rule ({arm}): **{v['outcome']}**. The paper's σ claim (prediction 6, read on "
+        "its own): "
         f"**{claim}**.",
         f"Machine: {machine['device']}, bf16 {machine['bf16']}; complete seeds read: {len(r['seeds'])} "
         f"({', '.join(map(str, r['seeds'])) or 'none'}). Runs on another machine or precision, apart: "
-        + (", ".join(f"{n} ({x['device']}, bf16 {x['bf16']})" for n, x in r["apart"].items()) or "none") + ".",
-        f"Test: {r['data']['test']['questions']} GSM8K-test questions × 4 rows. Intervals: {100 * r['design']['level']:g} % over "
+        + (", ".join(f"{n} ({x['device']}, bf16 {x['bf16']})" for n, x in r["apart"].items()) or "none")
+        + ".",
+        f"Test: {r['data']['test']['questions']} GSM8K-test questions × 4 rows. Intervals: "
+        f"{100 * r['design']['level']:g} % over "
         "seeds and questions for the predictions and differences, 95 % for the endpoints table.",
-        "## The predictions", markdown_table(["prediction", "quantity", "interval", "margin", "outcome", "power at this interval"], predictions),
-        "## Endpoints (%), every arm beside the scorers that read no model", markdown_table(["scorer (seeds)", *cols], table),
-        "## Paired differences (points)", markdown_table(["difference", *VERDICT_ENDPOINTS], diffs),
+        "## The predictions",
+        markdown_table(
+            ["prediction", "quantity", "interval", "margin", "outcome", "power at this interval"], predictions
+        ),
+        "## Endpoints (%), every arm beside the scorers that read no model",
+        markdown_table(["scorer (seeds)", *cols], table),
+        "## Paired differences (points)",
+        markdown_table(["difference", *VERDICT_ENDPOINTS], diffs),
         f"## σ at t beside prediction 5: contrasts by format ({arm})",
         markdown_table(["contrast", arm], [[name, _interval(c, 4)] for name, c in r["sigma_contrasts"].items()]),
         "## R2L's effective share of the fused logit at t, by row kind (|(1 − σ)·r2l| / (|σ·l2r| + |(1 − σ)·r2l|))",
@@ -246,8 +335,10 @@ def format_report(r: dict) -> str:
         "larger where the value is not readable.",
         markdown_table(["endpoint", "half", arm, "l2r", "r2l", f"{arm} − l2r", "r2l − l2r"], cov_rows, left=2),
         "## Loss floors (nats per step), under both standards",
-        markdown_table(["standard", "l2r", "r2l"], [[k, f"{floors[k]['l2r']:.3f}", f"{floors[k]['r2l']:.3f}"]
-                                                   for k in ("pre-registered", "one standard")]),
+        markdown_table(
+            ["standard", "l2r", "r2l"],
+            [[k, f"{floors[k]['l2r']:.3f}", f"{floors[k]['r2l']:.3f}"] for k in ("pre-registered", "one standard")],
+        ),
     ]
     return "\n\n".join(md) + "\n"
 

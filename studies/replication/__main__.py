@@ -1,4 +1,6 @@
-"""`python -m studies.replication --config studies/replication/full.yaml [--report-only]`: resumable, rerun to continue."""
+"""`python -m studies.replication --config studies/replication/full.yaml [--report-only]`: resumable, rerun to
+continue."""
+
 from biprm.cli import run_program
 from studies.replication.config import ReplicateConfig
 

@@ -8,6 +8,7 @@ Labels follow ProcessBench: 1 before the first wrong step, 0 from it on.
 Every problem with a question text (after `normalise`) found in an evaluation set is
 removed, and the train/valid split is by problem, so none sits on both sides.
 """
+
 from __future__ import annotations
 
 import ast
@@ -44,7 +45,10 @@ _WORD = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*")  # "push-ups", "Carolyn's"
 _SYMBOLS = str.maketrans({"$": " ", "÷": "/", "–": "-", "−": "-", "%": "/100"})
 _START = re.compile(r"(?<![\d.])(?:[\d(]|-(?=\d))")  # where an arithmetic run may begin
 _OPERATORS: dict[type, Callable[[Fraction, Fraction], Fraction]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
 }
 
 
@@ -165,8 +169,6 @@ def _arithmetic(step: str, result: re.Match[str]) -> tuple[int, int] | None:
 # ---- GSM8K references and their corruptions ----------------------------------------------
 
 
-
-
 def _candidates(traj: Trajectory, fresh_only: bool) -> list[tuple[int, re.Match[str]]]:
     """(step, result) pairs before the last step whose value a later step uses again.
 
@@ -271,7 +273,8 @@ def corrupt_claim(traj: Trajectory, rng: random.Random) -> Trajectory | None:
 
 
 CORRUPTIONS: dict[str, Callable[[Trajectory, random.Random], Trajectory | None]] = {
-    "carried": corrupt_carried, "claim": corrupt_claim,
+    "carried": corrupt_carried,
+    "claim": corrupt_claim,
 }
 
 
@@ -399,7 +402,9 @@ def build(data_root: str, recipe: DataRecipe) -> tuple[list[Trajectory], list[Tr
     report.train_rows, report.valid_rows = len(train), len(valid)
     report.train_questions, report.valid_questions = (len({t.meta["group"] for t in ts}) for ts in (train, valid))
     for split, trajs in (("train", train), ("valid", valid)):
-        report.rows_by_kind[split] = dict(sorted(Counter(f"{t.meta['source']}_{t.meta['kind']}" for t in trajs).items()))
+        report.rows_by_kind[split] = dict(
+            sorted(Counter(f"{t.meta['source']}_{t.meta['kind']}" for t in trajs).items())
+        )
         labels = [y for t in trajs for y in t.labels]
         report.steps_positive[split] = sum(y >= 0.5 for y in labels)
         report.steps_negative[split] = len(labels) - report.steps_positive[split]

@@ -5,6 +5,7 @@ ProcessBench (first wrong step), PRMBench's own 400-item test subset (PRMScore p
 error class) and the gsm8k_bon_small Best-of-N pool. Every set is cut to the preset's
 size with evenly spaced rows, so the same rows are used by every mode and seed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,7 +47,12 @@ class EvalSets:
     bon: Pool
 
     def trajectories(self) -> dict[str, list[Trajectory]]:
-        return {"valid": self.valid, "processbench": self.processbench, "prmbench": self.prmbench, "bon": self.bon.trajs}
+        return {
+            "valid": self.valid,
+            "processbench": self.processbench,
+            "prmbench": self.prmbench,
+            "bon": self.bon.trajs,
+        }
 
 
 def load_eval_sets(cfg: ReplicateConfig, valid: list[Trajectory]) -> EvalSets:
@@ -68,16 +74,27 @@ def prmbench_report(trajs: list[Trajectory], s: StepScores) -> dict:
     n_steps = np.array([len(t.steps) for t in trajs])
     labels = scored_part(prmbench_step_labels(trajs), n_steps, s.offsets)
     by_class = prm_score_by_class(s.prob(), s.offsets, labels, prmbench_classes(trajs))
-    return {"classes": by_class, "categories": prmbench_category_scores(by_class), "steps_not_scored": int(n_steps.sum() - len(labels))}
+    return {
+        "classes": by_class,
+        "categories": prmbench_category_scores(by_class),
+        "steps_not_scored": int(n_steps.sum() - len(labels)),
+    }
 
 
 def sigma_histograms(scores: StepScores, position_bins: int = 5, sigma_bins: int = 10) -> dict:
     """Share of steps in each σ bin, per bin of normalised step position: is the gate flat or does it move?"""
     pos = np.minimum((normalised_position(scores.offsets) * position_bins).astype(int), position_bins - 1)
     sig = np.minimum((scores.sigma * sigma_bins).astype(int), sigma_bins - 1)
-    counts = np.bincount(pos * sigma_bins + sig, minlength=position_bins * sigma_bins).reshape(position_bins, sigma_bins)
+    counts = np.bincount(pos * sigma_bins + sig, minlength=position_bins * sigma_bins).reshape(
+        position_bins, sigma_bins
+    )
     share = counts / np.maximum(counts.sum(1, keepdims=True), 1)
-    return {"position": ((np.arange(position_bins) + 0.5) / position_bins).tolist(), "sigma_edges": np.linspace(0, 1, sigma_bins + 1).tolist(), "share": share.tolist(), "count": counts.sum(1).tolist()}
+    return {
+        "position": ((np.arange(position_bins) + 0.5) / position_bins).tolist(),
+        "sigma_edges": np.linspace(0, 1, sigma_bins + 1).tolist(),
+        "share": share.tolist(),
+        "count": counts.sum(1).tolist(),
+    }
 
 
 def _valid_report(trajs: list[Trajectory], s: StepScores) -> dict:
@@ -89,20 +106,28 @@ def _valid_report(trajs: list[Trajectory], s: StepScores) -> dict:
     return {"bce": bce, **report}
 
 
-def evaluate_run(cfg: ReplicateConfig, mode: str, sets: EvalSets, scores: dict[str, StepScores], encs: dict[str, list[Encoded]]) -> dict:
+def evaluate_run(
+    cfg: ReplicateConfig, mode: str, sets: EvalSets, scores: dict[str, StepScores], encs: dict[str, list[Encoded]]
+) -> dict:
     """Every metric of one model; `scores` are its StepScores per set (names of `EvalSets.trajectories`)."""
     pb, bon = scores["processbench"], scores["bon"]
     one = lambda s: {mode: s}  # noqa: E731  the shared evaluators take {mode: scores}
     lengths = {name: np.array([e.n_tokens for e in encs[name]]) for name in ("processbench", "bon")}
     result = {
         "valid": _valid_report(sets.valid, scores["valid"]),
-        "processbench": evaluate_processbench(sets.processbench, one(pb), 0.5, tune="gsm8k" in cfg.processbench_subsets)["modes"][mode],
+        "processbench": evaluate_processbench(
+            sets.processbench, one(pb), 0.5, tune="gsm8k" in cfg.processbench_subsets
+        )["modes"][mode],
         "prmbench": prmbench_report(sets.prmbench, scores["prmbench"]),
         "bon": evaluate_bon(sets.bon, one(bon), "min", BON_NS)["modes"][mode],
         "mae_by_position": mae_by_position(sets.processbench, one(pb))["curves"][mode],
         "long_chain": {
-            "processbench": long_chain_processbench(sets.processbench, one(pb), lengths["processbench"], cfg.long_chain_tokens),
-            "bon": long_chain_bon(sets.bon.qid, sets.bon.correct, one(bon), lengths["bon"], cfg.long_chain_tokens, BON_NS),
+            "processbench": long_chain_processbench(
+                sets.processbench, one(pb), lengths["processbench"], cfg.long_chain_tokens
+            ),
+            "bon": long_chain_bon(
+                sets.bon.qid, sets.bon.correct, one(bon), lengths["bon"], cfg.long_chain_tokens, BON_NS
+            ),
         },
     }
     if mode == "bi":

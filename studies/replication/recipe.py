@@ -16,6 +16,7 @@
 Precision is decided at run time: bf16 autocast (fp32 master weights) where the CPU
 multiplies bf16 natively or a GPU is present, fp32 elsewhere.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -69,8 +70,6 @@ def runs_of(cfg: ReplicateConfig) -> list[tuple[str, int]]:
     return sorted(runs, key=lambda run: run[0] in VARIANTS)
 
 
-
-
 def study(config: dict) -> dict:
     """The settings that decide the results (a config as JSON would hold it)."""
     return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in NOT_STUDIED}
@@ -88,10 +87,15 @@ def check_study(cfg: ReplicateConfig | Any) -> None:
         return
     recorded = study(json.loads(path.read_text())["config"])
     defaults = {f.name: f.default for f in fields(cfg)}
-    now = {k: v for k, v in study(asdict(cfg)).items() if k in recorded or v != defaults.get(k)}  # a setting added since, at its default, is no change
+    now = {
+        k: v for k, v in study(asdict(cfg)).items() if k in recorded or v != defaults.get(k)
+    }  # a setting added since, at its default, is no change
     diff = changes(recorded, now)
     if diff:
-        raise ValueError(f"{cfg.out} holds the runs of another study ({'; '.join(diff)}); pass another --out, or remove it to start over")
+        raise ValueError(
+            f"{cfg.out} holds the runs of another study ({'; '.join(diff)}); pass another --out, or remove it to start "
+            "over"
+        )
 
 
 def start(cfg: ReplicateConfig | Any) -> tuple[Path, Path, bool]:
@@ -130,16 +134,21 @@ def release_memory() -> None:
 
 
 def prepare(cfg: ReplicateConfig, tokenizer, step_tag_id: int) -> tuple[EvalSets, dict[str, list[Encoded]], dict]:
-    """(evaluation sets, every set's encodings, the data report): what a run trains on and is read on, encoded once for the study."""
+    """(evaluation sets, every set's encodings, the data report): what a run trains on and is read on, encoded once for
+    the study."""
     train_trajs, valid_trajs, report = build(cfg.data_root, cfg.data)
     sets = load_eval_sets(cfg, valid_trajs)
     encoder = Encoder(tokenizer, step_tag_id, cfg.max_length)
     named = {"train": train_trajs, **sets.trajectories()}
-    encs = {name: [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)] for name, trajs in named.items()}
+    encs = {
+        name: [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)] for name, trajs in named.items()
+    }
     return sets, encs, asdict(report)
 
 
-def trunk_caches(work: Path, base: BiPRMModel, top_layers: int, encs: dict[str, list[Encoded]], dtype: torch.dtype | None) -> dict[str, TrunkCache]:
+def trunk_caches(
+    work: Path, base: BiPRMModel, top_layers: int, encs: dict[str, list[Encoded]], dtype: torch.dtype | None
+) -> dict[str, TrunkCache]:
     """Every set's trunk features, built (or found) under work/trunk. `base` moves to where the runs will train, so
     a GPU, when there is one, runs the trunk; once built, the caches no longer hold it."""
     base.to(default_device())
@@ -172,8 +181,11 @@ def replicate(cfg: ReplicateConfig) -> dict:
     del base  # the caches no longer hold it
     release_memory()
     meta = {
-        "config": asdict(cfg), "bf16": fast, "trunk_cache_seconds_this_session": round(time.perf_counter() - started, 1),
-        "sizes": {name: len(e) for name, e in encs.items()}, "torch_threads": torch.get_num_threads(),
+        "config": asdict(cfg),
+        "bf16": fast,
+        "trunk_cache_seconds_this_session": round(time.perf_counter() - started, 1),
+        "sizes": {name: len(e) for name, e in encs.items()},
+        "torch_threads": torch.get_num_threads(),
     }
     write_json(out / "meta.json", meta)  # what `--report-only` summarises with
 
@@ -186,14 +198,24 @@ def replicate(cfg: ReplicateConfig) -> dict:
         started = time.perf_counter()
         base_mode, overrides = VARIANTS.get(mode, (mode, {}))
         run_cfg = replace(cfg, **overrides)
-        options = {"detach_gate_inputs": run_cfg.detach_gate_inputs, "aux_loss_weight": run_cfg.aux_loss_weight,
-                   "gate_lr_scale": run_cfg.gate_lr_scale}
+        options = {
+            "detach_gate_inputs": run_cfg.detach_gate_inputs,
+            "aux_loss_weight": run_cfg.aux_loss_weight,
+            "gate_lr_scale": run_cfg.gate_lr_scale,
+        }
         folder = run_folder(cfg, name)
         model, train_log = train_run(run_cfg, base_mode, seed, folder, fast, encs["train"])
         with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=fast):
             scores = {set_name: cached_scores(model, caches[set_name]) for set_name in sets.trajectories()}
         save_scores(folder / "scores.npz", scores, compress=True)
-        result = {"run": name, "mode": mode, "seed": seed, "options": options, "train": train_log, **evaluate_run(cfg, base_mode, sets, scores, encs)}
+        result = {
+            "run": name,
+            "mode": mode,
+            "seed": seed,
+            "options": options,
+            "train": train_log,
+            **evaluate_run(cfg, base_mode, sets, scores, encs),
+        }
         result["seconds"] = round(time.perf_counter() - started, 1)
         write_json(path, result)
         log.info("%s done in %.0f s", name, result["seconds"])
@@ -210,7 +232,10 @@ def report_only(cfg: ReplicateConfig) -> dict:
     out = Path(cfg.out)
     path = out / "meta.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run `python -m studies.replication --preset {cfg.preset}` first (it writes it once the caches are built)")
+        raise FileNotFoundError(
+            f"{path} not found: run `python -m studies.replication --preset {cfg.preset}` first (it writes it once the "
+            "caches are built)"
+        )
     runs = {p: json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))}
     logits = {p: run_folder(cfg, run["run"]) / "scores.npz" for p, run in runs.items()}
     logits = {p: npz for p, npz in logits.items() if npz.is_file()}
@@ -225,8 +250,16 @@ def report_only(cfg: ReplicateConfig) -> dict:
     return write_report(out, json.loads(path.read_text()))
 
 
-def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, bf16: bool, encs: list[Encoded],
-              heads_only: bool = False, callbacks: list | None = None) -> tuple[BiPRMModel, dict]:
+def train_run(
+    cfg: ReplicateConfig | Any,
+    mode: str,
+    seed: int,
+    run_dir: Path,
+    bf16: bool,
+    encs: list[Encoded],
+    heads_only: bool = False,
+    callbacks: list | None = None,
+) -> tuple[BiPRMModel, dict]:
     """(the trained model, its log) of one run, trained by `biprm train` on the study's trunk cache.
 
     The seed is set before the model is built, so it fixes the value head's and the gate's
@@ -235,19 +268,43 @@ def train_run(cfg: ReplicateConfig | Any, mode: str, seed: int, run_dir: Path, b
     and a run whose final model is in is loaded, not trained again.
     """
     if not (run_dir / "config.json").is_file():  # run_folder.publish moves config.json in last
-        train(TrainConfig(
-            backbone=cfg.backbone, data=f"{len(encs)} training trajectories of the study", output_dir=str(run_dir), mode=mode,
-            learning_rate=cfg.lr, num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=1,
-            warmup_ratio=cfg.warmup_ratio, seed=seed,
-            max_length=cfg.max_length, bf16=bf16, save_steps=cfg.save_every, save_total_limit=1, logging_steps=1,
-            resume=run_dir.is_dir(), gate_lr_scale=cfg.gate_lr_scale, detach_gate_inputs=getattr(cfg, "detach_gate_inputs", False),
-            aux_loss_weight=getattr(cfg, "aux_loss_weight", 0.0), train_top_layers=cfg.top_layers, heads_only=heads_only,
-            trunk_cache_dir=str(Path(cfg.work_dir) / "trunk"),
-        ), callbacks=callbacks, encoded=encs)
+        train(
+            TrainConfig(
+                backbone=cfg.backbone,
+                data=f"{len(encs)} training trajectories of the study",
+                output_dir=str(run_dir),
+                mode=mode,
+                learning_rate=cfg.lr,
+                num_train_epochs=cfg.epochs,
+                per_device_train_batch_size=cfg.batch_size,
+                gradient_accumulation_steps=1,
+                warmup_ratio=cfg.warmup_ratio,
+                seed=seed,
+                max_length=cfg.max_length,
+                bf16=bf16,
+                save_steps=cfg.save_every,
+                save_total_limit=1,
+                logging_steps=1,
+                resume=run_dir.is_dir(),
+                gate_lr_scale=cfg.gate_lr_scale,
+                detach_gate_inputs=getattr(cfg, "detach_gate_inputs", False),
+                aux_loss_weight=getattr(cfg, "aux_loss_weight", 0.0),
+                train_top_layers=cfg.top_layers,
+                heads_only=heads_only,
+                trunk_cache_dir=str(Path(cfg.work_dir) / "trunk"),
+            ),
+            callbacks=callbacks,
+            encoded=encs,
+        )
         for checkpoint in run_dir.glob("checkpoint-*"):
             shutil.rmtree(checkpoint)
         release_memory()  # the Trainer's copy goes before the final model loads
     history = json.loads((run_dir / "train_log.json").read_text())
     losses = [e["loss"] for e in history if "loss" in e]
     seconds = next((e["train_runtime"] for e in history if "train_runtime" in e), None)
-    return BiPRMModel.from_pretrained(run_dir).to(default_device()).eval(), {"steps": len(losses), "trajectories": len(encs), "losses": losses, "seconds": seconds}
+    return BiPRMModel.from_pretrained(run_dir).to(default_device()).eval(), {
+        "steps": len(losses),
+        "trajectories": len(encs),
+        "losses": losses,
+        "seconds": seconds,
+    }

@@ -4,6 +4,7 @@ Every number is mean ± sample standard deviation over the seeds of a mode (just
 value where a mode has one seed). Only runs whose JSON exists are read, so the report
 of an interrupted study is correct for what it covers and says how many seeds it has.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,10 @@ def summarise(runs: list[dict]) -> dict:
     subsets = list(first["processbench"]["fixed"]["subsets"])
     paths = [f"processbench/{t}/subsets/{s}/f1" for t in ("fixed", "tuned") for s in subsets]
     paths += ["processbench/fixed/average_f1", "processbench/tuned/average_f1", "processbench/tuned/threshold"]
-    paths += ["prmbench/classes/overall/prm_score", *(f"prmbench/categories/{c}" for c in first["prmbench"]["categories"])]
+    paths += [
+        "prmbench/classes/overall/prm_score",
+        *(f"prmbench/categories/{c}" for c in first["prmbench"]["categories"]),
+    ]
     paths += [f"prmbench/classes/{c}/prm_score" for c in first["prmbench"]["classes"] if c != "overall"]
     paths += ["bon/mean/bon", *(f"bon/bon/{n}" for n in first["bon"]["ns"]), "valid/bce", "valid/f1"]
     table = {m: {"seeds": sorted(r["seed"] for r in runs if r["mode"] == m)} for m in modes}
@@ -64,18 +68,56 @@ def summarise(runs: list[dict]) -> dict:
 def _tables(s: dict) -> list[str]:
     modes, subsets, ns = s["modes"], s["subsets"], s["bon_ns"]
     seeds = lambda m: str(len(modes[m]["seeds"]))  # noqa: E731
-    pb_rows = [[m, seeds(m), *(_cell(modes[m][f"processbench/fixed/subsets/{x}/f1"]) for x in subsets), _cell(modes[m]["processbench/fixed/average_f1"]),
-                *(_cell(modes[m][f"processbench/tuned/subsets/{x}/f1"]) for x in subsets), _cell(modes[m]["processbench/tuned/average_f1"])] for m in modes]
-    pb = markdown_table(["mode", "seeds", *(f"{x} F1@0.5" for x in subsets), "avg F1@0.5", *(f"{x} F1@tuned" for x in subsets), "avg F1@tuned"], pb_rows, left=2)
+    pb_rows = [
+        [
+            m,
+            seeds(m),
+            *(_cell(modes[m][f"processbench/fixed/subsets/{x}/f1"]) for x in subsets),
+            _cell(modes[m]["processbench/fixed/average_f1"]),
+            *(_cell(modes[m][f"processbench/tuned/subsets/{x}/f1"]) for x in subsets),
+            _cell(modes[m]["processbench/tuned/average_f1"]),
+        ]
+        for m in modes
+    ]
+    pb = markdown_table(
+        [
+            "mode",
+            "seeds",
+            *(f"{x} F1@0.5" for x in subsets),
+            "avg F1@0.5",
+            *(f"{x} F1@tuned" for x in subsets),
+            "avg F1@tuned",
+        ],
+        pb_rows,
+        left=2,
+    )
     cats = [k.split("/")[-1] for k in next(iter(modes.values())) if k.startswith("prmbench/categories/")]
-    prm_rows = [[m, seeds(m), _cell(modes[m]["prmbench/classes/overall/prm_score"]), *(_cell(modes[m][f"prmbench/categories/{c}"]) for c in cats)] for m in modes]
+    prm_rows = [
+        [
+            m,
+            seeds(m),
+            _cell(modes[m]["prmbench/classes/overall/prm_score"]),
+            *(_cell(modes[m][f"prmbench/categories/{c}"]) for c in cats),
+        ]
+        for m in modes
+    ]
     prm = markdown_table(["mode", "seeds", "PRMScore overall", *cats], prm_rows, left=2)
-    bon_rows = [[m, seeds(m), *(_cell(modes[m][f"bon/bon/{n}"]) for n in ns), _cell(modes[m]["bon/mean/bon"])] for m in modes]
+    bon_rows = [
+        [m, seeds(m), *(_cell(modes[m][f"bon/bon/{n}"]) for n in ns), _cell(modes[m]["bon/mean/bon"])] for m in modes
+    ]
     bon = markdown_table(["mode", "seeds", *(f"BoN@{n}" for n in ns), "mean"], bon_rows, left=2)
     val_rows = [[m, seeds(m), _cell(modes[m]["valid/bce"], 4), _cell(modes[m]["valid/f1"])] for m in modes]
     val = markdown_table(["mode", "seeds", "validation BCE", "validation first-error F1@0.5"], val_rows, left=2)
-    return ["### ProcessBench (F1, %)", pb, "### PRMBench (PRMScore, %)", prm, "### Best-of-N on gsm8k_bon_small (accuracy, %, aggregation min)", bon,
-            "### Validation split", val]
+    return [
+        "### ProcessBench (F1, %)",
+        pb,
+        "### PRMBench (PRMScore, %)",
+        prm,
+        "### Best-of-N on gsm8k_bon_small (accuracy, %, aggregation min)",
+        bon,
+        "### Validation split",
+        val,
+    ]
 
 
 def position_prior(train: list, trajs: list, source: str | None = None) -> np.ndarray:
@@ -120,29 +162,48 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
 
     if not Path(cfg["data_root"]).is_dir():
         return {}, [f"(content-free rows not computed: data folder {cfg['data_root']} not found)"]
-    pb = evaluate_processbench(load_processbench(cfg["data_root"], tuple(cfg["processbench_subsets"]), cfg["processbench_rows"]), {})
+    pb = evaluate_processbench(
+        load_processbench(cfg["data_root"], tuple(cfg["processbench_subsets"]), cfg["processbench_rows"]), {}
+    )
     pool = load_pool("gsm8k_bon_small", cfg["data_root"], cfg["bon_questions"])
     bon = summarise_bon(bon_rows(pool, {}, "min", BON_NS, "first"), [])["rows"]
     train, valid, _ = build(cfg["data_root"], DataRecipe(**cfg["data"]))
     prior = position_prior_bce(train, valid)
     prm_trajs = load_prmbench(cfg["data_root"], cfg["prmbench_rows"])
     offsets = offsets_of([len(t.steps) for t in prm_trajs])
-    prm_free = {name: prmbench_report(prm_trajs, StepScores(offsets, logit(p))) for name, p in {
-        "P(step correct | step index, step count), fitted on the PRMBench training labels": position_prior(train, prm_trajs, "prmbench"),
-        "every step correct (constant score)": np.full(offsets[-1], 0.75)}.items()}
+    prm_free = {
+        name: prmbench_report(prm_trajs, StepScores(offsets, logit(p)))
+        for name, p in {
+            "P(step correct | step index, step count), fitted on the PRMBench training labels": position_prior(
+                train, prm_trajs, "prmbench"
+            ),
+            "every step correct (constant score)": np.full(offsets[-1], 0.75),
+        }.items()
+    }
     cell = lambda c: f"{c['mean']:.1f} [{c['low']:.1f}, {c['high']:.1f}]"  # noqa: E731
     subsets = pb["subsets"]
     cats = list(next(iter(prm_free.values()))["categories"])
-    pb_rows = [[name, *(f"{b['subsets'][x]['f1']:.1f}" for x in subsets), f"{b['average_f1']:.1f}"] for name, b in pb["baselines"].items()]
+    pb_rows = [
+        [name, *(f"{b['subsets'][x]['f1']:.1f}" for x in subsets), f"{b['average_f1']:.1f}"]
+        for name, b in pb["baselines"].items()
+    ]
     bon_md = [[name, *(cell(r[n]) for n in BON_NS), cell(r["mean"])] for name, r in bon.items()]
-    md = ["### Content-free rows on the same items",
-          "Scorers that read no step text, on the same ProcessBench rows and the same BoN questions (first n, `min`), "
-          "with 95 % bootstrap intervals over questions. A model inside these intervals has shown nothing.",
-          markdown_table(["rule", *(f"{x} F1" for x in subsets), "avg F1"], pb_rows),
-          markdown_table(["scorer", *(f"BoN@{n}" for n in BON_NS), "mean"], bon_md),
-          markdown_table(["PRMBench scorer", "PRMScore overall", *cats],
-                         [[name, f"{r['classes']['overall']['prm_score']:.1f}", *(f"{r['categories'][c]:.1f}" for c in cats)] for name, r in prm_free.items()]),
-          f"Validation BCE of a table of P(label | source, step index, step count) fitted on the training labels: {prior:.4f}."]
+    md = [
+        "### Content-free rows on the same items",
+        "Scorers that read no step text, on the same ProcessBench rows and the same BoN questions (first n, `min`), "
+        "with 95 % bootstrap intervals over questions. A model inside these intervals has shown nothing.",
+        markdown_table(["rule", *(f"{x} F1" for x in subsets), "avg F1"], pb_rows),
+        markdown_table(["scorer", *(f"BoN@{n}" for n in BON_NS), "mean"], bon_md),
+        markdown_table(
+            ["PRMBench scorer", "PRMScore overall", *cats],
+            [
+                [name, f"{r['classes']['overall']['prm_score']:.1f}", *(f"{r['categories'][c]:.1f}" for c in cats)]
+                for name, r in prm_free.items()
+            ],
+        ),
+        "Validation BCE of a table of P(label | source, step index, step count) fitted on the training labels: "
+        f"{prior:.4f}.",
+    ]
     return {"processbench": pb["baselines"], "bon": bon, "prmbench": prm_free, "valid_bce_position_prior": prior}, md
 
 
@@ -150,9 +211,15 @@ def _figures(out: Path, runs: list[dict]) -> list[str]:
     bi = [r for r in runs if "sigma_by_position" in r]
     md = []
     if bi:
-        plot_curves(str(out / "sigma_by_position.png"), {f"{r['mode']} seed {r['seed']}": r["sigma_by_position"] for r in bi},
-                    ylabel=r"mean gate $\sigma_t$ (weight on L2R)", title="Gate weight by step position (ProcessBench)",
-                    hline=0.5, hline_label="equal weight", ylim=(0.0, 1.0))
+        plot_curves(
+            str(out / "sigma_by_position.png"),
+            {f"{r['mode']} seed {r['seed']}": r["sigma_by_position"] for r in bi},
+            ylabel=r"mean gate $\sigma_t$ (weight on L2R)",
+            title="Gate weight by step position (ProcessBench)",
+            hline=0.5,
+            hline_label="equal weight",
+            ylim=(0.0, 1.0),
+        )
         _plot_histograms(out / "sigma_histograms.png", bi[0]["sigma_histograms"], bi[0]["seed"])
         md += ["![gate by position](sigma_by_position.png)", "![gate histograms](sigma_histograms.png)"]
     curves = {}
@@ -160,8 +227,16 @@ def _figures(out: Path, runs: list[dict]) -> list[str]:
         mine = [r["mae_by_position"] for r in runs if r["mode"] == m]
         if mine:
             stacked = np.array([[np.nan if v is None else v for v in c["mean"]] for c in mine], dtype=float)
-            curves[m] = {"position": mine[0]["position"], "mean": [None if np.isnan(v) else float(v) for v in np.nanmean(stacked, 0)]}
-    plot_curves(str(out / "mae_by_position.png"), curves, ylabel=r"MAE $|p_t - y_t|$", title="Step-wise MAE by position (ProcessBench)")
+            curves[m] = {
+                "position": mine[0]["position"],
+                "mean": [None if np.isnan(v) else float(v) for v in np.nanmean(stacked, 0)],
+            }
+    plot_curves(
+        str(out / "mae_by_position.png"),
+        curves,
+        ylabel=r"MAE $|p_t - y_t|$",
+        title="Step-wise MAE by position (ProcessBench)",
+    )
     md.append("![MAE by position](mae_by_position.png)")
     return md
 
@@ -189,9 +264,11 @@ def write_report(out: Path, meta: dict) -> dict:
     results = {**meta, "summary": summary, "content_free": free, "runs": [r["run"] for r in runs]}
     write_json(out / "results.json", results)
     cfg = meta["config"]
-    head = [f"# Replication, preset `{cfg['preset']}`",
-            f"Backbone `{cfg['backbone']}`, top {cfg['top_layers']} layers trained on a frozen trunk; "
-            f"{'bf16 autocast' if meta['bf16'] else 'fp32'}; sizes {meta['sizes']}; {len(runs)} finished runs."]
+    head = [
+        f"# Replication, preset `{cfg['preset']}`",
+        f"Backbone `{cfg['backbone']}`, top {cfg['top_layers']} layers trained on a frozen trunk; "
+        f"{'bf16 autocast' if meta['bf16'] else 'fp32'}; sizes {meta['sizes']}; {len(runs)} finished runs.",
+    ]
     text = "\n\n".join(head + _tables(summary) + free_md + _figures(out, runs)) + "\n"
     (out / "report.md").write_text(text)
     print(f"wrote {out / 'report.md'} and {out / 'results.json'}")

@@ -1,4 +1,5 @@
 """`python -m studies.rl --config studies/rl/study.yaml [--report-only]`: resumable, rerun to continue."""
+
 from biprm.cli import run_program
 from studies.rl.config import RLStudyConfig
 

@@ -13,6 +13,7 @@ A machine without the data folder trains from the trajectories another machine w
     python -m studies.search_gsm8k.prms --save-train runs/prm-train.jsonl   # where the data is
     python -m studies.search_gsm8k.prms --train runs/prm-train.jsonl --out runs/prm-gpu
 """
+
 import argparse
 from pathlib import Path
 
@@ -30,7 +31,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/prm", help="folder for the two PRMs (l2r, bi)")
     parser.add_argument("--save-train", help="write the training trajectories to this JSONL file, and stop")
-    parser.add_argument("--train", help="train on the trajectories of this file (written by --save-train), not the data folder's")
+    parser.add_argument(
+        "--train", help="train on the trajectories of this file (written by --save-train), not the data folder's"
+    )
     args = parser.parse_args()
     cfg = MechanismConfig(**design(2))
     trajs = load_trajectories(args.train, fmt="trl") if args.train else load_sets(cfg)[0]["train"]

@@ -1,16 +1,19 @@
 """Keep the GSM8K study's progress in the repository, so that a study longer than one machine's life goes on elsewhere.
 
-`save` copies the run's questions.jsonl, its settings and the batch in flight into studies/search_gsm8k/results/gsm8k-study/,
+`save` copies the run's questions.jsonl, its settings and the batch in flight into
+studies/search_gsm8k/results/gsm8k-study/,
 gzipped, with every record's "question" and "gold" removed: benchmark text stays out of the repository, and
 `biprm search` needs neither to resume or to summarise (it reads indices and grades). `restore` puts them back
 into a fresh run folder. Both write whole files only (`atomic_write`).
 
     python -m studies.search_gsm8k.records save    # after a batch, and before the machine goes
     python -m studies.search_gsm8k.records restore # on a fresh machine, before the study starts
-    python -m studies.search_gsm8k.records report  # summary.md, summary.json and accuracy.png again, from the records alone
+    python -m studies.search_gsm8k.records report  # summary.md, summary.json and accuracy.png again, from the records
+    alone
 
 `--run` and `--keep` name other folders (the same study on a GPU, studies/search_gsm8k/study_gpu.sh).
 """
+
 import argparse
 import gzip
 import json
@@ -19,7 +22,11 @@ from pathlib import Path
 from biprm.data.writer import atomic_write
 
 RUN, KEEP = "runs/search/gsm8k-study", "studies/search_gsm8k/results/gsm8k-study"
-FILES = {"questions.jsonl": "records.jsonl.gz", "batch-in-flight.json": "batch-in-flight.json.gz", "settings.json": "settings.json"}
+FILES = {
+    "questions.jsonl": "records.jsonl.gz",
+    "batch-in-flight.json": "batch-in-flight.json.gz",
+    "settings.json": "settings.json",
+}
 
 
 def strip(text: str) -> str:

@@ -1,4 +1,5 @@
 """Each study runs as `python -m studies.<name>`, parsed as every biprm command is, and its shipped files parse."""
+
 import dataclasses
 import shlex
 import subprocess
@@ -29,7 +30,12 @@ def test_every_shipped_file_opens_with_its_command_and_parses_through_it(path):
     assert first.startswith(f"# python -m studies.{name} --config studies/{name}/{path.name}"), first
     seen = []
     argv = shlex.split(first.removeprefix(f"# python -m studies.{name} "))
-    run_program(settings_of(name), seen.append, f"python -m studies.{name}", [a.replace(f"studies/{name}/{path.name}", str(path)) for a in argv])
+    run_program(
+        settings_of(name),
+        seen.append,
+        f"python -m studies.{name}",
+        [a.replace(f"studies/{name}/{path.name}", str(path)) for a in argv],
+    )
     written = yaml.safe_load(path.read_text())
     fields = {f.name for f in dataclasses.fields(seen[0])}
     assert set(written) <= fields | {"train_top_layers"}, set(written) - fields
@@ -44,11 +50,23 @@ def test_flags_and_files_override_the_replication_preset_which_fills_the_rest(tm
     run = lambda argv: run_program(ReplicateConfig, seen.append, "python -m studies.replication", argv)  # noqa: E731
     run(["--preset", "full", "--train-top-layers", "4", "--bon-questions", "7"])
     cfg = seen[-1]
-    assert (cfg.top_layers, cfg.bon_questions, cfg.seeds, cfg.prmbench_rows, cfg.out) == (4, 7, PAPER_SEEDS, 400, "studies/replication/results/full")
-    (tmp_path / "study.yaml").write_text("preset: quick\nseeds: {l2r: 2, bi: 2}\ndata: {gsm8k_questions: 40, valid_fraction: 0.1}\n")
+    assert (cfg.top_layers, cfg.bon_questions, cfg.seeds, cfg.prmbench_rows, cfg.out) == (
+        4,
+        7,
+        PAPER_SEEDS,
+        400,
+        "studies/replication/results/full",
+    )
+    (tmp_path / "study.yaml").write_text(
+        "preset: quick\nseeds: {l2r: 2, bi: 2}\ndata: {gsm8k_questions: 40, valid_fraction: 0.1}\n"
+    )
     run(["--config", str(tmp_path / "study.yaml"), "--processbench-subsets", "[gsm8k]"])
     cfg = seen[-1]
-    assert (cfg.seeds, cfg.data, cfg.processbench_subsets) == ({"l2r": 2, "bi": 2}, DataRecipe(gsm8k_questions=40, valid_fraction=0.1), ("gsm8k",))
+    assert (cfg.seeds, cfg.data, cfg.processbench_subsets) == (
+        {"l2r": 2, "bi": 2},
+        DataRecipe(gsm8k_questions=40, valid_fraction=0.1),
+        ("gsm8k",),
+    )
     assert (cfg.processbench_rows, cfg.save_every) == (30, 20)  # the quick preset's
     (tmp_path / "bad.yaml").write_text("data: {gsm8k_questions: 40, colour: red}\n")
     with pytest.raises(SystemExit):
@@ -56,10 +74,21 @@ def test_flags_and_files_override_the_replication_preset_which_fills_the_rest(tm
 
 
 def test_a_study_is_a_program_with_help_and_one_line_errors(tmp_path):
-    help_text = subprocess.run([sys.executable, "-m", "studies.mechanism", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert help_text.returncode == 0 and "--margins" in help_text.stdout and "version 3: each prediction's margin" in help_text.stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "studies.mechanism", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert (
+        help_text.returncode == 0
+        and "--margins" in help_text.stdout
+        and "version 3: each prediction's margin" in help_text.stdout
+    )
     (tmp_path / "v3.yaml").write_text("version: 3\n")
-    bad = subprocess.run([sys.executable, "-m", "studies.mechanism", "--config", str(tmp_path / "v3.yaml")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "studies.mechanism", "--config", str(tmp_path / "v3.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
     assert "python -m studies.mechanism: error: version 3 reads its whole design" in bad.stderr

@@ -1,4 +1,5 @@
 """The controlled mechanism study: its R/C/F/L rows, seeded runs, and the study end to end at toy size."""
+
 import json
 import random
 
@@ -14,8 +15,14 @@ from studies.replication.recipe import train_run
 from biprm.trunk import TrunkCache
 from conftest import study_encoder
 
-ANSWER = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
-QUESTION = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did she sell altogether?"
+ANSWER = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether in "
+    "April and May.\n#### 72"
+)
+QUESTION = (
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
+    "clips did she sell altogether?"
+)
 
 
 def natalia():
@@ -35,7 +42,10 @@ def test_four_rows_differ_only_where_they_should():
     assert rows["F"].steps[1:] == ref.steps[1:]  # the future still uses the right value
     assert rows["L"].steps[0] == f"Natalia sold 48/2 = {wrong} clips in May."
     total = 48 + int(wrong)
-    assert rows["L"].steps[1:] == [f"Natalia sold 48+{wrong} = {total} clips altogether in April and May.", f"The answer is {total}."]
+    assert rows["L"].steps[1:] == [
+        f"Natalia sold 48+{wrong} = {total} clips altogether in April and May.",
+        f"The answer is {total}.",
+    ]
     assert rows["R"].labels == rows["C"].labels == [1.0, 1.0, 1.0]
     assert rows["F"].labels == rows["L"].labels == [0.0, 0.0, 0.0]
     assert {r.meta["first_error"] for r in rows.values()} == {-1, 0}
@@ -56,7 +66,10 @@ def test_the_data_split_is_by_question_and_deterministic(data_dir):
     assert not questions["train"] & questions["valid"] and not questions["train"] & questions["test"]
     for name, rows in sets.items():
         assert [r.meta["kind"] for r in rows] == list(KINDS) * (len(rows) // 4)
-        assert report[name]["questions"] + report[name]["questions_without_eligible_step"] == report[name]["questions_tried"]
+        assert (
+            report[name]["questions"] + report[name]["questions_without_eligible_step"]
+            == report[name]["questions_tried"]
+        )
 
 
 def _trained_weights(seed: int, tmp_path) -> dict[str, torch.Tensor]:
@@ -64,10 +77,20 @@ def _trained_weights(seed: int, tmp_path) -> dict[str, torch.Tensor]:
     from studies.mechanism.config import MechanismConfig
     from biprm.trunk import freeze_bottom
 
-    trajs = [Trajectory("What is 2+3?", ["2+3 = 5", "The answer is 5."], [1.0, 1.0]),
-             Trajectory("What is 2+3?", ["2+3 = 6", "The answer is 6."], [0.0, 0.0])] * 4
-    cfg = MechanismConfig(work_dir=str(tmp_path / "work"), backbone="tiny", top_layers=1, lr=1e-3, epochs=1.0, batch_size=2,
-                          warmup_ratio=0.0, save_every=100)
+    trajs = [
+        Trajectory("What is 2+3?", ["2+3 = 5", "The answer is 5."], [1.0, 1.0]),
+        Trajectory("What is 2+3?", ["2+3 = 6", "The answer is 6."], [0.0, 0.0]),
+    ] * 4
+    cfg = MechanismConfig(
+        work_dir=str(tmp_path / "work"),
+        backbone="tiny",
+        top_layers=1,
+        lr=1e-3,
+        epochs=1.0,
+        batch_size=2,
+        warmup_ratio=0.0,
+        save_every=100,
+    )
     encs = [study_encoder(cfg.max_length).encode(t) for t in trajs]
     model, _ = train_run(cfg, "bi", seed, tmp_path / f"run{seed}-{len(list(tmp_path.glob('run*')))}", False, encs)
     freeze_bottom(model, 1)  # what the run trained: the top layer, the value head and the gate
@@ -88,14 +111,36 @@ def test_toy_mechanism_study_runs_resumes_and_reports(data_dir, tmp_path):
     from studies.mechanism.config import MechanismConfig
     from studies.mechanism.study import run_study
 
-    cfg = MechanismConfig(out=str(tmp_path / "out"), work_dir=str(tmp_path / "work"), data_root=str(data_dir), backbone="tiny",
-                          top_layers=1, train_questions=12, valid_questions=8, test_questions=8, seeds={"l2r": 2, "r2l": 1, "bi": 2},
-                          probe_seeds=1, processbench_rows=8, bon_questions=4, epochs=1, batch_size=8, bf16="no")
+    cfg = MechanismConfig(
+        out=str(tmp_path / "out"),
+        work_dir=str(tmp_path / "work"),
+        data_root=str(data_dir),
+        backbone="tiny",
+        top_layers=1,
+        train_questions=12,
+        valid_questions=8,
+        test_questions=8,
+        seeds={"l2r": 2, "r2l": 1, "bi": 2},
+        probe_seeds=1,
+        processbench_rows=8,
+        bon_questions=4,
+        epochs=1,
+        batch_size=8,
+        bf16="no",
+    )
     run_study(cfg)
     out = tmp_path / "out"
     names = sorted(p.stem for p in (out / "runs").glob("*.json"))
-    assert names == sorted(["l2r-seed1106", "l2r-seed1107", "r2l-seed1106", "bi-seed1106", "bi-seed1107",
-                            *(f"probe-{m}-seed1106" for m in ("l2r", "r2l", "bi", "bi-static"))])
+    assert names == sorted(
+        [
+            "l2r-seed1106",
+            "l2r-seed1107",
+            "r2l-seed1106",
+            "bi-seed1106",
+            "bi-seed1107",
+            *(f"probe-{m}-seed1106" for m in ("l2r", "r2l", "bi", "bi-static")),
+        ]
+    )
     assert sorted(p.stem for p in (out / "runs").glob("*.npz")) == names  # the logits travel with the results
     assert len(list((tmp_path / "work" / "runs").glob("*/*/model.safetensors"))) == len(names)
     result = json.loads((out / "results.json").read_text())
@@ -105,7 +150,11 @@ def test_toy_mechanism_study_runs_resumes_and_reports(data_dir, tmp_path):
     assert 0 <= p1["low"] <= p1["mean"] <= p1["high"] <= 100
     assert "bi − l2r" in result["differences"] and "σ at t, F rows" in result["sigma"]["bi"]
     report = (out / "report.md").read_text()
-    assert "baseline: always 'no error'" in report and "any scorer that reads no text" in report and "noise under the same aggregation" in report
+    assert (
+        "baseline: always 'no error'" in report
+        and "any scorer that reads no text" in report
+        and "noise under the same aggregation" in report
+    )
 
     # a rerun trains nothing; the report is recomputed from the saved logits alone
     stamp = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
@@ -124,19 +173,27 @@ def test_micro_batches_give_the_whole_batch_gradient(tmp_path):
     from biprm.training import BiPRMTrainer
     from biprm.trunk import TrunkCollator, TrunkData, freeze_bottom, micro_batches
 
-    assert [p.tolist() for p in micro_batches(np.array([5, 5, 9, 2]), np.array([0, 1, 2, 3]), budget=10)] == [[0, 1], [2], [3]]
+    assert [p.tolist() for p in micro_batches(np.array([5, 5, 9, 2]), np.array([0, 1, 2, 3]), budget=10)] == [
+        [0, 1],
+        [2],
+        [3],
+    ]
     backbone = resolve_backbone("tiny")
     tokenizer = load_tokenizer(backbone)
     set_seed(3)
     model = from_backbone(backbone, tokenizer, mode="bi")
     encoder = Encoder(tokenizer, model.config.step_tag_id)
-    trajs = [Trajectory("What is 2+3?", ["2+3 = 5", "The answer is 5."], [1.0, 1.0]),
-             Trajectory("What is 2+3 times 4?", ["3*4 = 12", "2+12 = 15", "The answer is 15."], [1.0, 0.0, 0.0]),
-             Trajectory("What is 7-1?", ["7-1 = 6"], [1.0])]
+    trajs = [
+        Trajectory("What is 2+3?", ["2+3 = 5", "The answer is 5."], [1.0, 1.0]),
+        Trajectory("What is 2+3 times 4?", ["3*4 = 12", "2+12 = 15", "The answer is 15."], [1.0, 0.0, 0.0]),
+        Trajectory("What is 7-1?", ["7-1 = 6"], [1.0]),
+    ]
     cache = TrunkCache(tmp_path / "trunk", model, 1, [encoder.encode(t) for t in trajs]).build(progress=False)
     data = TrunkData(cache, [t.labels for t in trajs])
     freeze_bottom(model, 1)
-    trainer = BiPRMTrainer(model, TrainingArguments(str(tmp_path / "out"), use_cpu=True, report_to=[]), train_dataset=data)
+    trainer = BiPRMTrainer(
+        model, TrainingArguments(str(tmp_path / "out"), use_cpu=True, report_to=[]), train_dataset=data
+    )
     grads = []
     for budget in (10**9, 1):  # one pass, then one trajectory per pass
         model.zero_grad()
@@ -159,7 +216,11 @@ def test_the_verdict_applies_the_preregistered_rule_and_stays_provisional_until_
     done = {"l2r": 3, "r2l": 1, "bi": 3}
     assert verdict({"bi − l2r": diff(2.0)}, done, planned).startswith("not yet decidable")
     assert verdict({"bi − l2r": diff(2.0), "r2l − l2r": diff(0.5)}, done, planned) == "supported"
-    assert verdict({"bi − l2r": diff(2.0), "r2l − l2r": diff(-0.5)}, done, planned) == "not supported"  # r2l's interval holds 0
-    assert verdict({"bi − l2r": diff(2.0, -0.1), "r2l − l2r": diff(0.5)}, done, planned) == "not supported"  # bi loses on L rows
+    assert (
+        verdict({"bi − l2r": diff(2.0), "r2l − l2r": diff(-0.5)}, done, planned) == "not supported"
+    )  # r2l's interval holds 0
+    assert (
+        verdict({"bi − l2r": diff(2.0, -0.1), "r2l − l2r": diff(0.5)}, done, planned) == "not supported"
+    )  # bi loses on L rows
     early = verdict({"bi − l2r": diff(2.0), "r2l − l2r": diff(0.5)}, {"l2r": 1, "r2l": 1, "bi": 1}, planned)
     assert early == "supported (provisional: seeds finished l2r 1 of 3, bi 1 of 3)"

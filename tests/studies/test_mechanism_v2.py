@@ -1,5 +1,6 @@
 """The mechanism study's version 2: its labels, loss floors, the scorers that read no model, its endpoints,
 the verdict rule, and the study end to end at toy size."""
+
 import json
 import math
 import random
@@ -21,12 +22,26 @@ def test_each_step_is_labelled_by_whether_it_is_itself_correct():
     assert rows["R"].labels == rows["C"].labels == [1.0, 1.0, 1.0]
     assert rows["F"].labels == [0.0, 1.0, 1.0]  # the later steps use the right value and reach the right answer
     assert rows["L"].labels == [0.0, 0.0, 0.0]  # the slip is carried into every later result
-    assert row_labels("F", 1, 4, "own") == [1.0, 0.0, 1.0, 1.0] and row_labels("F", 1, 4, "first-error") == [1.0, 0.0, 0.0, 0.0]
+    assert row_labels("F", 1, 4, "own") == [1.0, 0.0, 1.0, 1.0] and row_labels("F", 1, 4, "first-error") == [
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+    ]
     assert roundness(Decimal(rows["F"].meta["to"])) == roundness(Decimal("24"))
 
 
-@pytest.mark.parametrize("value,expected", [("24", (0, 0, False)), ("150", (0, 1, True)), ("12.5", (1, 0, True)),
-                                            ("2000", (0, 3, False)), ("0.75", (2, 0, True)), ("25.00", (0, 0, True))])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("24", (0, 0, False)),
+        ("150", (0, 1, True)),
+        ("12.5", (1, 0, True)),
+        ("2000", (0, 3, False)),
+        ("0.75", (2, 0, True)),
+        ("25.00", (0, 0, True)),
+    ],
+)
 def test_roundness_class(value, expected):
     assert roundness(Decimal(value)) == expected
 
@@ -39,9 +54,18 @@ def test_a_wrong_value_keeps_the_right_values_roundness():
 
 def toy_rows(labels: str = "own") -> list[Trajectory]:
     """One question's four rows, error at step 0: "x = 2" is right, 4 wrong; step 1 reuses x."""
-    text = {"R": ["x = 1+1 = 2", "y = 2+3 = 5"], "C": ["x = 2", "y = 2+3 = 5"], "F": ["x = 4", "y = 2+3 = 5"], "L": ["x = 1+1 = 4", "y = 4+3 = 7"]}
-    return [Trajectory("q", steps, labels=row_labels(kind, 0, 2, labels), meta={"kind": kind, "step": 0, "from": "2", "to": "4"})
-            for kind, steps in text.items()]
+    text = {
+        "R": ["x = 1+1 = 2", "y = 2+3 = 5"],
+        "C": ["x = 2", "y = 2+3 = 5"],
+        "F": ["x = 4", "y = 2+3 = 5"],
+        "L": ["x = 1+1 = 4", "y = 4+3 = 7"],
+    }
+    return [
+        Trajectory(
+            "q", steps, labels=row_labels(kind, 0, 2, labels), meta={"kind": kind, "step": 0, "from": "2", "to": "4"}
+        )
+        for kind, steps in text.items()
+    ]
 
 
 def test_loss_floors_from_what_each_stream_reads():
@@ -57,7 +81,12 @@ def test_loss_floors_from_what_each_stream_reads():
 def test_the_rules_that_read_text():
     trajs = [Trajectory("q", ["x = 2", "so 150 apples", "cost 12.5", "The answer is 5."], labels=[1.0] * 4)]
     assert v2.format_rule(trajs).fused.tolist() == [1.0, -1.0, -1.0, 1.0]  # the final step is exempt
-    assert v2.rounder_number_rule(trajs).fused.tolist() == [0.0, 3.0, 0.0, 1.0]  # 2·zeros + (last digit 5) − decimal places
+    assert v2.rounder_number_rule(trajs).fused.tolist() == [
+        0.0,
+        3.0,
+        0.0,
+        1.0,
+    ]  # 2·zeros + (last digit 5) − decimal places
     assert v2.position_rule(trajs * 2, np.array([1, -1])).fused.tolist() == [1.0, -1.0, 1.0, 1.0] + [1.0] * 4
 
 
@@ -70,8 +99,18 @@ def test_endpoints_on_hand_built_scores():
     trajs = toy_rows() + toy_rows()
     for i, t in enumerate(trajs):
         t.meta["group"] = i // 4
-    s = scores([[0.9, 0.8], [0.7, 0.9], [0.6, 0.9], [0.2, 0.3],    # question 1: F's step 0 (0.6) below C's 0.7 and 0.9
-                [0.9, 0.8], [0.5, 0.9], [0.6, 0.4], [0.8, 0.3]])   # question 2: F's 0.6 is above C's 0.5
+    s = scores(
+        [
+            [0.9, 0.8],
+            [0.7, 0.9],
+            [0.6, 0.9],
+            [0.2, 0.3],  # question 1: F's step 0 (0.6) below C's 0.7 and 0.9
+            [0.9, 0.8],
+            [0.5, 0.9],
+            [0.6, 0.4],
+            [0.8, 0.3],
+        ]
+    )  # question 2: F's 0.6 is above C's 0.5
     q = v2.endpoints(s, trajs, threshold=0.65)
     assert q["primary: F's step t below every step of C"].tolist() == [1.0, 0.0]
     assert q["P1: F rows, first error exact"].tolist() == [1.0, 1.0]  # first step below 0.65: step 0 in both
@@ -98,9 +137,13 @@ def test_minimum_detectable_effect():
 
 
 def diffs(**lows: float) -> dict:
-    names = {"F": ("primary: F's step t below every step of C", "bi − l2r"), "L": ("P2: L rows, first error exact", "bi − l2r"),
-             "better": ("primary: F's step t below every step of C", "bi − r2l"),
-             "static": ("primary: F's step t below every step of C", "bi − bi-static"), "sigma": ("σ at t", "bi: L rows − F rows")}
+    names = {
+        "F": ("primary: F's step t below every step of C", "bi − l2r"),
+        "L": ("P2: L rows, first error exact", "bi − l2r"),
+        "better": ("primary: F's step t below every step of C", "bi − r2l"),
+        "static": ("primary: F's step t below every step of C", "bi − bi-static"),
+        "sigma": ("σ at t", "bi: L rows − F rows"),
+    }
     out: dict = {}
     for key, low in lows.items():
         endpoint, name = names[key]
@@ -109,13 +152,18 @@ def diffs(**lows: float) -> dict:
 
 
 def test_the_verdict_rule_is_the_papers_predictions():
-    everything = dict(F=2.0, L=-4.0, better=-4.9, static=-1.0, sigma=0.01)  # each interval's low end, its high end 2 above
+    everything = dict(
+        F=2.0, L=-4.0, better=-4.9, static=-1.0, sigma=0.01
+    )  # each interval's low end, its high end 2 above
     assert v2.verdict(diffs(**everything), ("bi",), "r2l")["outcome"] == "supported (bi)"
     for key, low in (("F", 0.0), ("L", -5.0), ("better", -6.0), ("static", -5.5), ("sigma", -0.01)):
         v = v2.verdict(diffs(**everything | {key: low}), ("bi",), "r2l")
         assert v["outcome"] == "not decided at this power" and list(v["predictions"].values()).count("undecided") == 1
     worse = v2.verdict(diffs(**everything | {"better": -8.0}), ("bi",), "r2l")  # high end -6: clearly worse than r2l
-    assert worse["outcome"] == "contradicted" and worse["predictions"]["bi is at least as good as the better single stream (r2l)"] == "contradicted"
+    assert (
+        worse["outcome"] == "contradicted"
+        and worse["predictions"]["bi is at least as good as the better single stream (r2l)"] == "contradicted"
+    )
     partial = v2.verdict(diffs(F=2.0), ("bi",), "r2l")
     assert partial["outcome"] == "not yet decidable" and len(partial["missing"]) == 4
     # without prediction 5, the σ interval is not read: a contradicted σ no longer decides
@@ -131,7 +179,9 @@ def test_one_standard_floors_make_r2l_unable_to_see_a_carried_slip():
     total = sum(len(r.steps) for r in rows)
     entropy = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
     assert v2.loss_floor(rows, "r2l") < v2.loss_floor(rows, "r2l", one_standard=True)
-    assert v2.loss_floor(rows, "r2l", one_standard=True) == pytest.approx(v2.loss_floor(rows, "r2l") + after / total * entropy, abs=1e-9)
+    assert v2.loss_floor(rows, "r2l", one_standard=True) == pytest.approx(
+        v2.loss_floor(rows, "r2l") + after / total * entropy, abs=1e-9
+    )
     assert v2.loss_floor(rows, "l2r", one_standard=True) == v2.loss_floor(rows, "l2r")
 
 
@@ -139,7 +189,8 @@ COMMITTED = Path(__file__).resolve().parents[2] / "studies" / "mechanism" / "res
 
 
 def test_the_post_hoc_reread_reproduces_issue_48_on_the_committed_logits(data_dir, tmp_path):
-    """Issue 48's numbers, recomputed from the committed version 2 logits (studies/mechanism/README.md, the post-hoc re-read).
+    """Issue 48's numbers, recomputed from the committed version 2 logits (studies/mechanism/README.md, the post-hoc
+    re-read).
     Where a number differs from the issue's, the issue's is in the comment."""
     from studies.mechanism.config import MechanismConfig, design
     from studies.mechanism.rows import build_mechanism
@@ -148,14 +199,24 @@ def test_the_post_hoc_reread_reproduces_issue_48_on_the_committed_logits(data_di
     from studies.mechanism.v2_report import verdict_tables
 
     cfg = MechanismConfig(**design(2) | dict(out=str(COMMITTED), work_dir=str(tmp_path), data_root=str(data_dir)))
-    sets, _ = build_mechanism(cfg.data_root, cfg.train_questions, cfg.valid_questions, cfg.test_questions, cfg.data_seed,
-                              labels=cfg.labels, keep_roundness=cfg.keep_roundness)
+    sets, _ = build_mechanism(
+        cfg.data_root,
+        cfg.train_questions,
+        cfg.valid_questions,
+        cfg.test_questions,
+        cfg.data_seed,
+        labels=cfg.labels,
+        keep_roundness=cfg.keep_roundness,
+    )
     r = verdict_tables(cfg, sets, _collect(cfg))
     p = r["post_hoc"]
     assert r["verdict"]["outcome"] == "contradicted"  # the pre-registered outcome stays on record
     assert {v["outcome"] for v in p["verdicts"].values()} == {"not decided at this power"}
     pre, fmt, err, _, did = (name for name, _, _ in SIGMA_CONTRASTS)
-    c = {arm: {k: {x: round(v[x], 4) for x in ("mean", "low", "high")} for k, v in cs.items()} for arm, cs in p["sigma_contrasts"].items()}
+    c = {
+        arm: {k: {x: round(v[x], 4) for x in ("mean", "low", "high")} for k, v in cs.items()}
+        for arm, cs in p["sigma_contrasts"].items()
+    }
     assert c["bi"][pre]["mean"] == -0.0090 and c["bi-gate-lr0.1"][pre]["mean"] == -0.0107  # the docs' -0.009, -0.011
     assert c["bi"][fmt] == {"mean": -0.0082, "low": -0.0144, "high": -0.0026}  # issue: [-0.0144, -0.0027]
     assert c["bi-gate-lr0.1"][fmt] == {"mean": -0.0101, "low": -0.0165, "high": -0.0036}  # issue: [-0.0167, -0.0039]
@@ -163,17 +224,28 @@ def test_the_post_hoc_reread_reproduces_issue_48_on_the_committed_logits(data_di
     assert c["bi-gate-lr0.1"][err] == {"mean": 0.0005, "low": -0.0003, "high": 0.0013}
     assert all(v[did]["low"] < 0 < v[did]["high"] for v in c.values())  # the difference-in-differences is null too
     rho = {n: round(v["spearman"], 3) for n, v in p["sigma_by_position"].items()}
-    assert rho == {"bi-seed1106": -0.125, "bi-seed1107": 0.942, "bi-seed1108": 0.905, "bi-gate-lr0.1-seed1106": 0.486,
-                   "bi-gate-lr0.1-seed1107": 0.788, "bi-gate-lr0.1-seed1108": 0.9}  # issue: +0.49 to +0.93, -0.12
+    assert rho == {
+        "bi-seed1106": -0.125,
+        "bi-seed1107": 0.942,
+        "bi-seed1108": 0.905,
+        "bi-gate-lr0.1-seed1106": 0.486,
+        "bi-gate-lr0.1-seed1107": 0.788,
+        "bi-gate-lr0.1-seed1108": 0.9,
+    }  # issue: +0.49 to +0.93, -0.12
     share = p["r2l_share_at_t"]["bi-seed1106"]
     assert (round(share["C"], 3), round(share["R"], 3)) == (0.586, 0.384)
     assert round(share["σ"]["C"] - share["σ"]["R"], 3) == 0.014  # σ moves by about 0.01 where the share moves by 0.20
-    assert round(p["format_null"]["mean"], 1) == 48.9  # issue: about 48.5 (one draw of tiny noise); exact expectation here
+    assert (
+        round(p["format_null"]["mean"], 1) == 48.9
+    )  # issue: about 48.5 (one draw of tiny noise); exact expectation here
     assert round(p["primary_beside_null"]["l2r"]["mean"], 1) == 50.1
     lowest = [x for g in ("l2r", "r2l", "bi-static", "bi", "bi-gate-lr0.1") for x in p["clean_lowest_at_t"][g]]
     assert (round(100 * min(lowest), 1), round(100 * max(lowest), 1)) == (65.8, 94.0)  # issue: 66-94 %
     pw = {arm: [round(100 * x) if x > 0.01 else round(x, 4) for x in v.values()] for arm, v in p["power"].items()}
-    assert pw == {"bi": [26, 38, 8, 8, 0.0062], "bi-gate-lr0.1": [43, 38, 15, 16, 0.0072]}  # issue: 26, 43; 8-16; about 0.0065
+    assert pw == {
+        "bi": [26, 38, 8, 8, 0.0062],
+        "bi-gate-lr0.1": [43, 38, 15, 16, 0.0072],
+    }  # issue: 26, 43; 8-16; about 0.0065
     floors = p["loss_floors"]
     assert round(floors["pre-registered"]["r2l"], 3) == 0.005 and round(floors["one standard"]["l2r"], 3) == 0.075
     assert round(floors["one standard"]["r2l"], 3) == 0.343  # issue: 0.330
@@ -192,19 +264,40 @@ def test_toy_mechanism_v2_study_pilots_runs_resumes_and_reports(data_dir, tmp_pa
     from studies.mechanism.study import write_report
     from studies.mechanism.study import run_study
 
-    cfg = MechanismConfig(**design(2) | dict(
-        out=str(tmp_path / "out"), work_dir=str(tmp_path / "work"), data_root=str(data_dir), backbone="tiny", top_layers=1,
-        train_questions=12, valid_questions=8, test_questions=8, seeds={"l2r": 2, "r2l": 1, "bi-static": 1, "bi": 1, "bi-gate-lr0.1": 1},
-        processbench_rows=8, bon_questions=4, batch_size=8, save_every=1, bf16="no", fallback_epochs=1.0))
+    cfg = MechanismConfig(
+        **design(2)
+        | dict(
+            out=str(tmp_path / "out"),
+            work_dir=str(tmp_path / "work"),
+            data_root=str(data_dir),
+            backbone="tiny",
+            top_layers=1,
+            train_questions=12,
+            valid_questions=8,
+            test_questions=8,
+            seeds={"l2r": 2, "r2l": 1, "bi-static": 1, "bi": 1, "bi-gate-lr0.1": 1},
+            processbench_rows=8,
+            bon_questions=4,
+            batch_size=8,
+            save_every=1,
+            bf16="no",
+            fallback_epochs=1.0,
+        )
+    )
     run_study(cfg)
     out = tmp_path / "out"
     pilot = json.loads((out / "pilot.json").read_text())
     assert set(pilot["values"]) == {"l2r", "r2l"} and pilot["decision"]
     names = sorted(p.name.removesuffix(".json") for p in (out / "runs").glob("*-seed*.json"))
-    assert names == sorted(["l2r-seed1106", "l2r-seed1107", "r2l-seed1106", "bi-static-seed1106", "bi-seed1106", "bi-gate-lr0.1-seed1106"])
+    assert names == sorted(
+        ["l2r-seed1106", "l2r-seed1107", "r2l-seed1106", "bi-static-seed1106", "bi-seed1106", "bi-gate-lr0.1-seed1106"]
+    )
     gate = json.loads((out / "runs" / "bi-gate-lr0.1-seed1106.json").read_text())
     assert gate["gate_lr_scale"] == 0.1 and gate["mode"] == "bi-gate-lr0.1"
-    assert sorted(p.name for p in (out / "runs").glob("*.sigma.jsonl")) == ["bi-gate-lr0.1-seed1106.sigma.jsonl", "bi-seed1106.sigma.jsonl"]
+    assert sorted(p.name for p in (out / "runs").glob("*.sigma.jsonl")) == [
+        "bi-gate-lr0.1-seed1106.sigma.jsonl",
+        "bi-seed1106.sigma.jsonl",
+    ]
     result = json.loads((out / "results.json").read_text())
     assert result["verdict"]["outcome"].startswith(("supported", "contradicted", "not decided at this power"))
     assert result["loss_floors"]["version 1 (first error)"]["r2l"] > result["loss_floors"]["version 2 (own)"]["r2l"]

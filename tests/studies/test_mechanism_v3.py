@@ -1,6 +1,8 @@
-"""The mechanism study's version 3 (studies/mechanism/README.md, "Version 3"): its verdict rule on hand-computed intervals, the
+"""The mechanism study's version 3 (studies/mechanism/README.md, "Version 3"): its verdict rule on hand-computed
+intervals, the
 design's power column from version 2's committed intervals, the L2R-readable-value covariate, the σ-by-position
 claim, which runs the verdict reads, the preset read from its YAML, and the command end to end at toy size."""
+
 import json
 import math
 from pathlib import Path
@@ -23,17 +25,42 @@ MARGINS = DESIGN["margins"]
 def test_the_config_holds_the_pre_registered_numbers():
     """studies/mechanism/README.md, "Version 3": the numbers, read back from the YAML the study runs from."""
     written = DESIGN
-    assert (written["version"], written["out"], written["bf16"], written["top_layers"]) == (3, "studies/mechanism/results/v3", "yes", 8)
-    assert DESIGN["seeds"] == {"l2r": 20, "r2l": 20, "bi-static": 20, "bi-gate-lr0.1": 20} and DESIGN["first_seed"] == 1106
-    assert (DESIGN["lr"], DESIGN["epochs"], DESIGN["batch_size"], DESIGN["pilot"], DESIGN["probe_seeds"]) == (1e-4, 3.0, 16, False, 0)
+    assert (written["version"], written["out"], written["bf16"], written["top_layers"]) == (
+        3,
+        "studies/mechanism/results/v3",
+        "yes",
+        8,
+    )
+    assert (
+        DESIGN["seeds"] == {"l2r": 20, "r2l": 20, "bi-static": 20, "bi-gate-lr0.1": 20} and DESIGN["first_seed"] == 1106
+    )
+    assert (DESIGN["lr"], DESIGN["epochs"], DESIGN["batch_size"], DESIGN["pilot"], DESIGN["probe_seeds"]) == (
+        1e-4,
+        3.0,
+        16,
+        False,
+        0,
+    )
     assert (DESIGN["labels"], DESIGN["keep_roundness"], DESIGN["data_seed"]) == ("own", True, 1106)
     assert (DESIGN["train_questions"], DESIGN["valid_questions"], DESIGN["test_questions"]) == (600, 100, 400)
     assert (DESIGN["verdict_arm"], DESIGN["level"], DESIGN["device"]) == ("bi-gate-lr0.1", 0.975, "cuda")
-    assert MARGINS == {"p1_beats_l2r": 5.0, "p2_not_worse_on_L": -5.0, "p3_as_good_as_r2l": -5.0, "p4_as_good_as_static": -5.0,
-                       "p5_sigma_at_error": 0.05, "p6_sigma_rises": 0.1}
+    assert MARGINS == {
+        "p1_beats_l2r": 5.0,
+        "p2_not_worse_on_L": -5.0,
+        "p3_as_good_as_r2l": -5.0,
+        "p4_as_good_as_static": -5.0,
+        "p5_sigma_at_error": 0.05,
+        "p6_sigma_rises": 0.1,
+    }
     assert set(MARGINS) == set(v3.PREDICTIONS) == set(DESIGN["power_at"])
     cfg = MechanismConfig(**DESIGN)
-    assert cfg.version == 3 and cfg.seeds == DESIGN["seeds"] and cfg.margins == MARGINS and cfg.top_layers == 8 and cfg.bf16 == "yes"
+    assert (
+        cfg.version == 3
+        and cfg.seeds == DESIGN["seeds"]
+        and cfg.margins == MARGINS
+        and cfg.top_layers == 8
+        and cfg.bf16 == "yes"
+    )
 
 
 def test_version_3_refuses_to_run_without_its_design():
@@ -41,7 +68,9 @@ def test_version_3_refuses_to_run_without_its_design():
         MechanismConfig(**{k: v for k, v in DESIGN.items() if k != "margins"})
     with pytest.raises(TypeError, match="margin"):
         MechanismConfig(**DESIGN | {"margin": 1})
-    assert MechanismConfig(**yaml.safe_load((CONFIG.parent / "v2.yaml").read_text())).version == 2  # the earlier versions take no design
+    assert (
+        MechanismConfig(**yaml.safe_load((CONFIG.parent / "v2.yaml").read_text())).version == 2
+    )  # the earlier versions take no design
 
 
 def interval(low: float, high: float) -> dict:
@@ -52,10 +81,30 @@ def interval(low: float, high: float) -> dict:
 # undecided (the interval holds the margin), and the edges (an end exactly at the margin decides nothing).
 CASES = {
     "p1_beats_l2r": {"held": (5.1, 20.0), "contradicted": (-3.0, 4.9), "undecided": (4.0, 12.0), "edge": (5.0, 9.0)},
-    "p2_not_worse_on_L": {"held": (-4.9, 3.0), "contradicted": (-12.0, -5.1), "undecided": (-6.0, 2.0), "edge": (-9.0, -5.0)},
-    "p3_as_good_as_r2l": {"held": (-4.0, 6.0), "contradicted": (-15.0, -6.0), "undecided": (-8.0, 1.0), "edge": (-5.0, 1.0)},
-    "p4_as_good_as_static": {"held": (-2.0, 8.0), "contradicted": (-11.0, -5.5), "undecided": (-5.5, 0.0), "edge": (-9.0, -5.0)},
-    "p5_sigma_at_error": {"held": (0.051, 0.09), "contradicted": (-0.0002, 0.0008), "undecided": (0.04, 0.06), "edge": (0.05, 0.07)},
+    "p2_not_worse_on_L": {
+        "held": (-4.9, 3.0),
+        "contradicted": (-12.0, -5.1),
+        "undecided": (-6.0, 2.0),
+        "edge": (-9.0, -5.0),
+    },
+    "p3_as_good_as_r2l": {
+        "held": (-4.0, 6.0),
+        "contradicted": (-15.0, -6.0),
+        "undecided": (-8.0, 1.0),
+        "edge": (-5.0, 1.0),
+    },
+    "p4_as_good_as_static": {
+        "held": (-2.0, 8.0),
+        "contradicted": (-11.0, -5.5),
+        "undecided": (-5.5, 0.0),
+        "edge": (-9.0, -5.0),
+    },
+    "p5_sigma_at_error": {
+        "held": (0.051, 0.09),
+        "contradicted": (-0.0002, 0.0008),
+        "undecided": (0.04, 0.06),
+        "edge": (0.05, 0.07),
+    },
     "p6_sigma_rises": {"held": (0.3, 0.9), "contradicted": (-0.2, 0.05), "undecided": (0.05, 0.5), "edge": (0.0, 0.1)},
 }
 
@@ -63,7 +112,10 @@ CASES = {
 @pytest.mark.parametrize("key", list(CASES))
 def test_each_prediction_is_held_contradicted_or_undecided_by_its_margin(key):
     for expected, (low, high) in CASES[key].items():
-        assert v3.judge(interval(low, high), MARGINS[key]) == ("undecided" if expected == "edge" else expected), (key, expected)
+        assert v3.judge(interval(low, high), MARGINS[key]) == ("undecided" if expected == "edge" else expected), (
+            key,
+            expected,
+        )
 
 
 def all_held() -> dict:
@@ -87,7 +139,10 @@ def test_the_verdict_rule():
     assert v3.verdict(mixed, MARGINS)["outcome"] == "contradicted"
     partial = v3.verdict({k: v for k, v in all_held().items() if k != "p4_as_good_as_static"}, MARGINS)
     assert partial["outcome"] == "not yet decidable" and partial["missing"] == ["p4_as_good_as_static"]
-    assert v3.verdict({k: v for k, v in all_held().items() if k != "p6_sigma_rises"}, MARGINS)["paper's σ claim"] == "not yet measured"
+    assert (
+        v3.verdict({k: v for k, v in all_held().items() if k != "p6_sigma_rises"}, MARGINS)["paper's σ claim"]
+        == "not yet measured"
+    )
 
 
 def test_the_designs_power_column_from_version_2s_intervals():
@@ -95,20 +150,30 @@ def test_the_designs_power_column_from_version_2s_intervals():
     r = json.loads((ROOT / "studies" / "mechanism" / "results" / "v2" / "results.json").read_text())
     d, arm = r["differences"], "bi-gate-lr0.1"
     primary = "primary: F's step t below every step of C"
-    intervals = {"p1_beats_l2r": d[primary][f"{arm} − l2r"], "p2_not_worse_on_L": d["P2: L rows, first error exact"][f"{arm} − l2r"],
-                 "p3_as_good_as_r2l": d[primary][f"{arm} − r2l"], "p4_as_good_as_static": d[primary][f"{arm} − bi-static"],
-                 "p5_sigma_at_error": r["post_hoc"]["sigma_contrasts"][arm][v3.SAME_FORMAT]}
+    intervals = {
+        "p1_beats_l2r": d[primary][f"{arm} − l2r"],
+        "p2_not_worse_on_L": d["P2: L rows, first error exact"][f"{arm} − l2r"],
+        "p3_as_good_as_r2l": d[primary][f"{arm} − r2l"],
+        "p4_as_good_as_static": d[primary][f"{arm} − bi-static"],
+        "p5_sigma_at_error": r["post_hoc"]["sigma_contrasts"][arm][v3.SAME_FORMAT],
+    }
     got = v3.prediction_power(intervals, MARGINS, DESIGN["power_at"], DESIGN["level"], scale=math.sqrt(3 / 20))
     got = {k: {true: round(100 * p) for true, p in v.items()} for k, v in got.items()}
-    assert got == {"p1_beats_l2r": {"+10": 67, "+15": 100}, "p2_not_worse_on_L": {"+0": 100},
-                   "p3_as_good_as_r2l": {"+0": 82, "-10": 82}, "p4_as_good_as_static": {"+0": 83},
-                   "p5_sigma_at_error": {"+0": 100, "+0.1": 100}}
+    assert got == {
+        "p1_beats_l2r": {"+10": 67, "+15": 100},
+        "p2_not_worse_on_L": {"+0": 100},
+        "p3_as_good_as_r2l": {"+0": 82, "-10": 82},
+        "p4_as_good_as_static": {"+0": 83},
+        "p5_sigma_at_error": {"+0": 100, "+0.1": 100},
+    }
     half = (intervals["p5_sigma_at_error"]["high"] - intervals["p5_sigma_at_error"]["low"]) / 2
     assert round(half, 4) == 0.0008  # "version 2's interval half-width at 3 seeds was 0.0008"
 
 
 def row(question: str, steps: list[str], t: int, right: str) -> Trajectory:
-    return Trajectory(question, steps, labels=[1.0] * len(steps), meta={"kind": "R", "step": t, "from": right, "to": "0"})
+    return Trajectory(
+        question, steps, labels=[1.0] * len(steps), meta={"kind": "R", "step": t, "from": right, "to": "0"}
+    )
 
 
 def test_the_readable_value_covariate():
@@ -117,10 +182,16 @@ def test_the_readable_value_covariate():
     assert v3.readable(row(q, ["She buys 12 more", "So 24", "The answer is 24"], 1, "24"))  # 12 + 12: one number twice
     assert v3.readable(row(q, ["x", "y", "z"], 1, "0.75"))  # 3 ÷ 4
     assert not v3.readable(row(q, ["x", "y", "z"], 0, "43"))  # 43 is no +, −, ×, ÷ of 12, 3, 4
-    assert not v3.readable(row(q, ["12 * 3 = 36", "36 + 7 = 43", "The answer is 43"], 0, "43"))  # steps from t on are not read
+    assert not v3.readable(
+        row(q, ["12 * 3 = 36", "36 + 7 = 43", "The answer is 43"], 0, "43")
+    )  # steps from t on are not read
     assert v3.readable(row(q, ["12 * 3 = 36", "36 + 7 = 43", "The answer is 43"], 1, "48"))  # 12 × 4, or 36 + 12
-    assert v3.readable(row("A 7.5 m rope is cut in 2.", ["Each is 3.75 m", "The answer is 3.75"], 0, "3.75"))  # 7.5 ÷ 2 exactly
-    assert not v3.readable(row("Split 10 among 3.", ["Each gets 3.33", "The answer is 3.33"], 0, "3.33"))  # 10 ÷ 3 is not 3.33
+    assert v3.readable(
+        row("A 7.5 m rope is cut in 2.", ["Each is 3.75 m", "The answer is 3.75"], 0, "3.75")
+    )  # 7.5 ÷ 2 exactly
+    assert not v3.readable(
+        row("Split 10 among 3.", ["Each gets 3.33", "The answer is 3.33"], 0, "3.33")
+    )  # 10 ÷ 3 is not 3.33
 
 
 def test_the_readable_share_on_version_2s_test_questions_is_the_reviews(data_dir):
@@ -145,23 +216,39 @@ def test_sigma_rises_with_position_per_seed_and_on_average():
     falling = sigma_scores([[0.9, 0.5, 0.1], [0.9, 0.1], [0.9, 0.7, 0.3, 0.1], [0.5]])
     rows = np.arange(4)
     r = v3.sigma_rises([rising, rising], rows, level=0.975, resamples=50)
-    assert r["per_run"] == [pytest.approx(1.0)] * 2 and (r["mean"], r["low"], r["high"]) == pytest.approx((1.0, 1.0, 1.0))
-    # positions 0, .5, 1 | 0, 1 | 0, 1/3, 2/3, 1 against σ; one rising and one falling seed: mean 0, interval on both sides
+    assert r["per_run"] == [pytest.approx(1.0)] * 2 and (r["mean"], r["low"], r["high"]) == pytest.approx(
+        (1.0, 1.0, 1.0)
+    )
+    # positions 0, .5, 1 | 0, 1 | 0, 1/3, 2/3, 1 against σ; one rising and one falling seed: mean 0, interval on both
+    # sides
     both = v3.sigma_rises([rising, falling], rows, level=0.975, resamples=200)
     assert both["per_run"][0] == pytest.approx(-both["per_run"][1]) and both["mean"] == pytest.approx(0.0)
     assert both["low"] < 0 < both["high"]
     flat = sigma_scores([[0.5, 0.4, 0.6], [0.6, 0.5], [0.5, 0.6, 0.4, 0.5], [0.5]])
-    assert v3.sigma_rises([flat], rows, 0.975, resamples=10)["per_run"][0] == pytest.approx(v3.spearman(
-        [0, 0.5, 1, 0, 1, 0, 1 / 3, 2 / 3, 1], [0.5, 0.4, 0.6, 0.6, 0.5, 0.5, 0.6, 0.4, 0.5]))
+    assert v3.sigma_rises([flat], rows, 0.975, resamples=10)["per_run"][0] == pytest.approx(
+        v3.spearman([0, 0.5, 1, 0, 1, 0, 1 / 3, 2 / 3, 1], [0.5, 0.4, 0.6, 0.6, 0.5, 0.5, 0.6, 0.4, 0.5])
+    )
 
 
 def test_the_verdict_reads_one_machine_and_complete_sets_of_seeds(tmp_path):
-    cfg = MechanismConfig(**{k: v for k, v in DESIGN.items() if k not in ("device",)} | dict(
-        version=3, out=str(tmp_path), work_dir=str(tmp_path / "w"), seeds={"l2r": 3, "r2l": 3, "bi-gate-lr0.1": 3}))
+    cfg = MechanismConfig(
+        **{k: v for k, v in DESIGN.items() if k not in ("device",)}
+        | dict(
+            version=3, out=str(tmp_path), work_dir=str(tmp_path / "w"), seeds={"l2r": 3, "r2l": 3, "bi-gate-lr0.1": 3}
+        )
+    )
     (tmp_path / "runs").mkdir()
     gpu, cpu = {"device": "NVIDIA H200", "bf16": True}, {"device": "cpu", "bf16": False}
-    machine = {("l2r", 1106): gpu, ("r2l", 1106): gpu, ("bi-gate-lr0.1", 1106): gpu, ("l2r", 1107): gpu, ("r2l", 1107): cpu,
-               ("bi-gate-lr0.1", 1107): gpu, ("l2r", 1108): gpu, ("r2l", 1108): gpu}  # r2l 1107 elsewhere; no gate 1108
+    machine = {
+        ("l2r", 1106): gpu,
+        ("r2l", 1106): gpu,
+        ("bi-gate-lr0.1", 1106): gpu,
+        ("l2r", 1107): gpu,
+        ("r2l", 1107): cpu,
+        ("bi-gate-lr0.1", 1107): gpu,
+        ("l2r", 1108): gpu,
+        ("r2l", 1108): gpu,
+    }  # r2l 1107 elsewhere; no gate 1108
     groups = {}
     for (arm, seed), m in machine.items():
         name = f"{arm}-seed{seed}"
@@ -170,7 +257,10 @@ def test_the_verdict_reads_one_machine_and_complete_sets_of_seeds(tmp_path):
     chosen = v3.verdict_runs(cfg, groups | {"2×L2R": [("l2r-seed1106 + l2r-seed1107", None)]})
     assert chosen["machine"] == gpu and chosen["apart"] == {"r2l-seed1107": cpu}
     assert chosen["seeds"] == [1106] and {g: [n for n, _ in r] for g, r in chosen["groups"].items()} == {
-        "l2r": ["l2r-seed1106"], "r2l": ["r2l-seed1106"], "bi-gate-lr0.1": ["bi-gate-lr0.1-seed1106"]}
+        "l2r": ["l2r-seed1106"],
+        "r2l": ["r2l-seed1106"],
+        "bi-gate-lr0.1": ["bi-gate-lr0.1-seed1106"],
+    }
     assert chosen["provisional"] == ["r2l 2 of 3", "bi-gate-lr0.1 2 of 3"]
 
 
@@ -186,8 +276,19 @@ def toy_config(tmp_path: Path, **over) -> Path:
     """The shipped YAML at toy size on this machine's CPU: every key the same, the sizes and the machine shrunk."""
     written = yaml.safe_load(CONFIG.read_text())
     written |= dict(out=str(tmp_path / "out"), work_dir=str(tmp_path / "work"), bf16="no", top_layers=1) | over
-    written |= dict(device="cpu", backbone="tiny", train_questions=12, valid_questions=8, test_questions=8, batch_size=8, epochs=1.0,
-                    seeds={"l2r": 2, "r2l": 2, "bi-static": 2, "bi-gate-lr0.1": 2}, processbench_rows=8, bon_questions=4, save_every=1)
+    written |= dict(
+        device="cpu",
+        backbone="tiny",
+        train_questions=12,
+        valid_questions=8,
+        test_questions=8,
+        batch_size=8,
+        epochs=1.0,
+        seeds={"l2r": 2, "r2l": 2, "bi-static": 2, "bi-gate-lr0.1": 2},
+        processbench_rows=8,
+        bon_questions=4,
+        save_every=1,
+    )
     path = tmp_path / "v3.yaml"
     path.write_text(CONFIG.read_text().splitlines()[0] + "\n" + yaml.safe_dump(written, allow_unicode=True))
     return path
@@ -203,12 +304,25 @@ def test_toy_mechanism_v3_runs_resumes_refuses_another_machine_and_reports(data_
     assert not (out / "pilot.json").exists()  # no pilot
     assert {json.loads((out / "runs" / f"{n}.json").read_text())["lr"] for n in names} == {1e-4}
     result = json.loads((out / "results.json").read_text())
-    assert result["seeds"] == [1106, 1107] and result["apart"] == {} and result["machine"] == {"device": "cpu", "bf16": False}
+    assert (
+        result["seeds"] == [1106, 1107]
+        and result["apart"] == {}
+        and result["machine"] == {"device": "cpu", "bf16": False}
+    )
     assert result["verdict"]["outcome"] in ("supported", "contradicted", "not decided at this power")
     assert set(result["verdict"]["predictions"]) == set(v3.PREDICTIONS)
-    assert 0 <= result["covariate"]["readable_share"] <= 1 and set(result["r2l_share_at_t"]) == {"bi-gate-lr0.1-seed1106", "bi-gate-lr0.1-seed1107"}
+    assert 0 <= result["covariate"]["readable_share"] <= 1 and set(result["r2l_share_at_t"]) == {
+        "bi-gate-lr0.1-seed1106",
+        "bi-gate-lr0.1-seed1107",
+    }
     report = (out / "report.md").read_text()
-    for text in ("## The predictions", "format rule, ties broken at random", "Covariate", "σ(C) − σ(F)", "one standard"):
+    for text in (
+        "## The predictions",
+        "format rule, ties broken at random",
+        "Covariate",
+        "σ(C) − σ(F)",
+        "one standard",
+    ):
         assert text in report
     stamp = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
     mechanism(["--config", str(config), "--data-root", str(data_dir)])  # a rerun trains nothing

@@ -45,10 +45,15 @@ PAY = Trajectory(
 
 
 def test_gsm8k_reference_drops_annotations_and_rewrites_the_final_line():
-    answer = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether.\n#### 72"
+    answer = (
+        "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips "
+        "altogether.\n#### 72"
+    )
     traj = gsm8k_reference("How many clips?", answer, "row 1")
     assert traj.steps == [
-        "Natalia sold 48/2 = 24 clips in May.", "Natalia sold 48+24 = 72 clips altogether.", "The answer is 72.",
+        "Natalia sold 48/2 = 24 clips in May.",
+        "Natalia sold 48+24 = 72 clips altogether.",
+        "The answer is 72.",
     ]
     assert traj.labels == [1.0, 1.0, 1.0]
     assert traj.answer == "72" and traj.meta["source"] == "gsm8k"
@@ -140,8 +145,13 @@ def _jsonl_gz(path, rows):
 
 def _prmbench_row(idx, question, process, modified_question=None, cls="circular"):
     return {
-        "idx": idx, "classification": cls, "original_question": question, "modified_question": modified_question or question,
-        "original_process": process, "modified_process": [*process[:-1], "A wrong step."], "error_steps": [len(process)],
+        "idx": idx,
+        "classification": cls,
+        "original_question": question,
+        "modified_question": modified_question or question,
+        "original_process": process,
+        "modified_process": [*process[:-1], "A wrong step."],
+        "error_steps": [len(process)],
     }
 
 
@@ -149,7 +159,8 @@ def _gsm8k_row(i):
     n, left = 3 * i, 3 * i - 2
     return {
         "question": f"Sam has {i} bags of 3 apples and eats 2 (case {i}). How many are left?",
-        "answer": f"Sam has {i} x 3 = <<{i}*3={n}>>{n} apples.\nHe has {n} - 2 = <<{n}-2={left}>>{left} left.\n#### {left}",
+        "answer": f"Sam has {i} x 3 = <<{i}*3={n}>>{n} apples.\nHe has {n} - 2 = <<{n}-2={left}>>{left} left.\n#### "
+        f"{left}",
     }
 
 
@@ -160,8 +171,13 @@ def root(tmp_path):
     one_step = _prmbench_row("p1", "What is 2+2?", ["4."])
     leaked = _prmbench_row("p2", "What is 3+3?", ["3+3=6.", "So 6."], modified_question="A test question.")
     _jsonl_gz(classified / "prm800k_train_p1_first400_4o_circular.jsonl.gz", [a, one_step, leaked])
-    _jsonl_gz(classified / "prm800k_train_p1_first400_4o_confidence.jsonl.gz", [{**a, "modified_process": ["1+1=3.", "So 3."]}])
-    _jsonl_gz(classified / "prm800k_test_p1_4o_circular.jsonl.gz", [_prmbench_row("t0", "A test question.", ["x.", "y."])])
+    _jsonl_gz(
+        classified / "prm800k_train_p1_first400_4o_confidence.jsonl.gz",
+        [{**a, "modified_process": ["1+1=3.", "So 3."]}],
+    )
+    _jsonl_gz(
+        classified / "prm800k_test_p1_4o_circular.jsonl.gz", [_prmbench_row("t0", "A test question.", ["x.", "y."])]
+    )
     _jsonl_gz(tmp_path / "gsm8k" / "train.jsonl.gz", [_gsm8k_row(i) for i in range(2, 42)])
     (tmp_path / "gsm8k" / "test.jsonl").write_text(json.dumps(_gsm8k_row(7)) + "\n")
     return tmp_path
@@ -171,8 +187,13 @@ def test_prmbench_train_drops_repeated_originals(root):
     trajs, repeats = prmbench_train(str(root))
     assert repeats == 1  # p0's clean process, in both class files
     assert [(t.meta["idx"], t.meta["kind"]) for t in trajs] == [
-        ("p0", "original"), ("p0", "modified"), ("p1", "original"), ("p1", "modified"),
-        ("p2", "original"), ("p2", "modified"), ("p0", "modified"),
+        ("p0", "original"),
+        ("p0", "modified"),
+        ("p1", "original"),
+        ("p1", "modified"),
+        ("p2", "original"),
+        ("p2", "modified"),
+        ("p0", "modified"),
     ]
     assert {t.meta["group"] for t in trajs} == {"prmbench:p0", "prmbench:p1", "prmbench:p2"}
 

@@ -1,4 +1,5 @@
 """The replication recipe end to end at toy size (tiny backbone, a few rows of every real set)."""
+
 import dataclasses
 import json
 
@@ -19,9 +20,21 @@ def test_runs_cover_every_mode_before_repeating_seeds():
 @pytest.mark.slow
 def test_toy_replication_runs_resumes_and_reports(data_dir, tmp_path):
     cfg = ReplicateConfig(
-        preset="toy", out=str(tmp_path / "out"), work_dir=str(tmp_path / "work"), data_root=str(data_dir), backbone="tiny",
-        top_layers=1, seeds={"l2r": 1, "bi": 2}, data=DataRecipe(prmbench_rows=12, gsm8k_questions=12, valid_fraction=0.25),
-        processbench_rows=6, prmbench_rows=8, bon_questions=3, batch_size=4, save_every=2, bf16="no", max_length=2048,
+        preset="toy",
+        out=str(tmp_path / "out"),
+        work_dir=str(tmp_path / "work"),
+        data_root=str(data_dir),
+        backbone="tiny",
+        top_layers=1,
+        seeds={"l2r": 1, "bi": 2},
+        data=DataRecipe(prmbench_rows=12, gsm8k_questions=12, valid_fraction=0.25),
+        processbench_rows=6,
+        prmbench_rows=8,
+        bon_questions=3,
+        batch_size=4,
+        save_every=2,
+        bf16="no",
+        max_length=2048,
     )
     results = replicate(cfg)
     out = tmp_path / "out"
@@ -34,7 +47,14 @@ def test_toy_replication_runs_resumes_and_reports(data_dir, tmp_path):
     assert 0 <= bi["processbench"]["fixed"]["average_f1"] <= 100
     assert "overall" in bi["prmbench"]["classes"] and bi["bon"]["ns"] == [2, 4, 8, 12]
     assert len(bi["sigma_by_position"]["mean"]) == 10
-    for name in ("report.md", "results.json", "sigma_by_position.png", "mae_by_position.png", "sigma_histograms.png", "data_report.json"):
+    for name in (
+        "report.md",
+        "results.json",
+        "sigma_by_position.png",
+        "mae_by_position.png",
+        "sigma_histograms.png",
+        "data_report.json",
+    ):
         assert (out / name).is_file(), name
     assert "PRMScore overall" in (out / "report.md").read_text()
 
@@ -58,7 +78,9 @@ def test_toy_replication_runs_resumes_and_reports(data_dir, tmp_path):
 def test_a_results_folder_of_another_study_is_refused(tmp_path):
     from studies.replication.recipe import check_study
 
-    cfg = ReplicateConfig(preset="toy", out=str(tmp_path), work_dir=str(tmp_path / "w"), data_root="/data", processbench_rows=6)
+    cfg = ReplicateConfig(
+        preset="toy", out=str(tmp_path), work_dir=str(tmp_path / "w"), data_root="/data", processbench_rows=6
+    )
     (tmp_path / "meta.json").write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
     check_study(dataclasses.replace(cfg, work_dir="/elsewhere", data_root="/other"))  # paths are not the study
     with pytest.raises(ValueError, match=r"holds the runs of another study \(processbench_rows: 6 then, 30 now\)"):
@@ -82,8 +104,11 @@ def test_a_study_keeps_glibcs_mmap_threshold_and_trims_between_runs(tmp_path, mo
 
 
 @pytest.mark.parametrize("env, expected", [("1", 1), (None, "affinity")])
-def test_a_study_takes_its_thread_count_from_omp_num_threads_else_the_cores_it_may_use(tmp_path, monkeypatch, env, expected):
-    # Forced to every core while other work ran on the 2 shared cores, a mechanism run took 24 s a step; one thread, 7 s.
+def test_a_study_takes_its_thread_count_from_omp_num_threads_else_the_cores_it_may_use(
+    tmp_path, monkeypatch, env, expected
+):
+    # Forced to every core while other work ran on the 2 shared cores, a mechanism run took 24 s a step; one thread, 7
+    # s.
     import os
 
     import torch

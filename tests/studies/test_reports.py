@@ -2,6 +2,7 @@
 
 The committed results folder is copied aside and its report rewritten there by the study's own command, so a change
 anywhere in biprm that moves a committed number fails here instead of silently in the next rerun of a study."""
+
 import json
 import shutil
 from pathlib import Path
@@ -47,11 +48,18 @@ def test_report_only_reproduces_the_committed_tables(case, tmp_path, request):
         argv += ["--data-root", str(request.getfixturevalue("data_dir"))]
     committed = ROOT / "studies" / study / results
     shutil.copytree(committed, tmp_path / "out")
-    settings, recipe = {"rl": (RLStudyConfig, rl), "replication": (ReplicateConfig, replication), "mechanism": (MechanismConfig, mechanism)}[study]
+    settings, recipe = {
+        "rl": (RLStudyConfig, rl),
+        "replication": (ReplicateConfig, replication),
+        "mechanism": (MechanismConfig, mechanism),
+    }[study]
     run_program(settings, recipe, f"python -m studies.{study}", argv)
     assert (tmp_path / "out" / "report.md").read_text() == (committed / "report.md").read_text()
     if (committed / "results.json").is_file():
-        assert close(json.loads((tmp_path / "out" / "results.json").read_text()), json.loads((committed / "results.json").read_text()))
+        assert close(
+            json.loads((tmp_path / "out" / "results.json").read_text()),
+            json.loads((committed / "results.json").read_text()),
+        )
 
 
 @pytest.mark.parametrize("kept", ["gsm8k-study", "gsm8k-study-gpu"])
@@ -62,4 +70,6 @@ def test_the_search_studys_summary_comes_back_from_its_records_alone(kept, tmp_p
     shutil.copytree(committed, tmp_path / kept)
     report(tmp_path / "unused", tmp_path / kept)
     assert (tmp_path / kept / "summary.md").read_text() == (committed / "summary.md").read_text()
-    assert close(json.loads((tmp_path / kept / "summary.json").read_text()), json.loads((committed / "summary.json").read_text()))
+    assert close(
+        json.loads((tmp_path / kept / "summary.json").read_text()), json.loads((committed / "summary.json").read_text())
+    )
