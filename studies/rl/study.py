@@ -317,7 +317,8 @@ def run_study(cfg: RLStudyConfig) -> None:
             result = run_arm(cfg, arm, seed, policy, scorers, prompts, evals, work)
             path.write_text(json.dumps({**result, "config": asdict(cfg)}))
             write_report(cfg)
-    write_report(cfg)
+    print(write_report(cfg))  # the tables, then where the report lies
+    print(f"\nwrote {out / 'report.md'}")
 
 
 # ---- 4. the report -------------------------------------------------------------------------------
