@@ -396,8 +396,8 @@ class DemoConfig:
         min=1,
     )
     mix: list[float] = arg(
-        help="shares of correct, calculation-error and claim-error solutions",
-        factory=lambda: [0.45, 0.1, 0.45],
+        help="shares of correct, calculation-error and claim-error solutions (calc-heavy, as Best-of-N pools are)",
+        factory=lambda: [0.4, 0.4, 0.2],
         min=0,
         max=1,
     )

@@ -125,6 +125,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     task = dict(mix=cfg.mix, events=cfg.events)
     data = write_trajectories(out / "train.jsonl", make_dataset(cfg.n_train, cfg.seed, **task))
     dev, test, pools = held_out(cfg.seed, cfg.n_test, cfg.bon_questions, cfg.bon_candidates, cfg.mix, cfg.events)
+    print(WHAT_TO_LOOK_AT)
     results = {}
     for mode in cfg.modes.split(","):
         start = time.process_time()  # the work of every thread of this process, whatever else the machine runs
@@ -152,6 +153,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     text_free = text_free_rows(dev, test, pools, next(iter(results.values()))["bon"]["ns"])
     print("\n" + table(results, text_free))
     print("\n" + verdict_line(results, text_free))
+    print(picks_line(results, text_free))
     print(
         "A tiny random backbone on a synthetic task: this shows every mode training and being evaluated end to end;"
         "\nits ordering moves with the seed, CPU and thread count and is not evidence for or against BiPRM."
@@ -164,6 +166,33 @@ def run_demo(cfg: DemoConfig) -> dict:
         plot_sigma_by_position(results["bi"]["sigma_by_position"], str(out / "sigma_by_position.png"))
     print(f"\nwrote {out / 'results.json'}" + (f" and {out / 'sigma_by_position.png'}" if "bi" in results else ""))
     return results
+
+
+WHAT_TO_LOOK_AT = (
+    "biprm demo: l2r, r2l, bi-static and bi, trained from scratch on a tiny random backbone, on a synthetic"
+    "\ntask with two error kinds: calc (a wrong equation: the answer changes) and claim (a wrong bare value that"
+    "\na later step contradicts: the answer stays right). What to look at in the table at the end: 'calc exact'"
+    "\n(is the answer-changing error found at its step?) and BoN@n (are right answers picked?), each against"
+    "\nthe rows beneath it that read no step text."
+)
+
+
+def picks_line(results: dict, text_free: dict[str, dict]) -> str:
+    """Modes that pick better than a random candidate at every n of Best-of-N, and than majority vote at some n."""
+    ns = next(iter(results.values()))["bon"]["ns"]
+    chance, vote = (
+        next(r["bon"]["bon"] for name, r in text_free.items() if name.startswith(k)) for k in ("random", "majority")
+    )
+    above = [m for m, r in results.items() if all(r["bon"]["bon"][n] > chance[n] for n in ns)]
+    beats = [
+        f"{m} (n = {', '.join(str(n) for n in ns if r['bon']['bon'][n] > vote[n])})"
+        for m, r in results.items()
+        if any(r["bon"]["bon"][n] > vote[n] for n in ns)
+    ]
+    return (
+        f"Best-of-N above a random pick at every n: {', '.join(above) or 'none'}; "
+        f"above majority vote at some n: {', '.join(beats) or 'none'}."
+    )
 
 
 def judged(r: dict) -> dict[str, float]:

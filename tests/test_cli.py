@@ -877,6 +877,20 @@ def test_the_demo_says_which_modes_are_above_every_row_that_reads_no_text():
     assert verdict_line({"l2r": results["l2r"]}, text_free).startswith("No mode is above")
 
 
+def test_the_demo_says_which_modes_pick_above_a_random_candidate_and_majority_vote():
+    from biprm.demo import picks_line
+
+    bon = lambda *at: {"bon": {"ns": [4, 8], "bon": dict(zip([4, 8], at))}}  # noqa: E731
+    results = {"l2r": bon(60.0, 62.0), "r2l": bon(60.0, 40.0), "bi": bon(70.0, 50.0)}
+    text_free = {"random pick": bon(45.0, 45.0), "majority vote (fair ties)": bon(65.0, 80.0)}
+    assert picks_line(results, text_free) == (
+        "Best-of-N above a random pick at every n: l2r, bi; above majority vote at some n: bi (n = 4)."
+    )
+    assert picks_line({"r2l": results["r2l"]}, text_free).endswith(
+        "every n: none; above majority vote at some n: none."
+    )
+
+
 @pytest.mark.parametrize(
     "cuda, module, command, hint",
     [
