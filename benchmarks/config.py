@@ -90,7 +90,7 @@ class BenchConfig:
         "where bench-<shape>[-quick].{json,md} and the scaling PNG go (serve-<shape>, vllm-<shape>, "
         "bench-<shape>-search for those presets)",
     )
-    threads: int = arg(0, "torch threads; 0: every core")
+    threads: int = arg(0, "torch threads; 0: every core (fastest on free cores; pass 1 where other jobs share them)")
     seed: int = arg(0, "seed of the sampled solutions")
     memory: bool = arg(True, "probe the peak memory of each configuration")
     dtypes: str = arg(
