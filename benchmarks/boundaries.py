@@ -26,8 +26,7 @@ JOINS = {repr("\n\n"): "a blank line", repr(" "): "a space"}  # how the table na
 
 def run(cfg: BoundaryBenchConfig) -> dict:
     """Per join and segmenter, over all rows and per subset: `agreement` of its cuts with the given steps; first-error
-    F1
-    of the text-free rules on the given labels, and with --model, of the model's scores of each cut (and of the given
+    F1 of the text-free rules on the given labels, and with --model, of the model's scores of each cut (and of the given
     steps), its predictions mapped back to the given steps by character offset."""
     trajs = load_processbench(cfg.data_root, tuple(cfg.subsets), cfg.limit)
     tokenizer = None

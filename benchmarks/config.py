@@ -42,16 +42,16 @@ PRESETS = {  # smoke: every code path in seconds on the tiny shape (tests)
         extra=True,
         scaling=True,
     ),
-    # servers on loopback (benchmarks.serve, benchmarks.vllm): requests per measurement, clients, seconds per
-    # measurement
+    # servers on loopback (benchmarks.serve, benchmarks.vllm):
+    # requests per measurement, clients, seconds per measurement
     "serve": dict(
         requests=192, concurrency=[1, 8, 32], compare_at=32, overload_clients=256, overload_queue=32, time_limit_s=240.0
     ),
     "vllm": dict(questions=8, requests=64, compare_at=8, time_limit_s=300.0),
     # benchmarks.search: beam search of depth 8, width 4, 16 paths per question; `group` questions per PathScorer call
     "search": dict(questions=32, depth=8, width=4, paths=16, group=8),
-    # benchmarks.long: one trace of each length (tokens per stream); the dense tree up to tree_max; tiny training at
-    # train_length
+    # benchmarks.long: one trace of each length (tokens per stream);
+    # the dense tree up to tree_max; tiny training at train_length
     "long": dict(lengths=[1024, 4096, 8192, 16384], layers=30, tree_max=4096, train_length=8192),
 }
 SIZES = (

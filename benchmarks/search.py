@@ -154,8 +154,7 @@ def run(cfg: BenchConfig, sizes: dict | None = None, report: Callable[[dict], No
 
 def result_of(header: dict, rows: list[dict], groups: list[list[Level]]) -> dict:
     """The result of the groups `rows` holds: their seconds and tokens summed per configuration and depth; the wall
-    clock
-    of every session up to its last row."""
+    clock of every session up to its last row."""
     depth = len(groups[0])
     seconds = {name: np.zeros(depth) for name in CONFIGS}
     tokens = {name: np.zeros((depth, 3), dtype=np.int64) for name in CONFIGS}  # prompt, l2r, r2l

@@ -374,8 +374,7 @@ def latency_item(median: dict[str, float], solutions: int, where: str) -> Item:
 
 def vllm_dtype(run: Path, out: Path) -> Item:
     """The dtype `vllm serve EXPORT` picks under `--dtype auto`, asked of vLLM; "not checked" where vLLM is not
-    installed
-    (comparing the export's config with a rule written here could not fail)."""
+    installed (comparing the export's config with a rule written here could not fail)."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:

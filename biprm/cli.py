@@ -252,8 +252,7 @@ def _settings_flags(p: HfArgumentParser, settings: type, run: Callable) -> None:
 
 def _grouped(parser: argparse.ArgumentParser, settings: type) -> None:
     """--help in sections (data, model, ...) for the fields that name one (`biprm.config.arg`'s `group`), so a long list
-    of
-    flags reads by what each is about; a field without one stays under "options"."""
+    of flags reads by what each is about; a field without one stays under "options"."""
     sections: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(settings):
         if title := f.metadata.get("group"):

@@ -45,9 +45,9 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 PROCESSBENCH_SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
 CHECKPOINT_ROLES = ("l2r", "r2l", "bi-static", "bi", "l2r-2", "r2l-2")  # what `eval ablations` takes
 TOKENS_PER_ROW = 512  # longer tree rows pay more in masked attention than the shared prompt saves (benchmarks/)
-# a batch with a unit (tree or stream) past this many tokens gets one plain causal row per stream and no mask: memory
-# linear
-# in length, the causal kernel; below it the tree's shared prompt is faster (docs/LONG_TRACES.md has the measurement)
+# a batch with a unit (tree or stream) past this many tokens gets one plain causal
+# row per stream and no mask: memory linear in length, the causal kernel; below it
+# the tree's shared prompt is faster (docs/LONG_TRACES.md has the measurement)
 DENSE_MAX = 1024
 MAX_LENGTH = (
     4096  # tokens per stream when scoring (score, eval, serve) unless set; trailing steps past it are not scored
@@ -100,8 +100,7 @@ EXTRAS = {  # pyproject extra: the modules it installs
 
 def check_extras(needed: dict[str, str]) -> None:
     """Refuse at once, naming its install command, a flag whose optional extra is missing (extra -> the flag that needs
-    it):
-    otherwise it fails minutes later, after the backbone and data have loaded, in a long traceback."""
+    it): otherwise it fails minutes later, after the backbone and data have loaded, in a long traceback."""
     for extra, flag in needed.items():
         missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None]
         if missing:

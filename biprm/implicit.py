@@ -71,11 +71,10 @@ def reading(path: str, kind: str, reference: str | None, tokenizer: PreTrainedTo
 
 def stream_row(enc: Encoded, stream: str, read: Reading) -> tuple[list[int], np.ndarray]:
     """One stream as the card's chat text: the prompt, then the steps in the stream's order joined by the tag
-    ("\\n\\n"),
-    the answer closed by the end token (<|im_end|>, `Template.close`) in place of the last step's tag; and, in forward
-    step order, the index j of each step's q among the row's log-ratios (j is that of token j + 1). As the EurusPRM
-    cards index it (`len(ids) - 2` of each prefix's chat text), q of a step the stream goes on after runs through the
-    token after its tag (the next step's first), and q of the stream's last step through the end token."""
+    ("\\n\\n"), the answer closed by the end token (<|im_end|>, `Template.close`) in place of the last step's tag; and,
+    in forward step order, the index j of each step's q among the row's log-ratios (j is that of token j + 1). As the
+    EurusPRM cards index it (`len(ids) - 2` of each prefix's chat text), q of a step the stream goes on after runs
+    through the token after its tag (the next step's first), and q of the stream's last step through the end token."""
     pieces = stream_order(enc.steps, stream)
     pieces = [*pieces[:-1], pieces[-1][: -read.tag_length] + [read.close_id]]
     reads = len(enc.prompt) - 1 + np.cumsum([len(p) for p in pieces])
@@ -120,9 +119,8 @@ def read_steps(
     ratio: torch.Tensor, built: list[tuple[list[int], np.ndarray]], prompt_lengths: list[int], mode: str
 ) -> BiPRMOutput:
     """The per-step logits of `stream_row`'s rows (`built`, stream by stream, each over the same trajectories) from
-    their
-    beta-scaled per-token log-ratios [rows, width - 1] (right-padded): q summed from the prompt's last token, as the
-    cards' mask does, and read where `stream_row` says; bi-static fuses the streams' q half and half."""
+    their beta-scaled per-token log-ratios [rows, width - 1] (right-padded): q summed from the prompt's last token, as
+    the cards' mask does, and read where `stream_row` says; bi-static fuses the streams' q half and half."""
     streams = MODE_TABLE[mode].streams
     starts = torch.tensor([p - 2 for p in prompt_lengths] * len(streams), device=ratio.device)
     counted = torch.arange(ratio.shape[1], device=ratio.device)[None] >= starts[:, None]

@@ -168,10 +168,9 @@ class BiPRMModel(PreTrainedModel):
         cls, pretrained_model_name_or_path, *args, prm_kind: str | None = None, prm_mode: str = "l2r", **kwargs
     ) -> "BiPRMModel":
         """transformers' loader, after `check_checkpoint`: a wrong local folder is named in one line, a missing one
-        never goes to the Hub.
-        A folder of another PRM kind (biprm.prms; detected, or named by `prm_kind`) loads through `from_prm`, in
-        `prm_mode`
-        (l2r: as shipped; bi-static or r2l: also, or only, reading its steps reversed, untrained)."""
+        never goes to the Hub. A folder of another PRM kind (biprm.prms; detected, or named by `prm_kind`) loads through
+        `from_prm`, in `prm_mode` (l2r: as shipped; bi-static or r2l: also, or only, reading its steps reversed,
+        untrained)."""
         path = str(pretrained_model_name_or_path)
         check_checkpoint(path, prm_kind)
         if Path(path).is_dir() and (kind := detect(path, prm_kind)) != "biprm":
@@ -228,9 +227,8 @@ class BiPRMModel(PreTrainedModel):
         r2l_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The body's hidden states at the step tags of `pack`'s layout: the L2R tags, then the R2L ones, each in
-        forward
-        step order. Apart from `forward`, a scorer that reads a long trajectory's streams in different windows calls
-        it."""
+        forward step order. Apart from `forward`, a scorer that reads a long trajectory's streams in different windows
+        calls it."""
         mask = self._for_backend(attention_mask(unit_ids, stream_ids))
         hidden = self.backbone(
             input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False

@@ -149,9 +149,8 @@ def deepspeed_layout(checkpoint: Path, record: dict | None) -> tuple[int, int]:
 
 def _deepspeed_lacks(checkpoint: Path, record: dict | None) -> list[str]:
     """What DeepSpeed's `load_checkpoint` and the Trainer read from a DeepSpeed checkpoint and `checkpoint` does not
-    hold:
-    every rank's optimizer shard (ZeRO >= 1) and, under ZeRO-3, model shard; the whole model states below ZeRO-3; the
-    Trainer's scheduler.pt unless the DeepSpeed config builds its own scheduler."""
+    hold: every rank's optimizer shard (ZeRO >= 1) and, under ZeRO-3, model shard; the whole model states below ZeRO-3;
+    the Trainer's scheduler.pt unless the DeepSpeed config builds its own scheduler."""
     latest = checkpoint / "latest"
     tag = latest.read_text().strip() if latest.is_file() else ""
     step = checkpoint / tag

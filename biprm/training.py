@@ -56,9 +56,9 @@ from biprm.packing import pack
 from biprm.trunk import TrunkCache, TrunkCollator, TrunkData, freeze_bottom
 
 log = logging.getLogger(__name__)
-# BiPRMTrainer runs trunk-cache steps through the model's own forward_features, around the DDP wrapper, whose gradient
-# sync arms only in the wrapper's forward: several processes would each train alone. DeepSpeed and FSDP also expect
-# theirs.
+# BiPRMTrainer runs trunk-cache steps through the model's own forward_features,
+# around the DDP wrapper, whose gradient sync arms only in the wrapper's forward:
+# several processes would each train alone. DeepSpeed and FSDP also expect theirs.
 TRUNK_ALONE = (
     "--train-top-layers trains on the trunk cache in one process, without DeepSpeed or FSDP; launch one process, "
     "or add --no-trunk-cache to train the top layers in several"
@@ -189,8 +189,8 @@ class BiPRMTrainer(Trainer):
         inputs = self._prepare_inputs(inputs)
         features = self.accelerator.unwrap_model(model).forward_features
         total = torch.zeros((), device=self.args.device)
-        # the batches of this optimizer step: fewer than --grad-accum in a short last step (set by `train`; a full step
-        # outside it)
+        # the batches of this optimizer step: fewer than --grad-accum
+        # in a short last step (set by `train`; a full step outside it)
         accumulated = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         for part, weight in zip(inputs["parts"], inputs["shares"]):
             with torch.autocast(self.args.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
@@ -381,8 +381,8 @@ def train(
 ) -> str:
     """Train one model into `cfg.output_dir`; `encoded`, if given, is the data instead of `cfg.data`: a study's
     training set, encoded once for all its runs with this backbone's tokenizer (it needs the trunk cache:
-    --train-top-layers).
-    Ctrl-C ends in a KeyboardInterrupt whose message says which checkpoint the folder keeps and how to go on from it."""
+    --train-top-layers). Ctrl-C ends in a KeyboardInterrupt whose message says which checkpoint the folder keeps and
+    how to go on from it."""
     try:
         return _train(cfg, callbacks, encoded)
     except KeyboardInterrupt:
@@ -487,9 +487,8 @@ def check_before_loading(cfg: TrainConfig, encoded: list[Encoded] | None) -> str
 
 def engine_facts(cfg: TrainConfig, engine: str) -> dict:
     """The backend, and for DeepSpeed what its checkpoints hold, for the run record: a resume judges a DeepSpeed
-    checkpoint
-    by the ZeRO stage and process count that wrote it, not by the files present (a lost last rank would go unseen), and
-    expects the Trainer's scheduler.pt unless the DeepSpeed config builds its own scheduler."""
+    checkpoint by the ZeRO stage and process count that wrote it, not by the files present (a lost last rank would go
+    unseen), and expects the Trainer's scheduler.pt unless the DeepSpeed config builds its own scheduler."""
     if engine != "deepspeed":
         return {"backend": engine}
     path = cfg.deepspeed or os.environ.get(

@@ -272,9 +272,9 @@ def test_boundary_agreement_counts_given_boundaries_found_and_cuts_near_one_by_h
 def test_a_first_error_predicted_on_a_recut_lands_on_the_given_step_that_holds_it():
     from biprm.analysis.boundaries import f1_interval, first_errors_on_given
 
-    # row 0: re-cut into 3 steps; at 0.5 the third (chars 21-40) is the first below, and char 21 is in given step 1
-    # (12-40);
-    # at 0.65 the second (chars 6-20), which starts in given step 0 (0-10). Row 1: at 0.5 none; at 0.65 its second step
+    # row 0: re-cut into 3 steps; at 0.5 the third (chars 21-40) is the first below,
+    # and char 21 is in given step 1 (12-40); at 0.65 the second (chars 6-20), which
+    # starts in given step 0 (0-10). Row 1: at 0.5 none; at 0.65 its second step
     probs, offsets = np.array([0.9, 0.6, 0.2, 0.9, 0.62]), np.array([0, 3, 5])
     cuts = [[[0, 5], [6, 20], [21, 40]], [[0, 4], [5, 9]]]
     given = [[[0, 10], [12, 40]], [[0, 9]]]

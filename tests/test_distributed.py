@@ -68,9 +68,9 @@ def test_two_processes_reach_the_weights_of_one_at_the_same_global_batch(straigh
     )  # one gloo group, not two lone runs
     for run in straight.values():
         assert max(e.get("step", 0) for e in json.loads((run / "train_log.json").read_text())) == 4
-    # a batch of 4 and two halves of it sum the gradient in another order: 3.4e-6 apart here after 4 steps at lr 1e-3
-    # (6.7e-6 at lr 2e-3); the split alone makes the gap, not DDP: one process splitting it alike lands on the same
-    # weights
+    # a batch of 4 and two halves of it sum the gradient in another order: 3.4e-6
+    # apart here after 4 steps at lr 1e-3 (6.7e-6 at lr 2e-3); the split alone makes
+    # the gap, not DDP: one process splitting it alike lands on the same weights
     assert_same_weights(straight[1], straight[2])
     assert_same_weights(straight[2], straight["split"], atol=0)
 

@@ -594,8 +594,8 @@ def test_a_file_without_gsm8k_rows_gets_a_cross_fitted_threshold_and_flag_step_r
     from biprm.evaluation.processbench import evaluate_processbench, format_processbench, question_halves
     from biprm.scoring.step_scores import StepScores
 
-    # A clean, B wrong at step 1, C clean, D wrong at step 0; every probability is above 0.5, so the fixed 0.5 finds
-    # nothing.
+    # A clean, B wrong at step 1, C clean, D wrong at step 0; every
+    # probability is above 0.5, so the fixed 0.5 finds nothing.
     first = {"A": -1, "B": 1, "C": -1, "D": 0}
     trajs = [
         Trajectory(f"question {q}", ["s1", "s2"], labels=labels_from_first_error(e, 2), meta={"subset": "mine"})

@@ -68,8 +68,8 @@ def test_each_policy_says_what_it_kept(encoder):
 
 def test_windowed_scores_read_each_step_with_its_window_of_context(bi_scorer):
     """L2R reads step t after the steps of the first window that holds it; R2L after the steps of the last one. Each
-    equals
-    scoring exactly that window's steps in one pass, and the fused score fuses the two with the gate as in one pass."""
+    equals scoring exactly that window's steps in one pass, and the fused score fuses the two with the gate as in one
+    pass."""
     traj = _trace(10)
     whole = _policy(bi_scorer.encoder, "head", 10**6).encode(traj)
     lengths = [len(s) for s in whole.steps]
@@ -147,8 +147,7 @@ def test_past_dense_max_a_batch_runs_plain_rows_without_a_mask_and_the_same_scor
 
 def test_a_pool_of_long_candidates_skips_the_prompt_cache_and_its_square_masks(bi_scorer, monkeypatch):
     """Best-of-N candidates past DENSE_MAX tokens run the one-pass layout (plain causal rows) even where the question
-    has
-    enough candidates for the prompt cache, whose per-row masks grow with the square of the row's length."""
+    has enough candidates for the prompt cache, whose per-row masks grow with the square of the row's length."""
     import biprm.scoring.scorer as scorer_module
     from biprm.packing import pack_cached
 

@@ -56,8 +56,8 @@ def test_majority_with_fair_ties():
 
 
 def test_weighted_vote():
-    # @4: q0 "1" .7, "2" .9, "3" .9 -> "2" and "3" tie -> (T + F) / 2; q1 "5" .9 vs "7" 1.35 (T); q2 "4" 1.1 vs "9" .7
-    # (T)
+    # @4: q0 "1" .7, "2" .9, "3" .9 -> "2" and "3" tie -> (T + F)
+    # / 2; q1 "5" .9 vs "7" 1.35 (T); q2 "4" 1.1 vs "9" .7 (T)
     weights = sigmoid(SCORE)
     assert vote(first(4), ANSWER, weights, CORRECT) == pytest.approx([0.5, 1.0, 1.0])
 

@@ -1,6 +1,5 @@
 """The Scorer (`biprm.scoring.scorer`): budgets that follow its device, settings from one dataclass, both attention
-kernels,
-the prompt cache and length-sorted batches that keep the scores, each distinct trajectory scored once, float64
+kernels, the prompt cache and length-sorted batches that keep the scores, each distinct trajectory scored once, float64
 logits."""
 
 import types

@@ -75,8 +75,8 @@ def test_finished_path_competes_for_a_slot_and_is_not_copied():
         n=4,
         width=2,
     )
-    # level 1: root x2 -> "answer early" (finished, 2.0), x; level 2: x x2 -> late 1.0, later 3.0; pool: later, early,
-    # late
+    # level 1: root x2 -> "answer early" (finished, 2.0), x; level
+    # 2: x x2 -> late 1.0, later 3.0; pool: later, early, late
     assert steps(kept) == ["answer later", "answer early"]
 
 
@@ -99,8 +99,8 @@ def test_dvts_subtrees_are_independent_and_greedy():
         "answer d": 0.0,
     }
     s, kept = run(dvts, tree=tree, logits=logits, n=4, width=2)
-    # subtree 0 sees a, b and keeps b (beam search of width 4 would have dropped nothing better); subtree 1 sees c, d,
-    # keeps c
+    # subtree 0 sees a, b and keeps b (beam search of width 4 would
+    # have dropped nothing better); subtree 1 sees c, d, keeps c
     assert [(p.group, p.steps) for p in kept] == [(0, ("b", "answer b")), (1, ("c", "answer c"))]
     assert kept[choose(kept)[0]].steps == ("c", "answer c")
 

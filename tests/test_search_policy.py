@@ -200,8 +200,8 @@ def test_a_policy_that_never_emits_the_step_token_is_capped_and_stops_at_the_dep
 @pytest.mark.slow
 def test_transformers_policy_caps_a_step_and_renders_the_partial_solution():
     policy = HFPolicy.from_pretrained("tiny", max_step_tokens=4, step_token="@@never@@", temperature=0.0)
-    # a random model's greedy step may hit end-of-sequence within 4 tokens, and whether it does can turn on rounding:
-    # forbid it
+    # a random model's greedy step may hit end-of-sequence within 4
+    # tokens, and whether it does can turn on rounding: forbid it
     policy.model.generation_config.suppress_tokens = [policy.tokenizer.eos_token_id]
     outs = policy.generate_step([policy.prompt("What is 2 + 2?", ["First step."])], 2)
     assert (

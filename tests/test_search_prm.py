@@ -1,6 +1,5 @@
 """The prefix scorer: incremental L2R equals scoring from scratch and the Scorer, costs O(D) tokens, flags over-long
-paths;
-search-and-learn's PRM contract on top of it."""
+paths; search-and-learn's PRM contract on top of it."""
 
 import numpy as np
 import pytest

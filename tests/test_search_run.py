@@ -629,8 +629,8 @@ def test_a_pool_drawn_whole_is_cut_by_the_chosen_segmenter_before_it_is_scored(t
     assert (
         [p["tokens"] for p in lines["pool"]] == [p["tokens"] for p in step_token["pool"]] == [19, 13]
     )  # the draw's cost, kept
-    # min over steps: the step token's cut reads the first solution's lines as one bad step (-3), the lines cut as two
-    # good ones
+    # min over steps: the step token's cut reads the first solution's
+    # lines as one bad step (-3), the lines cut as two good ones
     assert (
         step_token["methods"]["bon-max/fused@2"]["answer"] == "4"
         and lines["methods"]["bon-max/fused@2"]["answer"] == "3"

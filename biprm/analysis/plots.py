@@ -168,9 +168,8 @@ def plot_steps(path: str, curves: dict[str, dict], ylabel: str, title: str) -> N
 
 def plot_intervals(path: str, panels: dict[str, dict[str, dict]], title: str, muted: tuple[str, ...] = ()) -> None:
     """Dot and whisker per scorer ({"mean", "low", "high"}, in %), one panel per endpoint, scorers top to bottom in
-    order;
-    scorers whose name starts with one of `muted` (the rules that read no model) in grey. A scorer a panel lacks is left
-    out."""
+    order; scorers whose name starts with one of `muted` (the rules that read no model) in grey. A scorer a panel lacks
+    is left out."""
     names = list(dict.fromkeys(n for cells in panels.values() for n in cells))
     fig, axes = figure(
         1, len(panels), figsize=(3.2 * len(panels) + 2.5, 0.32 * len(names) + 1.4), sharey=True, squeeze=False

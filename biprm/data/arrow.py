@@ -96,8 +96,8 @@ def encoded_dataset(
     segmenter: Segmenter | None = None,
 ) -> datasets.Dataset:
     """Labelled rows of `source`, encoded (columns of FEATURES but `error`); bad rows raise, or are skipped and
-    reported.
-    `segmenter` cuts a row given as one string (default: the readers' auto rule); its name is part of the cache key."""
+    reported. `segmenter` cuts a row given as one string (default: the readers' auto rule); its name is part of the
+    cache key."""
     segmenter = segmenter or Segmenter("auto")
     raw, name, fmt, columns, convert = open_source(source, fmt, split, segmenter, arrow=True)
     if num_proc is None:

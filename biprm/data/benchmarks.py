@@ -198,8 +198,7 @@ def load_candidates(
     split_rule: str | Segmenter = "auto",
 ) -> tuple[list[Trajectory], str, str]:
     """(candidates of `limit` questions spread over the pool, the pool's name, the spec without @QUESTIONS); golds
-    attached
-    from `questions` (or the spec's @QUESTIONS) where the candidates carry none."""
+    attached from `questions` (or the spec's @QUESTIONS) where the candidates carry none."""
     spec, _, at = spec.partition("@")
     questions = questions or at or None
     if spec.split(":")[0] == "gsm8k_bon_small":

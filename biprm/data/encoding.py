@@ -207,8 +207,7 @@ class Encoder:
 
     def _check_tags(self, prompt: list[int], steps: list[list[int]], where: str) -> None:
         """The tag must occur exactly once per step, at its end; text containing the tag is an error. A kind whose tag
-        is
-        ordinary text ("\n") reads it structurally, at each step's last token, so only that is checked."""
+        is ordinary text ("\n") reads it structurally, at each step's last token, so only that is checked."""
         if not self.template.unique_tag:
             return
         ids = prompt + [i for s in steps for i in s]

@@ -125,8 +125,7 @@ def step_at(offsets: list[list[int]], char: int) -> int:
 
 def first_error_on(first_error: int, cut: list[list[int]], given: list[list[int]]) -> int:
     """A first error predicted on one cut of a trace (step index, -1 for none) as a step of another cut of the same
-    text:
-    the step of `given` that holds the first character of the predicted step, so first-error F1 compares across
+    text: the step of `given` that holds the first character of the predicted step, so first-error F1 compares across
     segmenters on the given steps' labels."""
     return -1 if first_error < 0 else step_at(given, cut[first_error][0])
 

@@ -128,8 +128,7 @@ def make_problem(rng: random.Random, events: tuple[int, int] = (2, 6)) -> Proble
 def calc_slip(problem: Problem, k: int, value: int, rng: random.Random) -> list[int] | None:
     """A wrong result in place of `value` at event k, then the values that later correct equations build on it;
     None if no slip keeps them in range. The slip is a multiple of the later divisors, so every later division stays
-    exact,
-    and never the true value (a second slip on a wrong path cannot undo the first)."""
+    exact, and never the true value (a second slip on a wrong path cannot undo the first)."""
     later = problem.ops[k + 1 :]
     scale = math.prod(n for op, n in later if op == "/")
     for delta in rng.sample(SLIPS, len(SLIPS)):

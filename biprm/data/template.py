@@ -35,8 +35,8 @@ class Template:
     `joint`: the reference code tokenises prompt and steps as one text (offsets then cut it into pieces), else each
     piece on its own. `bos`: what comes before the prompt: "ids" (the BOS id, where the tokenizer has one),
     "tokenizer" (what the tokenizer puts first itself), "text" (the BOS text starts the prompt) or "none". `unique_tag`:
-    the tag id
-    occurs nowhere but after steps, so a count checks the layout; otherwise a step text holding the tag is refused."""
+    the tag id occurs nowhere but after steps, so a count checks the layout; otherwise a step text holding the tag is
+    refused."""
 
     kind: str
     prompt: Callable[[str], str]
@@ -97,8 +97,7 @@ TEMPLATES = {
         bos="none",
     ),
     # EurusPRM (implicit): the chat template, steps joined by "\n\n"; the <|im_end|> that closes the answer follows only
-    # a
-    # stream's last step, so the model reads it there itself (biprm.implicit) rather than as part of a step
+    # a stream's last step, so the model reads it there itself (biprm.implicit) rather than as part of a step
     "eurus-prm": Template(
         "eurus-prm", _qwen_chat, lambda s, t: s, "\n\n", joint=True, unique_tag=False, bos="none", close="<|im_end|>"
     ),

@@ -137,11 +137,9 @@ def _to_parsable(answer: str) -> str | None:
     """Wrap an answer so that math-verify reads all of it; None for prose that cannot be read (unknown).
 
     Prose with a number in it is read as a person reads it (`prose.read_prose`, without the question). Bare LaTeX is not
-    seen at all
-    ("\\sqrt{2}" parses to nothing) or only in part ("10\\sqrt{2}" parses to 10), so LaTeX
-    goes inside $...$. Other prose is left bare: in math mode its words would become a
-    product of symbols. Lone words become \\text{} so that "Evelyn" matches a gold
-    "\\text{Evelyn}".
+    seen at all ("\\sqrt{2}" parses to nothing) or only in part ("10\\sqrt{2}" parses to 10), so LaTeX goes inside
+    $...$. Other prose is left bare: in math mode its words would become a product of symbols. Lone words become
+    \\text{} so that "Evelyn" matches a gold "\\text{Evelyn}".
     """
     text = _strip_math(answer).replace("\u2212", "-")
     if (number := canonical_number(text)) is not None:

@@ -12,10 +12,8 @@ verl 0.9.1 calls `assemble_rm_scores` only in `RewardLoopManager.compute_rm_scor
 its PPO trainer runs when `reward.reward_model.enable` is true and the reward model shares
 the actor's GPUs; there it reaches this manager's `run_single` only if
 `reward.custom_reward_function.path` is set too (docs/RL.md). Otherwise the agent loop computes each reward during
-rollout and places
-`reward_score`, one float, on the last token (`agent_loop.py`); step rewards cannot
-reach an estimator on that path without a change to verl, and this manager's list-valued
-`reward_score` is refused there.
+rollout and places `reward_score`, one float, on the last token (`agent_loop.py`); step rewards cannot reach an
+estimator on that path without a change to verl, and this manager's list-valued `reward_score` is refused there.
 """
 
 from __future__ import annotations

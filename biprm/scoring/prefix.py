@@ -195,8 +195,7 @@ class PrefixScorer:
 
     def _run(self, rows: list[Row]) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
         """Hidden states at each row's tags and the keys and values of its new tokens (None where not `cached`), in row
-        order;
-        rows run longest first, in calls of about the scorer's `tokens_per_call` tokens counted with padding."""
+        order; rows run longest first, in calls of about the scorer's `tokens_per_call` tokens counted with padding."""
         tags: list[torch.Tensor] = [None] * len(rows)
         kvs: list[torch.Tensor | None] = [None] * len(rows)
         order = sorted(range(len(rows)), key=lambda r: -len(rows[r].ids))

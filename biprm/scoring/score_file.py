@@ -162,9 +162,8 @@ def trained_segmenter(model: str) -> str:
 
 def trace_segmenter(models: list[str], chosen: str | None, tokenizer=None) -> Segmenter:
     """What cuts a trace given as one string (and a Best-of-N candidate's text) for score, eval and serve: `chosen`,
-    else
-    the segmenter the models' configs record (biprm.data.segment.for_model; models that disagree must be told which);
-    tokens:N counts the first model's tokens (or `tokenizer`'s)."""
+    else the segmenter the models' configs record (biprm.data.segment.for_model; models that disagree must be told
+    which); tokens:N counts the first model's tokens (or `tokenizer`'s)."""
     trained = sorted({trained_segmenter(m) for m in models}) or ["given"]
     if chosen is None and len(trained) > 1:
         raise ValueError(

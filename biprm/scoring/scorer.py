@@ -276,9 +276,8 @@ class Scorer:
     @torch.inference_mode()
     def _windows(self, encs: list[Encoded]) -> StepScores:
         """Trajectories past max_length under the "window" policy. Each stream reads each step in the window where it
-        has
-        the most context: L2R in the first window (`step_windows`) that holds it, with the steps before it; R2L the same
-        on the reversed steps, with the steps after it. The heads then fuse a step's two hidden states as in one
+        has the most context: L2R in the first window (`step_windows`) that holds it, with the steps before it; R2L the
+        same on the reversed steps, with the steps after it. The heads then fuse a step's two hidden states as in one
         pass."""
         states = {}
         for stream in self.model.streams:

@@ -49,11 +49,10 @@ def cut_solution(
     raw: str, ending: Ending, tokens: int, tokenizer, max_steps: int, max_step_tokens: int, step_token: str = STEP_TOKEN
 ) -> list[StepOut]:
     """A solution drawn whole, cut into the steps a step-by-step draw closes: at every step token, and where a piece
-    runs
-    past `max_step_tokens` (that step is capped and the rest of the piece goes on as the next step, where a step-by-step
-    draw would have put a step token and asked again). An empty piece ends the solution, as an empty step does; so do
-    `max_steps` steps. A piece's tokens are its re-encoded length; the last kept step takes the rest of the `tokens`
-    generated (the step tokens, and whatever came after the last kept step), so a path counts all it cost."""
+    runs past `max_step_tokens` (that step is capped and the rest of the piece goes on as the next step, where a
+    step-by-step draw would have put a step token and asked again). An empty piece ends the solution, as an empty step
+    does; so do `max_steps` steps. A piece's tokens are its re-encoded length; the last kept step takes the rest of the
+    `tokens` generated (the step tokens, and whatever came after the last kept step), so a path counts all it cost."""
     steps: list[StepOut] = []
     pieces = raw.split(step_token)
     for i, piece in enumerate(pieces):

@@ -133,8 +133,7 @@ def method_rows(records: list[dict], seed: int = 0) -> list[dict]:
 
 def prm_differences(records: list[dict], seed: int = 0) -> list[dict]:
     """With exactly two PRMs, each method's paired difference: the second's accuracy minus the first's, in --prm's order
-    (the
-    order a run writes their methods in)."""
+    (the order a run writes their methods in)."""
     names = list(dict.fromkeys(m for r in records for m in r["methods"]))
     prms = list(dict.fromkeys(prm for m in names if (prm := parts(m)[2])))
     names = ordered(names)

@@ -144,8 +144,7 @@ def scores_row(p: SearchPath) -> dict:
 
 def reading(p: SearchPath, grade_cut: bool) -> tuple[str | None, str | None]:
     """A path's answer and how it was read (marked, fallback: biprm.evaluation.grading.read_answer); a path cut at
-    --max-depth
-    has none ("cut") unless --grade-cut-paths: its last number is wherever the text stopped."""
+    --max-depth has none ("cut") unless --grade-cut-paths: its last number is wherever the text stopped."""
     return (None, "cut") if p.cut and not grade_cut else read_answer("\n".join(p.steps))
 
 
@@ -174,9 +173,9 @@ def add(total: dict[str, float], row: dict[str, float]) -> None:
 class BatchCheckpoint:
     """What the batch in flight has done: its pool as drawn so far (saved after every level) and each PRM's scores of it
     (after every call), with their costs. Drawing and scoring the pool is nearly all of a best-of-N batch's time (30 and
-    18
-    of 49 minutes for 25 GSM8K questions on 2 cores), so a kill loses one level or one PRM call of it; the level or call
-    in flight is run again, and the time it had taken is not counted. Removed once the batch is in questions.jsonl."""
+    18 of 49 minutes for 25 GSM8K questions on 2 cores), so a kill loses one level or one PRM call of it; the level or
+    call in flight is run again, and the time it had taken is not counted. Removed once the batch is in
+    questions.jsonl."""
 
     def __init__(self, file: Path):
         self.file, self.data = file, {}
@@ -434,8 +433,7 @@ class Batch:
 
     def _pool_budget(self, q: int, n: int, scoring: Search | None = None) -> dict:
         """The pool's cost for its first n, plus what `scoring` spent scoring it: policy tokens exact, calls as they
-        were,
-        the rest in proportion n / N."""
+        were, the rest in proportion n / N."""
         nmax = max(self.cfg.n)
         row = self.pool_budget.row(q, n / nmax) | (scoring.budget.row(q, n / nmax) if scoring else {})
         row["policy_tokens"] = float(sum(p.tokens for p in self.pool[q * nmax : q * nmax + n]))
@@ -534,8 +532,7 @@ class Batch:
 
     def pool_row(self, i: int, correct: bool | None) -> dict:
         """Pool sample i with its PRM scores: beside the steps with one PRM (as before several could be given), by name
-        under "prms"
-        with several."""
+        under "prms" with several."""
         row = path_row(self.pool[i], self.answers[i], self.reads[i], correct)
         scores = {prm: scores_row(paths[i]) for prm, (paths, _) in self.scored.items()}
         if len(self.scorers) == 1:

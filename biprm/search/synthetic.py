@@ -8,8 +8,7 @@ With probability `claim_rate` it draws a bare wrong claim, which the next step c
 by using the true value, so the answer stays right. As in the task's training data, a claim
 is drawn only where another event step follows to contradict it, and never right after a
 claim (that step shows the equation). Otherwise the step is right. The last step states the answer. A search study on it
-therefore knows how often
-a single sample is wrong, and why.
+therefore knows how often a single sample is wrong, and why.
 
 Each draw comes from a hash of (seed, question, prefix, how often that prefix was asked
 since `reseed`), so a rerun writes the same steps, whatever else shares its batch, and so

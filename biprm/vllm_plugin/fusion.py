@@ -19,8 +19,7 @@ from biprm.config import MODE_TABLE
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     """sigmoid in float64 as exp(-log(1 + e^-x)), which does not overflow; the plugin leans on nothing of biprm's
-    scoring.
-    Plain numpy, because R2L rows arrive reversed (a negative stride) and torch refuses those."""
+    scoring. Plain numpy, because R2L rows arrive reversed (a negative stride) and torch refuses those."""
     return np.exp(-np.logaddexp(0.0, -np.asarray(x, dtype=np.float64)))
 
 

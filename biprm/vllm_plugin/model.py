@@ -70,8 +70,8 @@ class StepHeads(Pooler):
         if not done:
             return per_request
         ids = pooling_metadata.get_prompt_token_ids_cpu()
-        # the hidden states cover the prompt's last len(h) tokens (all of them: prefix-cache reads are off for plugin
-        # tasks)
+        # the hidden states cover the prompt's last len(h) tokens
+        # (all of them: prefix-cache reads are off for plugin tasks)
         where = [
             (ids[i][len(ids[i]) - len(per_request[i]) :] == self.step_tag_id).nonzero(as_tuple=True)[0] for i in done
         ]

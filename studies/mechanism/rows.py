@@ -19,9 +19,7 @@ slip is carried into every later result). R and C are 1 everywhere in both. t is
 uniformly over the eligible steps of each solution, and the wrong value has as many
 characters as the right one (version 2: and its roundness class, `roundness`), so neither
 position, length nor roundness can tell a corrupted row from its clean twin. The paper's mechanism predicts that on F
-rows the
-R2L stream (and so BiPRM) finds step t while L2R can at best flag t+1; on L rows, that
-L2R is enough.
+rows the R2L stream (and so BiPRM) finds step t while L2R can at best flag t+1; on L rows, that L2R is enough.
 """
 
 from __future__ import annotations

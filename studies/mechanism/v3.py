@@ -1,7 +1,6 @@
 """Version 3 of the mechanism study (studies/mechanism/README.md, "Version 3: the design, pre-registered"): its verdict
-rule with
-symmetric margins, the L2R-readable-value covariate, the paper's σ-rises-with-position claim with an interval, each
-prediction's power, and its report, computed from the saved logits alone.
+rule with symmetric margins, the L2R-readable-value covariate, the paper's σ-rises-with-position claim with an interval,
+each prediction's power, and its report, computed from the saved logits alone.
 
 Every number of the design (arms, seeds, margins, interval level, depth, precision) is read from the study's config
 (studies/mechanism/v3.yaml); what each prediction measures is fixed here (PREDICTIONS). The endpoints, the

@@ -2,11 +2,9 @@
 
 Read top to bottom. `train_policy` fine-tunes a tiny Llama on correct synthetic solutions,
 briefly, then the policy further, so that it still makes errors. `train_prm` trains an l2r and a bi PRM from the first
-as
-`biprm demo` does, and `prm_quality` measures them on held-out rows. `run_arm` runs GRPO for one (arm,
-seed): greedy held-out accuracy every few steps, and the wall clock of the reward
-computation. `write_report` turns the run files into a table with intervals over seeds
-and questions, and a plot. Each (arm, seed) writes its JSON when it finishes and is
+as `biprm demo` does, and `prm_quality` measures them on held-out rows. `run_arm` runs GRPO for one (arm, seed): greedy
+held-out accuracy every few steps, and the wall clock of the reward computation. `write_report` turns the run files into
+a table with intervals over seeds and questions, and a plot. Each (arm, seed) writes its JSON when it finishes and is
 skipped on a rerun, so a killed study restarts only the run it was in.
 """
 

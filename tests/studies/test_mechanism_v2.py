@@ -190,8 +190,7 @@ COMMITTED = Path(__file__).resolve().parents[2] / "studies" / "mechanism" / "res
 
 def test_the_post_hoc_reread_reproduces_issue_48_on_the_committed_logits(data_dir, tmp_path):
     """Issue 48's numbers, recomputed from the committed version 2 logits (studies/mechanism/README.md, the post-hoc
-    re-read).
-    Where a number differs from the issue's, the issue's is in the comment."""
+    re-read). Where a number differs from the issue's, the issue's is in the comment."""
     from studies.mechanism.config import MechanismConfig, design
     from studies.mechanism.rows import build_mechanism
     from studies.mechanism.report import _collect

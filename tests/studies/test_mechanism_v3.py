@@ -1,7 +1,7 @@
 """The mechanism study's version 3 (studies/mechanism/README.md, "Version 3"): its verdict rule on hand-computed
-intervals, the
-design's power column from version 2's committed intervals, the L2R-readable-value covariate, the σ-by-position
-claim, which runs the verdict reads, the preset read from its YAML, and the command end to end at toy size."""
+intervals, the design's power column from version 2's committed intervals, the L2R-readable-value covariate, the
+σ-by-position claim, which runs the verdict reads, the preset read from its YAML, and the command end to end at toy
+size."""
 
 import json
 import math
@@ -219,8 +219,8 @@ def test_sigma_rises_with_position_per_seed_and_on_average():
     assert r["per_run"] == [pytest.approx(1.0)] * 2 and (r["mean"], r["low"], r["high"]) == pytest.approx(
         (1.0, 1.0, 1.0)
     )
-    # positions 0, .5, 1 | 0, 1 | 0, 1/3, 2/3, 1 against σ; one rising and one falling seed: mean 0, interval on both
-    # sides
+    # positions 0, .5, 1 | 0, 1 | 0, 1/3, 2/3, 1 against σ; one
+    # rising and one falling seed: mean 0, interval on both sides
     both = v3.sigma_rises([rising, falling], rows, level=0.975, resamples=200)
     assert both["per_run"][0] == pytest.approx(-both["per_run"][1]) and both["mean"] == pytest.approx(0.0)
     assert both["low"] < 0 < both["high"]

@@ -107,8 +107,8 @@ def test_a_study_keeps_glibcs_mmap_threshold_and_trims_between_runs(tmp_path, mo
 def test_a_study_takes_its_thread_count_from_omp_num_threads_else_the_cores_it_may_use(
     tmp_path, monkeypatch, env, expected
 ):
-    # Forced to every core while other work ran on the 2 shared cores, a mechanism run took 24 s a step; one thread, 7
-    # s.
+    # Forced to every core while other work ran on the 2 shared
+    # cores, a mechanism run took 24 s a step; one thread, 7 s.
     import os
 
     import torch
