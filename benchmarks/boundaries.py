@@ -146,20 +146,14 @@ def markdown(result: dict, path: str) -> str:
             "# Boundary agreement on ProcessBench's long subsets",
             "",
             f"{n} rows joined; {first['given_steps']:.1f} given steps per row, {result['given_chars_per_step']:.0f} "
-            "characters per "
-            "given step. Each row's given steps are laid end to end and cut again by each segmenter. *found*: the "
-            "share of "
-            f"given boundaries (where a given step after the first starts) with a cut within {cfg['within']} "
-            "characters "
-            f"(ThinkBooster's measure); *cuts near a given boundary*: the share of cuts within {cfg['within']} "
-            "characters of a "
-            "given boundary (cutting everywhere finds every boundary, and scores low here). Pooled over rows; 95 % "
-            "intervals "
-            f"from {cfg['resamples']} resamples of the rows (seed {cfg['seed']}). tokens:N counts {cfg['tokenizer']}'s "
-            "tokens. "
-            "Joined by a blank line, the given steps keep the layout they came with, which the paragraph rule reads "
-            "back by "
-            f"construction; joined by a space, a segmenter has only the words (and the line breaks inside steps).",
+            "characters per given step. Each row's given steps are laid end to end and cut again by each segmenter. "
+            "*found*: the share of given boundaries (where a given step after the first starts) with a cut within "
+            f"{cfg['within']} characters (ThinkBooster's measure); *cuts near a given boundary*: the share of cuts "
+            f"within {cfg['within']} characters of a given boundary (cutting everywhere finds every boundary, and "
+            f"scores low here). Pooled over rows; 95 % intervals from {cfg['resamples']} resamples of the rows (seed "
+            f"{cfg['seed']}). tokens:N counts {cfg['tokenizer']}'s tokens. Joined by a blank line, the given steps "
+            "keep the layout they came with, which the paragraph rule reads back by construction; joined by a space, "
+            "a segmenter has only the words (and the line breaks inside steps).",
             "",
             "| " + " | ".join(head) + " |",
             "|" + "---|" * len(head),
@@ -174,8 +168,7 @@ def markdown(result: dict, path: str) -> str:
             *(f"| {name} | {_f1(x)} |" for name, x in result["first_error"].items()),
             "",
             "Command: `python -m benchmarks.boundaries` (data under `--data-root`, default `../shared/data`; `--model "
-            "CKPT` adds "
-            "a PRM's rows).",
+            "CKPT` adds a PRM's rows).",
             "",
         ]
     )

@@ -70,16 +70,11 @@ class BenchConfig:
     preset: Literal["full", "quick", "smoke", "serve", "vllm", "search", "long"] = arg(
         "full",
         "quick: the target ratios on small sizes (docs/PERFORMANCE.md gives its wall clock); full: adds the reference "
-        "L2R, "
-        "more layouts and the scaling curve; smoke: every code path once, in seconds, on tiny sizes (what the tests "
-        "run); "
-        "serve: `biprm serve` under concurrent load on loopback (docs/SERVING.md); vllm: biprm's scorer and servers "
-        "against "
-        "vLLM running biprm's plugin (extra [vllm]); search: scoring a beam search's partial solutions, incremental "
-        "L2R "
-        "against from scratch and fused (docs/SEARCH.md); long: one trace of 1k-16k tokens, l2r against each bi "
-        "layout, "
-        "time per token and peak memory (docs/LONG_TRACES.md)",
+        "L2R, more layouts and the scaling curve; smoke: every code path once, in seconds, on tiny sizes (what the "
+        "tests run); serve: `biprm serve` under concurrent load on loopback (docs/SERVING.md); vllm: biprm's scorer "
+        "and servers against vLLM running biprm's plugin (extra [vllm]); search: scoring a beam search's partial "
+        "solutions, incremental L2R against from scratch and fused (docs/SEARCH.md); long: one trace of 1k-16k tokens, "
+        "l2r against each bi layout, time per token and peak memory (docs/LONG_TRACES.md)",
     )
     shape: str = arg(
         "smollm2-135m", "backbone whose config and tokenizer to use (random weights): smollm2-135m or tiny"

@@ -180,11 +180,9 @@ def write_markdown(result: dict, path: str) -> str:
         f"# biprm bench: one long trace, {cfg['shape']} shape cut to {cfg['layers'] or 'all its'} layers (random "
         "weights, fp32)",
         f"{m['lscpu'].get('Model name', '?')}, {m['lscpu'].get('CPU(s)', '?')} CPUs shared with other work; torch "
-        f"{m['torch']}, "
-        f"{m['threads']} threads. Load average at start {result['loadavg_start'][0]:.2f}, at end "
-        f"{result['loadavg_end'][0]:.2f}. "
-        "One scoring call per configuration and length, each in a fresh process. The whole run took "
-        f"{result['elapsed_s'] / 60:.1f} min.",
+        f"{m['torch']}, {m['threads']} threads. Load average at start {result['loadavg_start'][0]:.2f}, at end "
+        f"{result['loadavg_end'][0]:.2f}. One scoring call per configuration and length, each in a fresh process. The "
+        f"whole run took {result['elapsed_s'] / 60:.1f} min.",
         "## Targets",
         _table(
             ["target", "at", "measured", "goal", "met"],

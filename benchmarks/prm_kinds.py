@@ -125,8 +125,7 @@ def main() -> None:
         "# A third-party PRM kind against biprm's own L2R scorer, one body",
         "",
         f"`python benchmarks/prm_kinds.py --solutions {args.solutions} --rounds {args.rounds} --threads "
-        f"{args.threads}` "
-        "on a 2-core CPU shared with other work (median of alternating rounds).",
+        f"{args.threads}` on a 2-core CPU shared with other work (median of alternating rounds).",
         "",
         "| model | stream tokens | median s | tokens/s |",
         "| --- | ---: | ---: | ---: |",

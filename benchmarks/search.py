@@ -206,12 +206,10 @@ def write_markdown(result: dict, path: str) -> str:
     parts = [
         f"# biprm bench: scoring a beam search's partial solutions, {cfg['shape']} shape (random weights, fp32)",
         f"{m['lscpu'].get('Model name', '?')}, {m['lscpu'].get('CPU(s)', '?')} CPUs; torch {m['torch']}, "
-        f"{m['threads']} threads. "
-        f"Load average at start {result['loadavg_start'][0]:.2f}, at end {result['loadavg_end'][0]:.2f}. "
-        f"{cfg['questions']} GSM8K test questions in groups of {cfg['group']}, beam width {cfg['width']} over "
-        f"{cfg['paths']} paths "
-        f"per question, depth {cfg['depth']}; GSM8K reference steps stand in for generated ones. "
-        f"The whole run took {result['elapsed_s'] / 60:.1f} min"
+        f"{m['threads']} threads. Load average at start {result['loadavg_start'][0]:.2f}, at end "
+        f"{result['loadavg_end'][0]:.2f}. {cfg['questions']} GSM8K test questions in groups of {cfg['group']}, beam "
+        f"width {cfg['width']} over {cfg['paths']} paths per question, depth {cfg['depth']}; GSM8K reference steps "
+        f"stand in for generated ones. The whole run took {result['elapsed_s'] / 60:.1f} min"
         + (
             f", in {result['sessions']} sessions (each counted to its last finished group)."
             if result["sessions"] > 1
@@ -220,8 +218,7 @@ def write_markdown(result: dict, path: str) -> str:
         *(
             [
                 f"**Partial:** {result['groups_done']} of {result['groups']} question groups measured; the same "
-                "command goes on "
-                "from the rest."
+                "command goes on from the rest."
             ]
             if result["groups_done"] < result["groups"]
             else []

@@ -367,8 +367,7 @@ def latency_item(median: dict[str, float], solutions: int, where: str) -> Item:
         "latency bi/l2r",
         "target met" if ratio <= LATENCY_TARGET else "target missed",
         f"{ratio:.3f} (l2r {1e3 * median['l2r']:.1f} ms, bi {1e3 * median['bi']:.1f} ms per solution, median of "
-        f"{solutions} "
-        f"on {where}); the target is the paper's {LATENCY_TARGET}",
+        f"{solutions} on {where}); the target is the paper's {LATENCY_TARGET}",
     )
 
 

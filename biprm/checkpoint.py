@@ -163,8 +163,7 @@ def write_model_card(folder: str | Path, train_config: dict, log_history: list[d
         f"# {train_config['mode']} process reward model",
         "",
         f"A `{train_config['mode']}` PRM ({train_config['objective']} objective) trained with biprm on "
-        f"`{train_config['data']}` "
-        f"for {steps} optimizer steps from `{train_config['backbone']}`.",
+        f"`{train_config['data']}` for {steps} optimizer steps from `{train_config['backbone']}`.",
         f"Last logged training loss: {losses[-1]:.4f}." if losses else "",
         f"Last validation loss: {evals[-1]:.4f}." if evals else "",
         "",
@@ -181,8 +180,7 @@ def write_model_card(folder: str | Path, train_config: dict, log_history: list[d
         "```",
         "",
         "`biprm serve --model path/to/this/folder` serves it over HTTP. With transformers alone, `import "
-        "biprm.modeling` first "
-        "(it registers the architecture), then `AutoModel.from_pretrained(path)`.",
+        "biprm.modeling` first (it registers the architecture), then `AutoModel.from_pretrained(path)`.",
         "",
         "## Text layout",
         "",

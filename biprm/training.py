@@ -352,9 +352,8 @@ def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0, bf1
     if gate_lr_scale != 1.0 and own:
         raise ValueError(
             f"--deepspeed {path} defines its own {' and '.join(own)}, so --gate-lr-scale {gate_lr_scale} would be "
-            "ignored; "
-            "remove those blocks (the Trainer then builds AdamW and the linear schedule with the gate's group) or drop "
-            "--gate-lr-scale"
+            "ignored; remove those blocks (the Trainer then builds AdamW and the linear schedule with the gate's "
+            "group) or drop --gate-lr-scale"
         )
     if bf16 and ds.get("data_types", {}).get("grad_accum_dtype") not in ("fp32", "float32", "float", "torch.float32"):
         log.warning(
@@ -371,8 +370,7 @@ def check_deepspeed_config(path: str, gate_lr_scale: float, lora_r: int = 0, bf1
     if zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
         raise ValueError(
             f'--deepspeed {path}: ZeRO-3 without "stage3_gather_16bit_weights_on_model_save": true saves no usable '
-            "weights "
-            "at the end of training; set it in zero_optimization (configs/ds_zero3.json does)"
+            "weights at the end of training; set it in zero_optimization (configs/ds_zero3.json does)"
         )
 
 
@@ -478,9 +476,8 @@ def check_before_loading(cfg: TrainConfig, encoded: list[Encoded] | None) -> str
     if engine != "plain" and cpu_only():
         raise ValueError(
             f"{engine} needs a GPU: accelerate starts it only on accelerator devices (on a CPU, DeepSpeed fails to "
-            "start "
-            "and FSDP trains as plain DDP); train on a CPU without it (one process, or DDP: torchrun --nproc_per_node "
-            "N)"
+            "start and FSDP trains as plain DDP); train on a CPU without it (one process, or DDP: torchrun "
+            "--nproc_per_node N)"
         )
     return engine
 

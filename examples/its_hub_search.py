@@ -138,8 +138,7 @@ def summary(out: Path, seed: int) -> str:
         ci = bootstrap_mean(pick, seed=seed)
         lines.append(
             f"| {name} | {len(mine)} | {100 * ci['mean']:.1f} [{100 * ci['low']:.1f}, {100 * ci['high']:.1f}] | "
-            f"{100 * rand:.1f} | "
-            f"{100 * np.mean([any(c is True for c in r['correct']) for r in mine]):.1f} | "
+            f"{100 * rand:.1f} | {100 * np.mean([any(c is True for c in r['correct']) for r in mine]):.1f} | "
             f"{np.mean([r['seconds'] for r in mine]):.1f} |"
         )
     text = "\n".join(lines) + "\n"

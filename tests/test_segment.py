@@ -13,16 +13,13 @@ from biprm.search.steps import split_steps as search_split
 
 # A reasoning trace in the style of R1/QwQ: thinking markers, "Wait," passages that re-check, a "But" that must not cut.
 LONG = (
-    "Okay, so I need to find how many apples Tom has left after giving some away. He starts with 23 apples "
-    "and gives 7 to Anna and then 5 to Ben. "
-    "Let me compute the total given away first: 7 + 5 = 12. So he has 23 - 12 = 11 apples left. "
-    "Wait, let me re-check the subtraction. 23 - 12: 23 minus 10 is 13, minus 2 more is 11. Yes, that is right. "
+    "Okay, so I need to find how many apples Tom has left after giving some away. He starts with 23 apples and gives 7 "
+    "to Anna and then 5 to Ben. Let me compute the total given away first: 7 + 5 = 12. So he has 23 - 12 = 11 apples "
+    "left. Wait, let me re-check the subtraction. 23 - 12: 23 minus 10 is 13, minus 2 more is 11. Yes, that is right. "
     "But the question might mean something else, since it says some apples were rotten, and rotten ones are thrown "
-    "away "
-    "before he gives any to his friends. "
-    "Hmm, re-reading the problem statement, it says 3 of the apples were rotten and were thrown away before that. "
-    "Wait, that changes things. Then he had 23 - 3 = 20 apples, and 20 - 12 = 8 apples left over at the end.\n\n"
-    "Therefore, Tom has 8 apples left, and the answer is 8."
+    "away before he gives any to his friends. Hmm, re-reading the problem statement, it says 3 of the apples were "
+    "rotten and were thrown away before that. Wait, that changes things. Then he had 23 - 3 = 20 apples, and 20 - 12 = "
+    "8 apples left over at the end.\n\nTherefore, Tom has 8 apples left, and the answer is 8."
 )
 
 

@@ -87,8 +87,7 @@ def load_pool(
         if timed_out := int((graded == -1).sum()):
             logger.warning(
                 "%s: %d candidates could not be graded within %g s; their stored flag (else 'incorrect') is used in "
-                "this "
-                "run and they are graded again on the next (raise --grade-timeout to give them longer)",
+                "this run and they are graded again on the next (raise --grade-timeout to give them longer)",
                 name,
                 timed_out,
                 grade_timeout,

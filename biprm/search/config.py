@@ -91,8 +91,7 @@ class SearchConfig:
     claim_rate: float = arg(
         0.2,
         "--policy synthetic: chance per step (where another step follows, not right after a claim) of a bare wrong "
-        "claim that the next "
-        "step contradicts (the answer stays right)",
+        "claim that the next step contradicts (the answer stays right)",
         min=0,
         max=1,
     )

@@ -219,9 +219,8 @@ def summarize(out: Path, seed: int = 0) -> str:
     rows, differences = method_rows(records, seed), prm_differences(records, seed)
     total = {k: sum(r["budget"].get(k, 0.0) for r in records) for k in {k for r in records for k in r["budget"]}}
     text = (
-        f"{len(records)} questions; accuracy over the questions graded (a grade that timed out is unknown); "
-        "'(noise)', '(tie)': the interval holds 0; marked only: accuracy counting only answers with a marker (box, "
-        "'The answer "
+        f"{len(records)} questions; accuracy over the questions graded (a grade that timed out is unknown); '(noise)', "
+        "'(tie)': the interval holds 0; marked only: accuracy counting only answers with a marker (box, 'The answer "
         f"is', ####), beside the questions right only through the text's last number.\n\n{table(rows)}\n\nthe run's "
         "whole cost (the pool once, every search): "
         + ", ".join(f"{k} {v:.1f}" for k, v in sorted(total.items()))

@@ -399,10 +399,8 @@ def format_report(r: dict) -> str:
         f"rule: **{r['verdict']}**.",
         "Runs: " + "; ".join(f"{g}: {', '.join(names)}" for g, names in groups.items()) + ".",
         f"Test: {r['data']['test']['questions']} GSM8K-test questions × 4 rows; validation: "
-        f"{r['data']['valid']['questions']} questions; "
-        f"training: {r['data']['train']['questions']} questions. Every cell: mean over seeds and questions [95 % "
-        "bootstrap interval over "
-        "questions, seeds resampled]; (n) = seeds.",
+        f"{r['data']['valid']['questions']} questions; training: {r['data']['train']['questions']} questions. Every "
+        "cell: mean over seeds and questions [95 % bootstrap interval over questions, seeds resampled]; (n) = seeds.",
         "## P1, P2: first-error exact match at the validation threshold (%)",
         markdown_table(["model (seeds)", *cols, "threshold"], fe),
         "### Paired differences (points)",

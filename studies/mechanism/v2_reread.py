@@ -365,7 +365,6 @@ def format_reread(r: dict, pre_registered: dict) -> str:
             ],
         ),
         "Seeds 1106 and 1107 trained on one machine and precision, 1108 on another: an effect of precision would show "
-        "as "
-        "seed spread, and these runs cannot tell the two apart.",
+        "as seed spread, and these runs cannot tell the two apart.",
     ]
     return "\n\n".join(md) + "\n"

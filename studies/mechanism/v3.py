@@ -304,11 +304,8 @@ def format_report(r: dict) -> str:
     md = [
         "# Mechanism study, version 3: same-format σ, symmetric margins, one machine",
         'Design, margins and verdict rule: studies/mechanism/README.md, "Version 3" (committed before any run); every '
-        "number from "
-        "studies/mechanism/v3.yaml. "
-        f"Verdict by the pre-registered rule ({arm}): **{v['outcome']}**. The paper's σ claim (prediction 6, read on "
-        "its own): "
-        f"**{claim}**.",
+        f"number from studies/mechanism/v3.yaml. Verdict by the pre-registered rule ({arm}): **{v['outcome']}**. The "
+        f"paper's σ claim (prediction 6, read on its own): **{claim}**.",
         f"Machine: {machine['device']}, bf16 {machine['bf16']}; complete seeds read: {len(r['seeds'])} "
         f"({', '.join(map(str, r['seeds'])) or 'none'}). Runs on another machine or precision, apart: "
         + (", ".join(f"{n} ({x['device']}, bf16 {x['bf16']})" for n, x in r["apart"].items()) or "none")

@@ -374,11 +374,9 @@ def write_report(cfg: RLStudyConfig) -> str:
         "# RL study: outcome vs min-score vs process GRPO on the synthetic task",
         "",
         f"Written by `python -m studies.rl` (studies/rl/study.py) with {cfg.steps} GRPO steps of "
-        f"{cfg.prompts_per_step} questions × "
-        f"{cfg.group_size} samples, lr {cfg.lr}, from one SFT policy; held-out greedy accuracy on {len(start)} "
-        "questions. "
-        "Intervals: 95 % bootstrap over seeds and questions. Δ: paired difference from outcome GRPO on the same "
-        "questions.",
+        f"{cfg.prompts_per_step} questions × {cfg.group_size} samples, lr {cfg.lr}, from one SFT policy; held-out "
+        f"greedy accuracy on {len(start)} questions. Intervals: 95 % bootstrap over seeds and questions. Δ: paired "
+        "difference from outcome GRPO on the same questions.",
         "",
         f"SFT policy (step 0): {pct(bootstrap_mean(np.array([start])))} %",
         "",
