@@ -14,6 +14,7 @@ import pytest
 
 from biprm.cli import main
 from biprm.training import default_save_steps
+from test_kill import train_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,24 +30,7 @@ def test_ctrl_c_in_train_saves_the_step_under_way_in_one_line_and_resume_goes_on
     import torch
 
     out = tmp_path / "run"
-    flags = [
-        "train",
-        "--backbone",
-        "tiny",
-        "--data",
-        "synthetic:64",
-        "--output-dir",
-        str(out),
-        "--batch-size",
-        "4",
-        "--grad-accum",
-        "1",
-        "--max-steps",
-        "40",
-        "--lr",
-        "1e-3",
-        "--no-show-progress",
-    ]
+    flags = train_flags(out, max_steps=40, save_steps=None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "biprm.cli", *flags],
         cwd=ROOT,

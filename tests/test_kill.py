@@ -37,7 +37,9 @@ def kill_when(cmd: list[str], ready, timeout: float = 300) -> None:
         proc.wait()
 
 
-def train_flags(out: Path) -> list[str]:
+def train_flags(out: Path, max_steps: int = 32, save_steps: int | None = 4) -> list[str]:
+    """A short tiny `biprm train` run; `save_steps` None leaves the checkpoint interval to its default."""
+    saves = [] if save_steps is None else ["--save-steps", str(save_steps), "--save-total-limit", "3"]
     return [
         "train",
         "--backbone",
@@ -51,13 +53,10 @@ def train_flags(out: Path) -> list[str]:
         "--grad-accum",
         "1",
         "--max-steps",
-        "32",
+        str(max_steps),
         "--lr",
         "1e-3",
-        "--save-steps",
-        "4",
-        "--save-total-limit",
-        "3",
+        *saves,
         "--no-show-progress",
     ]
 
