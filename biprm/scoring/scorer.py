@@ -258,13 +258,10 @@ class Scorer:
         unique = [encs[i] for i in distinct]
         windowed = np.array([e.windowed for e in unique], dtype=bool)
         plain = [e for e in unique if not e.windowed]
-        cached = self.prefix_cache and not self.implicit
-        if (
-            cached is None and not self.implicit
-        ):  # past DENSE_MAX a row's own mask would grow with the square of its length
-            cached = len(plain) >= CACHE_FROM * len({tuple(e.prompt) for e in plain}) and all(
-                e.n_tokens <= DENSE_MAX for e in plain
-            )
+        cached = False if self.implicit else self.prefix_cache  # an implicit PRM reads plain rows only
+        if cached is None:  # past DENSE_MAX a row's own mask would grow with the square of its length
+            shared = len(plain) >= CACHE_FROM * len({tuple(e.prompt) for e in plain})
+            cached = shared and all(e.n_tokens <= DENSE_MAX for e in plain)
         scores = self._score(plain, cached, progress)
         if windowed.any():
             scores = concat([scores, self._windows([e for e in unique if e.windowed])])
