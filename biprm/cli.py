@@ -37,6 +37,7 @@ def cmd_train(cfg: TrainConfig) -> None:
 
 
 def cmd_score(cfg: ScoreConfig) -> None:
+    from biprm.scoring.process_group import close_processes
     from biprm.scoring.score_file import score_file
 
     try:
@@ -63,6 +64,7 @@ def cmd_score(cfg: ScoreConfig) -> None:
             f"{lines(parts.glob('part-*.jsonl'))} scored rows are kept in {parts}: the same command "
             "with --resume goes on from there"
         ) from None
+    close_processes()
     print(f"scored {n} trajectories into {'stdout' if cfg.output == '-' else cfg.output}", file=sys.stderr)
 
 

@@ -16,14 +16,19 @@ def _on_every_process(recipe: Callable[[EvalOptions], object], cfg: EvalOptions)
     from biprm.evaluation.cache import scorer_loader
     from biprm.evaluation.common import open_cache
     from biprm.evaluation.sharing import run_shared
+    from biprm.scoring.process_group import close_processes
 
     try:
         run_shared(lambda: recipe(cfg), scorer_loader(cfg))
+    except Exception:
+        close_processes()  # run_shared has told the other processes to stop, so each reaches this too
+        raise
     except KeyboardInterrupt:
         raise KeyboardInterrupt(
             f"the scores finished so far are kept in {open_cache(cfg).root}: the same command reads them "
             "instead of scoring again"
         ) from None
+    close_processes()
 
 
 def cmd_bon(cfg: BonConfig) -> None:
