@@ -17,7 +17,7 @@ from benchmarks.report import save
 from biprm.analysis.boundaries import agreement, even_cut, f1_interval, first_errors_on_given, laid_out
 from biprm.data.benchmarks import load_processbench
 from biprm.data.segment import Segmenter
-from biprm.metrics.processbench import flag_step, tune_flag_step
+from biprm.metrics.first_error import flag_step, tune_flag_step
 
 STEM = "processbench-boundaries"
 EVEN = "even (text-free: as many equal pieces as given steps)"

@@ -23,8 +23,8 @@ from biprm.analysis.position import sigma_by_position
 from biprm.config import DemoConfig, TrainConfig
 from biprm.data.synthetic import make_bon_pools, make_dataset
 from biprm.data.writer import write_trajectories
-from biprm.metrics.bon import bon_table, content_free, subsets
-from biprm.metrics.processbench import (
+from biprm.metrics.selection import bon_table, content_free, subsets
+from biprm.metrics.first_error import (
     flag_step,
     predict_first_error,
     processbench_scores,

@@ -177,7 +177,7 @@ def test_the_wings_public_names_resolve_and_its_numpy_half_loads_no_torch():
         -2000:
     ]
     code = (
-        "import sys\nimport biprm.scoring.step_scores, biprm.metrics.processbench, "
+        "import sys\nimport biprm.scoring.step_scores, biprm.metrics.first_error, "
         "biprm.metrics.prmbench\nprint('torch' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

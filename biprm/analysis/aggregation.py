@@ -8,7 +8,7 @@ import numpy as np
 
 from biprm.scoring.aggregate import AGGREGATIONS
 from biprm.analysis.common import markdown_table
-from biprm.metrics.bon import DEFAULT_NS, bon_at_n, pool_bounds
+from biprm.metrics.selection import DEFAULT_NS, bon_at_n, pool_bounds
 from biprm.scoring.step_scores import StepScores
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from biprm.data.segment import first_error_on
 from biprm.metrics.bootstrap import bootstrap_statistic
-from biprm.metrics.processbench import predict_first_error, processbench_scores
+from biprm.metrics.first_error import predict_first_error, processbench_scores
 
 WITHIN = 100  # characters, as ThinkBooster counts a boundary found
 

@@ -8,7 +8,7 @@ from itertools import chain
 import numpy as np
 
 from biprm.data.trajectory import Trajectory
-from biprm.metrics.processbench import first_error_f1_by_subset, predict_first_error
+from biprm.metrics.first_error import first_error_f1_by_subset, predict_first_error
 from biprm.scoring.step_scores import StepScores
 
 TITLES = {

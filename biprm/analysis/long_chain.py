@@ -21,7 +21,7 @@ import numpy as np
 from biprm.analysis.aggregation import bon_by_n, fitting_ns
 from biprm.analysis.common import first_error_report, threshold_of
 from biprm.data.trajectory import Trajectory
-from biprm.metrics.bon import DEFAULT_NS
+from biprm.metrics.selection import DEFAULT_NS
 from biprm.scoring.step_scores import StepScores
 
 

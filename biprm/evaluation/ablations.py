@@ -12,13 +12,13 @@ import logging
 
 from biprm.analysis.common import TITLES, markdown_table
 from biprm.evaluation.bon import evaluate_bon, format_bon
-from biprm.evaluation.common import fmt, open_cache, write_outputs
+from biprm.evaluation.outputs import fmt, open_cache, write_outputs
 from biprm.evaluation.config import AblationConfig
 from biprm.data.benchmarks import load_processbench
 from biprm.evaluation.pools import load_pool
 from biprm.evaluation.models import ROLES, ablation_sources, checkpoint_config, score_sources
 from biprm.evaluation.processbench import evaluate_processbench, format_processbench
-from biprm.metrics.bon import PROTOCOLS
+from biprm.metrics.selection import PROTOCOLS
 from biprm.scoring.score_file import trace_segmenter
 
 logger = logging.getLogger(__name__)

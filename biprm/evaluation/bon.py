@@ -2,7 +2,7 @@
 
 Solution score = one aggregation of the step scores (min by default, as in the paper). n
 runs over the paper's {8, 16, 32, 64, 128} where the pools are large enough. Which n
-candidates a question offers is the protocol (biprm.metrics.bon): the paper's first n,
+candidates a question offers is the protocol (biprm.metrics.selection): the paper's first n,
 or random n-subsets; every table names its protocol. Beside every PRM row stand the
 scorers that read no text (random pick, majority vote with fair ties, fewest and most
 steps, i.i.d. noise under the same aggregation) and pass@n (the pool ceiling), each with a 95 %
@@ -19,11 +19,11 @@ import numpy as np
 
 from biprm.scoring.aggregate import sigmoid
 from biprm.analysis.common import markdown_table
-from biprm.evaluation.common import fmt, open_cache, write_outputs
+from biprm.evaluation.outputs import fmt, open_cache, write_outputs
 from biprm.evaluation.config import BonConfig
 from biprm.evaluation.pools import Pool, load_pool
 from biprm.evaluation.models import sources_of, score_sources
-from biprm.metrics.bon import DEFAULT_NS, best_of, bon_table, content_free, pool_bounds, subsets, vote
+from biprm.metrics.selection import DEFAULT_NS, best_of, bon_table, content_free, pool_bounds, subsets, vote
 from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
 from biprm.scoring.score_file import trace_segmenter
 from biprm.scoring.step_scores import StepScores, offsets_of

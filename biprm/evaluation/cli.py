@@ -14,7 +14,7 @@ from biprm.evaluation.config import AblationConfig, BonConfig, EvalOptions, Proc
 
 def _on_every_process(recipe: Callable[[EvalOptions], object], cfg: EvalOptions) -> None:
     from biprm.evaluation.cache import scorer_loader
-    from biprm.evaluation.common import open_cache
+    from biprm.evaluation.outputs import open_cache
     from biprm.evaluation.sharing import run_shared
     from biprm.scoring.process_group import close_processes
 

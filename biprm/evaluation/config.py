@@ -12,7 +12,7 @@ from typing import Literal
 
 from biprm.scoring.aggregate import AGGREGATIONS
 from biprm.config import CHECKPOINT_ROLES, PROCESSBENCH_SUBSETS, ScorerSettings, arg, default_data_root
-from biprm.metrics.bon import DEFAULT_NS, PROTOCOLS
+from biprm.metrics.selection import DEFAULT_NS, PROTOCOLS
 
 AGGS = ("min", "mean", "last", "prod")  # the aggregations `eval bon` reports side by side unless told
 POOL = (

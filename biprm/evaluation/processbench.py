@@ -23,11 +23,11 @@ import numpy as np
 
 from biprm.analysis.common import TITLES, first_error_report, first_errors, judged_rows, markdown_table, subsets
 from biprm.data.trajectory import Trajectory
-from biprm.evaluation.common import fmt, open_cache, write_outputs
+from biprm.evaluation.outputs import fmt, open_cache, write_outputs
 from biprm.evaluation.config import ProcessBenchConfig
 from biprm.data.benchmarks import load_processbench
 from biprm.evaluation.models import score_sources, sources_of
-from biprm.metrics.processbench import (
+from biprm.metrics.first_error import (
     first_error_f1_by_subset,
     flag_step,
     predict_first_error,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from biprm.analysis.common import markdown_table
-from biprm.evaluation.common import fmt
+from biprm.evaluation.outputs import fmt
 
 
 def format_long_chain(result: dict, metric: str, what: str) -> str:

@@ -43,7 +43,7 @@ from biprm.data.trajectory import Trajectory
 from biprm.evaluation.ablations import ablation_table, format_ablation_table
 from biprm.evaluation.cache import ScoreCache
 from biprm.evaluation.bon import evaluate_bon, format_bon
-from biprm.evaluation.common import fmt, open_cache, write_json
+from biprm.evaluation.outputs import fmt, open_cache, write_json
 from biprm.evaluation.config import SuiteConfig
 from biprm.data.benchmarks import load_processbench
 from biprm.evaluation.pools import load_pool
@@ -57,7 +57,7 @@ from biprm.evaluation.models import (
 )
 from biprm.evaluation.processbench import TUNE_ON, evaluate_processbench, format_processbench
 from biprm.evaluation.report import format_curves, format_long_chain
-from biprm.metrics.bon import PROTOCOLS
+from biprm.metrics.selection import PROTOCOLS
 from biprm.scoring.score_file import trace_segmenter
 
 

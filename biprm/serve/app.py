@@ -41,7 +41,7 @@ from biprm.config import MODE_TABLE, check_segmenter
 from biprm.data.encoding import Encoded
 from biprm.data.segment import Cut, Segmenter
 from biprm.data.trajectory import DataError, Trajectory
-from biprm.metrics.processbench import predict_first_error
+from biprm.metrics.first_error import predict_first_error
 from biprm.scoring.step_scores import STEP_OUTPUTS, StepScores, score_rows
 from biprm.scoring.score_file import trace_segmenter
 from biprm.scoring.scorer import Scorer

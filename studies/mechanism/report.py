@@ -20,12 +20,12 @@ from biprm.analysis.common import first_errors, markdown_table
 from biprm.analysis.plots import plot_curves, position_curve
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.bon import bon_rows
-from biprm.evaluation.common import fmt, write_json
+from biprm.evaluation.outputs import fmt, write_json
 from biprm.data.benchmarks import SUBPOOLS
 from biprm.evaluation.pools import Pool
 from biprm.evaluation.processbench import flag_step_rule, out_of_sample, tuned_threshold
 from biprm.metrics.bootstrap import bootstrap_mean, bootstrap_statistic, paired_difference
-from biprm.metrics.processbench import flag_step, predict_first_error, processbench_scores, tune_flag_step
+from biprm.metrics.first_error import flag_step, predict_first_error, processbench_scores, tune_flag_step
 from biprm.metrics.ranking import auc, paired_win
 from studies.mechanism.config import MechanismConfig
 from studies.mechanism.rows import KINDS, load_sets, scores_path

@@ -42,7 +42,7 @@ from transformers import TrainerCallback
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.data.encoding import Encoded, Encoder
-from biprm.evaluation.common import write_json
+from biprm.evaluation.outputs import write_json
 from biprm.modeling import from_backbone
 from biprm.analysis.plots import position_curve
 from studies.mechanism.config import MechanismConfig

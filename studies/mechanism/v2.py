@@ -14,7 +14,7 @@ from statistics import NormalDist
 import numpy as np
 
 from biprm.data.trajectory import Trajectory
-from biprm.metrics.processbench import predict_first_error
+from biprm.metrics.first_error import predict_first_error
 from biprm.metrics.ranking import paired_win
 from studies.replication.data import _results, _value
 from studies.mechanism.rows import KINDS, roundness

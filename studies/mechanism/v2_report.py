@@ -19,8 +19,8 @@ from biprm.analysis.common import first_errors, markdown_table
 from biprm.analysis.plots import plot_curves, plot_intervals
 from biprm.data.trajectory import Trajectory
 from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
-from biprm.metrics.processbench import flag_step, tune_flag_step
-from biprm.evaluation.common import write_json
+from biprm.metrics.first_error import flag_step, tune_flag_step
+from biprm.evaluation.outputs import write_json
 from studies.mechanism.config import MechanismConfig
 from studies.mechanism.rows import KINDS, load_sets, row_labels
 from studies.mechanism.report import (

@@ -17,7 +17,7 @@ import numpy as np
 
 from biprm.analysis.common import markdown_table
 from biprm.data.trajectory import Trajectory
-from biprm.evaluation.common import write_json
+from biprm.evaluation.outputs import write_json
 from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
 from studies.mechanism.config import MechanismConfig
 from studies.replication.data import _value, _values

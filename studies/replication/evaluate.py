@@ -20,7 +20,7 @@ from biprm.evaluation.bon import evaluate_bon
 from biprm.data.benchmarks import data_file, load_processbench, spread
 from biprm.evaluation.pools import Pool, load_pool
 from biprm.evaluation.processbench import evaluate_processbench
-from biprm.metrics.processbench import predict_first_error, processbench_scores
+from biprm.metrics.first_error import predict_first_error, processbench_scores
 from biprm.metrics.prmbench import (
     prm_score_by_class,
     prmbench_category_scores,

@@ -35,7 +35,7 @@ import torch
 
 from biprm.backbones import load_tokenizer, resolve_backbone
 from biprm.data.encoding import Encoded, Encoder, add_step_tag
-from biprm.evaluation.common import write_json
+from biprm.evaluation.outputs import write_json
 from biprm.config import TrainConfig
 from biprm.modeling import BiPRMModel, from_backbone
 from studies.replication.config import NOT_STUDIED, VARIANTS, ReplicateConfig

@@ -15,7 +15,7 @@ import numpy as np
 from biprm.analysis.common import markdown_table
 from biprm.analysis.plots import figure, plot_curves, write_figure
 from biprm.config import MODES
-from biprm.evaluation.common import write_json
+from biprm.evaluation.outputs import write_json
 
 
 def _stat(values: list[float | None]) -> dict:

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from biprm.metrics.processbench import (
+from biprm.metrics.first_error import (
     first_error_f1_by_subset,
     predict_first_error,
     processbench_scores,
@@ -104,7 +104,7 @@ def test_by_subset():
 
 
 def test_flag_step_rule():
-    from biprm.metrics.processbench import flag_step, tune_flag_step
+    from biprm.metrics.first_error import flag_step, tune_flag_step
 
     n_steps = np.array([2, 5, 5, 4, 1])
     assert flag_step(n_steps, 1).tolist() == [1, 1, 1, 1, -1]

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from biprm.scoring.aggregate import logit, sigmoid
-from biprm.metrics.bon import (
+from biprm.metrics.selection import (
     best_of,
     bon_at_n,
     bon_table,
