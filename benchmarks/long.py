@@ -177,8 +177,8 @@ def write_markdown(result: dict, path: str) -> str:
         if (n, L) in by
     ]
     parts = [
-        f"# biprm bench: one long trace, {cfg['shape']} shape cut to {cfg['layers'] or 'all its'} layers (random "
-        "weights, fp32)",
+        f"# biprm bench: one long trace, {cfg['shape']} shape, {cfg['layers'] or 'all its'} layers (random weights, "
+        "fp32)",
         f"{m['lscpu'].get('Model name', '?')}, {m['lscpu'].get('CPU(s)', '?')} CPUs shared with other work; torch "
         f"{m['torch']}, {m['threads']} threads. Load average at start {result['loadavg_start'][0]:.2f}, at end "
         f"{result['loadavg_end'][0]:.2f}. One scoring call per configuration and length, each in a fresh process. The "
