@@ -88,7 +88,7 @@ def cmd_serve(cfg: ServeConfig) -> None:
 def cmd_export(cfg: ExportConfig) -> None:
     from biprm.serve.export import export_for_vllm
 
-    out = export_for_vllm(cfg.model, cfg.out, dtype=cfg.dtype, prm_kind=cfg.prm_kind, mode=cfg.mode)
+    out = export_for_vllm(cfg.model, cfg.out, dtype=cfg.dtype, prm_kind=cfg.prm_kind, mode=cfg.prm_mode)
     print(f"exported to {out} in {cfg.dtype}; serve it with: {vllm_serve(cfg.out)}")
 
 

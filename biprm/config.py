@@ -28,6 +28,10 @@ MODE_TABLE = {
 }
 Mode = Literal[tuple(MODE_TABLE)]
 MODES: tuple[str, ...] = get_args(Mode)
+# How a PRM trained elsewhere is read without training: as shipped, its steps reversed, or the average of the two.
+# A gate mode needs training (`biprm train --init-from`): its gate would be untrained.
+ZeroShotMode = Literal["l2r", "r2l", "bi-static"]
+ZERO_SHOT_MODES: tuple[str, ...] = get_args(ZeroShotMode)
 Objective = Literal["bce", "mse", "qrank"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
 FORMATS = (
@@ -346,6 +350,12 @@ class ScorerSettings:
         None,
         "for an implicit PRM (eurus-prm): the folder of the reference LM its log-ratio is "
         "taken against (EurusPRM's cards use Qwen2.5-Math-7B-Instruct)",
+    )
+    prm_mode: ZeroShotMode | None = arg(
+        None,
+        "for a PRM trained elsewhere: l2r reads it as shipped (the default), r2l reads its steps reversed, "
+        "bi-static averages the two (both zero-shot; `eval` always reports all three); a biprm checkpoint keeps the "
+        "mode it was trained in",
     )
     segmenter: str | None = arg(
         None,

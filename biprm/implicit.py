@@ -26,12 +26,11 @@ from biprm.config import MODE_TABLE
 from biprm.data.encoding import Encoded, stream_order
 from biprm.data.template import TEMPLATES
 from biprm.modeling import BiPRMConfig, BiPRMOutput, check_attention, special_ids
-from biprm.prms import KINDS, UnknownPRM, check_reference, folder_config
+from biprm.prms import KINDS, UnknownPRM, check_reference, folder_config, reading_mode
 
 LOGIT_CHUNK = (
     512  # positions whose vocabulary logits exist at once: memory is chunk x vocabulary, not length x vocabulary
 )
-MODES = ("l2r", "r2l", "bi-static")  # an implicit PRM has no gate to learn
 
 
 @dataclass(frozen=True)
@@ -49,11 +48,7 @@ def reading(path: str, kind: str, reference: str | None, tokenizer: PreTrainedTo
     """Everything an implicit PRM in `path` needs checked before either LM loads, in one line each: a reference LM of
     the same vocabulary, a mode without a gate, a tokenizer with the kind's tag and end token."""
     check_reference(path, kind, reference)
-    if mode not in MODES:
-        raise UnknownPRM(
-            f"an implicit PRM reads the modes {', '.join(MODES)}; {mode!r} needs a gate to train, and it has no "
-            "head to train one on"
-        )
+    reading_mode(path, kind, mode)
     sizes = [folder_config(p).vocab_size for p in (path, reference)]
     if sizes[0] != sizes[1]:
         raise UnknownPRM(

@@ -20,6 +20,8 @@ from typing import Callable
 
 import torch
 
+from biprm.config import ZERO_SHOT_MODES
+
 Tensors = dict[str, torch.Tensor]
 
 
@@ -276,3 +278,26 @@ def read_out(folder: str | Path, kind: Kind, tokenizer) -> Tensors:
     vLLM export writes beside the body."""
     ids = kind.plus_minus(tokenizer) if kind.plus_minus else (0, 0)
     return kind.read_head(head_tensors(folder, kind), ids)
+
+
+def reading_mode(folder: str | Path, kind: str, mode: str | None) -> str | None:
+    """The mode `folder` is read in without training. A biprm checkpoint keeps the one it was trained in (None: not
+    read; asking for another is an error). A PRM of another kind is read as shipped (l2r, the default), reversed (r2l)
+    or both averaged (bi-static); a gate mode would run an untrained gate."""
+    if kind == "biprm":
+        trained = None if mode is None else read_config(folder).get("mode")
+        if mode not in (None, trained):
+            raise ValueError(
+                f"--prm-mode {mode}: {folder} is a biprm checkpoint trained in mode {trained}, which it keeps"
+            )
+        return trained
+    if mode not in (None, *ZERO_SHOT_MODES):
+        train = (
+            "and as an implicit PRM it has no head to train one on"
+            if kind in KINDS and KINDS[kind].implicit
+            else f"`biprm train --init-from {folder} --mode {mode}` trains one"
+        )
+        raise ValueError(
+            f"--prm-mode {mode}: a {kind} PRM is read as l2r, r2l or bi-static (it has no trained gate; {train})"
+        )
+    return mode or "l2r"

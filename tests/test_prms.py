@@ -286,6 +286,79 @@ def test_a_named_kind_reaches_every_command_for_a_folder_whose_config_cannot_say
     assert "| math-shepherd (as shipped)" in (tmp_path / "ev" / "processbench.md").read_text()
 
 
+def _score_cli(folder, rows, out, *flags) -> list[dict]:
+    import json
+
+    from biprm.cli import main
+
+    main(["score", "--model", str(folder), "--input", str(rows), "--output", str(out), *flags])
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_score_reads_a_third_party_prm_reversed_and_averaged_when_asked(replicas, tmp_path):
+    """`--prm-mode r2l` reads the steps reversed after the question; bi-static keeps both streams (its L2R stream is the
+    PRM as shipped, its R2L stream what r2l reads) and fuses their logits half and half. The reversed stream reorders
+    the L2R pieces, each keeping its joiner (docs/PRMS.md), so it is near, not equal to, the card's code run on the
+    reversed steps."""
+    import json
+
+    folder = replicas["math-shepherd"]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"question": q, "steps": s}) + "\n" for q, s in PROBLEMS))
+    shipped = _score_cli(folder, rows, tmp_path / "l2r.jsonl")
+    reversed_ = _score_cli(folder, rows, tmp_path / "r2l.jsonl", "--prm-mode", "r2l")
+    both = _score_cli(folder, rows, tmp_path / "bi.jsonl", "--prm-mode", "bi-static")
+    for (q, steps), a, r, b in zip(PROBLEMS, shipped, reversed_, both):
+        assert a["r2l"] is None and r["l2r"] is None
+        card = REFERENCES["math-shepherd"](folder, q, steps[::-1])[::-1]
+        np.testing.assert_allclose(r["r2l"], card, atol=5e-3)
+        assert not np.allclose(r["r2l"], a["l2r"], atol=1e-4)
+        np.testing.assert_allclose(b["l2r"], a["l2r"], atol=1e-5)
+        np.testing.assert_allclose(b["r2l"], r["r2l"], atol=1e-5)
+        logit = lambda p: np.log(np.asarray(p) / (1 - np.asarray(p)))  # noqa: E731
+        np.testing.assert_allclose(logit(b["fused"]), (logit(b["l2r"]) + logit(b["r2l"])) / 2, atol=1e-3)
+
+
+def test_prm_mode_is_refused_where_it_cannot_apply(replicas, bi_scorer, tmp_path, capsys):
+    """A biprm checkpoint keeps its trained mode, a gate mode would be untrained, and eval already reports all three
+    readings: each is one line, before a model loads."""
+    from biprm.cli import main
+    from biprm.prms import reading_mode
+
+    bi_checkpoint = str(tmp_path / "bi")
+    bi_scorer.model.save_pretrained(bi_checkpoint)
+    bi_scorer.tokenizer.save_pretrained(bi_checkpoint)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"question": "1+1?", "steps": ["2"]}\n')
+    with pytest.raises(SystemExit) as stop:
+        main(
+            [
+                "score",
+                "--model",
+                bi_checkpoint,
+                "--input",
+                str(rows),
+                "--output",
+                str(tmp_path / "o"),
+                "--prm-mode",
+                "r2l",
+            ]
+        )
+    assert stop.value.code == 2
+    assert "is a biprm checkpoint trained in mode bi, which it keeps" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="has no trained gate; `biprm train --init-from"):
+        reading_mode(replicas["qwen-prm"], "qwen-prm", "bi")
+    for argv in (
+        ["score", "--model", str(replicas["qwen-prm"]), "--input", str(rows), "--output", "o", "--prm-mode", "bi"],
+        ["eval", "processbench", "--model", str(replicas["qwen-prm"]), "--prm-mode", "l2r"],
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and ("invalid choice: 'bi'" in err or "all three readings" in err), err
+
+
 def eurus(replicas, mode="l2r", **kwargs) -> Scorer:
     folder = replicas["eurus-prm"]
     return Scorer.from_pretrained(
@@ -331,7 +404,7 @@ def test_an_implicit_prm_is_refused_where_it_cannot_go(replicas, tmp_path):
     ).save_pretrained(other)
     with pytest.raises(UnknownPRM, match="vocabulary of 50 tokens"):
         Scorer.from_pretrained(str(folder), device="cpu", prm_reference=str(other))
-    with pytest.raises(UnknownPRM, match="needs a gate to train"):
+    with pytest.raises(ValueError, match="as an implicit PRM it has no head to train one on"):
         eurus(replicas, "bi")
     with pytest.raises(UnknownPRM, match="has no value head"):
         from_prm(str(folder))

@@ -36,6 +36,11 @@ class EvalOptions(ScorerSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the choices, and the segmenter's name
+        if self.prm_mode is not None:
+            raise ValueError(
+                f"--prm-mode {self.prm_mode}: eval reports a PRM trained elsewhere in all three readings at once (as "
+                "shipped, reversed, and their average); drop the flag"
+            )
 
 
 @dataclass(kw_only=True)

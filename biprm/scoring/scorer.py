@@ -39,7 +39,7 @@ from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.implicit import ImplicitPRM, from_implicit
 from biprm.modeling import BiPRMModel, BiPRMOutput, encoder_for
 from biprm.packing import check_tags, pack, pack_cached, token_runs
-from biprm.prms import KINDS, detect
+from biprm.prms import KINDS, detect, reading_mode
 from biprm.scoring.step_scores import StepScores, concat, offsets_of, step_positions
 
 log = logging.getLogger(__name__)
@@ -140,18 +140,20 @@ class Scorer:
         max_length: int = MAX_LENGTH,
         attn_implementation: str = "sdpa",
         prm_kind: str | None = None,
-        prm_mode: str = "l2r",
+        prm_mode: str | None = None,
         prm_reference: str | None = None,
         **kwargs,
     ) -> "Scorer":
-        """A biprm checkpoint, or the folder of another PRM kind (biprm.prms: detected, or named by `prm_kind`), read
-        as shipped (`prm_mode` l2r) or also reversed, zero-shot, with the static average of the two (bi-static). An
-        implicit PRM (biprm.implicit) is read against the reference LM in `prm_reference`."""
+        """A biprm checkpoint, in the mode it was trained in, or the folder of another PRM kind (biprm.prms: detected,
+        or named by `prm_kind`), read as shipped (`prm_mode` l2r, the default) or zero-shot reversed (r2l) or both
+        averaged (bi-static): `biprm.prms.reading_mode`. An implicit PRM (biprm.implicit) is read against the
+        reference LM in `prm_reference`."""
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         check_checkpoint(path, prm_kind)
         tokenizer = load_tokenizer(path)
         kind = detect(path, prm_kind) if Path(path).is_dir() else "biprm"
+        prm_mode = reading_mode(path, kind, prm_mode)
         if kind in KINDS and KINDS[kind].implicit:
             model = from_implicit(path, kind, prm_reference, tokenizer, prm_mode, dtype, attn_implementation).to(device)
         else:
@@ -163,16 +165,16 @@ class Scorer:
 
     @classmethod
     def from_settings(
-        cls, path: str, settings: ScorerSettings, device: str | torch.device | None = None, prm_mode: str = "l2r"
+        cls, path: str, settings: ScorerSettings, device: str | torch.device | None = None, prm_mode: str | None = None
     ) -> "Scorer":
-        """The scorer the flags of `score`, `eval` and `serve` describe; `device` overrides theirs."""
+        """The scorer the flags of `score`, `eval` and `serve` describe; `device` and `prm_mode` override theirs."""
         return cls.from_pretrained(
             path,
             device=device or settings.device,
             max_length=settings.max_length,
             attn_implementation=settings.attn_implementation,
             prm_kind=settings.prm_kind,
-            prm_mode=prm_mode,
+            prm_mode=prm_mode or settings.prm_mode,
             prm_reference=settings.prm_reference,
             tokens_per_batch=settings.tokens_per_batch,
             tokens_per_call=settings.tokens_per_call,

@@ -391,7 +391,7 @@ def serve(cfg: ServeConfig) -> None:
 
     if cfg.engine == "vllm":
         scorer = VLLMScorer.from_pretrained(
-            cfg.model, cfg.max_length, cfg.prm_kind, cfg.prm_reference, **json.loads(cfg.engine_args)
+            cfg.model, cfg.max_length, cfg.prm_kind, cfg.prm_reference, cfg.prm_mode, **json.loads(cfg.engine_args)
         )
     else:
         scorer = Scorer.from_settings(cfg.model, cfg)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from biprm.scoring.aggregate import AGGREGATIONS
-from biprm.config import ScorerSettings, arg, check_choices
+from biprm.config import ScorerSettings, ZeroShotMode, arg, check_choices
 from biprm.vllm_plugin import SERVED_DTYPES
 
 Aggregation = Literal[AGGREGATIONS]
@@ -66,10 +66,11 @@ class ExportConfig:
         "for a PRM trained elsewhere: its kind (qwen-prm, skywork-prm, math-shepherd, rlhflow, "
         "token-classification; default: detected from its config.json)",
     )
-    mode: str | None = arg(
+    prm_mode: ZeroShotMode | None = arg(
         None,
         "for a PRM trained elsewhere: l2r (as shipped, the default), or zero-shot r2l or bi-static; "
         "a biprm checkpoint keeps the mode it was trained in",
+        aliases=("--mode",),
     )
     format: Literal["vllm"] = arg(
         "vllm", "vllm: the backbone's flat config naming biprm's vLLM architecture, for `vllm serve`"

@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 from biprm.checkpoint import check_checkpoint, layout
-from biprm.config import MODE_TABLE, MODES
 from biprm.vllm_plugin import ARCHITECTURE, PLUGIN, SERVED_DTYPES
 
 HEAD_FILE = "biprm_head"  # the value head of a PRM trained elsewhere, beside its weight files
@@ -48,7 +47,7 @@ def export_for_vllm(
     the kind detected or named by `prm_kind`, read in `mode` (default l2r)."""
     from biprm.backbones import load_tokenizer
     from biprm.modeling import BiPRMConfig, prm_config
-    from biprm.prms import KINDS, detect, read_out, weight_files
+    from biprm.prms import KINDS, detect, read_out, reading_mode, weight_files
 
     if dtype not in SERVED_DTYPES:
         raise ValueError(
@@ -66,20 +65,11 @@ def export_for_vllm(
             f"{src}: an implicit PRM ({kind}) has no value head to export (its score is a log-ratio to a reference "
             f"LM); serve it with `biprm serve --model {src} --engine vllm --prm-reference REFERENCE_LM`"
         )
+    mode = reading_mode(src, kind, mode)
     if kind == "biprm":
         config = BiPRMConfig.from_pretrained(src)
-        if mode not in (None, config.mode):
-            raise ValueError(
-                f"--mode {mode}: {src} is a biprm checkpoint trained in mode {config.mode}, which it keeps"
-            )
         head, skip = {}, []
     else:
-        mode = mode or "l2r"
-        if mode not in MODES or MODE_TABLE[mode].fusion == "gate":
-            raise ValueError(
-                f"--mode {mode}: a {kind} PRM is read as l2r, r2l or bi-static (it has no trained gate; "
-                f"`biprm train --init-from {src} --mode bi` trains one, and its output exports as it is)"
-            )
         tokenizer = load_tokenizer(str(src))
         config = prm_config(str(src), kind, tokenizer, mode=mode)
         head, skip = read_out(src, KINDS[kind], tokenizer), source_head_prefixes(kind)

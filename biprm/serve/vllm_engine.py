@@ -31,7 +31,7 @@ from biprm.config import MODE_TABLE
 from biprm.data.encoding import Encoded, Encoder
 from biprm.data.template import TEMPLATES
 from biprm.implicit import Reading, read_steps, reading, stream_row
-from biprm.prms import KINDS, UnknownPRM, detect, folder_config, read_config
+from biprm.prms import KINDS, UnknownPRM, detect, folder_config, read_config, reading_mode
 from biprm.scoring.step_scores import StepScores, offsets_of
 from biprm.scoring.scorer import Collector, Scorer
 from biprm.vllm_plugin import ARCHITECTURE
@@ -39,13 +39,18 @@ from biprm.vllm_plugin.spec import spec_encoder
 from biprm.serve.export import export_for_vllm
 
 
-def vllm_folder(path: str, prm_kind: str | None = None) -> str:
+def vllm_folder(path: str, prm_kind: str | None = None, prm_mode: str | None = None) -> str:
     """`path` if it is already an export, else an export beside it in a scratch folder (weights linked, not copied);
-    a PRM trained elsewhere (of the kind detected, or `prm_kind`) is read as shipped."""
+    a PRM trained elsewhere (of the kind detected, or `prm_kind`) is read in `prm_mode` (default: as shipped)."""
     config = json.loads((Path(path) / "config.json").read_text())
     if config.get("architectures") == [ARCHITECTURE]:
+        if prm_mode not in (None, config["biprm"]["mode"]):
+            raise ValueError(
+                f"--prm-mode {prm_mode}: {path} is an export in mode {config['biprm']['mode']}, which it keeps"
+            )
         return path
-    return str(export_for_vllm(path, tempfile.mkdtemp(prefix="biprm-vllm-"), link=True, prm_kind=prm_kind))
+    scratch = tempfile.mkdtemp(prefix="biprm-vllm-")
+    return str(export_for_vllm(path, scratch, link=True, prm_kind=prm_kind, mode=prm_mode))
 
 
 def implicit_kind(path: str, prm_kind: str | None) -> str | None:
@@ -145,15 +150,17 @@ class VLLMScorer:
         max_length: int,
         prm_kind: str | None = None,
         prm_reference: str | None = None,
-        prm_mode: str = "l2r",
+        prm_mode: str | None = None,
         **engine_args,
     ) -> "VLLMScorer":
         """The engine over `path` (a biprm checkpoint, its export, or a PRM trained elsewhere: biprm.prms); a checkpoint
-        it cannot run is a ValueError in one line, before the engine starts. An implicit PRM is read against the
-        reference LM in `prm_reference`, in `prm_mode` (`ImplicitVLLMScorer`); any other PRM in its export's mode."""
+        it cannot run is a ValueError in one line, before the engine starts. A PRM trained elsewhere is read in
+        `prm_mode` (biprm.prms.reading_mode), an implicit one against the reference LM in `prm_reference`
+        (`ImplicitVLLMScorer`)."""
         if kind := implicit_kind(path, prm_kind):
-            return ImplicitVLLMScorer.start(path, kind, prm_reference, prm_mode, max_length, engine_args)
-        folder = vllm_folder(path, prm_kind)
+            mode = reading_mode(path, kind, prm_mode)
+            return ImplicitVLLMScorer.start(path, kind, prm_reference, mode, max_length, engine_args)
+        folder = vllm_folder(path, prm_kind, prm_mode)
         return cls(start_engine(path, {"model": folder, "max_model_len": max_length, **engine_args}), folder)
 
     @property
