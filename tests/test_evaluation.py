@@ -351,6 +351,41 @@ def test_eval_processbench_on_the_users_own_file(ckpt, data_dir, cache_dir, tmp_
     )
 
 
+def test_eval_processbench_recut_by_paragraphs_reads_back_the_given_steps(ckpt, data_dir, cache_dir, tmp_path):
+    """--segmenter re-cuts each row's given steps, joined by a blank line, and maps the scores back: cut by paragraphs
+    the pieces are the given steps, so every number equals the given-step run's; cut by markers the report says how
+    the steps were cut and still counts the given rows."""
+    rows = json.loads((data_dir / "processbench" / "gsm8k.json").read_text())[:6]
+    assert not any("\n\n" in step for r in rows for step in r["steps"])
+    mine = tmp_path / "my_bench.json"
+    mine.write_text(json.dumps(rows))
+    results = {}
+    for segmenter in ("given", "paragraph", "markers"):
+        out = tmp_path / segmenter
+        main(
+            [
+                "eval",
+                "processbench",
+                "--model",
+                ckpt,
+                "--data",
+                str(mine),
+                "--segmenter",
+                segmenter,
+                "--out",
+                str(out),
+                "--cache-dir",
+                cache_dir,
+                *FAST,
+            ]
+        )
+        results[segmenter] = json.loads((out / "processbench.json").read_text())
+    assert results["paragraph"]["segmenter"] == "paragraph" and results["given"]["segmenter"] == "given"
+    assert results["paragraph"]["modes"] == results["given"]["modes"]
+    assert results["markers"]["rows"] == {"my_bench": 6}
+    assert "cut again by `markers`" in (tmp_path / "markers" / "processbench.md").read_text()
+
+
 def test_eval_all_writes_report_and_reruns_from_cache(ckpt, data_dir, cache_dir, tmp_path, score_calls):
     argv = [
         "eval",

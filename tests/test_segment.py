@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from biprm.data.readers import load_trajectories, split_steps
@@ -241,16 +242,13 @@ def test_score_eval_and_serve_resolve_one_segmenter(tmp_path):
     from biprm.evaluation.config import BonConfig, ProcessBenchConfig
     from biprm.serve.config import ServeConfig
 
-    for settings in (
-        BonConfig,
-        ServeConfig,
+    for settings, model in (
+        (BonConfig, "m"),
+        (ServeConfig, "m"),
+        (ProcessBenchConfig, ["m"]),
     ):  # a misspelt name is refused with the other settings, before a model loads
         with pytest.raises(ValueError, match="unknown segmenter 'sentences'"):
-            settings(model="m", segmenter="sentences")
-    with pytest.raises(
-        ValueError, match="eval processbench scores the given steps; to re-cut them .* benchmarks.boundaries"
-    ):
-        ProcessBenchConfig(model=["m"], segmenter="markers")
+            settings(model=model, segmenter="sentences")
 
 
 def test_training_cuts_trace_rows_by_its_segmenter(tmp_path):
@@ -282,3 +280,24 @@ def test_training_cuts_trace_rows_by_its_segmenter(tmp_path):
         DataError, match=r"traces.jsonl row 1: field 'solution': segmenter 'given' keeps a row's own steps"
     ):
         train(TrainConfig(**settings, output_dir=str(tmp_path / "g")))
+
+
+def test_scores_of_a_recut_land_on_the_given_steps_as_the_lowest_cut_step_starting_in_each():
+    """Hand-computed: given steps [0,10) [12,20) [22,30); cut steps start at 0, 5, 22 (none in the second given step)
+    and a fourth cut step was not scored. The first given step takes min(-1, 2) = -1, the second cannot be flagged,
+    the third takes 3; a row whose only scored cut step ends inside its first given step holds that one step."""
+    from biprm.analysis.boundaries import first_errors_on_given, onto_given
+    from biprm.metrics.first_error import predict_first_error
+    from biprm.scoring.step_scores import StepScores
+
+    given = [[[0, 10], [12, 20], [22, 30]], [[0, 10], [12, 20]]]
+    cuts = [[[0, 4], [5, 20], [22, 30], [31, 40]], [[0, 8], [9, 20]]]
+    scores = StepScores(np.array([0, 3, 4]), np.array([-1.0, 2.0, 3.0, 0.5]), l2r=np.array([4.0, -2.0, 1.0, 0.0]))
+    mapped = onto_given(scores, cuts, given)
+    assert mapped.offsets.tolist() == [0, 3, 4]
+    assert mapped.fused.tolist() == [-1.0, np.inf, 3.0, 0.5]
+    assert mapped.l2r.tolist() == [-2.0, np.inf, 1.0, 0.0] and mapped.r2l is None
+    for threshold in (0.1, 0.3, 0.6, 0.8, 0.99):  # the first flagged given step, whatever the threshold
+        on_given = predict_first_error(mapped.prob(), mapped.offsets, threshold)
+        mapped_back = first_errors_on_given(scores.prob(), scores.offsets, threshold, cuts, given)
+        assert on_given.tolist() == mapped_back.tolist()

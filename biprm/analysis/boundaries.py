@@ -13,9 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from biprm.data.segment import first_error_on
+from biprm.data.segment import first_error_on, step_at
 from biprm.metrics.bootstrap import bootstrap_statistic
 from biprm.metrics.first_error import predict_first_error, processbench_scores
+from biprm.scoring.step_scores import StepScores
 
 WITHIN = 100  # characters, as ThinkBooster counts a boundary found
 
@@ -102,3 +103,28 @@ def first_errors_on_given(
 def f1_interval(pred: np.ndarray, label: np.ndarray, resamples: int = 1000, seed: int = 0) -> dict:
     """ProcessBench's first-error F1 (%) of `pred` against `label`, with a percentile interval over resampled rows."""
     return bootstrap_statistic(lambda i: processbench_scores(pred[i], label[i])["f1"], len(label), resamples, seed)
+
+
+def onto_given(
+    scores: StepScores, cuts: Sequence[Sequence[Sequence[int]]], given: Sequence[Sequence[Sequence[int]]]
+) -> StepScores:
+    """Scores of re-cut steps as scores of the given steps of the same texts: each given step takes the lowest logit of
+    the cut steps that start in it (+inf where none starts: it cannot be flagged), in every stream. For any threshold
+    the first given step below it is then the one holding the first character of the first cut step below it
+    (`first_errors_on_given`), so every first-error metric, threshold tuning included, reads the given labels. A row
+    holds the given steps up to the one where its last scored cut step ends (steps past --max-length stay unscored)."""
+    streams = {k: getattr(scores, k) for k in ("fused", "l2r", "r2l") if getattr(scores, k) is not None}
+    out: dict[str, list[np.ndarray]] = {k: [] for k in streams}
+    sizes = []
+    for i, (cut, spans) in enumerate(zip(cuts, given)):
+        a, b = scores.offsets[i], scores.offsets[i + 1]
+        owner = np.array([step_at(spans, start) for start, _ in cut[: b - a]], dtype=np.int64)
+        n = step_at(spans, cut[b - a - 1][1] - 1) + 1 if b > a else 0
+        sizes.append(n)
+        for k, values in streams.items():
+            row = np.full(n, np.inf)
+            np.minimum.at(row, owner, values[a:b])
+            out[k].append(row)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    flat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in out.items()}
+    return StepScores(offsets, flat["fused"], flat.get("l2r"), flat.get("r2l"))

@@ -102,14 +102,6 @@ class ProcessBenchConfig(FirstError, EvalOptions):
         metavar="FILE",
     )
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.segmenter not in (None, "given"):
-            raise ValueError(
-                f"--segmenter {self.segmenter}: eval processbench scores the given steps; to re-cut them and map "
-                "each first error back to them, run python -m benchmarks.boundaries --model CKPT"
-            )
-
 
 @dataclass(kw_only=True)
 class AblationConfig(BestOfN, FirstError, EvalOptions):

@@ -13,6 +13,10 @@ cross-fitted within themselves the same way. With a dev set (`dev`, e.g. `--tune
 FILE`), its threshold is used everywhere instead. The in-sample threshold appears only as an upper bound.
 Content-free rows stand beside: flag nothing, flag step 0, and "flag step k when there
 are more than k steps" with k chosen on the same tuning rows as the threshold.
+
+With `--segmenter NAME` each row's given steps are laid end to end with a blank line between them (the layout they
+came with), cut again by that segmenter and scored in those pieces; the scores map back to the given steps
+(`analysis.boundaries.onto_given`), so every number reads the given labels and compares across segmenters.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from collections.abc import Callable
 
 import numpy as np
 
+from biprm.analysis.boundaries import laid_out, onto_given
 from biprm.analysis.common import TITLES, first_error_report, first_errors, judged_rows, markdown_table, subsets
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.outputs import fmt, open_cache, write_outputs
 from biprm.evaluation.config import ProcessBenchConfig
 from biprm.data.benchmarks import load_processbench
-from biprm.evaluation.models import score_sources, sources_of
+from biprm.evaluation.models import ScoreSource, score_sources, sources_of
+from biprm.evaluation.cache import ScoreCache
+from biprm.scoring.score_file import trace_segmenter
 from biprm.metrics.first_error import (
     first_error_f1_by_subset,
     flag_step,
@@ -218,16 +225,41 @@ def format_processbench(result: dict) -> str:
     )
 
 
+RECUT_JOIN = "\n\n"  # how a row's given steps are laid end to end before a segmenter cuts them again
+
+
+def recut_scores(
+    sources: list[ScoreSource], cache: ScoreCache, trajs: list[Trajectory], segmenter
+) -> dict[str, StepScores]:
+    """Each source's scores of the rows' given steps re-cut by `segmenter` (None: as given), on the given steps."""
+    if segmenter is None:
+        return score_sources(sources, cache, trajs)
+    laid = [laid_out(t.steps, RECUT_JOIN) for t in trajs]
+    cuts = [segmenter.cut(text, f"row {t.meta.get('id', i)}") for i, ((text, _), t) in enumerate(zip(laid, trajs))]
+    pieces = [Trajectory(t.question, c.texts, meta=t.meta | c.meta()) for t, c in zip(trajs, cuts)]
+    scores = score_sources(sources, cache, pieces)
+    return {k: onto_given(s, [c.offsets for c in cuts], [spans for _, spans in laid]) for k, s in scores.items()}
+
+
 def run_processbench(cfg: ProcessBenchConfig) -> dict:
     cache = open_cache(cfg)
     trajs = load_processbench(cfg.data_root, cfg.data or cfg.subsets, cfg.limit)
     sources = sources_of(cfg.model, cfg.prm_kind)
+    segmenter = None if cfg.segmenter in (None, "given") else trace_segmenter(cfg.model, cfg.segmenter)
     dev = None
     if cfg.tune_data:
         dev_trajs = load_processbench(cfg.data_root, (cfg.tune_data,))
-        dev = (dev_trajs, score_sources(sources, cache, dev_trajs))
-    result = evaluate_processbench(trajs, score_sources(sources, cache, trajs), cfg.threshold, cfg.tune_threshold, dev)
-    markdown = "# ProcessBench\n\n" + format_processbench(result) + "\n"
+        dev = (dev_trajs, recut_scores(sources, cache, dev_trajs, segmenter))
+    scores = recut_scores(sources, cache, trajs, segmenter)
+    result = evaluate_processbench(trajs, scores, cfg.threshold, cfg.tune_threshold, dev)
+    result["segmenter"] = segmenter.name if segmenter else "given"
+    steps = (
+        f"Steps: each row's given steps joined by a blank line and cut again by `{segmenter.name}`; each first error "
+        "maps back to the given step that holds its first character.\n\n"
+        if segmenter
+        else ""
+    )
+    markdown = "# ProcessBench\n\n" + steps + format_processbench(result) + "\n"
     print(markdown)
     print(f"wrote {write_outputs(cfg.out, 'processbench', result, markdown)} and processbench.json")
     return result
