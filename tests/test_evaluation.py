@@ -300,10 +300,8 @@ def test_eval_processbench_command(ckpt, data_dir, cache_dir, tmp_path):
     assert "baseline: always step 0" in (tmp_path / "processbench.md").read_text()
 
 
-def test_eval_processbench_on_the_users_own_file(ckpt, data_dir, cache_dir, tmp_path):
-    rows = json.loads((data_dir / "processbench" / "gsm8k.json").read_text())[:4]
-    mine = tmp_path / "my_bench.json"
-    mine.write_text(json.dumps(rows))
+def processbench_on(ckpt: str, data: Path, out: Path, cache_dir: str, *flags: str) -> dict:
+    """`biprm eval processbench` on a file of ProcessBench rows; its processbench.json."""
     main(
         [
             "eval",
@@ -311,15 +309,23 @@ def test_eval_processbench_on_the_users_own_file(ckpt, data_dir, cache_dir, tmp_
             "--model",
             ckpt,
             "--data",
-            str(mine),
+            str(data),
             "--out",
-            str(tmp_path / "o"),
+            str(out),
             "--cache-dir",
             cache_dir,
+            *flags,
             *FAST,
         ]
     )
-    result = json.loads((tmp_path / "o" / "processbench.json").read_text())
+    return json.loads((out / "processbench.json").read_text())
+
+
+def test_eval_processbench_on_the_users_own_file(ckpt, data_dir, cache_dir, tmp_path):
+    rows = json.loads((data_dir / "processbench" / "gsm8k.json").read_text())[:4]
+    mine = tmp_path / "my_bench.json"
+    mine.write_text(json.dumps(rows))
+    result = processbench_on(ckpt, mine, tmp_path / "o", cache_dir)
     assert result["subsets"] == ["my_bench"] and result["rows"] == {"my_bench": 4}
     # the same file as a dev set: the threshold comes from it, and the report says so
     dev = tmp_path / "dev.json"
@@ -327,24 +333,7 @@ def test_eval_processbench_on_the_users_own_file(ckpt, data_dir, cache_dir, tmp_
     dev.write_text(
         json.dumps([r for r in every if r["label"] == -1][:3] + [r for r in every if 0 <= r["label"] <= 1][:3])
     )
-    main(
-        [
-            "eval",
-            "processbench",
-            "--model",
-            ckpt,
-            "--data",
-            str(mine),
-            "--tune-data",
-            str(dev),
-            "--out",
-            str(tmp_path / "d"),
-            "--cache-dir",
-            cache_dir,
-            *FAST,
-        ]
-    )
-    result = json.loads((tmp_path / "d" / "processbench.json").read_text())
+    result = processbench_on(ckpt, mine, tmp_path / "d", cache_dir, "--tune-data", str(dev))
     assert (
         result["modes"]["bi (fused)"]["tuned"]["tuned_on"] == "dev"
         and "tuned on a dev set" in (tmp_path / "d" / "processbench.md").read_text()
@@ -359,27 +348,10 @@ def test_eval_processbench_recut_by_paragraphs_reads_back_the_given_steps(ckpt, 
     assert not any("\n\n" in step for r in rows for step in r["steps"])
     mine = tmp_path / "my_bench.json"
     mine.write_text(json.dumps(rows))
-    results = {}
-    for segmenter in ("given", "paragraph", "markers"):
-        out = tmp_path / segmenter
-        main(
-            [
-                "eval",
-                "processbench",
-                "--model",
-                ckpt,
-                "--data",
-                str(mine),
-                "--segmenter",
-                segmenter,
-                "--out",
-                str(out),
-                "--cache-dir",
-                cache_dir,
-                *FAST,
-            ]
-        )
-        results[segmenter] = json.loads((out / "processbench.json").read_text())
+    results = {
+        segmenter: processbench_on(ckpt, mine, tmp_path / segmenter, cache_dir, "--segmenter", segmenter)
+        for segmenter in ("given", "paragraph", "markers")
+    }
     assert results["paragraph"]["segmenter"] == "paragraph" and results["given"]["segmenter"] == "given"
     assert results["paragraph"]["modes"] == results["given"]["modes"]
     assert results["markers"]["rows"] == {"my_bench": 6}
