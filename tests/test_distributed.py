@@ -186,3 +186,29 @@ def test_lora_under_zero2_saves_the_heads_from_their_fp32_masters(tmp_path):
     assert (
         result["masters_round_to_the_copies"] and result["masters_finer_than_bf16"]
     )  # the copies would have lost digits
+
+
+def test_a_closed_process_group_leaves_the_next_command_a_fresh_one(tmp_path):
+    """close_processes ends the group and the state holding it: a second command in the same launched Python process
+    (here a world of one, as torchrun starts it) opens a new group instead of failing on the destroyed one."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = (
+        "import torch.distributed as dist\n"
+        "from biprm.scoring.process_group import close_processes, process_state\n"
+        "for _ in range(2):\n"
+        "    process_state().wait_for_everyone()\n"
+        "    assert dist.is_initialized()\n"
+        "    close_processes()\n"
+        "    assert not dist.is_initialized()\n"
+        "print('ok')\n"
+    )
+    env = os.environ | dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

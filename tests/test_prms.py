@@ -319,6 +319,35 @@ def test_score_reads_a_third_party_prm_reversed_and_averaged_when_asked(replicas
         np.testing.assert_allclose(logit(b["fused"]), (logit(b["l2r"]) + logit(b["r2l"])) / 2, atol=1e-3)
 
 
+def test_a_resumed_score_keeps_the_reading_it_started_with(replicas, tmp_path, monkeypatch, capsys):
+    """Parts scored reversed never join rows read as shipped: --resume with another --prm-mode is refused."""
+    import json
+
+    from biprm.cli import main
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"question": q, "steps": s}) + "\n" for q, s in PROBLEMS))
+    real, calls = Scorer.score, []
+
+    def dies_on_second_chunk(self, encs, progress=True):
+        calls.append(len(encs))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, encs, progress)
+
+    monkeypatch.setattr(Scorer, "score", dies_on_second_chunk)
+    argv = ["score", "--model", str(replicas["math-shepherd"]), "--input", str(rows), "--output", str(tmp_path / "o")]
+    with pytest.raises(SystemExit):
+        main([*argv, "--chunk", "1", "--prm-mode", "r2l"])
+    monkeypatch.setattr(Scorer, "score", real)
+    with pytest.raises(SystemExit):
+        main([*argv, "--chunk", "1", "--resume"])
+    err = capsys.readouterr().err
+    assert "belongs to another run" in err and "prm_mode" in err, err
+    main([*argv, "--chunk", "1", "--resume", "--prm-mode", "r2l"])
+    assert all(json.loads(line)["l2r"] is None for line in (tmp_path / "o").read_text().splitlines())
+
+
 def test_prm_mode_is_refused_where_it_cannot_apply(replicas, bi_scorer, tmp_path, capsys):
     """A biprm checkpoint keeps its trained mode, a gate mode would be untrained, and eval already reports all three
     readings: each is one line, before a model loads."""

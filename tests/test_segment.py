@@ -290,13 +290,16 @@ def test_scores_of_a_recut_land_on_the_given_steps_as_the_lowest_cut_step_starti
     from biprm.metrics.first_error import predict_first_error
     from biprm.scoring.step_scores import StepScores
 
-    given = [[[0, 10], [12, 20], [22, 30]], [[0, 10], [12, 20]]]
-    cuts = [[[0, 4], [5, 20], [22, 30], [31, 40]], [[0, 8], [9, 20]]]
-    scores = StepScores(np.array([0, 3, 4]), np.array([-1.0, 2.0, 3.0, 0.5]), l2r=np.array([4.0, -2.0, 1.0, 0.0]))
+    given = [[[0, 10], [12, 20], [22, 30]], [[0, 10], [12, 20]], [[0, 10], [12, 20]], [[0, 10], [12, 20]]]
+    cuts = [[[0, 4], [5, 20], [22, 30], [31, 40]], [[0, 8], [9, 20]], [[0, 15], [16, 20]], [[0, 20]]]
+    fused, l2r = np.array([-1.0, 2.0, 3.0, 0.5, 1.5, 2.5]), np.array([4.0, -2.0, 1.0, 0.0, 0.0, 0.0])
+    scores = StepScores(np.array([0, 3, 4, 5, 6]), fused, l2r=l2r)
     mapped = onto_given(scores, cuts, given)
-    assert mapped.offsets.tolist() == [0, 3, 4]
-    assert mapped.fused.tolist() == [-1.0, np.inf, 3.0, 0.5]
-    assert mapped.l2r.tolist() == [-2.0, np.inf, 1.0, 0.0] and mapped.r2l is None
+    # row 3: its scored cut step runs into the second given step, whose own cut step was not scored: one step held;
+    # row 4: one cut step spans both given steps and was scored: both held, the second never flagged
+    assert mapped.offsets.tolist() == [0, 3, 4, 5, 7]
+    assert mapped.fused.tolist() == [-1.0, np.inf, 3.0, 0.5, 1.5, 2.5, np.inf]
+    assert mapped.l2r.tolist() == [-2.0, np.inf, 1.0, 0.0, 0.0, 0.0, np.inf] and mapped.r2l is None
     for threshold in (0.1, 0.3, 0.6, 0.8, 0.99):  # the first flagged given step, whatever the threshold
         on_given = predict_first_error(mapped.prob(), mapped.offsets, threshold)
         mapped_back = first_errors_on_given(scores.prob(), scores.offsets, threshold, cuts, given)

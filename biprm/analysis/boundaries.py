@@ -112,14 +112,20 @@ def onto_given(
     the cut steps that start in it (+inf where none starts: it cannot be flagged), in every stream. For any threshold
     the first given step below it is then the one holding the first character of the first cut step below it
     (`first_errors_on_given`), so every first-error metric, threshold tuning included, reads the given labels. A row
-    holds the given steps up to the one where its last scored cut step ends (steps past --max-length stay unscored)."""
+    holds the given steps up to the one where its last scored cut step ends; where --max-length left cut steps
+    unscored, only up to the one where the last scored cut step starts (a later one could never be flagged)."""
     streams = {k: getattr(scores, k) for k in ("fused", "l2r", "r2l") if getattr(scores, k) is not None}
     out: dict[str, list[np.ndarray]] = {k: [] for k in streams}
     sizes = []
     for i, (cut, spans) in enumerate(zip(cuts, given)):
         a, b = scores.offsets[i], scores.offsets[i + 1]
         owner = np.array([step_at(spans, start) for start, _ in cut[: b - a]], dtype=np.int64)
-        n = step_at(spans, cut[b - a - 1][1] - 1) + 1 if b > a else 0
+        if b == a:
+            n = 0
+        elif b - a < len(cut):  # cut steps left unscored: a given step past the last scored start cannot be flagged
+            n = owner[-1] + 1
+        else:
+            n = step_at(spans, cut[b - a - 1][1] - 1) + 1
         sizes.append(n)
         for k, values in streams.items():
             row = np.full(n, np.inf)

@@ -8,6 +8,7 @@ others share its scoring (biprm.evaluation.sharing).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 
 from biprm.evaluation.config import AblationConfig, BonConfig, EvalOptions, ProcessBenchConfig, SuiteConfig
 
@@ -16,12 +17,16 @@ def _on_every_process(recipe: Callable[[EvalOptions], object], cfg: EvalOptions)
     from biprm.evaluation.cache import scorer_loader
     from biprm.evaluation.outputs import open_cache
     from biprm.evaluation.sharing import run_shared
-    from biprm.scoring.process_group import close_processes
+    from biprm.scoring.process_group import close_processes, process_state
 
     try:
         run_shared(lambda: recipe(cfg), scorer_loader(cfg))
     except Exception:
-        close_processes()  # run_shared has told the other processes to stop, so each reaches this too
+        # the main process has told the others to stop, so each reaches close_processes too; any other process that
+        # fails leaves at once (the main one may be waiting on it), and closing must not hide the error being raised
+        if process_state().is_main_process:
+            with suppress(Exception):
+                close_processes()
         raise
     except KeyboardInterrupt:
         raise KeyboardInterrupt(

@@ -17,11 +17,14 @@ def process_state():
 
 
 def close_processes() -> None:
-    """End a command that ran on several processes: wait for every process, then close the group. A process
-    that exits with the group open can abort in gloo's teardown ("terminate called without an active
-    exception"), and torchrun then reports a run that finished as failed. Alone, nothing to do."""
+    """End a command that ran on several processes: wait for every process, then close the group (and forget the
+    state that holds it, so a later command in the same Python process starts afresh). A process that exits with the
+    group open can abort in gloo's teardown ("terminate called without an active exception"), and torchrun then
+    reports a run that finished as failed. Alone, nothing to do."""
     import torch.distributed as dist
+    from accelerate import PartialState
 
     if dist.is_available() and dist.is_initialized():
         process_state().wait_for_everyone()
         dist.destroy_process_group()
+        PartialState._reset_state()

@@ -95,6 +95,13 @@ def score_file(
             "overlength": settings.overlength,
             "segmenter": split.name,
         }
+        # how a PRM trained elsewhere is read, where a flag says so (a record written without them still resumes)
+        foreign = {
+            "prm_kind": settings.prm_kind,
+            "prm_mode": settings.prm_mode,
+            "prm_reference": settings.prm_reference,
+        }
+        run |= {k: v for k, v in foreign.items() if v is not None}
         _check_run(scratch, run, resume)
     state.wait_for_everyone()
 
