@@ -295,6 +295,7 @@ def test_eval_processbench_command(ckpt, data_dir, cache_dir, tmp_path):
     assert fused["tuned"]["folds"] == [] and fused["tuned"]["subsets"]["gsm8k"]["f1"] is None
     assert fused["tuned"]["subsets"]["math"]["f1"] is not None and "in_sample" in fused
     md = (tmp_path / "processbench.md").read_text()
+    assert "with 95 % intervals from 1000 resamples" in md and len(fused["fixed"]["average_f1_interval"]) == 2
     assert "tuned on GSM8K, cross-fitted" in md and "in sample: an upper bound" in md and "flag step k" in md
     assert result["baselines"]["always -1 (no error)"]["subsets"]["gsm8k"]["acc_correct"] == 100.0
     assert "baseline: always step 0" in (tmp_path / "processbench.md").read_text()

@@ -114,3 +114,28 @@ def test_flag_step_rule():
     # k = 0: 0 errors, 0 clean; k >= 5: 0 errors, 2/2 clean -> F1 0; k = 4 flags nothing of 2..4-step rows
     k, f1 = tune_flag_step(n_steps, label)
     assert (k, f1) == (1, pytest.approx(200 / 3))
+
+
+def test_f1_intervals_resample_rows_within_each_subset():
+    """Subset a is always right (F1 100 in every draw that holds both kinds of row), b always wrong (0), c has no
+    erroneous row (no F1, no interval); the average's interval is the mean over subsets per draw, NaN when one subset
+    has no F1. A mixed subset's interval holds its F1, and the same seed draws the same interval."""
+    pred = np.array([0, -1, 1, -1, 2, -1, -1, -1])
+    label = np.array([0, -1, 1, 0, -1, -1, -1, -1])
+    where = np.array(["a", "a", "a", "b", "b", "b", "c", "c"])
+    report = first_error_f1_by_subset(pred, label, where, resamples=200)
+    assert report["subsets"]["a"]["f1_interval"] == [100.0, 100.0]
+    assert report["subsets"]["b"]["f1_interval"] == [0.0, 0.0]
+    assert np.isnan(report["subsets"]["c"]["f1"]) and np.isnan(report["subsets"]["c"]["f1_interval"]).all()
+    assert np.isnan(report["average_f1_interval"]).all()
+    two = first_error_f1_by_subset(pred[:6], label[:6], where[:6], resamples=200)
+    assert two["average_f1"] == 50.0 and two["average_f1_interval"] == [50.0, 50.0]
+    rng = np.random.default_rng(0)
+    label = np.where(rng.random(200) < 0.5, -1, rng.integers(0, 5, 200))
+    pred = np.where(rng.random(200) < 0.6, label, -1)
+    mixed = first_error_f1_by_subset(pred, label, np.array(["m"] * 200), resamples=300, seed=3)["subsets"]["m"]
+    low, high = mixed["f1_interval"]
+    assert low < mixed["f1"] < high
+    again = first_error_f1_by_subset(pred, label, np.array(["m"] * 200), resamples=300, seed=3)
+    assert again["subsets"]["m"]["f1_interval"] == [low, high]
+    assert "f1_interval" not in first_error_f1_by_subset(pred, label, np.array(["m"] * 200))["subsets"]["m"]

@@ -17,7 +17,7 @@ from biprm.evaluation.config import AblationConfig
 from biprm.data.benchmarks import load_processbench
 from biprm.evaluation.pools import load_pool
 from biprm.evaluation.models import ROLES, ablation_sources, checkpoint_config, score_sources
-from biprm.evaluation.processbench import evaluate_processbench, format_processbench
+from biprm.evaluation.processbench import RESAMPLES, evaluate_processbench, format_processbench
 from biprm.metrics.selection import PROTOCOLS
 from biprm.scoring.score_file import trace_segmenter
 
@@ -83,7 +83,9 @@ def run_ablations(cfg: AblationConfig) -> dict:
         )
         bon.append(evaluate_bon(pool, score_sources(sources, cache, pool.trajs), cfg.agg, cfg.ns, PROTOCOLS))
     trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
-    pb = evaluate_processbench(trajs, score_sources(sources, cache, trajs), cfg.threshold, cfg.tune_threshold)
+    pb = evaluate_processbench(
+        trajs, score_sources(sources, cache, trajs), cfg.threshold, cfg.tune_threshold, resamples=RESAMPLES
+    )
     table = ablation_table(bon, pb)
     markdown = (
         "\n\n".join(

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from biprm.analysis.boundaries import laid_out, onto_given
-from biprm.analysis.common import TITLES, first_error_report, first_errors, judged_rows, markdown_table, subsets
+from biprm.analysis.common import TITLES, first_errors, judged_rows, markdown_table, subsets
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.outputs import fmt, open_cache, write_outputs
 from biprm.evaluation.config import ProcessBenchConfig
@@ -44,6 +44,7 @@ from biprm.metrics.first_error import (
 from biprm.scoring.step_scores import StepScores
 
 TUNE_ON = "gsm8k"
+RESAMPLES = 1000  # bootstrap resamples behind the commands' F1 intervals
 
 
 def tuned_threshold(trajs: list[Trajectory], scores: StepScores) -> tuple[float, float]:
@@ -104,21 +105,24 @@ def cross_fitted(trajs: list[Trajectory], choose: Choice, apply: Apply) -> tuple
     return pred, choice, folds
 
 
-def flag_step_rule(trajs: list[Trajectory], dev: list[Trajectory] | None = None) -> dict:
+def flag_step_rule(trajs: list[Trajectory], dev: list[Trajectory] | None = None, resamples: int = 0) -> dict:
     """ "Flag step k when there are more than k steps", k tuned on `dev`, else cross-fitted (`cross_fitted`): a
     content-free row."""
     first, where, n_steps = first_errors(trajs), subsets(trajs), _n_steps(trajs)
     if dev is not None:
         k, _ = tune_flag_step(_n_steps(dev), first_errors(dev))
-        return {"k": k, **first_error_f1_by_subset(flag_step(n_steps, k), first, where)}
+        return {"k": k, **_report(flag_step(n_steps, k), first, where, resamples)}
     pred, k, folds = cross_fitted(
         trajs, lambda rows: tune_flag_step(n_steps[rows], first[rows])[0], lambda k: flag_step(n_steps, k)
     )
-    return {"k": k, "folds": folds, **_report(pred, first, where)}
+    return {"k": k, "folds": folds, **_report(pred, first, where, resamples)}
 
 
 def out_of_sample(
-    trajs: list[Trajectory], scores: StepScores, dev: tuple[list[Trajectory], StepScores] | None = None
+    trajs: list[Trajectory],
+    scores: StepScores,
+    dev: tuple[list[Trajectory], StepScores] | None = None,
+    resamples: int = 0,
 ) -> dict:
     """{"threshold", "tuned_on", ...report}: F1 per subset where no row is predicted with a threshold tuned on it (see
     module doc)."""
@@ -126,23 +130,29 @@ def out_of_sample(
     predict = lambda t: predict_first_error(probs, scores.offsets, t)  # noqa: E731
     if dev is not None:
         t, _ = tuned_threshold(*dev)
-        return {"threshold": t, "tuned_on": "dev", **first_error_f1_by_subset(predict(t), first, where)}
+        return {"threshold": t, "tuned_on": "dev", **_report(predict(t), first, where, resamples)}
     choose = lambda rows: tuned_threshold([trajs[i] for i in rows], scores.select(rows))[0]  # noqa: E731
     pred, t, folds = cross_fitted(trajs, choose, predict)
     return {
         "threshold": t,
         "tuned_on": _tuning_rows(trajs)[1],
         "folds": [{"threshold": f} for f in folds],
-        **_report(pred, first, where),
+        **_report(pred, first, where, resamples),
     }
 
 
-def _report(pred: np.ndarray, first: np.ndarray, where: np.ndarray) -> dict:
-    """`first_error_f1_by_subset`, with rows predicted -2 (no out-of-sample choice possible) counted as not measured."""
-    report = first_error_f1_by_subset(pred, first, where)
-    for name in np.unique(where[pred == -2]):
-        report["subsets"][str(name)] |= {"acc_error": float("nan"), "acc_correct": float("nan"), "f1": float("nan")}
+def _report(pred: np.ndarray, first: np.ndarray, where: np.ndarray, resamples: int = 0) -> dict:
+    """`first_error_f1_by_subset` (with intervals from `resamples`), rows predicted -2 (no out-of-sample choice
+    possible) counting as not measured."""
+    report = first_error_f1_by_subset(pred, first, where, resamples)
+    unmeasured = np.unique(where[pred == -2])
+    nan = float("nan")
+    for name in unmeasured:
+        report["subsets"][str(name)] |= {"acc_error": nan, "acc_correct": nan, "f1": nan}
+        report["subsets"][str(name)] |= {"f1_interval": [nan, nan]} if resamples else {}
     report["average_f1"] = float(np.mean([s["f1"] for s in report["subsets"].values()]))
+    if resamples and len(unmeasured):
+        report["average_f1_interval"] = [nan, nan]
     return report
 
 
@@ -152,29 +162,35 @@ def evaluate_processbench(
     threshold: float = 0.5,
     tune: bool = False,
     dev: tuple[list[Trajectory], dict[str, StepScores]] | None = None,
+    resamples: int = 0,
 ) -> dict:
     """Per mode: "fixed" (at `threshold`) and, with `tune` or `dev`, "tuned" (out of sample) and "in_sample" (an upper
-    bound)."""
+    bound); with `resamples`, every F1 with a 95 % interval over rows (`first_error_f1_by_subset`)."""
     modes, where, first = {}, subsets(trajs), first_errors(trajs)
     # rows without GSM8K rows (a user's own file) are cross-fitted within themselves, where they hold both kinds of row
     in_file = dev is None and TUNE_ON not in where and len(np.unique(first == -1)) == 2
+
+    def at(s: StepScores, t: float) -> dict:
+        return _report(predict_first_error(s.prob(), s.offsets, t), first, where, resamples)
+
     for key, s in scores.items():
-        modes[key] = {"fixed": first_error_report(trajs, s, threshold)}
+        modes[key] = {"fixed": at(s, threshold)}
         if tune or dev is not None or in_file:
-            modes[key]["tuned"] = out_of_sample(trajs, s, None if dev is None else (dev[0], dev[1][key]))
+            modes[key]["tuned"] = out_of_sample(trajs, s, None if dev is None else (dev[0], dev[1][key]), resamples)
             if len(np.unique(judged_rows(trajs, s)[1] == -1)) == 2:  # tuning needs clean and erroneous rows
                 t, f1 = tuned_threshold(trajs, s)
-                modes[key]["in_sample"] = {"threshold": t, "tuning_f1": f1, **first_error_report(trajs, s, t)}
+                modes[key]["in_sample"] = {"threshold": t, "tuning_f1": f1, **at(s, t)}
     names = list(dict.fromkeys(where))
     baselines = {  # what a verifier must beat: flag nothing, or flag every solution at its first step
-        "always -1 (no error)": first_error_f1_by_subset(np.full(len(trajs), -1), first, where),
-        "always step 0": first_error_f1_by_subset(np.zeros(len(trajs), dtype=np.int64), first, where),
+        "always -1 (no error)": _report(np.full(len(trajs), -1), first, where, resamples),
+        "always step 0": _report(np.zeros(len(trajs), dtype=np.int64), first, where, resamples),
     }
     if dev is not None or TUNE_ON in where or in_file:
-        rule = flag_step_rule(trajs, None if dev is None else dev[0])
+        rule = flag_step_rule(trajs, None if dev is None else dev[0], resamples)
         baselines[f"flag step k when there are more than k steps (k = {rule['k']}, tuned out of sample)"] = rule
     return {
         "threshold": threshold,
+        "resamples": resamples,
         "subsets": names,
         "rows": {n: int((where == n).sum()) for n in names},
         "modes": modes,
@@ -182,11 +198,17 @@ def evaluate_processbench(
     }
 
 
+def _f1(report: dict, key: str) -> str:
+    """An F1 cell: the value, and its interval where the report has one."""
+    low, high = report.get(f"{key}_interval") or (None, None)
+    return fmt(report[key]) + (f" [{fmt(low)}, {fmt(high)}]" if fmt(low) != "–" and fmt(high) != "–" else "")
+
+
 def format_processbench(result: dict) -> str:
     """F1 per subset at the fixed and the tuned threshold, then the two accuracies behind each F1."""
     names, modes = result["subsets"], result["modes"]
     heads = [TITLES.get(n, n) for n in names]
-    f1_row = lambda r: [fmt(r["subsets"][n]["f1"]) for n in names] + [fmt(r["average_f1"])]  # noqa: E731
+    f1_row = lambda r: [_f1(r["subsets"][n], "f1") for n in names] + [_f1(r, "average_f1")]  # noqa: E731
     rows = [[f"{key} @ {result['threshold']:g}", *f1_row(m["fixed"])] for key, m in modes.items()]
 
     def source(m: dict) -> str:
@@ -217,8 +239,10 @@ def format_processbench(result: dict) -> str:
         [f"baseline: {key}", *(both(b["subsets"][n]) for n in names)] for key, b in result.get("baselines", {}).items()
     ]
     sizes = ", ".join(f"{TITLES.get(n, n)} {k}" for n, k in result["rows"].items())
+    resamples = result.get("resamples")
+    intervals = f", with 95 % intervals from {resamples} resamples of the rows within each subset" if resamples else ""
     return (
-        f"Rows: {sizes}. F1 (%):\n\n"
+        f"Rows: {sizes}. F1 (%){intervals}:\n\n"
         + markdown_table(["mode", *heads, "Avg. F1"], rows)
         + "\n\nAccuracy on erroneous / clean rows (%):\n\n"
         + markdown_table(["mode", *heads], acc)
@@ -251,7 +275,7 @@ def run_processbench(cfg: ProcessBenchConfig) -> dict:
         dev_trajs = load_processbench(cfg.data_root, (cfg.tune_data,))
         dev = (dev_trajs, recut_scores(sources, cache, dev_trajs, segmenter))
     scores = recut_scores(sources, cache, trajs, segmenter)
-    result = evaluate_processbench(trajs, scores, cfg.threshold, cfg.tune_threshold, dev)
+    result = evaluate_processbench(trajs, scores, cfg.threshold, cfg.tune_threshold, dev, RESAMPLES)
     result["segmenter"] = segmenter.name if segmenter else "given"
     steps = (
         f"Steps: each row's given steps joined by a blank line and cut again by `{segmenter.name}`; each first error "

@@ -55,7 +55,7 @@ from biprm.evaluation.models import (
     score_sources,
     token_lengths,
 )
-from biprm.evaluation.processbench import TUNE_ON, evaluate_processbench, format_processbench
+from biprm.evaluation.processbench import RESAMPLES, TUNE_ON, evaluate_processbench, format_processbench
 from biprm.evaluation.report import format_curves, format_long_chain
 from biprm.metrics.selection import PROTOCOLS
 from biprm.scoring.score_file import trace_segmenter
@@ -119,7 +119,9 @@ def run_suite(cfg: SuiteConfig) -> dict:
     with stage("ProcessBench"):
         trajs = load_processbench(cfg.data_root, cfg.subsets, cfg.limit)
         scores = suite.scores(trajs)
-        pb = results["processbench"] = evaluate_processbench(trajs, scores, cfg.threshold, tune=TUNE_ON in cfg.subsets)
+        pb = results["processbench"] = evaluate_processbench(
+            trajs, scores, cfg.threshold, tune=TUNE_ON in cfg.subsets, resamples=RESAMPLES
+        )
         md += ["## ProcessBench", format_processbench(pb)]
     for name, section in (
         ("position analyses", position_section),

@@ -7,6 +7,8 @@ threshold sweep are vectorised reduces, never a loop over trajectories.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from biprm.scoring.aggregate import segments
@@ -90,14 +92,35 @@ def tune_threshold(
     return float(pick), float(f1.max())
 
 
-def first_error_f1_by_subset(pred: np.ndarray, label: np.ndarray, subset: np.ndarray) -> dict:
-    """ProcessBench's report: scores per subset (in order of first appearance) and the mean F1 over subsets."""
+def first_error_f1_by_subset(
+    pred: np.ndarray, label: np.ndarray, subset: np.ndarray, resamples: int = 0, seed: int = 0
+) -> dict:
+    """ProcessBench's report: scores per subset (in order of first appearance) and the mean F1 over subsets. With
+    `resamples`, each F1 also gets a 95 % percentile interval ("f1_interval", "average_f1_interval") over rows
+    resampled within each subset (a ProcessBench row is one question's solution)."""
     pred, label, subset = np.asarray(pred), np.asarray(label), np.asarray(subset)
     names, first = np.unique(subset, return_index=True)
-    per = {
-        str(name): processbench_scores(pred[subset == name], label[subset == name]) for name in names[np.argsort(first)]
-    }
-    return {"subsets": per, "average_f1": float(np.mean([s["f1"] for s in per.values()]))}
+    rows = {str(name): np.flatnonzero(subset == name) for name in names[np.argsort(first)]}
+    per = {name: processbench_scores(pred[r], label[r]) for name, r in rows.items()}
+    report = {"subsets": per, "average_f1": float(np.mean([s["f1"] for s in per.values()]))}
+    if resamples:
+        rng = np.random.default_rng(seed)
+        draws = np.empty((resamples, len(rows)))  # F1 of each subset's rows drawn with replacement
+        for d in range(resamples):
+            for j, r in enumerate(rows.values()):
+                ix = rng.choice(r, len(r))
+                draws[d, j] = processbench_scores(pred[ix], label[ix])["f1"]
+        for name, interval in zip(per, _intervals(draws).T):
+            per[name]["f1_interval"] = interval.tolist()
+        report["average_f1_interval"] = _intervals(draws.mean(axis=1)).tolist()
+    return report
+
+
+def _intervals(draws: np.ndarray) -> np.ndarray:
+    """95 % percentile bounds along the first axis; NaN where every draw is NaN (a subset without both row kinds)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns of an all-NaN slice
+        return np.nanquantile(draws, [0.025, 0.975], axis=0)
 
 
 def flag_step(n_steps: np.ndarray, k: int) -> np.ndarray:
