@@ -98,15 +98,20 @@ def test_tokens_follow_the_o_d_and_o_d2_accounting(bi_scorer):
     assert incremental.tokens["l2r"] == int(n.sum())
 
 
-def test_a_path_given_twice_in_one_call_runs_its_l2r_once_and_its_r2l_twice(bi_scorer):
-    """Why R2L can run more step tokens than L2R from scratch (docs/SEARCH.md): L2R makes one row of a path however
-    often a call holds it, R2L reruns every path it is given."""
+def test_a_path_given_twice_in_one_call_runs_once_in_each_stream(bi_scorer):
+    """A call that holds one path twice (a policy that samples one step twice from one parent) reads it once per
+    stream, and both copies get its scores, the same as a call that holds it once."""
     enc = bi_scorer.encode([Trajectory(QUESTIONS[0], STEPS[:2])])[0][0]
     n = sum(len(s) for s in enc.steps)
     prefix = PrefixScorer(bi_scorer, incremental=False)
-    twice = prefix.score([QUESTIONS[0]] * 2, [STEPS[:2]] * 2)
-    assert prefix.tokens == {"prompt": len(enc.prompt), "l2r": n, "r2l": 2 * n}
-    np.testing.assert_allclose(twice[0].fused, twice[1].fused, atol=1e-6, rtol=0)
+    twice = prefix.score([QUESTIONS[0], QUESTIONS[1], QUESTIONS[0]], [STEPS[:2], STEPS[:1], STEPS[:2]])
+    other = bi_scorer.encode([Trajectory(QUESTIONS[1], STEPS[:1])])[0][0]
+    m = sum(len(s) for s in other.steps)
+    assert prefix.tokens == {"prompt": len(enc.prompt) + len(other.prompt), "l2r": n + m, "r2l": n + m}
+    once = PrefixScorer(bi_scorer, incremental=False).score([QUESTIONS[0], QUESTIONS[1]], [STEPS[:2], STEPS[:1]])
+    for got, want in zip(twice, [once[0], once[1], once[0]]):
+        np.testing.assert_allclose(got.fused, want.fused, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(got.r2l, want.r2l, atol=1e-6, rtol=0)
 
 
 def test_only_the_paths_of_the_last_call_stay_cached(bi_scorer):

@@ -134,14 +134,13 @@ class PrefixScorer:
         self, keys: list[Key], encs: list[Encoded], run_l2r: bool, run_r2l: bool
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Hidden states at every step tag of each stream, flat in path order: L2R from the cache after running what
-        is new, R2L rerun whole; then only the nodes of these paths stay cached."""
+        is new, R2L rerun whole (once per distinct path in the call); then only the nodes of these paths stay cached."""
         self._cache_prompts(keys, encs)
         l2r_rows = self._l2r_rows(keys, encs) if run_l2r else {}
-        r2l_rows = (
-            [Row([self.nodes[k[:1]]], *continuation(e, "r2l", shared=True), cached=False) for k, e in zip(keys, encs)]
-            if run_r2l
-            else []
-        )
+        distinct = dict(zip(keys, encs)) if run_r2l else {}  # a path given twice is read once
+        r2l_rows = [
+            Row([self.nodes[k[:1]]], *continuation(e, "r2l", shared=True), cached=False) for k, e in distinct.items()
+        ]
         tags, kvs = self._run(list(l2r_rows.values()) + r2l_rows)
         for (key, row), tag, kv in zip(l2r_rows.items(), tags, kvs):
             self._add_nodes(key, row, tag, kv)
@@ -149,7 +148,8 @@ class PrefixScorer:
         self.tokens["r2l"] += sum(len(r.ids) for r in r2l_rows)
         self.nodes = {k[:j]: self.nodes[k[:j]] for k in keys for j in range(1, len(k) + 1) if k[:j] in self.nodes}
         h_l2r = torch.cat([torch.stack([n.tag for n in self.nodes[k].chain()[1:]]) for k in keys]) if run_l2r else None
-        h_r2l = torch.cat(tags[len(l2r_rows) :]) if run_r2l else None
+        r2l_tags = dict(zip(distinct, tags[len(l2r_rows) :]))
+        h_r2l = torch.cat([r2l_tags[k] for k in keys]) if run_r2l else None
         self._bound_cache()
         return h_l2r, h_r2l
 
