@@ -134,6 +134,18 @@ def test_init_from_trains_a_bidirectional_prm_that_scores_in_its_own_template(re
     assert scorer.encoder.template.kind == "qwen-prm"
     scores = scorer.score(scorer.encode(trajectories())[0], progress=False)
     assert scores.r2l is not None and scores.sigma is not None and len(scores) == len(PROBLEMS)
+    # eval names the trained model by its mode, and the PRM it came from by its kind, never one as the other
+    from biprm.evaluation.models import sources_of
+
+    keys = [s.key for s in sources_of([str(replicas["qwen-prm"]), out])]
+    assert keys == [
+        "qwen-prm: qwen-prm (as shipped)",
+        "qwen-prm: qwen-prm: steps reversed, zero-shot",
+        "qwen-prm: qwen-prm: static average, zero-shot",
+        "bi: bi (fused)",
+        "bi: bi: L2R stream",
+        "bi: bi: R2L stream",
+    ]
 
 
 def test_eval_processbench_prints_a_third_party_row_beside_the_text_free_rows(replicas, tmp_path):

@@ -61,11 +61,12 @@ class ScoreSource:
 
 
 def checkpoint_config(ckpt: str, prm_kind: str | None = None) -> dict:
-    """A biprm checkpoint's config.json, or for a PRM of another kind (biprm.prms) its kind and the mode it is evaluated
-    in; any other folder is refused in one line (see checkpoint.check_checkpoint)."""
+    """A biprm checkpoint's config.json (one trained `--init-from` another PRM records that PRM's `prm_kind` too), or
+    for a PRM trained elsewhere (biprm.prms) the mode it is evaluated in and its kind as `trained_elsewhere`; any other
+    folder is refused in one line (see checkpoint.check_checkpoint)."""
     check_checkpoint(ckpt, prm_kind)
     if (kind := detect(ckpt, prm_kind)) != "biprm":
-        return {"mode": FOREIGN_MODE, "prm_kind": kind}
+        return {"mode": FOREIGN_MODE, "trained_elsewhere": kind}
     return json.loads((Path(ckpt) / "config.json").read_text())
 
 
@@ -77,8 +78,8 @@ def checkpoint_sources(ckpt: str, prefix: str = "", prm_kind: str | None = None)
     """A two-stream checkpoint's fused output and each of its streams, labelled so they cannot pass for separate
     models."""
     config = checkpoint_config(ckpt, prm_kind)
-    mode, kind = config["mode"], config.get("prm_kind", "biprm")
-    if kind != "biprm":  # the training-free rows: what reversal alone does to this PRM
+    mode, kind = config["mode"], config.get("trained_elsewhere")
+    if kind:  # the training-free rows: what reversal alone does to this PRM
         streams = [
             ("l2r", f"{kind} (as shipped)"),
             ("r2l", f"{kind}: steps reversed, zero-shot"),
