@@ -83,7 +83,11 @@ def main() -> None:
     parser.add_argument("--solutions", type=int, default=256, help="solutions scored per round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per model; the median is reported")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared 2-core machine)")
+    parser.add_argument(
+        "--out", type=Path, default=OUT, help="folder for prm-kinds.md and .json (default: the committed ones)"
+    )
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     trajs = make_dataset(args.solutions, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,7 +124,7 @@ def main() -> None:
         "throughput_ratio_qwen_prm_over_biprm_l2r_same_rows": ratio,
         "torch": torch.__version__,
     }
-    (OUT / "prm-kinds.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "prm-kinds.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "# A third-party PRM kind against biprm's own L2R scorer, one body",
         "",
@@ -138,7 +142,7 @@ def main() -> None:
         "longer, and attention grows with the row.",
         "",
     ]
-    (OUT / "prm-kinds.md").write_text("\n".join(lines))
+    (args.out / "prm-kinds.md").write_text("\n".join(lines))
     print("\n".join(lines), file=sys.stderr)
 
 

@@ -112,9 +112,15 @@ def _what_config(config: Path) -> str | None:
     if kind != "biprm" and _known_prm(config.parent):
         return None
     if kind != "biprm":
+        causal = any(str(a).endswith("ForCausalLM") for a in values.get("architectures") or ())
+        causal_prm = (
+            "; if it is a PRM read from its LM head (math-shepherd, rlhflow, eurus-prm), name the kind with --prm-kind"
+            if causal
+            else ""
+        )
         return (
             f"is a plain {kind or 'unknown'} model (a backbone), not a biprm checkpoint; train a PRM on it with "
-            f"`biprm train --backbone {config.parent}`, then {TRAINED}"
+            f"`biprm train --backbone {config.parent}`, then {TRAINED}{causal_prm}"
         )
     if not any(config.parent.glob("*.safetensors")) and not any(config.parent.glob("*.bin")):
         return (

@@ -435,7 +435,7 @@ class DemoConfig:
 
 @dataclass
 class ScoreConfig(ScorerSettings):
-    model: str = arg(help="checkpoint folder written by `biprm train`")
+    model: str = arg(help="checkpoint folder written by `biprm train`, or a PRM trained elsewhere (docs/PRMS.md)")
     input: str = arg(help="data file, Hub dataset name or synthetic[:N]")
     output: str = arg("scores.jsonl", "JSONL file, or - for stdout")
     format: Format = arg("auto", "the input's layout; auto detects it from the first row")

@@ -55,6 +55,21 @@ def test_a_folder_that_is_not_a_checkpoint_is_named_with_what_it_holds(tmp_path,
     )  # one line; caught where transformers' errors are
 
 
+def test_a_causal_lm_that_may_be_a_prm_is_told_about_prm_kind(tmp_path):
+    """A renamed math-shepherd or RLHFlow folder is a plain causal LM to look at: the message says how to name it."""
+    path = folder(
+        tmp_path, "my-prm", {"model_type": "mistral", "architectures": ["MistralForCausalLM"]}, ["x.safetensors"]
+    )
+    with pytest.raises(NotACheckpoint) as error:
+        check_checkpoint(str(path))
+    assert str(error.value).startswith(f"{path}: is a plain mistral model (a backbone)") and str(error.value).endswith(
+        "if it is a PRM read from its LM head (math-shepherd, rlhflow, eurus-prm), name the kind with --prm-kind"
+    )
+    with pytest.raises(NotACheckpoint) as error:  # a backbone with no LM head is not told
+        check_checkpoint(str(folder(tmp_path, "enc", {"model_type": "bert"}, ["x.safetensors"])))
+    assert "--prm-kind" not in str(error.value)
+
+
 def test_a_checkpoint_passes_and_only_a_non_local_name_may_be_a_hub_id(tmp_path):
     check_checkpoint(str(folder(tmp_path, "ok", {"model_type": "biprm"}, ["model.safetensors"])))
     check_checkpoint("someone/some-prm")  # not here: left to the Hub

@@ -205,7 +205,10 @@ def test_required_flags_say_so_in_the_help():
         "(one line per question, appended; rerun to resume), summary.md, accuracy.png (required)"
         in helps["biprm search"]
     )
-    assert "checkpoint folder written by `biprm train` (required)" in helps["biprm score"]
+    assert (
+        "checkpoint folder written by `biprm train`, or a PRM trained elsewhere (docs/PRMS.md) (required)"
+        in helps["biprm score"]
+    )
     assert all(
         text.count("(required)") == sum(a.required for a in p._actions)
         for p in cli._subparsers(cli.build_parser())

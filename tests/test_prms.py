@@ -511,6 +511,30 @@ def test_an_implicit_prm_reaches_score_eval_and_search(replicas, tmp_path):
             np.testing.assert_allclose(score.fused, eurus_logits(folder, q, path), atol=1e-8)
 
 
+def test_a_search_takes_a_renamed_causal_lm_prm_with_its_kind(replicas, tmp_path):
+    """A math-shepherd folder whose name says nothing: search refuses it before anything loads, saying to name its
+    kind; with --prm-kind it drives a search beside a biprm checkpoint, which keeps its own kind."""
+    import shutil
+
+    from biprm.checkpoint import NotACheckpoint
+    from biprm.search.config import SearchConfig
+    from biprm.search.run import kind_of, run_search
+
+    plain = tmp_path / "my-prm"
+    shutil.copytree(replicas["math-shepherd"], plain)
+    task = dict(data="synthetic:2", policy="synthetic", algorithms=["bon"], n=[2], show_progress=False)
+    with pytest.raises(NotACheckpoint, match="--prm .*name the kind with --prm-kind"):
+        run_search(SearchConfig(out=str(tmp_path / "refused"), prm=[str(plain)], **task))
+    assert not (tmp_path / "refused").exists()
+    cfg = SearchConfig(out=str(tmp_path / "out"), prm=[str(plain)], prm_kind="math-shepherd", **task)
+    summary = run_search(cfg)
+    assert "bon" in summary and (tmp_path / "out" / "questions.jsonl").exists()
+    bi = tmp_path / "bi"
+    (bi).mkdir()
+    (bi / "config.json").write_text('{"model_type": "biprm"}')
+    assert kind_of(cfg, str(bi)) is None and kind_of(cfg, str(plain)) == "math-shepherd"
+
+
 def test_a_search_with_an_implicit_prm_and_no_reference_stops_before_anything_loads(replicas, tmp_path):
     import json
 

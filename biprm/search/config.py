@@ -55,7 +55,8 @@ class SearchConfig:
     )
     prm: list[str] = arg(
         help="PRMs, all scoring one shared pool and each driving its own searches: biprm checkpoint folders (any "
-        "mode) and/or noise (text-free scores); with several, a PRM's rows end in [its folder's name]",
+        "mode), PRMs trained elsewhere (docs/PRMS.md) and/or noise (text-free scores); with several, a PRM's rows "
+        "end in [its folder's name]",
         factory=lambda: ["noise"],
     )
     algorithms: list[str] = arg(
@@ -134,6 +135,11 @@ class SearchConfig:
         None, "PRM tokens per stream (default: the checkpoint's); steps past it are flagged, not scored", min=1
     )
     prm_reference: str | None = arg(None, "for an implicit PRM among --prm (eurus-prm): the folder of its reference LM")
+    prm_kind: str | None = arg(
+        None,
+        "for a --prm folder whose config cannot say its kind (a plain causal LM: math-shepherd, rlhflow, eurus-prm): "
+        "its kind, for every --prm folder biprm did not train (docs/PRMS.md)",
+    )
     show_progress: bool = arg(True, "a progress bar over questions, saying what runs now (policy depth, PRM call)")
     prm_cache_mb: float = arg(
         4096,

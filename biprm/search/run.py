@@ -48,6 +48,7 @@ RESULTS = (
     "policy_model",
     "policy_tokenizer",
     "prm",
+    "prm_kind",
     "prm_max_length",
     "algorithms",
     "n",
@@ -124,9 +125,18 @@ def build_scorer(cfg: SearchConfig, prm: str) -> PathScorer:
     return PrefixScorer.from_pretrained(
         prm,
         max_cache_mb=cfg.prm_cache_mb,
+        prm_kind=kind_of(cfg, prm),
         prm_reference=cfg.prm_reference,
         **({"max_length": cfg.prm_max_length} if cfg.prm_max_length else {}),
     )
+
+
+def kind_of(cfg: SearchConfig, prm: str) -> str | None:
+    """--prm-kind for a --prm folder biprm did not train; a biprm checkpoint among them keeps its own kind."""
+    config = Path(prm) / "config.json"
+    if cfg.prm_kind is None or (config.is_file() and json.loads(config.read_text()).get("model_type") == "biprm"):
+        return None
+    return cfg.prm_kind
 
 
 def scores_row(p: SearchPath) -> dict:
@@ -595,8 +605,8 @@ def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorers: lis
         from biprm.prms import check_reference  # lazily: it reads torch
 
         try:
-            check_checkpoint(prm)  # any kind biprm reads (biprm.prms), named before the policy's minute of loading
-            check_reference(prm, None, cfg.prm_reference)
+            check_checkpoint(prm, kind_of(cfg, prm))  # any kind biprm reads, named before the policy loads
+            check_reference(prm, kind_of(cfg, prm), cfg.prm_reference)
         except (OSError, ValueError) as error:
             raise NotACheckpoint(f"--prm {error}") from None
     out = Path(cfg.out)
