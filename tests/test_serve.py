@@ -33,12 +33,12 @@ STEPS = ["Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 7.", "The answ
 
 
 def client(bi_scorer, **kw) -> TestClient:
-    """A server over `bi_scorer` (either engine); a copy of it reads another max_length when the settings ask for
-    one."""
+    """A server over `bi_scorer` (either engine); a copy of it reads another max_length or overlength policy when the
+    settings ask for one."""
     cfg = ServeConfig(model="tiny", **kw)
-    if bi_scorer.max_length != cfg.max_length:
+    if (bi_scorer.max_length, bi_scorer.encoder.overlength) != (cfg.max_length, cfg.overlength):
         bi_scorer, encoder = copy.copy(bi_scorer), copy.copy(bi_scorer.encoder)
-        bi_scorer.encoder, encoder.max_length = encoder, cfg.max_length
+        bi_scorer.encoder, encoder.max_length, encoder.overlength = encoder, cfg.max_length, cfg.overlength
     return TestClient(build_app(bi_scorer, cfg))
 
 
@@ -149,6 +149,13 @@ def test_over_long_input_is_flagged_or_refused(bi_scorer):
     with client(bi_scorer, max_length=fits_two) as c:
         r = c.post("/v1/score", json={"question": Q, "steps": STEPS}).json()
     assert r["truncated"] is True and r["steps_scored"] == 2 and len(r["fused"]) == 2 and r["steps"] == STEPS
+    assert (r["n_dropped"], r["first_scored"], r["windowed"]) == (1, 0, False)
+    with client(bi_scorer, max_length=fits_two, overlength="tail") as c:  # the answer says which steps were scored
+        r = c.post("/v1/score", json={"question": Q, "steps": STEPS}).json()
+    assert (r["truncated"], r["steps_scored"], r["n_dropped"], r["first_scored"]) == (True, 2, 1, 1)
+    with client(bi_scorer, max_length=fits_two, overlength="window") as c:
+        r = c.post("/v1/score", json={"question": Q, "steps": STEPS}).json()
+    assert (r["truncated"], r["steps_scored"], r["n_dropped"], r["windowed"]) == (False, 3, 0, True)
     with client(bi_scorer, max_length=fits_two, on_overlength="refuse") as c:
         r = c.post("/v1/score", json={"question": Q, "steps": STEPS})
     assert r.status_code == 413 and "1 trailing steps" in r.json()["error"]

@@ -138,8 +138,9 @@ class Service:
         if why := self.failure():
             raise ServiceError(503, f"this server cannot score until it is restarted: {why}", retry=False)
 
-    async def run(self, trajs: list[Trajectory], names: list[str]) -> tuple[StepScores, np.ndarray]:
-        """(scores, steps dropped per trajectory); bad text is a 400 naming the item, over-long a flag or 413."""
+    async def run(self, trajs: list[Trajectory], names: list[str]) -> tuple[StepScores, list[Encoded]]:
+        """(scores, the encodings: what each trajectory's length cost); bad text is a 400 naming the item, over-long
+        a flag or 413."""
         if len(trajs) > self.cfg.max_queue:
             raise ServiceError(
                 413,
@@ -165,7 +166,7 @@ class Service:
         except Exception:
             self.check_alive()  # the engine died under this request: a 503 naming why; any other failure stays a 500
             raise
-        return scores, dropped
+        return scores, encs
 
     def _encode(self, trajs: list[Trajectory], names: list[str]) -> list[Encoded]:
         try:
@@ -182,17 +183,20 @@ class Service:
             segmenter = self.segmenter if it.segmenter is None else Segmenter(it.segmenter, self.scorer.tokenizer)
             cuts.append(None if it.steps is not None else _cut(it.solution, segmenter, f"item {i}: field 'solution'"))
             trajs.append(Trajectory(it.question, it.steps if cuts[-1] is None else cuts[-1].texts))
-        scores, dropped = await self.run(trajs, [f"item {i}" for i in range(len(items))])
+        scores, encs = await self.run(trajs, [f"item {i}" for i in range(len(items))])
         keys = (
             "steps",
             *STEP_OUTPUTS,
             "solution",
             "solution_logit",
             "steps_scored",
+            "n_dropped",
+            "first_scored",
+            "windowed",
         )  # what `biprm score` writes, less the input's own fields
         return [
-            {**{k: row[k] for k in keys}, "truncated": bool(d), **(cut.meta() if cut else {})}
-            for row, d, cut in zip(score_rows(trajs, scores, digits=None), dropped, cuts)
+            {**{k: row[k] for k in keys}, "truncated": row["n_dropped"] > 0, **(cut.meta() if cut else {})}
+            for row, cut in zip(score_rows(trajs, scores, digits=None, encs=encs), cuts)
         ]
 
     def question(self, prompt: str, i: int) -> str:
