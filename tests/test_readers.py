@@ -263,6 +263,8 @@ def test_bon_pool_layouts():
         from_bon_pool({**ours, "candidates": [{"text": "\n\n"}]}, "f row 1")
     plain = from_bon_pool({"question": "Q?", "responses": ["a\n\nb", "c"]}, "f row 2")  # what generators write
     assert [t.steps for t in plain] == [["a", "b"], ["c"]] and plain[1].meta == {"qid": 0, "cand": 1}
+    mine = from_bon_pool({"id": "q1", "source": "gsm8k", **ours}, "f row 1", qid=5)  # the row's own fields ride along
+    assert [t.meta for t in mine] == [{"id": "q1", "source": "gsm8k", "qid": 5, "cand": j} for j in (0, 1)]
     with pytest.raises(DataError, match=r"f row 2 responses\[0\]: expected a string or an object"):
         from_bon_pool({"question": "Q?", "responses": [3]}, "f row 2")
 

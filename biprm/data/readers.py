@@ -229,6 +229,8 @@ def from_trace(row: dict, where: str, segmenter: Segmenter) -> Trajectory:
     labels = None
     if "first_error_char" in row:
         at = checked_field(row, "first_error_char", where, int)
+        if at < -1:
+            raise DataError(f"{where}: field 'first_error_char' is {at}; give a character position, or -1 for none")
         first = -1 if at < 0 else step_at(cut.offsets, at)
         if at >= 0 and first < 0:
             raise DataError(f"{where}: field 'first_error_char' is {at}, past the last step of field '{tkey}'")
@@ -317,7 +319,8 @@ def from_prmbench(row: dict, where: str) -> list[Trajectory]:
 def from_bon_pool(row: dict, where: str, split_rule: str | Segmenter = "auto", qid: int = 0) -> list[Trajectory]:
     """Best-of-N candidates of one question: PQM's {"question", "responses": [{"text"}]} or
     ours {"question", "answer"?, "candidates": [{"steps"} | {"text"}, "correct"?]}. A candidate
-    may also be a plain string (what generators usually write): its text, cut by `split_rule`."""
+    may also be a plain string (what generators usually write): its text, cut by `split_rule`. The row's other fields
+    (an id, ...) ride along in each candidate's `meta`, beside its `qid` and `cand`."""
     question = checked_field(row, "question", where, str)
     key = "candidates" if "candidates" in row else "responses"
     if key not in row:
@@ -326,6 +329,7 @@ def from_bon_pool(row: dict, where: str, split_rule: str | Segmenter = "auto", q
     if not cands:
         raise DataError(f"{where}: field '{key}' is an empty list")
     answer = None if row.get("answer") is None else str(row["answer"])
+    extra = {k: v for k, v in row.items() if k not in ("question", key, "answer")}
     trajs = []
     for j, cand in enumerate(cands):
         at = f"{where} {key}[{j}]"
@@ -339,7 +343,7 @@ def from_bon_pool(row: dict, where: str, split_rule: str | Segmenter = "auto", q
             else split_steps(checked_field(cand, "text", at, str), split_rule)
         )
         correct = checked_field(cand, "correct", at, bool) if cand.get("correct") is not None else None
-        meta = {"qid": qid, "cand": j} | ({"policy": cand["model_name"]} if "model_name" in cand else {})
+        meta = extra | {"qid": qid, "cand": j} | ({"policy": cand["model_name"]} if "model_name" in cand else {})
         trajs.append(validate(Trajectory(question, steps, answer=answer, correct=correct, meta=meta), at))
     return trajs
 
