@@ -103,8 +103,16 @@ def test_a_solution_is_cut_by_the_segmenter_the_request_or_the_server_names(bi_s
         ("/v1/score", {"steps": STEPS}, "field 'question'"),
         ("/v1/score", {"question": Q, "steps": STEPS, "solution": "x"}, "exactly one of 'steps' and 'solution'"),
         ("/v1/score", [{"question": Q, "steps": STEPS}, {"question": Q, "steps": []}], "item 1: field 'steps'"),
-        ("/v1/score", {"question": Q, "solution": "a", "split": "words"}, "unknown segmenter 'words'"),
-        ("/v1/score", {"question": Q, "solution": "a", "segmenter": "tokens:0"}, "tokens:N needs a whole number N > 0"),
+        (
+            "/v1/score",
+            {"question": Q, "solution": "a", "split": "words"},
+            "field 'split': unknown segmenter 'words'",
+        ),
+        (
+            "/v1/score",
+            [{"question": Q, "steps": STEPS}, {"question": Q, "solution": "a", "segmenter": "tokens:0"}],
+            "item 1: field 'segmenter': segmenter 'tokens:0': tokens:N needs a whole number N > 0",
+        ),
         ("/v1/score", {"question": Q, "solution": " \n "}, "item 0: field 'solution': the trace is empty"),
         (
             "/v1/score",

@@ -35,7 +35,16 @@ from contextlib import asynccontextmanager
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from biprm.config import MODE_TABLE, check_segmenter
 from biprm.data.encoding import Encoded
@@ -66,12 +75,17 @@ class ScoreItem(BaseModel):
         "('split': its old name)",
     )
 
+    @field_validator("segmenter")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        if name is not None:
+            check_segmenter(name)
+        return name
+
     @model_validator(mode="after")
     def _one_of(self) -> "ScoreItem":
         if (self.steps is None) == (self.solution is None):
             raise ValueError("give exactly one of 'steps' and 'solution'")
-        if self.segmenter is not None:
-            check_segmenter(self.segmenter)
         return self
 
 
@@ -277,7 +291,8 @@ def _describe(errors: list[dict]) -> str:
         loc = [x for x in e["loc"] if x != "body"]
         head = f"item {loc.pop(0)}: " if loc and isinstance(loc[0], int) else ""
         name = ".".join(str(x) for x in loc)
-        parts.append(f"{head}field '{name}': {e['msg']}" if name else f"{head}{e['msg']}")
+        msg = e["msg"].removeprefix("Value error, ")  # pydantic's wording for a validator's ValueError
+        parts.append(f"{head}field '{name}': {msg}" if name else f"{head}{msg}")
     return "; ".join(parts)
 
 
