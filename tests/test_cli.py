@@ -236,6 +236,27 @@ def test_score_crash_loses_at_most_a_chunk_and_resume_finishes_the_same_file(che
     assert out.read_text() == clean.read_text() and not (tmp_path / "out.jsonl.parts").exists()
 
 
+def test_an_over_long_candidate_is_named_by_its_row_and_index(checkpoint, tmp_path, capsys):
+    """A Best-of-N file is one row per question: refusing a long candidate names that row and the candidate, not the
+    candidate's place among all of them."""
+    pools = tmp_path / "pools.jsonl"
+    short, long = "The answer is 4.", " ".join(["and then some more words"] * 40)
+    pools.write_text(
+        "\n".join(
+            json.dumps({"id": f"q{i}", "question": "What is 2 + 2?", "candidates": [short, long if i else short]})
+            for i in range(2)
+        )
+    )
+    argv = ["score", "--model", checkpoint, "--input", str(pools), "--output", str(tmp_path / "o.jsonl")]
+    with pytest.raises(SystemExit):
+        main([*argv, "--max-length", "64", "--overlength", "refuse"])
+    err = capsys.readouterr().err
+    assert f"{pools} row 2 candidate 1: " in err and "past max_length=64" in err, err
+    main(argv)
+    rows = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [r["meta"] for r in rows] == [{"id": f"q{i}", "qid": i, "cand": j} for i in (0, 1) for j in (0, 1)]
+
+
 def test_score_encodes_each_trajectory_once(checkpoint, tmp_path, monkeypatch):
     from biprm.data.encoding import Encoder
 

@@ -25,7 +25,7 @@ from biprm.config import ScorerSettings
 from biprm.backbones import load_tokenizer
 from biprm.data.readers import load_trajectories, skip_report
 from biprm.data.segment import Segmenter, for_model
-from biprm.data.trajectory import DataError
+from biprm.data.trajectory import DataError, Trajectory
 from biprm.data.writer import atomic_write
 from biprm.run_folder import changes
 from biprm.scoring.process_group import process_state
@@ -113,7 +113,7 @@ def score_file(
         if scratch is not None and state.is_main_process and not any(p.stat().st_size for p in scratch.glob("part-*")):
             shutil.rmtree(scratch, ignore_errors=True)  # a model that did not load leaves no folder to trip over
         raise
-    mine, names = trajs[begin:end], [f"{source} trajectory {k + 1}" for k in range(begin, end)]
+    mine, names = trajs[begin:end], [where_from(source, k, trajs[k]) for k in range(begin, end)]
     encs, problems = scorer.encode(mine, names, skip_invalid=True)  # step-tag text, a first step past max_length
     first = _from_every_process([error for _, error in problems[:1]], world)
     if first and not skip_invalid:
@@ -158,6 +158,15 @@ def score_file(
         (scratch / "run.json").unlink()  # last: parts never outlive the record that says whose they are
         scratch.rmdir()
     return len(trajs) - sum(_from_every_process([len(problems)], world))
+
+
+def where_from(source: str, k: int, traj: Trajectory) -> str:
+    """How a message names trajectory k of `source`: a Best-of-N candidate by its row and its index in the row's list
+    (counted from 0, as the readers' `candidates[j]`); any other by its place in the file (one trajectory per row, but
+    two per PRMBench row)."""
+    if "qid" in traj.meta and "cand" in traj.meta:
+        return f"{source} row {traj.meta['qid'] + 1} candidate {traj.meta['cand']}"
+    return f"{source} trajectory {k + 1}"
 
 
 def trained_segmenter(model: str) -> str:
