@@ -216,6 +216,9 @@ def test_a_labelled_trace_row_is_labelled_under_every_cut(tmp_path):
         DataError, match="row 1: field 'first_error_char' is 999, past the last step of field 'solution'"
     ):
         load_trajectories(str(rows), split_rule=Segmenter("lines"))
+    rows.write_text(json.dumps({"solution": text}))  # the message names the field and the names it also goes by
+    with pytest.raises(DataError, match=r"row 1: field 'question' is missing \(or 'problem' or 'prompt'\)"):
+        load_trajectories(str(rows), fmt="trace", split_rule=Segmenter("lines"))
     rows.write_text(json.dumps({"question": "q", "solution": text, "first_error_char": -5}))  # not read as "none"
     with pytest.raises(DataError, match="row 1: field 'first_error_char' is -5; give a character position, or -1"):
         load_trajectories(str(rows), split_rule=Segmenter("lines"))

@@ -222,8 +222,11 @@ def from_trace(row: dict, where: str, segmenter: Segmenter) -> Trajectory:
     they travel with the scores; any other field rides along too. An optional "first_error_char" (where the first wrong
     text starts in the string, -1 for none) labels the steps of any cut: those before the step that holds it are
     correct (ProcessBench's rule), so one labelled trace trains under every segmenter."""
-    qkey = next((k for k in QUESTION_FIELDS if k in row), "question")
-    tkey = next((k for k in TRACE_FIELDS if k in row), "solution")
+    for names in (QUESTION_FIELDS, TRACE_FIELDS):
+        if not any(k in row for k in names):
+            raise DataError(f"{where}: field '{names[0]}' is missing (or {' or '.join(repr(k) for k in names[1:])})")
+    qkey = next(k for k in QUESTION_FIELDS if k in row)
+    tkey = next(k for k in TRACE_FIELDS if k in row)
     cut = segmenter.cut(checked_field(row, tkey, where, str), f"{where}: field '{tkey}'")
     extra = {k: v for k, v in row.items() if k not in (qkey, tkey, "first_error_char")}
     labels = None
