@@ -28,9 +28,9 @@ MODE_TABLE = {
 }
 Mode = Literal[tuple(MODE_TABLE)]
 MODES: tuple[str, ...] = get_args(Mode)
-# How a PRM trained elsewhere is read without training: as shipped, its steps reversed, or the average of the two.
-# A gate mode needs training (`biprm train --init-from`): its gate would be untrained.
-ZeroShotMode = Literal["l2r", "r2l", "bi-static"]
+# How a PRM trained elsewhere is read without training (as shipped, its steps reversed, or the average of the two):
+# every mode but a gated one, whose gate would be untrained (`biprm train --init-from` trains it).
+ZeroShotMode = Literal[tuple(m for m, spec in MODE_TABLE.items() if spec.fusion != "gate")]
 ZERO_SHOT_MODES: tuple[str, ...] = get_args(ZeroShotMode)
 Objective = Literal["bce", "mse", "qrank"]
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
