@@ -27,6 +27,7 @@ import numpy as np
 
 from biprm.analysis.boundaries import laid_out, onto_given
 from biprm.analysis.common import TITLES, first_errors, judged_rows, markdown_table, subsets
+from biprm.data.segment import JOIN
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.outputs import fmt, open_cache, write_outputs
 from biprm.evaluation.config import ProcessBenchConfig
@@ -249,16 +250,13 @@ def format_processbench(result: dict) -> str:
     )
 
 
-RECUT_JOIN = "\n\n"  # how a row's given steps are laid end to end before a segmenter cuts them again
-
-
 def recut_scores(
     sources: list[ScoreSource], cache: ScoreCache, trajs: list[Trajectory], segmenter
 ) -> dict[str, StepScores]:
     """Each source's scores of the rows' given steps re-cut by `segmenter` (None: as given), on the given steps."""
     if segmenter is None:
         return score_sources(sources, cache, trajs)
-    laid = [laid_out(t.steps, RECUT_JOIN) for t in trajs]
+    laid = [laid_out(t.steps, JOIN) for t in trajs]
     cuts = [segmenter.cut(text, f"row {t.meta.get('id', i)}") for i, ((text, _), t) in enumerate(zip(laid, trajs))]
     pieces = [Trajectory(t.question, c.texts, meta=t.meta | c.meta()) for t, c in zip(trajs, cuts)]
     scores = score_sources(sources, cache, pieces)
