@@ -13,6 +13,12 @@ from collections.abc import Callable
 import numpy as np
 
 
+def percentile_interval(values: np.ndarray, level: float = 0.95, axis: int | None = None) -> np.ndarray:
+    """[low, high] percentile bounds of resampled values (along `axis`), NaN draws left out; NaN, with numpy's
+    RuntimeWarning, where every draw is NaN (a statistic no resample could measure)."""
+    return np.nanquantile(values, [(1 - level) / 2, (1 + level) / 2], axis=axis)
+
+
 def _resampled_means(values: np.ndarray, questions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """[B] means of `values` ([S, Q]) over resampled questions (the [B, Q] index) and resampled seeds."""
     per_seed = values[:, questions].mean(-1)  # [S, B]
@@ -33,7 +39,7 @@ def bootstrap_mean(values: np.ndarray, resamples: int = 2000, seed: int = 0, lev
     v = _as_rows(values)
     rng = np.random.default_rng(seed)
     means = _resampled_means(v, rng.integers(v.shape[1], size=(resamples, v.shape[1])), rng)
-    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    low, high = percentile_interval(means, level)
     return {"mean": float(v.mean()), "low": float(low), "high": float(high)}
 
 
@@ -46,7 +52,7 @@ def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed:
     rng = np.random.default_rng(seed)
     questions = rng.integers(a.shape[1], size=(resamples, a.shape[1]))
     diffs = _resampled_means(a, questions, rng) - _resampled_means(b, questions, rng)
-    low, high = np.quantile(diffs, [(1 - level) / 2, (1 + level) / 2])
+    low, high = percentile_interval(diffs, level)
     return {
         "mean": float(a.mean() - b.mean()),
         "low": float(low),
@@ -62,5 +68,5 @@ def bootstrap_statistic(
     `stat(index)` is evaluated on the full index and on `resamples` resampled ones."""
     rng = np.random.default_rng(seed)
     values = np.array([stat(rng.integers(n, size=n)) for _ in range(resamples)])
-    low, high = np.nanquantile(values, [(1 - level) / 2, (1 + level) / 2])
+    low, high = percentile_interval(values, level)
     return {"mean": float(stat(np.arange(n))), "low": float(low), "high": float(high)}

@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 
+from biprm.metrics.bootstrap import percentile_interval
 from biprm.scoring.aggregate import segments
 
 _NONE = np.iinfo(np.int64).max
@@ -110,17 +111,13 @@ def first_error_f1_by_subset(
             for j, r in enumerate(rows.values()):
                 ix = rng.choice(r, len(r))
                 draws[d, j] = processbench_scores(pred[ix], label[ix])["f1"]
-        for name, interval in zip(per, _intervals(draws).T):
+        with warnings.catch_warnings():  # a subset without both kinds of row has no F1: its interval is NaN, expected
+            warnings.simplefilter("ignore", RuntimeWarning)
+            per_subset, average = percentile_interval(draws, axis=0).T, percentile_interval(draws.mean(axis=1))
+        for name, interval in zip(per, per_subset):
             per[name]["f1_interval"] = interval.tolist()
-        report["average_f1_interval"] = _intervals(draws.mean(axis=1)).tolist()
+        report["average_f1_interval"] = average.tolist()
     return report
-
-
-def _intervals(draws: np.ndarray) -> np.ndarray:
-    """95 % percentile bounds along the first axis; NaN where every draw is NaN (a subset without both row kinds)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns of an all-NaN slice
-        return np.nanquantile(draws, [0.025, 0.975], axis=0)
 
 
 def flag_step(n_steps: np.ndarray, k: int) -> np.ndarray:
