@@ -605,8 +605,9 @@ def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorers: lis
         from biprm.prms import check_reference  # lazily: it reads torch
 
         try:
-            check_checkpoint(prm, kind_of(cfg, prm))  # any kind biprm reads, named before the policy loads
-            check_reference(prm, kind_of(cfg, prm), cfg.prm_reference)
+            kind = kind_of(cfg, prm)
+            check_checkpoint(prm, kind)  # any kind biprm reads, named before the policy loads
+            check_reference(prm, kind, cfg.prm_reference)
         except (OSError, ValueError) as error:
             raise NotACheckpoint(f"--prm {error}") from None
     out = Path(cfg.out)
