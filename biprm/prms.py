@@ -31,8 +31,9 @@ class UnknownPRM(ValueError):
 
 def _rows(weight: torch.Tensor, bias: torch.Tensor | None, good: int, bad: int) -> Tensors:
     """A two-class read-out softmax([.., ..])[good] as one logit: row good minus row bad."""
-    out = {"value_head.weight": (weight[good] - weight[bad])[None].float()}
-    out["value_head.bias"] = (bias[good] - bias[bad])[None].float() if bias is not None else torch.zeros(1)
+    weight = weight.float()  # upcast first: a bf16 checkpoint's rows differenced in bf16 round the read-out
+    out = {"value_head.weight": (weight[good] - weight[bad])[None]}
+    out["value_head.bias"] = (bias.float()[good] - bias.float()[bad])[None] if bias is not None else torch.zeros(1)
     return out
 
 
