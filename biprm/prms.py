@@ -31,10 +31,14 @@ class UnknownPRM(ValueError):
 
 def _rows(weight: torch.Tensor, bias: torch.Tensor | None, good: int, bad: int) -> Tensors:
     """A two-class read-out softmax([.., ..])[good] as one logit: row good minus row bad."""
-    weight = weight.float()  # upcast first: a bf16 checkpoint's rows differenced in bf16 round the read-out
-    out = {"value_head.weight": (weight[good] - weight[bad])[None]}
-    out["value_head.bias"] = (bias.float()[good] - bias.float()[bad])[None] if bias is not None else torch.zeros(1)
+    out = {"value_head.weight": _difference(weight, good, bad)}
+    out["value_head.bias"] = _difference(bias, good, bad) if bias is not None else torch.zeros(1)
     return out
+
+
+def _difference(rows: torch.Tensor, good: int, bad: int) -> torch.Tensor:
+    """Row good minus row bad, each upcast first: differenced in a bf16 checkpoint's own dtype, it would be rounded."""
+    return (rows[good].float() - rows[bad].float())[None]
 
 
 def _qwen_head(t: Tensors, ids: tuple[int, int]) -> Tensors:
