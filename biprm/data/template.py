@@ -46,12 +46,15 @@ class Template:
     unique_tag: bool = True
     bos: str = "ids"
     close: str = ""  # the token a chat template ends the answer with, where a kind's score reads it (biprm.implicit)
+    specials: tuple[str, ...] = ()  # the special tokens the layout writes: a tokenizer that lacks one is not the kind's
 
     def render(self, question: str, steps: list[str]) -> tuple[str, list[str]]:
         """(prompt text, each step's text with its tag), in forward order."""
         return self.prompt(question), [self.step(s, t) + self.tag for t, s in enumerate(steps)]
 
 
+QWEN_CHAT = ("<|im_start|>", "<|im_end|>")  # the special tokens of Qwen2.5's chat template
+LLAMA3_CHAT = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")  # and of Llama 3's
 QWEN_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 LLAMA31_SYSTEM = (
     "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"  # Llama 3.1's default system turn, untrimmed
@@ -76,7 +79,9 @@ def _rlhflow_step(step: str, t: int) -> str:
 TEMPLATES = {
     "biprm": Template("biprm", render_prompt, lambda s, t: render_step(s), STEP_TAG),
     # Qwen2.5-Math-PRM: the chat template, steps joined only by <extra_0>, one after the last step too
-    "qwen-prm": Template("qwen-prm", _qwen_chat, lambda s, t: s, "<extra_0>", joint=True, bos="none"),
+    "qwen-prm": Template(
+        "qwen-prm", _qwen_chat, lambda s, t: s, "<extra_0>", joint=True, bos="none", specials=(*QWEN_CHAT, "<extra_0>")
+    ),
     # Skywork-o1-Open-PRM: no chat template; bos + problem + "\n", then each step's ids and the "\n" id
     "skywork-prm": Template("skywork-prm", lambda q: q + "\n", lambda s, t: s, "\n", unique_tag=False, bos="text"),
     # math-shepherd: f"{question} {output}" with output = "step ки\nstep ки"
@@ -95,11 +100,20 @@ TEMPLATES = {
         joint=True,
         unique_tag=False,
         bos="none",
+        specials=LLAMA3_CHAT,
     ),
     # EurusPRM (implicit): the chat template, steps joined by "\n\n"; the <|im_end|> that closes the answer follows only
     # a stream's last step, so the model reads it there itself (biprm.implicit) rather than as part of a step
     "eurus-prm": Template(
-        "eurus-prm", _qwen_chat, lambda s, t: s, "\n\n", joint=True, unique_tag=False, bos="none", close="<|im_end|>"
+        "eurus-prm",
+        _qwen_chat,
+        lambda s, t: s,
+        "\n\n",
+        joint=True,
+        unique_tag=False,
+        bos="none",
+        close="<|im_end|>",
+        specials=QWEN_CHAT,
     ),
     # TRL's PRMTrainer: bos + prompt ids + (step ids + separator ids) per step
     "token-classification": Template("token-classification", lambda q: q, lambda s, t: s, "\n", unique_tag=False),
