@@ -163,3 +163,34 @@ def test_maths_and_words_without_numbers_are_not_prose():
     assert read_prose("\\frac{1}{2} cups") is None  # LaTeX
     assert read_prose("Evelyn") is None  # a word answer
     assert read_prose("12.5%") is None  # a lone number
+
+
+SIGNS = [
+    # (completion, gold, what a person reads (None: unknown))
+    ("The answer is negative 5.", "-5", "-5"),
+    ("The answer is minus 5.", "-5", "-5"),
+    ("The answer is \u22125.", "-5", "-5"),
+    ("The answer is -5.", "-5", "-5"),
+    ("The answer is 5 below zero.", "-5", "-5"),
+    ("At dawn it was 5 degrees below zero.", "-5", "-5"),
+    ("So the temperature ends at negative 5.", "-5", "-5"),
+    ("The answer is negative five.", "-5", "-5"),
+    ("#### negative 12", "-12", "-12"),
+    ("The answer is negative 2 and a half.", "-2.5", "-2.5"),
+    # a sign word that belongs to something else
+    ("5 minus 2 is 3. The answer is 3.", "3", "3"),
+    ("Subtracting, 8 minus 3 leaves 5 apples.", "5", "5"),
+    ("The answer is 10 minus 5.", "5", None),  # arithmetic, not a number
+    ("The answer is 10 - 4 apples.", "6", None),
+    ("The answer is his age minus 5.", "-5", None),  # "minus" after a name: not a sign
+    ("The answer is negative -5.", "5", None),  # two signs
+    ("The answer is -5 below zero.", "5", None),
+]
+
+
+@pytest.mark.parametrize("completion,gold,read", SIGNS)
+def test_a_sign_in_words_is_read_or_the_answer_is_unknown(completion, gold, read):
+    assert extract_answer(completion) == read
+    assert solution_verdict(gold, completion) == ("unknown" if read is None else "correct")
+    if read is not None and read.startswith("-"):
+        assert not grade_solution(read[1:], completion)  # never +N

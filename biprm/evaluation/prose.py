@@ -13,6 +13,9 @@ minutes" gives 30. Here an answer is read by clauses and by what follows its num
 - "N dozen" and "N hours and M minutes" (and other two-unit amounts) depend on the unit the question asks
   for, so they are read only with the question, and are unknown without it;
 - numbers in words ("twelve", "two hundred and five", "a dozen").
+- signs in words: "negative N", "minus N" and "N (degrees) below zero" are -N; a number joined to another by an
+  operator ("5 minus 2", "10 - 4 apples") is part of an expression, not an answer, and "minus" after a name
+  ("his age minus 5") is no sign.
 
 What cannot be read this way is unknown (`Reading(None)`), never a guessed number.
 """
@@ -20,7 +23,7 @@ What cannot be read this way is unknown (`Reading(None)`), never a guessed numbe
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 # A number as answers write it: sign, currency, thousands separators, a fraction bar, a percent sign.
@@ -112,6 +115,23 @@ _VARIABLE = re.compile(
 _CLOCK = re.compile(r"\b(\d{1,2}):(\d\d)\b")
 _ADJECTIVE_AFTER = re.compile(r"-[A-Za-z]")  # "400-meter hurdles", "30-minute episodes"
 _LATEX = re.compile(r"\\[a-zA-Z]|[{}^_]")
+# Signs in words. "negative N" is always N's sign; "minus N" only where no operand precedes it ("5 minus 2" is
+# arithmetic, and so is "x minus 5" or "his age minus 5", which name no number); "N (degrees) below zero" is -N.
+_NEGATIVE_BEFORE = re.compile(r"\bnegative\s+\Z", re.IGNORECASE)
+_UNARY_MINUS_BEFORE = re.compile(
+    r"(?:\A|[:=(,]\s*|\b(?:is|was|are|were|be|equals?|to|at|of|gives?|gets?|makes?|reach(?:es|ed)?|becomes?|"
+    r"remains?|by|from|about|around|approximately|answer)\s+)minus\s+\Z",
+    re.IGNORECASE,
+)
+_MINUS_BEFORE = re.compile(r"\bminus\s+\Z", re.IGNORECASE)
+_BELOW_ZERO_AFTER = re.compile(
+    r"\s*(?:°\s*[CF]?|degrees?(?:\s+(?:celsius|fahrenheit|[CF]\b))?)?\s+below\s+(?:zero\b|0(?![\d.]))", re.IGNORECASE
+)
+# A number joined to another by an operator ("10 - 4 apples", "5 minus 2"): part of an expression, no answer itself.
+_OPERATOR_BETWEEN = re.compile(
+    r"\s*(?:[-\u2212+*\u00d7]|\b(?:minus|plus|times|divided\s+by|multiplied\s+by))\s*(?:negative\s+)?\$?",
+    re.IGNORECASE,
+)
 _PROSE_WORD = re.compile(r"[A-Za-z]{2,}")
 
 
@@ -130,6 +150,7 @@ class _Mention:
     spelling: str  # as written, in the grader's spelling ("3/4" stays a fraction)
     percent: bool = False
     in_words: bool = False
+    expression: bool = False  # an operand of arithmetic ("5 minus 2"), or a sign that cannot be read: never an answer
 
 
 def canonical_number(text: str) -> str | None:
@@ -240,7 +261,35 @@ def _mentions(text: str, words: bool | str) -> list[_Mention]:
             for a, b, v in _word_numbers(text)
             if not any(f.start < b and a < f.end for f in found) and (words == "all" or text[a:b].lower() != "one")
         ]
-    return sorted(found, key=lambda f: f.start)
+    return _signed(text, sorted(found, key=lambda f: f.start))
+
+
+def _signed(text: str, found: list[_Mention]) -> list[_Mention]:
+    """`found` with signs in words read ("negative 5", "minus 5", "5 below zero" are -5; a mention then spans its
+    sign), and with the operands of arithmetic marked as such. A sign that cannot be read (a second sign, "minus"
+    after a name) marks the mention too, so that it is unknown rather than read as +N."""
+    signed: list[_Mention] = []
+    for mention in found:
+        before, start, end, value = text[: mention.start], mention.start, mention.end, mention.value
+        arithmetic = bool(signed) and _OPERATOR_BETWEEN.fullmatch(text, signed[-1].end, mention.start) is not None
+        signs = [m for m in (_NEGATIVE_BEFORE.search(before), _MINUS_BEFORE.search(before)) if m and not arithmetic]
+        if below := _BELOW_ZERO_AFTER.match(text, end):
+            signs.append(below)
+            end = below.end()
+        unreadable = (
+            len(signs) > 1
+            or (signs and value < 0)
+            or any(m.re is _MINUS_BEFORE and not _UNARY_MINUS_BEFORE.search(before) for m in signs)
+        )
+        if signs:
+            start, value = min(start, signs[0].start()), -value
+        if arithmetic and signed:
+            signed[-1] = replace(signed[-1], expression=True)
+        spelling = f"-{mention.spelling}" if signs else mention.spelling
+        signed.append(
+            replace(mention, start=start, end=end, value=value, spelling=spelling, expression=arithmetic or unreadable)
+        )
+    return signed
 
 
 def _ask(question: str) -> str:
@@ -339,7 +388,7 @@ def read_prose(text: str, question: str | None = None, marked: bool = True) -> R
         if mentions:
             qualified = [_qualified(clause, m, ask) for m in mentions]
             pick = _pick(clause, mentions, [q[1] for q in qualified], marked=marked or bool(readings))
-            if pick is None:
+            if pick is None or mentions[pick].expression:
                 if not readings:
                     return Reading(None)
                 break
