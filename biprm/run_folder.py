@@ -3,7 +3,12 @@
 `biprm_run.json` records the configuration, a fingerprint of the encoded data and the
 biprm version. Training into a folder that holds a run is refused unless `--resume`
 (the same run: the record must match) or `--overwrite` (it is cleared first), so a new
-run can never rotate away an old run's checkpoints or finish from them. The record
+run can never rotate away an old run's checkpoints or finish from them. A folder holding a model
+but no record (one copied from elsewhere, or a run of an older biprm) counts as a run's output: it is
+refused the same way, and `--overwrite` deletes exactly the files it names. A folder holding files
+no run writes is refused even with `--overwrite`, which never deletes them. `--resume` on an empty
+folder trains from the start and says so (a job script that always passes it works on its first
+submission). The record
 compares the global batch, not its split into processes, micro-batches and accumulation,
 so a run may resume in another number of processes. Paths are compared as the files they name, not as typed:
 `runs/a`, `./runs/a` and `/home/me/runs/a` are one folder, from any working directory.
@@ -48,6 +53,15 @@ PATHS = (
     "backbone",
     "deepspeed",
 )  # settings that may name a local file or folder: compared as that file, resolved
+# what a training run or a model folder holds (checkpoints, a model's config, weights, adapter and tokenizer, the run's
+# record, log and card, the final save's scratch folder, TensorBoard's logs): all that --overwrite deletes
+OUTPUT = re.compile(
+    r"checkpoint-\d+|\.final|runs|biprm_(run|train)\.json|train_log\.json|README\.md|training_args\.bin"
+    r"|(generation_|adapter_|preprocessor_)?config\.json|.*\.safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?"
+    r"|adapter_model\..*|tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)|merges\.txt"
+    r"|chat_template\..*|(all|train|eval)_results\.json|trainer_state\.json|\.gitattributes|LICENSE.*"
+)
+MODEL = re.compile(r"(adapter_)?config\.json|.*\.safetensors|pytorch_model.*\.bin|adapter_model\..*")  # a model's own
 SPLIT = (
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
@@ -246,14 +260,22 @@ def kept(folder: str | Path) -> str:
     return f"{newest} is saved: the same command with --resume goes on from its step {newest.name.split('-')[1]}"
 
 
+def contents(folder: Path) -> tuple[list[str], list[str]]:
+    """(what a run or a model wrote in `folder`, which `--overwrite` deletes: checkpoints in step order, then the other
+    files; every other name in it, which biprm never deletes), by name."""
+    names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    steps = [p.name for p in reversed(_checkpoints(folder))]
+    ours = [n for n in names if OUTPUT.fullmatch(n) and n not in steps]
+    return steps + ours, [n for n in names if not OUTPUT.fullmatch(n)]
+
+
 def overwrite_deletes(folder: Path) -> str:
     """What `--overwrite` deletes in `folder`, named wherever it is offered or done: a run's checkpoints are its trained
-    steps."""
-    found = [p.name for p in reversed(_checkpoints(folder))]
-    named = ([f"{', '.join(found)} (the run's trained steps)"] if found else []) + (
-        ["its final model"] if (folder / "config.json").is_file() else []
-    )
-    return ", ".join([*named, RECORD])
+    steps, then every file of its model, log and record."""
+    steps = [p.name for p in reversed(_checkpoints(folder))]
+    rest = [n for n in contents(folder)[0] if n not in steps and n != RECORD]
+    named = [f"{', '.join(steps)} (the run's trained steps)"] if steps else []
+    return ", ".join([*named, *rest, *([RECORD] if (folder / RECORD).is_file() else [])])
 
 
 def plan(folder: str | Path, record: dict, resume: bool, overwrite: bool, backend: str = "plain") -> str | None:
@@ -264,11 +286,24 @@ def plan(folder: str | Path, record: dict, resume: bool, overwrite: bool, backen
         raise ValueError(f"--resume continues the run in {folder} and --overwrite deletes it; choose one")
     saved = _saved(folder)
     holds_run = saved is not None or bool(_checkpoints(folder))
-    if not holds_run or overwrite:
-        if resume and not holds_run:
+    ours, others = contents(folder)
+    if others and not (resume and holds_run):
+        raise FileExistsError(
+            f"{folder} holds {', '.join(others)}, which no training run writes; train into a new or empty "
+            "--output-dir (--overwrite deletes only a run's or a model's files)"
+        )
+    overwrite_does = f"--overwrite, which deletes {overwrite_deletes(folder)}"
+    if not ours or overwrite:
+        if resume:
             log.warning("--resume: %s holds no run yet; training from the start", folder)
         return None
-    overwrite_does = f"--overwrite, which deletes {overwrite_deletes(folder)}"
+    if not holds_run:
+        what = "a model" if any(MODEL.fullmatch(n) for n in ours) else "a run's files"
+        raise FileExistsError(
+            f"{folder} holds {what} ({', '.join(ours)}) and no {RECORD} saying which run wrote it"
+            f"{', so there is nothing to --resume' if resume else ''}; train into another --output-dir, or "
+            f"{overwrite_does}"
+        )
     if not resume:
         raise FileExistsError(f"{folder} holds a training run; add --resume to continue it, or {overwrite_does}")
     if saved is None:
@@ -333,13 +368,12 @@ def check_resumable(
 def start(folder: str | Path, record: dict, overwrite: bool) -> None:
     """Clear the folder for --overwrite (saying what goes), then write the record (main process only)."""
     folder = Path(folder)
-    if overwrite and ((folder / RECORD).is_file() or _checkpoints(folder)):
+    ours = contents(folder)[0] if overwrite else []
+    if ours:
         log.warning("--overwrite: deleting %s in %s", overwrite_deletes(folder), folder)
-    if overwrite:
-        for p in _checkpoints(folder):
-            shutil.rmtree(p)
-        for p in (folder / RECORD, folder / "config.json"):
-            p.unlink(missing_ok=True)
+    for name in ours:
+        path = folder / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / RECORD).write_text(json.dumps(record, indent=2))
 

@@ -309,3 +309,62 @@ def test_every_refusal_that_offers_overwrite_names_the_checkpoints_it_deletes(tm
         start(folder, record(1, settings={**SETTINGS, "seed": 2}), overwrite=True)
     assert "--overwrite: deleting checkpoint-1, checkpoint-3 (the run's trained steps), biprm_run.json" in caplog.text
     assert not (folder / "checkpoint-3").exists()
+
+
+def a_model(folder: Path) -> Path:
+    """A finished model without its run record or checkpoints: copied from elsewhere, or a run of an older biprm."""
+    folder.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "train_log.json", "README.md", "tokenizer.json"):
+        (folder / name).write_text("{}")
+    return folder
+
+
+def test_a_folder_holding_only_a_model_is_a_runs_output_refused_and_overwritten_file_by_file(tmp_path, caplog):
+    """Issue 56, findings 1 and 6: plan() looked only for the record and checkpoints, so a model folder was trained into
+    silently, and --overwrite removed config.json alone, leaving the old model.safetensors to pass for the new run's."""
+    folder = a_model(tmp_path / "run")
+    named = "README.md, config.json, model.safetensors, tokenizer.json, train_log.json"
+    with pytest.raises(FileExistsError, match=re.escape(f"holds a model ({named}) and no biprm_run.json")):
+        plan(folder, record(1), resume=False, overwrite=False)
+    with pytest.raises(FileExistsError, match="so there is nothing to --resume; .*--overwrite, which deletes README"):
+        plan(folder, record(1), resume=True, overwrite=False)
+    assert plan(folder, record(1), resume=False, overwrite=True) is None
+    with caplog.at_level(logging.WARNING):
+        start(folder, record(1), overwrite=True)
+    assert f"--overwrite: deleting {named} in {folder}" in caplog.text
+    assert sorted(p.name for p in folder.iterdir()) == ["biprm_run.json"]
+
+
+def test_a_runs_overwrite_deletes_its_model_log_and_card_and_says_so(tmp_path, caplog):
+    folder = a_model(tmp_path / "run")
+    (folder / "checkpoint-2").mkdir()
+    start(folder, record(1), overwrite=False)
+    deletes = (
+        "checkpoint-2 (the run's trained steps), README.md, config.json, model.safetensors, tokenizer.json, "
+        "train_log.json, biprm_run.json"
+    )
+    with pytest.raises(FileExistsError, match=re.escape(f"--overwrite, which deletes {deletes}")):
+        plan(folder, record(1), resume=False, overwrite=False)
+    with caplog.at_level(logging.WARNING):
+        start(folder, record(1), overwrite=True)
+    assert f"--overwrite: deleting {deletes}" in caplog.text
+    assert sorted(p.name for p in folder.iterdir()) == ["biprm_run.json"]
+
+
+def test_a_folder_of_files_no_run_writes_is_refused_even_with_overwrite(tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "notes.txt").touch()
+    (folder / "config.json").touch()
+    for resume, overwrite in ((False, False), (False, True), (True, False)):
+        with pytest.raises(FileExistsError, match=r"holds notes.txt, which no training run writes; train into a new"):
+            plan(folder, record(1), resume=resume, overwrite=overwrite)
+    assert (folder / "notes.txt").is_file() and (folder / "config.json").is_file()
+
+
+def test_resume_on_an_empty_or_missing_folder_trains_from_the_start_and_says_so(tmp_path, caplog):
+    (tmp_path / "empty").mkdir()
+    with caplog.at_level(logging.WARNING):
+        for folder in (tmp_path / "empty", tmp_path / "missing"):
+            assert plan(folder, record(1), resume=True, overwrite=False) is None
+    assert caplog.text.count("holds no run yet; training from the start") == 2

@@ -635,7 +635,8 @@ def test_a_folder_holding_a_run_is_refused_resumed_only_by_the_same_run_or_overw
     with pytest.raises(
         FileExistsError,
         match=r"holds a training run; add --resume to continue it, or --overwrite, which deletes "
-        r"checkpoint-1, checkpoint-2 \(the run's trained steps\), its final model",
+        r"checkpoint-1, checkpoint-2 \(the run's trained steps\), README.md, biprm_train.json, config.json, "
+        r"model.safetensors, tokenizer.json, tokenizer_config.json, train_log.json, training_args.bin, biprm_run.json",
     ):
         train(tiny_config(tmp_path / "r", max_steps=2, learning_rate=5e-4))
     with pytest.raises(ValueError, match=r"holds another run \(learning_rate: 0.001 then, 0.0005 now\)"):
