@@ -51,8 +51,9 @@ COSMETIC = (
 PATHS = (
     "data",
     "backbone",
+    "init_from",
     "deepspeed",
-)  # settings that may name a local file or folder: compared as that file, resolved
+)  # every setting that may name a local file or folder: compared as that file, resolved
 # what a training run or a model folder holds (checkpoints, a model's config, weights, adapter and tokenizer, the run's
 # record, log and card, the final save's scratch folder, TensorBoard's logs): all that --overwrite deletes
 OUTPUT = re.compile(

@@ -288,6 +288,23 @@ def test_a_run_is_resumed_by_its_folder_and_files_however_they_are_spelt(tmp_pat
         plan("rel", run_record({**settings, "data": "../e.jsonl"}, "data"), resume=True, overwrite=False)
 
 
+def test_every_path_the_record_holds_is_compared_resolved(tmp_path, monkeypatch):
+    """Issue 56, finding 2: --init-from was not among the resolved paths, so a resume spelling it `prm` after `./prm`
+    (or absolute) was refused as another run, and the advice offered (--overwrite) deleted the run."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("prm", "body", "d.jsonl", "ds.json"):
+        (tmp_path / name).mkdir() if "." not in name else (tmp_path / name).touch()
+    paths = {"init_from": "./prm", "backbone": "./body", "data": "./d.jsonl", "deepspeed": "./ds.json"}
+    start(Path("run"), run_record({**SETTINGS, **paths}, "data"), overwrite=False)
+    for spelt in (
+        {k: v.removeprefix("./") for k, v in paths.items()},
+        {k: str(tmp_path / v) for k, v in paths.items()},
+    ):
+        assert plan("run", run_record({**SETTINGS, **spelt}, "data"), resume=True, overwrite=False) is None
+    with pytest.raises(ValueError, match=f"init_from: '{tmp_path / 'prm'}' then, '{tmp_path / 'body'}' now"):
+        plan("run", run_record({**SETTINGS, **paths, "init_from": "body"}, "data"), resume=True, overwrite=False)
+
+
 def test_every_refusal_that_offers_overwrite_names_the_checkpoints_it_deletes(tmp_path, caplog):
     folder = tmp_path / "run"
     for step in (1, 3):
