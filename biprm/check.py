@@ -32,6 +32,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,6 +53,10 @@ PARTS = (
     ("trainer_state", "trainer state"),
 )  # else weights
 STATE_SUFFIXES = (".safetensors", ".pt", ".pth")  # with trainer_state.json: what a checkpoint restores
+TRAINED = ("heads dtype", "resume", "score", "latency bi/l2r", "vllm export dtype")  # the items after training
+LAST_LINES = 3  # of a failed run's log, shown beside its error line
+TRAINED = ("heads dtype", "resume", "score", "latency bi/l2r", "vllm export dtype")  # the items after training
+LAST_LINES = 3  # of a failed run's log, shown beside its error line
 NOISE_FACTOR = 2  # a resume that is not exact passes within this many times the gap between two uninterrupted runs
 LATENCY_TARGET = 1.05  # the paper's bi / l2r single-solution latency
 # the line a failed run names its error with: a Python exception, or biprm's one-line error (torchrun prefixes ranks)
@@ -62,28 +68,49 @@ ERROR_LINE = re.compile(
 @dataclass
 class Item:
     name: str
-    status: (
-        str  # pass, fail, skip (needs the trained model), not checked (its tool is missing), target met / target missed
-    )
+    # pass, fail, not reached (needs a model a failed item did not leave), not checked (its tool is missing), target
+    # met / target missed
+    status: str
     detail: str
 
 
 def run_check(cfg: CheckConfig) -> list[Item]:
+    """Every item, in order; whatever fails, the table is whole: an item that raises is a failed item naming its error,
+    and one that needs a model a failed item did not leave says "not reached"."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    run, command = out / "run", train_command(cfg, out)
-    items = [trained(cfg, command, run, out)]
+    run = out / "run"
+    try:
+        command = train_command(cfg, out)
+    except Exception as error:  # a config or data slice that cannot be read: the first item fails, nothing trains
+        return [Item("train 3 steps", "fail", f"{type(error).__name__}: {error}"), *not_reached(TRAINED, "train")]
+    items = [attempt("train 3 steps", lambda: trained(cfg, command, run, out))]
     if not (run / "config.json").is_file():
-        rest = ("heads dtype", "resume", "score", "latency bi/l2r", "vllm export dtype")
-        return items + [Item(n, "skip", "needs the trained model") for n in rest]
-    items += [
-        heads_dtype(cfg, run, out),
-        resumed(cfg, command, run, out),
-        scored(cfg, run, command[command.index("--data") + 1]),
-        latency(cfg),
-        vllm_dtype(run, out),
-    ]
+        return items + not_reached(TRAINED, "train")
+    later = {
+        "heads dtype": lambda: heads_dtype(cfg, run, out),
+        "resume": lambda: resumed(cfg, command, run, out),
+        "score": lambda: scored(cfg, run, command[command.index("--data") + 1]),
+        "latency bi/l2r": lambda: latency(cfg),
+        "vllm export dtype": lambda: vllm_dtype(run, out),
+    }
+    for name, item in later.items():  # a failed resume leaves no model (it deletes it first): scoring it would crash
+        needs_model = name != "latency bi/l2r" and not (run / "config.json").is_file()
+        items += not_reached([name], "resume") if needs_model else [attempt(name, item)]
     return items
+
+
+def attempt(name: str, item: Callable[[], Item]) -> Item:
+    """`item()`, or a failed item naming the exception it raised: a model that does not load fails its item, and the
+    table is still written."""
+    try:
+        return item()
+    except Exception as error:
+        return Item(name, "fail", f"{type(error).__name__}: {error}")
+
+
+def not_reached(names: Iterable[str], failed_item: str) -> list[Item]:
+    return [Item(n, "not reached", f"needs the model that the {failed_item} item did not leave") for n in names]
 
 
 def device(cfg: CheckConfig) -> torch.device:
@@ -163,7 +190,13 @@ def error_in(stderr: str) -> str:
 
 
 def failed(name: str, code: int, stderr: str, log: Path) -> Item:
-    return Item(name, "fail", f"exit {code}: {error_in(stderr)} (log: {log})")
+    """A run that exited with an error: its error line, and its last lines where they say more (a launcher's summary, an
+    OOM or NCCL message after the traceback)."""
+    error, last = error_in(stderr), [line.strip() for line in stderr.strip().splitlines()[-LAST_LINES:]]
+    tail = [line for line in last if line and line != error]
+    return Item(
+        name, "fail", f"exit {code}: {error}" + (f"; last lines: {' / '.join(tail)}" if tail else "") + f" (log: {log})"
+    )
 
 
 def trained(cfg: CheckConfig, command: list[str], run: Path, out: Path) -> Item:

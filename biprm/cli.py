@@ -75,11 +75,11 @@ def cmd_demo(cfg: DemoConfig) -> None:
 
 
 def cmd_serve(cfg: ServeConfig) -> None:
-    from biprm.checkpoint import check_checkpoint
     from biprm.config import check_extras
+    from biprm.folder import resolve
 
     check_extras({"serve": "biprm serve", **({"vllm": "biprm serve --engine vllm"} if cfg.engine == "vllm" else {})})
-    check_checkpoint(cfg.model, cfg.prm_kind)  # before the server stack loads
+    resolve(cfg.model, cfg.prm_kind, cfg.prm_mode, cfg.prm_reference).check_reference()  # before the server stack
     from biprm.serve.app import serve
 
     serve(cfg)
@@ -476,11 +476,17 @@ def main(argv: list[str] | None = None) -> None:
 def run_program(settings: type, recipe: Callable, prog: str, argv: list[str] | None = None) -> None:
     """One settings dataclass and its recipe as a program of its own, parsed as every biprm command is: the studies
     beside the library run through this (`python -m studies.mechanism --config studies/mechanism/v2.yaml`)."""
+    parser = program_parser(settings, recipe, prog)
+    _run(parser, parser, prog, sys.argv[1:] if argv is None else argv)
+
+
+def program_parser(settings: type, recipe: Callable, prog: str) -> argparse.ArgumentParser:
+    """The parser `run_program` reads a program's flags with: the docs' tests check documented flags against it."""
     doc = (settings.__doc__ or "").strip().splitlines()[0]
     parser = _Parser([settings], prog=prog, description=doc, formatter_class=_DefaultsOnce)
     _settings_flags(parser, settings, recipe)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress, and show tracebacks on errors")
-    _run(parser, parser, prog, sys.argv[1:] if argv is None else argv)
+    return parser
 
 
 def _run(parser: argparse.ArgumentParser, chosen: argparse.ArgumentParser, command: str, argv: list[str]) -> None:

@@ -661,7 +661,7 @@ def test_a_folder_that_is_not_a_checkpoint_is_named_in_one_line_by_every_loader(
 ):
     import socket
 
-    from biprm.checkpoint import NotACheckpoint
+    from biprm.folder import NotACheckpoint
     from biprm.modeling import BiPRMModel
     from biprm.scoring import Scorer
 
@@ -783,47 +783,6 @@ def test_preset_help_describes_every_preset_and_leaves_timings_to_one_doc():
             assert not timing.search(after), (
                 after
             )  # the one source is studies/replication/README.md or docs/PERFORMANCE.md
-
-
-def documented_commands() -> list[tuple[str, list[str]]]:
-    """(where, argv) of every `biprm ...` command in the README and docs code blocks, joined across line breaks."""
-    import shlex
-
-    root = Path(__file__).resolve().parents[1]
-    out = []
-    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
-        blocks, fence = [], None
-        for line in doc.read_text().splitlines():
-            if line.lstrip().startswith("```"):
-                fence = None if fence is not None else line.strip("` ")
-                if fence in ("bash", "sh", ""):
-                    blocks.append("")
-            elif fence in ("bash", "sh", ""):
-                blocks[-1] += line + "\n"
-        for block in blocks:
-            for line in block.replace("\\\n", " ").splitlines():
-                line = re.sub(r"\$\w+", "1", line.split(" #")[0].strip())  # a shell variable stands for a number here
-                for head in ("biprm ", "-m biprm.cli "):
-                    if head in line and not line.startswith(("pip", "python -c")):
-                        argv = shlex.split(re.split(r"&&|\||&$", line[line.index(head) + len(head) :])[0])
-                        out.append((f"{doc.name}: {line[:60]}", argv))
-                        break
-    return out
-
-
-def test_every_documented_command_parses():
-    from biprm.cli import build_parser
-
-    commands = documented_commands()
-    assert len(commands) > 20
-    parser = build_parser()
-    for where, argv in commands:
-        if "--config" in argv or any("..." in a or "…" in a for a in argv):
-            continue  # a settings file (tested apart) or an elided command
-        try:
-            parser.parse_args([a.strip("[]") for a in argv])  # a synopsis writes optional flags in brackets
-        except SystemExit as stop:
-            raise AssertionError(f"{where}: does not parse ({argv})") from stop
 
 
 @pytest.mark.parametrize(
