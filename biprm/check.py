@@ -33,7 +33,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 

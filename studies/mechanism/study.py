@@ -235,6 +235,8 @@ def pilot_budget(
 
 
 def run_study(cfg: MechanismConfig) -> None:
+    if cfg.version == 3:
+        v3.check_design(cfg)
     out, work, fast = start(cfg)
     check_machine(cfg, fast)
     dtype = torch.bfloat16 if fast else None

@@ -89,13 +89,32 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(_ranks(np.asarray(x, float)), _ranks(np.asarray(y, float)))[0, 1])
 
 
-def sigma_by_position(s: StepScores, rows: np.ndarray) -> dict:
+TEMPLATE = "The answer is "  # every row's last line, "The answer is N.": the same words wherever the row's errors are
+
+
+def template_steps(trajs: list[Trajectory]) -> np.ndarray:
+    """Per step of `trajs`, laid end to end as StepScores lays them, whether it is the templated answer line."""
+    return np.array([step.startswith(TEMPLATE) for t in trajs for step in t.steps], dtype=bool)
+
+
+def position_spans(offsets: np.ndarray, rows: np.ndarray, keep: np.ndarray | None = None) -> tuple[list, np.ndarray]:
+    """(per row, the flat indices of its kept steps; per flat step, its position k / (m − 1) among the m kept steps of
+    its row). `keep` (per flat step, default all) leaves steps out before positions are counted; rows with fewer
+    than two kept steps are left out."""
+    keep = np.ones(offsets[-1], dtype=bool) if keep is None else keep
+    spans = [span for r in rows if len(span := np.flatnonzero(keep[offsets[r] : offsets[r + 1]]) + offsets[r]) > 1]
+    position = np.zeros(offsets[-1])
+    for span in spans:
+        position[span] = np.arange(len(span)) / (len(span) - 1)
+    return spans, position
+
+
+def sigma_by_position(s: StepScores, rows: np.ndarray, keep: np.ndarray | None = None) -> dict:
     """The paper's σ claim on one run: Spearman of σ against normalised position k / (n − 1) over every step of
-    `rows` (rows of one step are left out), and the mean σ in each fifth of the positions."""
-    lengths = np.diff(s.offsets)[rows]
-    keep = rows[lengths > 1]
-    position = np.concatenate([np.arange(n) / (n - 1) for n in np.diff(s.offsets)[keep]])
-    sigma = np.concatenate([s.sigma[s.offsets[r] : s.offsets[r + 1]] for r in keep])
+    `rows` that `keep` keeps (`position_spans`), and the mean σ in each fifth of the positions."""
+    spans, at = position_spans(s.offsets, rows, keep)
+    steps = np.concatenate(spans)
+    position, sigma = at[steps], s.sigma[steps]
     fifth = np.minimum((position * 5).astype(int), 4)
     return {"spearman": spearman(position, sigma), "by_fifth": [float(sigma[fifth == f].mean()) for f in range(5)]}
 
@@ -215,6 +234,9 @@ def reread(
         "sigma_contrasts": contrasts,
         "verdicts": reread_verdicts(differences, contrasts, better),
         "sigma_by_position": {name: sigma_by_position(s, rows["R"]) for name, s in gated.items()},
+        "sigma_by_position_without_template": {
+            name: sigma_by_position(s, rows["R"], ~template_steps(test)) for name, s in gated.items()
+        },
         "r2l_share_at_t": {
             name: {k: r2l_share(s, rows[k], t) for k in KINDS}
             | {"σ": {k: float(np.nanmean(_at(s, "sigma", rows[k], t))) for k in KINDS}}
@@ -241,6 +263,23 @@ def _interval(d: dict, digits: int, sign: str = "+") -> str:
     return f"{d['mean']:{sign}.{digits}f} [{d['low']:{sign}.{digits}f}, {d['high']:{sign}.{digits}f}]"
 
 
+def sigma_rises_sentence(p: dict) -> str:
+    """How many gated runs' σ rises with position, with the templated answer line and without it, and how many
+    show the paper's fuller claim (σ below 0.5 in the first fifth of positions and above it in the last)."""
+    parts = []
+    for key, label in (("sigma_by_position", "with"), ("sigma_by_position_without_template", "without")):
+        runs = p[key]
+        rising = sum(v["spearman"] > 0 for v in runs.values())
+        fuller = sum(v["by_fifth"][0] < 0.5 < v["by_fifth"][-1] for v in runs.values())
+        parts.append(
+            f"{label} the answer line, σ rises in {rising} of {len(runs)} gated runs and is below 0.5 in the first "
+            f"fifth and above it in the last in {fuller} (Spearman, test R rows: "
+            + ", ".join(f"{n} {v['spearman']:+.2f}" for n, v in runs.items())
+            + ")"
+        )
+    return "; ".join(parts)
+
+
 def format_reread(r: dict, pre_registered: dict) -> str:
     """The pre-registered outcome and the post-hoc reading side by side, then the tables behind the second."""
     from biprm.analysis.common import markdown_table
@@ -265,15 +304,7 @@ def format_reread(r: dict, pre_registered: dict) -> str:
                 f"{_interval(c[SIGMA_CONTRASTS[4][0]], 4)}",
             ]
         )
-    rising = [name for name, v in p["sigma_by_position"].items() if v["spearman"] > 0]
-    sides.append(
-        [
-            "the paper's σ claim (σ rises with position)",
-            "not tested",
-            f"σ rises with position in {len(rising)} of {len(p['sigma_by_position'])} gated runs (Spearman, test R "
-            "rows: " + ", ".join(f"{n} {v['spearman']:+.2f}" for n, v in p["sigma_by_position"].items()) + ")",
-        ]
-    )
+    sides.append(["the paper's σ claim (σ rises with position)", "not tested", sigma_rises_sentence(p)])
     sides.append(
         [
             "primary endpoint's null",
@@ -312,6 +343,8 @@ def format_reread(r: dict, pre_registered: dict) -> str:
                 "run",
                 "Spearman σ ~ position (test R rows)",
                 "σ by fifth of position",
+                "Spearman, without the answer line",
+                "σ by fifth, without the answer line",
                 *(f"R2L share, {k}" for k in KINDS),
                 *(f"σ, {k}" for k in KINDS),
             ],
@@ -320,6 +353,8 @@ def format_reread(r: dict, pre_registered: dict) -> str:
                     n,
                     f"{v['spearman']:+.3f}",
                     " ".join(f"{x:.3f}" for x in v["by_fifth"]),
+                    f"{p['sigma_by_position_without_template'][n]['spearman']:+.3f}",
+                    " ".join(f"{x:.3f}" for x in p["sigma_by_position_without_template"][n]["by_fifth"]),
                     *(f"{p['r2l_share_at_t'][n][k]:.3f}" for k in KINDS),
                     *(f"{p['r2l_share_at_t'][n]['σ'][k]:.3f}" for k in KINDS),
                 ]

@@ -29,6 +29,7 @@ from studies.mechanism.v2_reread import (
     _interval,
     format_null,
     one_standard_floors,
+    position_spans,
     power,
     r2l_share,
     sigma_contrasts,
@@ -61,6 +62,16 @@ COVARIATE_ENDPOINTS = (*VERDICT_ENDPOINTS, "S1: C > F at t")
 
 
 # ---- the verdict rule (pure) -------------------------------------------------------------------
+
+
+def check_design(cfg: MechanismConfig) -> None:
+    """Refuse a design whose predictions this code does not compute, before anything trains: the amended design
+    (v3_amended.yaml, PREREGISTRATION_v3_amended.md) runs only once its verdict code is in."""
+    if set(cfg.margins) != set(PREDICTIONS):
+        raise ValueError(
+            f"{cfg.out}: the design judges {', '.join(sorted(cfg.margins))}, and this code computes "
+            f"{', '.join(PREDICTIONS)}: its verdict code must land before any of its runs"
+        )
 
 
 def judge(interval: dict, margin: float) -> str:
@@ -151,15 +162,18 @@ def covariate(test: list[Trajectory], metrics: dict[str, list[dict[str, np.ndarr
 # ---- the paper's σ claim, with an interval --------------------------------------------------------
 
 
-def sigma_rises(runs: list[StepScores], rows: np.ndarray, level: float, resamples: int = 2000, seed: int = 0) -> dict:
-    """The mean over runs (seeds) of Spearman(σ, k/(n−1)) over every step of `rows` (one per question; rows of one
-    step left out), with a percentile interval that resamples questions and seeds together, as `bootstrap_mean` does."""
-    offsets = runs[0].offsets
-    keep = rows[np.diff(offsets)[rows] > 1]
-    spans = [np.arange(offsets[r], offsets[r + 1]) for r in keep]
-    position = np.zeros(offsets[-1])
-    for span in spans:
-        position[span] = np.arange(len(span)) / (len(span) - 1)
+def sigma_rises(
+    runs: list[StepScores],
+    rows: np.ndarray,
+    level: float,
+    resamples: int = 2000,
+    seed: int = 0,
+    keep: np.ndarray | None = None,
+) -> dict:
+    """The mean over runs (seeds) of Spearman(σ, k/(n−1)) over every step of `rows` (one per question) that `keep`
+    keeps (`position_spans`; rows of one step left out), with a percentile interval that resamples questions and seeds
+    together, as `bootstrap_mean` does."""
+    spans, position = position_spans(runs[0].offsets, rows, keep)
 
     def per_run(index: np.ndarray) -> np.ndarray:
         steps = np.concatenate([spans[q] for q in index])
