@@ -44,11 +44,61 @@ def test_check_smoke_runs_every_item_in_two_processes_from_any_directory(tmp_pat
 
 def test_a_failed_training_run_shows_its_error_skips_the_rest_and_fails_the_check(tmp_path):
     items = run_check(CheckConfig(smoke=True, processes=1, data="no/such/file.jsonl", out=str(tmp_path)))
-    assert [i.status for i in items] == ["fail", "skip", "skip", "skip", "skip", "skip"]
+    assert [i.status for i in items] == ["fail", *["not reached"] * 5]
     assert (
         "biprm train: error: no/such/file.jsonl: no such data file" in items[0].detail
         and "train.log" in items[0].detail
     )
+
+
+def a_trained_run(out: Path) -> Item:
+    """What a passing training item leaves, by name: the final model and its last two checkpoints."""
+    for name in ("config.json", "checkpoint-2/trainer_state.json", "checkpoint-3/trainer_state.json"):
+        (out / "run" / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / "run" / name).write_text("{}")
+    return Item("train 3 steps", "pass", "planted")
+
+
+def test_a_failed_resume_is_a_failed_item_with_its_last_lines_and_the_table_is_written(tmp_path, monkeypatch):
+    """Issue 56, finding 3: a resume that raised left no final model, `scored()` loaded it anyway, and `check` exited 2
+    with no check.md; the run's error was only in resume.log."""
+    from biprm.cli import cmd_check
+
+    error = "Traceback (most recent call last):\nRuntimeError: planted in the RNG load\nE1128 torchrun: 1 failed"
+    monkeypatch.setattr(check, "trained", lambda cfg, command, run, out: a_trained_run(out))
+    monkeypatch.setattr(check, "heads_dtype", lambda *a: Item("heads dtype", "pass", ""))
+    monkeypatch.setattr(check, "launch", lambda command, log: (1, error, 0.0))
+    monkeypatch.setattr(check, "scored", lambda *a: pytest.fail("the resumed model was scored, though there is none"))
+    monkeypatch.setattr(check, "latency", lambda cfg: latency_item({"l2r": 1.0, "bi": 1.0}, 1, "cpu"))
+    with pytest.raises(SystemExit):
+        cmd_check(CheckConfig(smoke=True, out=str(tmp_path)))
+    items = {i["name"]: i for i in json.loads((tmp_path / "check.json").read_text())}
+    assert {n: i["status"] for n, i in items.items()} == {
+        "train 3 steps": "pass",
+        "heads dtype": "pass",
+        "resume": "fail",
+        "score": "not reached",
+        "latency bi/l2r": "target met",
+        "vllm export dtype": "not reached",
+    }
+    detail = items["resume"]["detail"]
+    assert (
+        detail.startswith("exit 1: RuntimeError: planted in the RNG load; last lines: ")
+        and "torchrun: 1 failed" in detail
+    )
+    assert "| resume | fail | exit 1: RuntimeError" in (tmp_path / "check.md").read_text()
+
+
+def test_an_item_that_raises_fails_alone_and_the_rest_still_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(check, "trained", lambda cfg, command, run, out: a_trained_run(out))
+    monkeypatch.setattr(check, "heads_dtype", lambda *a: (_ for _ in ()).throw(OSError("no safetensors file")))
+    monkeypatch.setattr(check, "resumed", lambda *a: Item("resume", "pass", ""))
+    monkeypatch.setattr(check, "scored", lambda *a: Item("score", "pass", ""))
+    monkeypatch.setattr(check, "latency", lambda cfg: latency_item({"l2r": 1.0, "bi": 1.0}, 1, "cpu"))
+    monkeypatch.setattr(check, "vllm_dtype", lambda *a: Item("vllm export dtype", "not checked", ""))
+    items = run_check(CheckConfig(smoke=True, out=str(tmp_path)))
+    assert [(i.status, i.detail) for i in items][1] == ("fail", "OSError: no safetensors file")
+    assert [i.status for i in items[2:]] == ["pass", "pass", "target met", "not checked"]
 
 
 def test_the_error_shown_is_the_runs_not_the_last_line_of_its_log():
