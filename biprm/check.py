@@ -54,8 +54,6 @@ PARTS = (
 STATE_SUFFIXES = (".safetensors", ".pt", ".pth")  # with trainer_state.json: what a checkpoint restores
 TRAINED = ("heads dtype", "resume", "score", "latency bi/l2r", "vllm export dtype")  # the items after training
 LAST_LINES = 3  # of a failed run's log, shown beside its error line
-TRAINED = ("heads dtype", "resume", "score", "latency bi/l2r", "vllm export dtype")  # the items after training
-LAST_LINES = 3  # of a failed run's log, shown beside its error line
 NOISE_FACTOR = 2  # a resume that is not exact passes within this many times the gap between two uninterrupted runs
 LATENCY_TARGET = 1.05  # the paper's bi / l2r single-solution latency
 # the line a failed run names its error with: a Python exception, or biprm's one-line error (torchrun prefixes ranks)
