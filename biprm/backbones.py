@@ -7,7 +7,6 @@ Any other name is passed through to transformers untouched.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -22,6 +21,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from biprm.checkpoint import share
+from biprm.folder import recorded
 
 TINY_NAMES = ("tiny", "tiny-llama")
 SMOLLM2_NAMES = ("smollm2-135m",)
@@ -49,11 +49,15 @@ def resolve_backbone(name_or_path: str) -> str:
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """Batching needs a pad token; decoder-only tokenizers often ship without one."""
+    """The tokenizer of a backbone (by name or folder) or of a model folder not yet resolved (biprm.folder)."""
     folder = resolve_backbone(name_or_path)
-    config = Path(folder) / "config.json"
-    if config.is_file() and json.loads(config.read_text()).get("model_type") == "biprm":
+    if recorded(folder, "model_type") == "biprm":
         import biprm.modeling  # noqa: F401  registers the biprm config; unregistered, transformers warns of a type mismatch
+    return tokenizer_from(folder)
+
+
+def tokenizer_from(folder: str) -> PreTrainedTokenizerBase:
+    """Batching needs a pad token; decoder-only tokenizers often ship without one."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

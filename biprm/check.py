@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from biprm.config import CheckConfig
+from biprm.folder import recorded
 
 
 PACKAGE_ROOT = (
@@ -417,7 +418,7 @@ def vllm_dtype(run: Path, out: Path) -> Item:
 
     shutil.rmtree(out / "vllm-export", ignore_errors=True)  # an earlier check's links
     export = export_for_vllm(str(run), str(out / "vllm-export"), link=True)
-    named = json.loads((export / "config.json").read_text()).get("dtype")
+    named = recorded(export, "dtype")
     load_general_plugins()
     served = str(EngineArgs(model=str(export)).create_model_config().dtype).removeprefix("torch.")
     return Item(

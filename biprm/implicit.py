@@ -24,9 +24,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from biprm.config import MODE_TABLE
 from biprm.data.encoding import Encoded, stream_order
-from biprm.data.template import TEMPLATES
 from biprm.modeling import BiPRMConfig, BiPRMOutput, check_attention, special_ids
-from biprm.prms import KINDS, UnknownPRM, check_reference, folder_config, reading_mode
+from biprm.folder import ModelFolder, body_config
+from biprm.prms import UnknownPRM
 
 LOGIT_CHUNK = (
     512  # positions whose vocabulary logits exist at once: memory is chunk x vocabulary, not length x vocabulary
@@ -44,24 +44,17 @@ class Reading:
     close_id: int  # the token that closes the answer (`Template.close`)
 
 
-def reading(path: str, kind: str, reference: str | None, tokenizer: PreTrainedTokenizerBase, mode: str) -> Reading:
-    """Everything an implicit PRM in `path` needs checked before either LM loads, in one line each: a reference LM of
-    the same vocabulary, a mode without a gate, a tokenizer with the kind's tag and end token."""
-    check_reference(path, kind, reference)
-    reading_mode(path, kind, mode)
-    sizes = [folder_config(p).vocab_size for p in (path, reference)]
-    if sizes[0] != sizes[1]:
-        raise UnknownPRM(
-            f"--prm-reference {reference}: a vocabulary of {sizes[1]} tokens, where {path} has {sizes[0]}: the "
-            "log-ratio needs both to read the same tokens"
-        )
-    template = TEMPLATES[kind]
+def reading(folder: ModelFolder, tokenizer: PreTrainedTokenizerBase) -> Reading:
+    """Everything an implicit PRM needs checked before either LM loads, in one line each (its mode was checked when
+    the folder was resolved): a reference LM of the same vocabulary, a tokenizer with the kind's tag and end token."""
+    folder.check_reference()
+    path, kind, template = folder.path, folder.kind, folder.template
     tag, close = (tokenizer.encode(text, add_special_tokens=False) for text in (template.tag, template.close))
     if len(close) != 1:
         raise UnknownPRM(
             f"{path}: its tokenizer encodes {template.close!r}, which closes a {kind} answer, to {close}, not one token"
         )
-    return Reading(kind, KINDS[kind].beta, tag[-1], len(tag), close[0])
+    return Reading(kind, folder.spec.beta, tag[-1], len(tag), close[0])
 
 
 def stream_row(enc: Encoded, stream: str, read: Reading) -> tuple[list[int], np.ndarray]:
@@ -144,31 +137,27 @@ def next_token_logps(lm: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor)
 def causal_lm(path: str | Path, dtype: torch.dtype, attn_implementation: str) -> PreTrainedModel:
     """A causal LM from its folder, built by transformers from the config's model_type (auto_map and remote code
     ignored)."""
-    config = folder_config(path)
+    config = body_config(path)
     model = AutoModelForCausalLM._model_mapping[type(config)].from_pretrained(path, config=config, dtype=dtype)
     model.set_attn_implementation(attn_implementation)  # given a config, from_pretrained leaves its kernel unset
     return model.eval()
 
 
 def from_implicit(
-    path: str,
-    kind: str,
-    reference: str | None,
+    folder: ModelFolder,
     tokenizer: PreTrainedTokenizerBase,
-    mode: str = "l2r",
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "sdpa",
 ) -> ImplicitPRM:
-    """The implicit PRM in `path` against the reference LM in `reference`, read in `mode` (l2r: as its card reads
-    it)."""
-    read = reading(path, kind, reference, tokenizer, mode)
+    """The implicit PRM of `folder` against its reference LM, read in its mode (l2r: as its card reads it)."""
+    read = reading(folder, tokenizer)
     check_attention(attn_implementation)
-    policy, ref = (causal_lm(p, dtype, attn_implementation) for p in (path, reference))
+    policy, ref = (causal_lm(p, dtype, attn_implementation) for p in (folder.path, folder.reference))
     config = BiPRMConfig(
         backbone_config=copy.deepcopy(policy.config),
-        mode=mode,
+        mode=folder.mode,
         step_tag_id=read.tag_id,
-        prm_kind=kind,
+        prm_kind=folder.kind,
         value_head="implicit",
         **special_ids(tokenizer),
     )  # a copy of the LM's config: BiPRMConfig would reset its kernel

@@ -17,7 +17,6 @@ import inspect
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -26,7 +25,6 @@ import torch.nn.functional as F
 from transformers import (
     AutoConfig,
     AutoModel,
-    AutoTokenizer,
     DynamicCache,
     PreTrainedConfig,
     PreTrainedModel,
@@ -34,13 +32,13 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
-from biprm.checkpoint import check_checkpoint
 from biprm.config import ATTENTION, MODE_TABLE, MODES
 from biprm.data.encoding import Encoder, add_step_tag
 from biprm.data.template import TEMPLATES
 from biprm.losses import objective_loss
 from biprm.packing import attention_mask, cached_attention_mask
-from biprm.prms import KINDS, UnknownPRM, detect, folder_config, read_out
+from biprm.folder import ModelFolder, resolve
+from biprm.prms import UnknownPRM, read_out
 
 HEADS = ("value_head.", "gate.")  # the state-dict prefixes of the parts biprm adds to the body
 
@@ -165,17 +163,17 @@ class BiPRMModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(
-        cls, pretrained_model_name_or_path, *args, prm_kind: str | None = None, prm_mode: str = "l2r", **kwargs
+        cls, pretrained_model_name_or_path, *args, prm_kind: str | None = None, prm_mode: str | None = None, **kwargs
     ) -> "BiPRMModel":
-        """transformers' loader, after `check_checkpoint`: a wrong local folder is named in one line, a missing one
+        """transformers' loader, after `biprm.folder.resolve`: a wrong local folder is named in one line, a missing one
         never goes to the Hub. A folder of another PRM kind (biprm.prms; detected, or named by `prm_kind`) loads through
         `from_prm`, in `prm_mode` (l2r: as shipped; bi-static or r2l: also, or only, reading its steps reversed,
         untrained)."""
-        path = str(pretrained_model_name_or_path)
-        check_checkpoint(path, prm_kind)
-        if Path(path).is_dir() and (kind := detect(path, prm_kind)) != "biprm":
-            return from_prm(path, kind, mode=prm_mode, **kwargs)
-        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        folder = pretrained_model_name_or_path
+        folder = folder if isinstance(folder, ModelFolder) else resolve(folder, prm_kind, prm_mode)
+        if folder.trained_elsewhere:
+            return from_prm(folder, **kwargs)
+        return super().from_pretrained(folder.path, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, state_dict: dict | None = None, **kwargs) -> None:
         """transformers' save, with the heads in fp32 whatever an engine cast them to: a ZeRO-3
@@ -479,9 +477,7 @@ def from_backbone(
 
 
 def from_prm(
-    path: str,
-    kind: str | None = None,
-    mode: str = "l2r",
+    folder: ModelFolder | str,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "sdpa",
     tokenizer: PreTrainedTokenizerBase | None = None,
@@ -491,11 +487,12 @@ def from_prm(
     transformers builds it from the folder's config, its read-out as the value head shared by both streams, and its
     template and tag. The L2R stream is then the source PRM exactly. For the two-stream modes the gate is new; pass
     `gate_init` (the CLI's --init-from does, 8 by default) so that sigma starts near 1 and the fused score is the
-    source's."""
+    source's. `config_kwargs` may name another `mode` than the folder's reading (a gate mode, to be trained)."""
+    folder = folder if isinstance(folder, ModelFolder) else resolve(folder)
     check_attention(attn_implementation)
-    tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
-    config = prm_config(path, kind, tokenizer, mode=mode, **config_kwargs)
-    kind, spec = config.prm_kind, KINDS[config.prm_kind]
+    tokenizer = tokenizer or folder.tokenizer
+    config = prm_config(folder, tokenizer, **config_kwargs)
+    path, kind, spec = folder.path, folder.kind, folder.spec
     body_class = AutoModel._model_mapping[type(config.backbone_config)]
     with _quiet("transformers.modeling_utils"):  # the head's tensors are "not used" by the body: we read them ourselves
         backbone = body_class.from_pretrained(
@@ -518,18 +515,18 @@ def from_prm(
     return model
 
 
-def prm_config(path: str, kind: str | None, tokenizer: PreTrainedTokenizerBase, **config_kwargs) -> BiPRMConfig:
+def prm_config(folder: ModelFolder, tokenizer: PreTrainedTokenizerBase, **config_kwargs) -> BiPRMConfig:
     """The BiPRM config of another PRM's folder, read from its config.json (never its remote code): the body's config
     as transformers builds it for the folder's model_type, and the kind's head, template and step-tag id."""
-    kind = detect(path, kind)
-    if kind == "biprm":
+    path, kind = folder.path, folder.kind
+    if not folder.trained_elsewhere:
         raise UnknownPRM(f"{path}: a biprm checkpoint; load it with BiPRMModel.from_pretrained")
-    if KINDS[kind].implicit:
+    if folder.implicit:
         raise UnknownPRM(
             f"{path}: an implicit PRM ({kind}) has no value head to build a BiPRM on; score it against its "
             "reference LM (--prm-reference, Scorer.from_pretrained(..., prm_reference=...))"
         )
-    body_config = folder_config(path)
+    body_config = folder.body_config()
     tag = TEMPLATES[kind].tag
     step_tag_id = tokenizer.encode(tag.strip() or tag, add_special_tokens=False)[
         -1
@@ -538,9 +535,9 @@ def prm_config(path: str, kind: str | None, tokenizer: PreTrainedTokenizerBase, 
         backbone_config=body_config,
         step_tag_id=step_tag_id,
         prm_kind=kind,
-        value_head=KINDS[kind].head,
+        value_head=folder.spec.head,
         **special_ids(tokenizer),
-        **config_kwargs,
+        **({"mode": folder.mode} | config_kwargs),
     )
 
 

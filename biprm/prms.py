@@ -13,16 +13,14 @@ reference LM, a logit too, which `biprm.implicit` reads from the two models' voc
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from biprm.config import ZERO_SHOT_MODES
-
-Tensors = dict[str, torch.Tensor]
+Tensors = dict[str, "torch.Tensor"]
 
 
 class UnknownPRM(ValueError):
@@ -32,6 +30,8 @@ class UnknownPRM(ValueError):
 def _rows(weight: torch.Tensor, bias: torch.Tensor | None, good: int, bad: int) -> Tensors:
     """A two-class read-out softmax([.., ..])[good] as one logit: row good minus row bad."""
     out = {"value_head.weight": _difference(weight, good, bad)}
+    import torch
+
     out["value_head.bias"] = _difference(bias, good, bad) if bias is not None else torch.zeros(1)
     return out
 
@@ -170,80 +170,6 @@ CAUSAL_HINTS = {
 }  # name -> kind
 
 
-def read_config(folder: str | Path) -> dict:
-    path = Path(folder) / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise UnknownPRM(f"{path}: cannot read it ({error})") from None
-
-
-def detect(folder: str | Path, kind: str | None = None) -> str:
-    """The kind of PRM `folder` holds: "biprm", a key of KINDS, or `kind` when given (checked against the folder)."""
-    config = read_config(folder)
-    arch = tuple(config.get("architectures") or ())
-    seen = f"{Path(folder) / 'config.json'}: model_type {config.get('model_type')!r}, architectures {list(arch)}"
-    if config.get("model_type") == "biprm":
-        if kind not in (None, "biprm"):
-            raise UnknownPRM(f"{seen}: a biprm checkpoint, not --prm-kind {kind}")
-        return "biprm"
-    if kind is not None:
-        if kind not in KINDS:
-            raise UnknownPRM(f"--prm-kind {kind!r}: not one of biprm, {', '.join(KINDS)}")
-        spec = KINDS[kind]  # a causal-LM read-out fits any causal LM; a head of its own needs its own architecture
-        if not any(a.endswith(k) for a in arch for k in spec.architectures) and not (_causal(arch) and spec.causal):
-            raise UnknownPRM(f"{seen}: not a {kind} checkpoint (it expects {' or '.join(KINDS[kind].architectures)})")
-        return kind
-    for name, spec in KINDS.items():
-        if spec.causal:
-            continue  # a causal LM says nothing of its read-out: named below, or by hand
-        if any(a.endswith(k) for a in arch for k in spec.architectures):
-            return name
-    if _causal(arch):
-        named = str(config.get("_name_or_path", "")).lower() + " " + str(folder).lower()
-        hits = sorted({kind for hint, kind in CAUSAL_HINTS.items() if hint in named})
-        if len(hits) == 1:
-            return hits[0]
-        raise UnknownPRM(
-            f"{seen}: a causal LM, whose read-out its config does not say; pass --prm-kind math-shepherd, "
-            "rlhflow or eurus-prm (or train a biprm on it: biprm train --backbone ...)"
-        )
-    raise UnknownPRM(f"{seen}: no PRM kind biprm knows ({', '.join(['biprm', *KINDS])}); see docs/PRMS.md to add one")
-
-
-def folder_config(folder: str | Path):
-    """The config transformers builds for the folder's model_type, from its config.json: its remote code (auto_map)
-    and the architecture names that would pick it are left out."""
-    from transformers import AutoConfig
-
-    raw = read_config(folder)
-    return AutoConfig.for_model(
-        **{k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "model_type")},
-        model_type=raw["model_type"],
-    )
-
-
-def check_reference(path: str, kind: str | None, reference: str | None) -> None:
-    """Before anything loads: an implicit PRM's folder (of `kind`, or as detected) needs the folder of a reference
-    LM."""
-    if not (Path(path) / "config.json").is_file():
-        return
-    kind = detect(path, kind)
-    if kind not in KINDS or not KINDS[kind].implicit:
-        return
-    if reference is None:
-        raise UnknownPRM(
-            f"{path}: a {kind} PRM scores each step against a reference LM; pass --prm-reference FOLDER "
-            "(EurusPRM's cards use Qwen2.5-Math-7B-Instruct)"
-        )
-    if not (Path(reference) / "config.json").is_file():
-        raise UnknownPRM(f"--prm-reference {reference}: no config.json there; pass the reference LM's folder")
-
-
-def _causal(arch: tuple[str, ...]) -> bool:
-    return any(a.endswith("ForCausalLM") for a in arch)
-
-
 def weight_files(folder: str | Path) -> list[Path]:
     """A checkpoint's weight files: safetensors where there are any, else PyTorch pickles (Skywork ships only those)."""
     folder = Path(folder)
@@ -253,6 +179,7 @@ def weight_files(folder: str | Path) -> list[Path]:
 def head_tensors(folder: str | Path, kind: Kind) -> Tensors:
     """The checkpoint tensors `kind`'s head is made of, read by name from its weight files (sharded or not); a pickle
     is read with weights_only, memory-mapped, so nothing in it runs and the body is not read into memory."""
+    import torch
     from safetensors import safe_open
 
     files = weight_files(folder)
@@ -283,26 +210,3 @@ def read_out(folder: str | Path, kind: Kind, tokenizer) -> Tensors:
     vLLM export writes beside the body."""
     ids = kind.plus_minus(tokenizer) if kind.plus_minus else (0, 0)
     return kind.read_head(head_tensors(folder, kind), ids)
-
-
-def reading_mode(folder: str | Path, kind: str, mode: str | None) -> str | None:
-    """The mode `folder` is read in without training. A biprm checkpoint keeps the one it was trained in (None: not
-    read; asking for another is an error). A PRM of another kind is read as shipped (l2r, the default), reversed (r2l)
-    or both averaged (bi-static); a gate mode would run an untrained gate."""
-    if kind == "biprm":
-        trained = None if mode is None else read_config(folder).get("mode")
-        if mode not in (None, trained):
-            raise ValueError(
-                f"--prm-mode {mode}: {folder} is a biprm checkpoint trained in mode {trained}, which it keeps"
-            )
-        return trained
-    if mode not in (None, *ZERO_SHOT_MODES):
-        train = (
-            "and as an implicit PRM it has no head to train one on"
-            if kind in KINDS and KINDS[kind].implicit
-            else f"`biprm train --init-from {folder} --mode {mode}` trains one"
-        )
-        raise ValueError(
-            f"--prm-mode {mode}: a {kind} PRM is read as l2r, r2l or bi-static (it has no trained gate; {train})"
-        )
-    return mode or "l2r"

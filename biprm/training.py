@@ -51,7 +51,7 @@ from biprm.lora import lora_head_masters, save_merged, with_lora
 from biprm.data.readers import check_source
 from biprm.data.segment import Segmenter
 from biprm.modeling import BiPRMModel, encoder_for, from_backbone, from_prm, head_masters
-from biprm.prms import detect
+from biprm.folder import ModelFolder, resolve
 from biprm.packing import pack
 from biprm.trunk import TrunkCache, TrunkCollator, TrunkData, freeze_bottom
 
@@ -389,7 +389,7 @@ def train(
 
 def _train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None, encoded: list[Encoded] | None) -> str:
     set_seed(cfg.seed)  # before the model is built: the seed fixes every new weight
-    engine = check_before_loading(cfg, encoded)
+    engine, source = check_before_loading(cfg, encoded)
     # The arguments come first: with a ZeRO-3 config they switch on partitioned init, so the
     # backbone below is loaded straight into shards instead of whole into every rank's RAM.
     args = training_arguments(cfg)
@@ -399,8 +399,8 @@ def _train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None, encoded: l
     record = run_record(asdict(cfg), None, args.world_size, engine_facts(cfg, engine))
     resume_from = plan(cfg.output_dir, record, cfg.resume, cfg.overwrite, engine)
     backbone_dir = cfg.init_from or resolve_backbone(cfg.backbone)
-    tokenizer = load_tokenizer(backbone_dir)
-    model = build_model(cfg, engine, backbone_dir, tokenizer)
+    tokenizer = source.tokenizer if source else load_tokenizer(backbone_dir)
+    model = build_model(cfg, engine, backbone_dir, tokenizer, source)
     encoder = encoder_for(model.config, tokenizer, cfg.max_length)
     train_set, eval_set, record["data_fingerprint"] = training_data(cfg, args, model, encoder, encoded)
     if cfg.resume:
@@ -463,13 +463,12 @@ def end_processes(args: TrainingArguments) -> None:
         torch.distributed.destroy_process_group()
 
 
-def check_before_loading(cfg: TrainConfig, encoded: list[Encoded] | None) -> str:
-    """The distributed engine (plain, deepspeed, fsdp), once the data source and the engine's config are known to work:
-    a mistake there is cheaper to hear before the backbone loads."""
+def check_before_loading(cfg: TrainConfig, encoded: list[Encoded] | None) -> tuple[str, ModelFolder | None]:
+    """The distributed engine (plain, deepspeed, fsdp) and the --init-from PRM's folder, once the data source and the
+    engine's config are known to work: a mistake there is cheaper to hear before the backbone loads."""
     if encoded is None:
         check_source(cfg.data)
-    if cfg.init_from:
-        detect(cfg.init_from, cfg.prm_kind)
+    source = resolve(cfg.init_from, cfg.prm_kind) if cfg.init_from else None
     if cfg.deepspeed:
         check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r, cfg.bf16)
     engine = backend(cfg)
@@ -479,7 +478,7 @@ def check_before_loading(cfg: TrainConfig, encoded: list[Encoded] | None) -> str
             "start and FSDP trains as plain DDP); train on a CPU without it (one process, or DDP: torchrun "
             "--nproc_per_node N)"
         )
-    return engine
+    return engine, source
 
 
 def engine_facts(cfg: TrainConfig, engine: str) -> dict:
@@ -500,7 +499,13 @@ def engine_facts(cfg: TrainConfig, engine: str) -> dict:
     }
 
 
-def build_model(cfg: TrainConfig, engine: str, backbone_dir: str, tokenizer: PreTrainedTokenizerBase) -> BiPRMModel:
+def build_model(
+    cfg: TrainConfig,
+    engine: str,
+    backbone_dir: str,
+    tokenizer: PreTrainedTokenizerBase,
+    source: ModelFolder | None = None,
+) -> BiPRMModel:
     """A fresh BiPRM on the backbone, with only the parameters this run trains left trainable (LoRA, top layers,
     heads)."""
     # fp32 master weights everywhere; --bf16 is autocast (CUDA or CPU), never bf16 weights,
@@ -515,8 +520,8 @@ def build_model(cfg: TrainConfig, engine: str, backbone_dir: str, tokenizer: Pre
         aux_loss_weight=cfg.aux_loss_weight,
         segmenter=cfg.segmenter,
     )
-    if cfg.init_from:  # another PRM made bidirectional: its L2R stream is the source exactly, and the gate leans on it
-        model = from_prm(cfg.init_from, cfg.prm_kind, tokenizer=tokenizer, gate_init=cfg.gate_init, **options)
+    if source:  # another PRM made bidirectional: its L2R stream is the source exactly, and the gate leans on it
+        model = from_prm(source, tokenizer=tokenizer, gate_init=cfg.gate_init, **options)
     else:
         model = from_backbone(backbone_dir, tokenizer, **options)
     if cfg.lora_r and engine == "fsdp":

@@ -9,12 +9,10 @@ import types
 
 import pytest
 
+from biprm.folder import NotACheckpoint, looks_local, resolve
 from biprm.checkpoint import (
     LAYOUT,
-    NotACheckpoint,
-    check_checkpoint,
     check_layout,
-    looks_local,
     share,
     stamp,
     write_model_card,
@@ -49,7 +47,7 @@ def folder(tmp_path, name, config=None, files=()):
 def test_a_folder_that_is_not_a_checkpoint_is_named_with_what_it_holds(tmp_path, name, config, files, says):
     path = folder(tmp_path, name, config, files)
     with pytest.raises(NotACheckpoint, match=f"^{re.escape(f'{path}: {says}')}") as error:
-        check_checkpoint(str(path))
+        resolve(str(path))
     assert "\n" not in str(error.value) and isinstance(
         error.value, OSError
     )  # one line; caught where transformers' errors are
@@ -61,26 +59,26 @@ def test_a_causal_lm_that_may_be_a_prm_is_told_about_prm_kind(tmp_path):
         tmp_path, "my-prm", {"model_type": "mistral", "architectures": ["MistralForCausalLM"]}, ["x.safetensors"]
     )
     with pytest.raises(NotACheckpoint) as error:
-        check_checkpoint(str(path))
+        resolve(str(path))
     assert str(error.value).startswith(f"{path}: is a plain mistral model (a backbone)") and str(error.value).endswith(
         "if it is a PRM read from its LM head (math-shepherd, rlhflow, eurus-prm), name the kind with --prm-kind"
     )
     with pytest.raises(NotACheckpoint) as error:  # a backbone with no LM head is not told
-        check_checkpoint(str(folder(tmp_path, "enc", {"model_type": "bert"}, ["x.safetensors"])))
+        resolve(str(folder(tmp_path, "enc", {"model_type": "bert"}, ["x.safetensors"])))
     assert "--prm-kind" not in str(error.value)
 
 
 def test_a_checkpoint_passes_and_only_a_non_local_name_may_be_a_hub_id(tmp_path):
-    check_checkpoint(str(folder(tmp_path, "ok", {"model_type": "biprm"}, ["model.safetensors"])))
-    check_checkpoint("someone/some-prm")  # not here: left to the Hub
+    resolve(str(folder(tmp_path, "ok", {"model_type": "biprm"}, ["model.safetensors"])))
+    resolve("someone/some-prm")  # not here: left to the Hub
     assert (
         not looks_local("someone/some-prm") and looks_local("./someone/some-prm") and looks_local(str(tmp_path / "x"))
     )
     with pytest.raises(NotACheckpoint, match="no such folder"):
-        check_checkpoint(str(tmp_path / "missing"))
+        resolve(str(tmp_path / "missing"))
     (tmp_path / "file").write_text("")
     with pytest.raises(NotACheckpoint, match="is a file, not a checkpoint folder"):
-        check_checkpoint(str(tmp_path / "file"))
+        resolve(str(tmp_path / "file"))
 
 
 def test_the_layout_is_stamped_and_another_one_is_warned_about(caplog):

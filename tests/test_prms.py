@@ -8,7 +8,8 @@ from biprm import Scorer, Trajectory
 from biprm.data.template import QWEN_SYSTEM, TEMPLATES
 from biprm.data.trajectory import DataError
 from biprm.modeling import from_prm
-from biprm.prms import KINDS, UnknownPRM, detect
+from biprm.folder import NotACheckpoint, detect, resolve
+from biprm.prms import KINDS, UnknownPRM
 from biprm.scoring.aggregate import sigmoid
 from tests.prm_replicas import PROBLEMS, REFERENCES, build, eurus_logits, reference_lm
 
@@ -83,7 +84,6 @@ def test_a_causal_lm_without_a_name_needs_its_kind(replicas, tmp_path):
 
 
 def test_bad_folders_and_kinds_are_one_line_errors(replicas, tmp_path):
-    from biprm.checkpoint import NotACheckpoint
 
     with pytest.raises(UnknownPRM, match="not a qwen-prm checkpoint"):
         detect(replicas["skywork-prm"], "qwen-prm")
@@ -246,16 +246,15 @@ def test_a_named_kind_reaches_every_command_for_a_folder_whose_config_cannot_say
     import json
     import shutil
 
-    from biprm.checkpoint import NotACheckpoint, check_checkpoint
     from biprm.cli import main
 
     plain = tmp_path / "my-prm"
     shutil.copytree(replicas["math-shepherd"], plain)
     with pytest.raises(NotACheckpoint, match="plain mistral model"):
-        check_checkpoint(str(plain))
-    check_checkpoint(str(plain), "math-shepherd")
+        resolve(str(plain))
+    resolve(str(plain), "math-shepherd")
     with pytest.raises(NotACheckpoint, match="not a qwen-prm checkpoint"):
-        check_checkpoint(str(plain), "qwen-prm")
+        resolve(str(plain), "qwen-prm")
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"question": q, "steps": s}) + "\n" for q, s in PROBLEMS))
     main(
@@ -364,7 +363,6 @@ def test_prm_mode_is_refused_where_it_cannot_apply(replicas, bi_scorer, tmp_path
     """A biprm checkpoint keeps its trained mode, a gate mode would be untrained, and eval already reports all three
     readings: each is one line, before a model loads."""
     from biprm.cli import main
-    from biprm.prms import reading_mode
 
     bi_checkpoint = str(tmp_path / "bi")
     bi_scorer.model.save_pretrained(bi_checkpoint)
@@ -388,7 +386,7 @@ def test_prm_mode_is_refused_where_it_cannot_apply(replicas, bi_scorer, tmp_path
     assert stop.value.code == 2
     assert "is a biprm checkpoint trained in mode bi, which it keeps" in capsys.readouterr().err
     with pytest.raises(ValueError, match="has no trained gate; `biprm train --init-from"):
-        reading_mode(replicas["qwen-prm"], "qwen-prm", "bi")
+        resolve(replicas["qwen-prm"], prm_mode="bi")
     for argv in (
         ["score", "--model", str(replicas["qwen-prm"]), "--input", str(rows), "--output", "o", "--prm-mode", "bi"],
         ["eval", "processbench", "--model", str(replicas["qwen-prm"]), "--prm-mode", "l2r"],
@@ -516,7 +514,6 @@ def test_a_search_takes_a_renamed_causal_lm_prm_with_its_kind(replicas, tmp_path
     kind; with --prm-kind it drives a search beside a biprm checkpoint, which keeps its own kind."""
     import shutil
 
-    from biprm.checkpoint import NotACheckpoint
     from biprm.search.config import SearchConfig
     from biprm.search.run import kind_of, run_search
 
@@ -538,7 +535,6 @@ def test_a_search_takes_a_renamed_causal_lm_prm_with_its_kind(replicas, tmp_path
 def test_a_search_with_an_implicit_prm_and_no_reference_stops_before_anything_loads(replicas, tmp_path):
     import json
 
-    from biprm.checkpoint import NotACheckpoint
     from biprm.search.config import SearchConfig
     from biprm.search.run import run_search
 

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from biprm.config import ScorerSettings
-from biprm.prms import detect, weight_files
+from biprm.folder import resolve
+from biprm.prms import weight_files
 from biprm.data.trajectory import Trajectory
 from biprm.data.writer import atomic_write
 from biprm.evaluation.sharing import score_shared
@@ -41,8 +42,8 @@ def load_scorer(settings: ScorerSettings, ckpt: str) -> Scorer:
     own = process_state().device
     device = torch.device(settings.device) if settings.device else own
     device = own if device.type == own.type and device.index is None else device
-    foreign = Path(ckpt).is_dir() and detect(ckpt, settings.prm_kind) != "biprm"
-    return Scorer.from_settings(ckpt, settings, device, prm_mode=FOREIGN_MODE if foreign else None)
+    folder = resolve(ckpt, settings.prm_kind, None, settings.prm_reference)
+    return Scorer.from_settings(folder.reading(FOREIGN_MODE) if folder.trained_elsewhere else folder, settings, device)
 
 
 def scorer_loader(settings: ScorerSettings) -> Callable[[str], Scorer]:

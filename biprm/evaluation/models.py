@@ -9,20 +9,17 @@ training mode, `checkpoint_mode`, is another thing: l2r, r2l, bi-static or bi.)
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from biprm.scoring.aggregate import mean_of_probabilities
-from biprm.backbones import load_tokenizer
-from biprm.checkpoint import check_checkpoint
+from biprm.folder import resolve
 from biprm.config import CHECKPOINT_ROLES, MODE_TABLE
 from biprm.modeling import BiPRMConfig, encoder_for, prm_config
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.cache import FOREIGN_MODE, ScoreCache
-from biprm.prms import detect
 from biprm.scoring.step_scores import StepScores
 
 # Ablation rows in the paper's order: (role, expected checkpoint mode, row label).
@@ -63,11 +60,11 @@ class ScoreSource:
 def checkpoint_config(ckpt: str, prm_kind: str | None = None) -> dict:
     """A biprm checkpoint's config.json (one trained `--init-from` another PRM records that PRM's `prm_kind` too), or
     for a PRM trained elsewhere (biprm.prms) the mode it is evaluated in and its kind as `trained_elsewhere`; any other
-    folder is refused in one line (see checkpoint.check_checkpoint)."""
-    check_checkpoint(ckpt, prm_kind)
-    if (kind := detect(ckpt, prm_kind)) != "biprm":
-        return {"mode": FOREIGN_MODE, "trained_elsewhere": kind}
-    return json.loads((Path(ckpt) / "config.json").read_text())
+    folder is refused in one line (see biprm.folder.resolve)."""
+    folder = resolve(ckpt, prm_kind)
+    if folder.trained_elsewhere:
+        return {"mode": FOREIGN_MODE, "trained_elsewhere": folder.kind}
+    return folder.config
 
 
 def checkpoint_mode(ckpt: str) -> str:
@@ -131,8 +128,9 @@ def token_lengths(ckpt: str, trajs: list[Trajectory], cache: ScoreCache) -> np.n
     """Tokens of one stream (prompt + all steps) per trajectory, with the checkpoint's own tokenizer."""
 
     def compute() -> np.ndarray:
-        tokenizer = load_tokenizer(ckpt)
-        config = BiPRMConfig.from_pretrained(ckpt) if detect(ckpt) == "biprm" else prm_config(ckpt, None, tokenizer)
+        folder = resolve(ckpt)
+        tokenizer = folder.tokenizer
+        config = prm_config(folder, tokenizer) if folder.trained_elsewhere else BiPRMConfig.from_pretrained(ckpt)
         encoder = encoder_for(config, tokenizer, max_length=2**62)
         return np.array([encoder.encode(t).n_tokens for t in trajs])
 

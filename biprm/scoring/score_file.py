@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from biprm.checkpoint import check_checkpoint
+from biprm.folder import ModelFolder, recorded, resolve
 from biprm.config import ScorerSettings
 from biprm.backbones import load_tokenizer
 from biprm.data.readers import load_trajectories, skip_report
@@ -68,8 +68,8 @@ def score_file(
     """Score `source` into `output`; `segmenter` cuts a one-string trace (default: the model's, see
     `trace_segmenter`)."""
     settings = settings or ScorerSettings()
-    check_checkpoint(model, settings.prm_kind)
-    split = trace_segmenter([model], segmenter)
+    folder = resolve(model, settings.prm_kind, settings.prm_mode, settings.prm_reference)
+    split = trace_segmenter([folder], segmenter)
     trajs = load_trajectories(
         source, fmt=fmt, skip_invalid=skip_invalid, split_rule=split
     )  # bad rows fail before the model loads
@@ -108,7 +108,7 @@ def score_file(
     begin, end = len(trajs) * rank // world, len(trajs) * (rank + 1) // world
     log.info("process %d of %d scores rows %d-%d", rank + 1, world, begin + 1, end)
     try:
-        scorer = Scorer.from_settings(model, settings, settings.device or state.device)
+        scorer = Scorer.from_settings(folder, settings, settings.device or state.device)
     except BaseException:
         if scratch is not None and state.is_main_process and not any(p.stat().st_size for p in scratch.glob("part-*")):
             shutil.rmtree(scratch, ignore_errors=True)  # a model that did not load leaves no folder to trip over
@@ -169,25 +169,19 @@ def where_from(source: str, k: int, traj: Trajectory) -> str:
     return f"{source} trajectory {k + 1}"
 
 
-def trained_segmenter(model: str) -> str:
-    """The segmenter a checkpoint's config records; "given" where it records none (a PRM trained elsewhere) or `model`
-    is no folder (a built-in name)."""
-    config = Path(model) / "config.json"
-    return json.loads(config.read_text()).get("segmenter", "given") if config.is_file() else "given"
-
-
-def trace_segmenter(models: list[str], chosen: str | None, tokenizer=None) -> Segmenter:
+def trace_segmenter(models: list[str | ModelFolder], chosen: str | None, tokenizer=None) -> Segmenter:
     """What cuts a trace given as one string (and a Best-of-N candidate's text) for score, eval and serve: `chosen`,
     else the segmenter the models' configs record (biprm.data.segment.for_model; models that disagree must be told
     which); tokens:N counts the first model's tokens (or `tokenizer`'s)."""
-    trained = sorted({trained_segmenter(m) for m in models}) or ["given"]
+    trained = sorted({m.segmenter if isinstance(m, ModelFolder) else recorded(m, "segmenter", "given") for m in models})
+    trained = trained or ["given"]
     if chosen is None and len(trained) > 1:
         raise ValueError(
             f"the models were trained with different segmenters ({', '.join(trained)}): name one with --segmenter"
         )
     name = chosen or trained[0]
     if name.startswith("tokens:") and tokenizer is None and models:
-        tokenizer = load_tokenizer(models[0])
+        tokenizer = models[0].tokenizer if isinstance(models[0], ModelFolder) else load_tokenizer(models[0])
     return for_model(chosen, trained[0], tokenizer)
 
 

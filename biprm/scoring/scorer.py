@@ -25,21 +25,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from biprm.backbones import load_tokenizer
-from biprm.checkpoint import check_checkpoint, check_layout
+from biprm.checkpoint import check_layout
+from biprm.folder import ModelFolder, NotACheckpoint, resolve
 from biprm.config import DENSE_MAX, MAX_LENGTH, MODE_TABLE, TOKENS_PER_ROW, ScorerSettings
 from biprm.data.encoding import Encoded, first_runs, step_windows, stream_order
 from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.implicit import ImplicitPRM, from_implicit
-from biprm.modeling import BiPRMModel, BiPRMOutput, encoder_for
+from biprm.modeling import BiPRMModel, BiPRMOutput, encoder_for, from_prm
 from biprm.packing import check_tags, pack, pack_cached, token_runs
-from biprm.prms import KINDS, detect, reading_mode
 from biprm.scoring.step_scores import StepScores, concat, offsets_of, step_positions
 
 log = logging.getLogger(__name__)
@@ -134,7 +132,7 @@ class Scorer:
     @classmethod
     def from_pretrained(
         cls,
-        path: str,
+        path: str | ModelFolder,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
         max_length: int = MAX_LENGTH,
@@ -146,35 +144,36 @@ class Scorer:
     ) -> "Scorer":
         """A biprm checkpoint, in the mode it was trained in, or the folder of another PRM kind (biprm.prms: detected,
         or named by `prm_kind`), read as shipped (`prm_mode` l2r, the default) or zero-shot reversed (r2l) or both
-        averaged (bi-static): `biprm.prms.reading_mode`. An implicit PRM (biprm.implicit) is read against the
-        reference LM in `prm_reference`."""
+        averaged (bi-static): `biprm.folder.reading_mode`. An implicit PRM (biprm.implicit) is read against the
+        reference LM in `prm_reference`. `path` may be a folder `biprm.folder.resolve` has already resolved."""
+        folder = path if isinstance(path, ModelFolder) else resolve(path, prm_kind, prm_mode, prm_reference)
+        if folder.kind == "export":
+            raise NotACheckpoint(f"{folder.path}: a vLLM export; serve it with --engine vllm or pass its checkpoint")
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        check_checkpoint(path, prm_kind)
-        tokenizer = load_tokenizer(path)
-        kind = detect(path, prm_kind) if Path(path).is_dir() else "biprm"
-        prm_mode = reading_mode(path, kind, prm_mode)
-        if kind in KINDS and KINDS[kind].implicit:
-            model = from_implicit(path, kind, prm_reference, tokenizer, prm_mode, dtype, attn_implementation).to(device)
+        tokenizer = folder.tokenizer
+        if folder.implicit:
+            model = from_implicit(folder, tokenizer, dtype, attn_implementation).to(device)
+        elif folder.trained_elsewhere:
+            model = from_prm(folder, dtype=dtype, attn_implementation=attn_implementation, tokenizer=tokenizer)
         else:
-            model = BiPRMModel.from_pretrained(
-                path, dtype=dtype, attn_implementation=attn_implementation, prm_kind=prm_kind, prm_mode=prm_mode
-            ).to(device)
-        check_layout(model.config, path)
-        return cls(model, tokenizer, max_length, **kwargs)
+            model = BiPRMModel.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
+        check_layout(model.config, folder.path)
+        return cls(model.to(device), tokenizer, max_length, **kwargs)
 
     @classmethod
     def from_settings(
-        cls, path: str, settings: ScorerSettings, device: str | torch.device | None = None, prm_mode: str | None = None
+        cls, path: str | ModelFolder, settings: ScorerSettings, device: str | torch.device | None = None
     ) -> "Scorer":
-        """The scorer the flags of `score`, `eval` and `serve` describe; `device` and `prm_mode` override theirs."""
+        """The scorer the flags of `score`, `eval` and `serve` describe (of a folder resolved with them, or of `path`
+        resolved here); `device` overrides theirs."""
         return cls.from_pretrained(
             path,
             device=device or settings.device,
             max_length=settings.max_length,
             attn_implementation=settings.attn_implementation,
             prm_kind=settings.prm_kind,
-            prm_mode=prm_mode or settings.prm_mode,
+            prm_mode=settings.prm_mode,
             prm_reference=settings.prm_reference,
             tokens_per_batch=settings.tokens_per_batch,
             tokens_per_call=settings.tokens_per_call,

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 from tqdm.auto import tqdm
 
-from biprm.checkpoint import NotACheckpoint, check_checkpoint
+from biprm.folder import NotACheckpoint, recorded, resolve
 from biprm.data.benchmarks import question_golds, spread
 from biprm.data.segment import Segmenter
 from biprm.data.writer import atomic_write
@@ -133,8 +133,7 @@ def build_scorer(cfg: SearchConfig, prm: str) -> PathScorer:
 
 def kind_of(cfg: SearchConfig, prm: str) -> str | None:
     """--prm-kind for a --prm folder biprm did not train; a biprm checkpoint among them keeps its own kind."""
-    config = Path(prm) / "config.json"
-    if cfg.prm_kind is None or (config.is_file() and json.loads(config.read_text()).get("model_type") == "biprm"):
+    if cfg.prm_kind is None or recorded(prm, "model_type") == "biprm":
         return None
     return cfg.prm_kind
 
@@ -602,12 +601,10 @@ def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorers: lis
     if not questions:
         raise ValueError(f"--data {cfg.data}: holds no question")
     for prm in [p for p in cfg.prm if p != "noise"] if scorers is None else []:
-        from biprm.prms import check_reference  # lazily: it reads torch
-
-        try:
-            kind = kind_of(cfg, prm)
-            check_checkpoint(prm, kind)  # any kind biprm reads, named before the policy loads
-            check_reference(prm, kind, cfg.prm_reference)
+        try:  # any kind biprm reads, its tokenizer and reference checked, named before the policy loads
+            folder = resolve(prm, kind_of(cfg, prm), None, cfg.prm_reference)
+            folder.check_reference()
+            folder.tokenizer
         except (OSError, ValueError) as error:
             raise NotACheckpoint(f"--prm {error}") from None
     out = Path(cfg.out)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from biprm.checkpoint import check_checkpoint, layout
+from biprm.checkpoint import layout
+from biprm.folder import ModelFolder, resolve
 from biprm.vllm_plugin import ARCHITECTURE, PLUGIN, SERVED_DTYPES
 
 HEAD_FILE = "biprm_head"  # the value head of a PRM trained elsewhere, beside its weight files
@@ -35,7 +36,7 @@ SAFE_INDEX = "model.safetensors.index.json"  # vLLM loads only the safetensors f
 
 
 def export_for_vllm(
-    checkpoint: str,
+    checkpoint: str | ModelFolder,
     out: str,
     link: bool = False,
     dtype: str = "bfloat16",
@@ -44,35 +45,33 @@ def export_for_vllm(
 ) -> Path:
     """The export folder, whose config asks vLLM for `dtype`; with `link` its files are symbolic links to the
     checkpoint's (a scratch export). `checkpoint` is a biprm folder (it keeps its mode) or a PRM trained elsewhere, of
-    the kind detected or named by `prm_kind`, read in `mode` (default l2r)."""
-    from biprm.backbones import load_tokenizer
+    the kind detected or named by `prm_kind`, read in `mode` (default l2r); or a folder already resolved."""
     from biprm.modeling import BiPRMConfig, prm_config
-    from biprm.prms import KINDS, detect, read_out, reading_mode, weight_files
+    from biprm.prms import read_out, weight_files
 
     if dtype not in SERVED_DTYPES:
         raise ValueError(
             f"--dtype {dtype}: vLLM keeps only {' or '.join(SERVED_DTYPES)} from an export; for float32 pass --dtype "
             "float32 to vllm serve"
         )
-    src, dst = Path(checkpoint), Path(out)
-    if prm_kind is None or not src.is_dir():  # a named kind is checked against the folder by `detect`
-        check_checkpoint(checkpoint)
+    folder = checkpoint if isinstance(checkpoint, ModelFolder) else resolve(checkpoint, prm_kind, mode)
+    src, dst = Path(folder.path), Path(out)
     if dst.resolve() == src.resolve():
         raise ValueError(f"--out {out}: the export needs its own folder, not the checkpoint's")
-    kind = detect(src, prm_kind)
-    if kind in KINDS and KINDS[kind].implicit:
+    if folder.kind == "export":
+        raise ValueError(f"{src}: already an export for vLLM; serve it as it is")
+    if folder.implicit:
         raise ValueError(
-            f"{src}: an implicit PRM ({kind}) has no value head to export (its score is a log-ratio to a reference "
-            f"LM); serve it with `biprm serve --model {src} --engine vllm --prm-reference REFERENCE_LM`"
+            f"{src}: an implicit PRM ({folder.kind}) has no value head to export (its score is a log-ratio to a "
+            f"reference LM); serve it with `biprm serve --model {src} --engine vllm --prm-reference REFERENCE_LM`"
         )
-    mode = reading_mode(src, kind, mode)
-    if kind == "biprm":
+    if folder.trained_elsewhere:
+        tokenizer = folder.tokenizer
+        config = prm_config(folder, tokenizer)
+        head, skip = read_out(src, folder.spec, tokenizer), source_head_prefixes(folder.kind)
+    else:
         config = BiPRMConfig.from_pretrained(src)
         head, skip = {}, []
-    else:
-        tokenizer = load_tokenizer(str(src))
-        config = prm_config(str(src), kind, tokenizer, mode=mode)
-        head, skip = read_out(src, KINDS[kind], tokenizer), source_head_prefixes(kind)
     dst.mkdir(parents=True, exist_ok=True)
     flat = config.backbone_config.to_dict()
     flat.update(

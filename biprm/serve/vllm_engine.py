@@ -15,54 +15,33 @@ row (`prompt_logprobs`), and `read_steps` reads q from their difference as biprm
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import tempfile
 import threading
 from multiprocessing.connection import wait
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from biprm.backbones import load_tokenizer
 from biprm.config import MODE_TABLE
 from biprm.data.encoding import Encoded, Encoder
 from biprm.data.template import TEMPLATES
 from biprm.implicit import Reading, read_steps, reading, stream_row
-from biprm.prms import KINDS, UnknownPRM, detect, folder_config, read_config, reading_mode
+from biprm.folder import ModelFolder, body_config, resolve
 from biprm.scoring.step_scores import StepScores, offsets_of
 from biprm.scoring.scorer import Collector, Scorer
-from biprm.vllm_plugin import ARCHITECTURE
 from biprm.vllm_plugin.spec import spec_encoder
 from biprm.serve.export import export_for_vllm
 
 
-def vllm_folder(path: str, prm_kind: str | None = None, prm_mode: str | None = None) -> str:
-    """`path` if it is already an export, else an export beside it in a scratch folder (weights linked, not copied);
-    a PRM trained elsewhere (of the kind detected, or `prm_kind`) is read in `prm_mode` (default: as shipped)."""
-    config = json.loads((Path(path) / "config.json").read_text())
-    if config.get("architectures") == [ARCHITECTURE]:
-        if prm_mode not in (None, config["biprm"]["mode"]):
-            raise ValueError(
-                f"--prm-mode {prm_mode}: {path} is an export in mode {config['biprm']['mode']}, which it keeps"
-            )
-        return path
+def vllm_folder(folder: ModelFolder) -> str:
+    """The folder if it is already an export, else an export beside it in a scratch folder (weights linked, not
+    copied), in the folder's reading."""
+    if folder.kind == "export":
+        return folder.path
     scratch = tempfile.mkdtemp(prefix="biprm-vllm-")
-    return str(export_for_vllm(path, scratch, link=True, prm_kind=prm_kind, mode=prm_mode))
-
-
-def implicit_kind(path: str, prm_kind: str | None) -> str | None:
-    """The kind of the implicit PRM in `path` (detected, or `prm_kind`), None for any other folder: an export, a PRM
-    with a read-out, or one `detect` cannot place (the export says why)."""
-    if not (Path(path) / "config.json").is_file() or read_config(path).get("architectures") == [ARCHITECTURE]:
-        return None
-    try:
-        kind = detect(path, prm_kind)
-    except UnknownPRM:
-        return None
-    return kind if kind in KINDS and KINDS[kind].implicit else None
+    return str(export_for_vllm(folder, scratch, link=True))
 
 
 def one_line(error: BaseException) -> str:
@@ -135,11 +114,11 @@ class VLLMScorer:
 
     encode = Scorer.encode  # one encoding path for both engines: it needs only `encoder` and `max_length`
 
-    def __init__(self, llm, folder: str):
+    def __init__(self, llm, folder: ModelFolder):
         self.llm = llm
-        spec = json.loads((Path(folder) / "config.json").read_text())["biprm"]
+        spec = folder.config["biprm"]
         self.mode = spec["mode"]
-        self.tokenizer = load_tokenizer(folder)
+        self.tokenizer = folder.tokenizer
         self.encoder = spec_encoder(spec, self.tokenizer, llm.llm_engine.model_config.max_model_len)
         self.watch()
 
@@ -157,11 +136,11 @@ class VLLMScorer:
         it cannot run is a ValueError in one line, before the engine starts. A PRM trained elsewhere is read in
         `prm_mode` (biprm.prms.reading_mode), an implicit one against the reference LM in `prm_reference`
         (`ImplicitVLLMScorer`)."""
-        if kind := implicit_kind(path, prm_kind):
-            mode = reading_mode(path, kind, prm_mode)
-            return ImplicitVLLMScorer.start(path, kind, prm_reference, mode, max_length, engine_args)
-        folder = vllm_folder(path, prm_kind, prm_mode)
-        return cls(start_engine(path, {"model": folder, "max_model_len": max_length, **engine_args}), folder)
+        folder = resolve(path, prm_kind, prm_mode, prm_reference)
+        if folder.implicit:
+            return ImplicitVLLMScorer.start(folder, max_length, engine_args)
+        export = resolve(vllm_folder(folder))
+        return cls(start_engine(path, {"model": export.path, "max_model_len": max_length, **engine_args}), export)
 
     @property
     def engines(self) -> list:
@@ -244,26 +223,22 @@ class ImplicitVLLMScorer(VLLMScorer):
         self.watch()
 
     @classmethod
-    def start(
-        cls, path: str, kind: str, reference: str | None, mode: str, max_length: int, engine_args: dict
-    ) -> "ImplicitVLLMScorer":
+    def start(cls, folder: ModelFolder, max_length: int, engine_args: dict) -> "ImplicitVLLMScorer":
         """Both engines, for stream rows of up to `max_length` tokens; a missing or mismatched reference and a mode
         with a gate are refused in one line before either starts (`implicit.reading`)."""
-        tokenizer = load_tokenizer(path)
-        read = reading(path, kind, reference, tokenizer, mode)
+        tokenizer = folder.tokenizer
+        read = reading(folder, tokenizer)
         engines = []
         try:
-            for folder in (path, reference):
+            for path in (folder.path, folder.reference):
                 engines.append(
-                    start_engine(
-                        folder, {"model": folder, "runner": "generate", **room(folder, max_length), **engine_args}
-                    )
+                    start_engine(path, {"model": path, "runner": "generate", **room(path, max_length), **engine_args})
                 )
         except BaseException:
             for llm in engines:
                 llm.llm_engine.engine_core.shutdown()
             raise
-        return cls(*engines, tokenizer, read, mode)
+        return cls(*engines, tokenizer, read, folder.mode)
 
     @property
     def engines(self) -> list:
@@ -287,7 +262,7 @@ def room(folder: str, max_length: int) -> dict:
     """Engine arguments for prompts of up to `max_length` tokens: vLLM's generate runner wants room for the one token
     it generates after the prompt, which it never runs through the model, so that token may stand one past a window
     the rows fill (model_max_length is how far vLLM lets max_model_len go). On a GPU the two engines share it."""
-    window = getattr(folder_config(folder), "max_position_embeddings", None)
+    window = getattr(body_config(folder), "max_position_embeddings", None)
     return {
         "max_model_len": max_length + 1,
         **({"hf_overrides": {"model_max_length": window + 1}} if window == max_length else {}),
