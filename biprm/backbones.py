@@ -21,7 +21,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from biprm.checkpoint import share
-from biprm.folder import recorded
+from biprm.folder import recorded, tokenizer_from
 
 TINY_NAMES = ("tiny", "tiny-llama")
 SMOLLM2_NAMES = ("smollm2-135m",)
@@ -54,14 +54,6 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     if recorded(folder, "model_type") == "biprm":
         import biprm.modeling  # noqa: F401  registers the biprm config; unregistered, transformers warns of a type mismatch
     return tokenizer_from(folder)
-
-
-def tokenizer_from(folder: str) -> PreTrainedTokenizerBase:
-    """Batching needs a pad token; decoder-only tokenizers often ship without one."""
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def _cached(name: str, build: Callable[[Path], None]) -> Path:

@@ -103,11 +103,6 @@ class ModelFolder:
     def tokenizer(self):
         """The folder's tokenizer (with a pad token), checked against the kind's read-out: a PRM kind whose tags,
         read-out tokens or chat tokens the tokenizer lacks is refused here, in one line, before any weight loads."""
-        from biprm.backbones import tokenizer_from
-
-        if self.kind == "biprm" and self.local:
-            import biprm.modeling  # noqa: F401  registers the biprm config; unregistered, transformers warns
-
         tokenizer = tokenizer_from(self.path)
         if self.trained_elsewhere:
             check_fits(self.kind, tokenizer, self.path)
@@ -216,6 +211,16 @@ def recorded(path: str | Path, key: str, default=None):
     whether a tokenizer's folder is biprm's)."""
     config = Path(path) / "config.json"
     return json.loads(config.read_text()).get(key, default) if config.is_file() else default
+
+
+def tokenizer_from(folder: str):
+    """A folder's tokenizer with a pad token: batching needs one, and decoder-only tokenizers often ship without."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def looks_local(path: str) -> bool:

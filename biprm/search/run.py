@@ -604,7 +604,8 @@ def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorers: lis
         try:  # any kind biprm reads, its tokenizer and reference checked, named before the policy loads
             folder = resolve(prm, kind_of(cfg, prm), None, cfg.prm_reference)
             folder.check_reference()
-            folder.tokenizer
+            if folder.trained_elsewhere:
+                folder.tokenizer  # a kind that does not fit its tokenizer
         except (OSError, ValueError) as error:
             raise NotACheckpoint(f"--prm {error}") from None
     out = Path(cfg.out)
