@@ -50,6 +50,7 @@ def cmd_score(cfg: ScoreConfig) -> None:
             settings=cfg,
             chunk=cfg.chunk,
             resume=cfg.resume,
+            overwrite=cfg.overwrite,
             segmenter=cfg.segmenter,
         )
     except KeyboardInterrupt:
@@ -88,7 +89,9 @@ def cmd_serve(cfg: ServeConfig) -> None:
 def cmd_export(cfg: ExportConfig) -> None:
     from biprm.serve.export import export_for_vllm
 
-    out = export_for_vllm(cfg.model, cfg.out, dtype=cfg.dtype, prm_kind=cfg.prm_kind, mode=cfg.prm_mode)
+    out = export_for_vllm(
+        cfg.model, cfg.out, dtype=cfg.dtype, prm_kind=cfg.prm_kind, mode=cfg.prm_mode, overwrite=cfg.overwrite
+    )
     print(f"exported to {out} in {cfg.dtype}; serve it with: {vllm_serve(cfg.out)}")
 
 
@@ -193,18 +196,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
-    """Append each flag's default to its help, unless the help already says it: a default computed at run time
-    (None, '') reads better in words, "(default: cuda if present)", than as a second "(default: None)". A required
-    flag says so instead of showing a default it does not have."""
+    """Append each flag's default to its help once, unless the help already says it or there is none to show: a
+    default computed at run time (None, '') reads better in words, "(default: cuda if present)", than as a second
+    "(default: None)". A required flag says so instead of showing a default it does not have."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        """A flag once, in its dashed spelling (`_dashes_first`), and its aliases, not again as --max_length."""
+        shown = [o for o in action.option_strings if "_" not in o or o.replace("_", "-") not in action.option_strings]
+        return super()._format_action_invocation(_with(action, shown))
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.required:
             return f"{action.help} (required)"
-        return action.help if "(default:" in (action.help or "") else super()._get_help_string(action)
+        said = "default:" in (action.help or "") or action.default in (None, "", argparse.SUPPRESS)
+        return action.help if said else super()._get_help_string(action)
+
+
+def _with(action: argparse.Action, option_strings: list[str]) -> argparse.Action:
+    shown = copy.copy(action)
+    shown.option_strings = option_strings
+    return shown
 
 
 class _OneLine(argparse.ArgumentParser):
-    """A parser that answers a bad command or flag in one line, not after a page of usage."""
+    """A parser that answers a bad command or flag in one line, not after a page of usage, and takes every flag only
+    as spelled: an abbreviation (--mod for --model) is refused with the flag it may mean."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> None:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -243,6 +262,7 @@ def _settings_flags(p: HfArgumentParser, settings: type, run: Callable) -> None:
         "--config", metavar="FILE", help="YAML or JSON file of these settings (field names as keys); flags win over it"
     )
     _negations_say_so(p)
+    _dashes_first(p)
     _grouped(p, settings)
     for action in p._actions:
         if dataclasses.is_dataclass(action.type) or get_origin(action.type) in (dict, tuple):
@@ -252,17 +272,35 @@ def _settings_flags(p: HfArgumentParser, settings: type, run: Callable) -> None:
     p.set_defaults(func=run, settings=settings)
 
 
+SECTIONS = ("required", "model", "data", "output")  # --help's first sections, in this order; compute comes last
+
+
 def _grouped(parser: argparse.ArgumentParser, settings: type) -> None:
-    """--help in sections (data, model, ...) for the fields that name one (`biprm.config.arg`'s `group`), so a long list
-    of flags reads by what each is about; a field without one stays under "options"."""
+    """--help in sections, the same for every command: the required flags first, then model, data, output, the
+    command's own sections (`biprm.config.arg`'s `group`), compute, and the general options (--config, -v) last. A
+    field without a group stays under "options"; tests/test_cli.py holds every command to having none."""
     sections: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(settings):
-        if title := f.metadata.get("group"):
-            if title not in sections:
-                sections[title] = parser.add_argument_group(title)
-            for action in [a for a in parser._optionals._group_actions if a.dest == f.name]:  # --x and its --no_x
+        actions = [a for a in parser._optionals._group_actions if a.dest == f.name]  # --x and its --no_x
+        title = "required" if any(a.required for a in actions) else f.metadata.get("group")
+        if title:
+            sections.setdefault(title, parser.add_argument_group(title))
+            for action in actions:
                 parser._optionals._group_actions.remove(action)
                 sections[title]._group_actions.append(action)
+    first = [sections[t] for t in SECTIONS if t in sections]
+    last = [sections[t] for t in ("compute",) if t in sections]
+    middle = [g for g in sections.values() if g not in first + last]
+    parser._action_groups = [parser._positionals, *first, *middle, *last, parser._optionals]
+    shown = [a for g in parser._action_groups for a in g._group_actions]
+    parser._actions.sort(key=lambda a: (a.option_strings[:1] != ["-h"], shown.index(a) if a in shown else len(shown)))
+
+
+def _dashes_first(parser: argparse.ArgumentParser) -> None:
+    """Put each flag's dashed spelling first (--max-length, as the docs write it), so usage lines show it; the
+    underscore spelling (--max_length) still parses."""
+    for action in parser._actions:
+        action.option_strings.sort(key=lambda o: "_" in o)
 
 
 def _any_case(convert: Callable[[str], Any], choices: Any) -> Callable[[str], Any]:
@@ -489,8 +527,21 @@ def program_parser(settings: type, recipe: Callable, prog: str) -> argparse.Argu
     return parser
 
 
+def _no_unknown_flag(chosen: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Refuse a flag the command does not have, naming it and the closest one it has, before anything else: a typo
+    of a required flag (--modle) would otherwise read "the following arguments are required: --model"."""
+    import difflib
+
+    known = chosen._option_string_actions
+    for flag in (a.partition("=")[0] for a in argv if a.startswith("--") and a != "--"):
+        if flag not in known:
+            close = difflib.get_close_matches(flag, [o for o in known if o.startswith("--")], n=1)
+            chosen.error(f"unrecognized argument {flag}" + (f"; did you mean {close[0]}?" if close else ""))
+
+
 def _run(parser: argparse.ArgumentParser, chosen: argparse.ArgumentParser, command: str, argv: list[str]) -> None:
     """Parse (the --config file first), then run the recipe: a bad file, flag or input is one line and exit code 2."""
+    _no_unknown_flag(chosen, argv)
     config = _config_file(argv)
     if config and "settings" in chosen._defaults:
         try:

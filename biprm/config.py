@@ -313,6 +313,7 @@ class TrainConfig:
             raise ValueError("--streaming data has no length: give --max-steps, and hold out no --eval-fraction")
         if self.heads_only and not self.train_top_layers:
             raise ValueError("--heads-only needs --train-top-layers K (the cut whose features the heads read)")
+        self.check_combinations()
         trackers = {t.strip() for t in self.report_to.split(",")} - {"", "none"}
         check_extras(
             {t: f"--report-to {t}" for t in sorted(trackers & EXTRAS.keys())}
@@ -320,42 +321,71 @@ class TrainConfig:
             | ({"peft": "--lora-r"} if self.lora_r else {})
         )
 
+    def check_combinations(self) -> None:
+        """Refuse settings that cannot go together here, before torch and transformers load (seconds, where the
+        recipe's own checks came after the backbone loaded)."""
+        if self.resume and self.overwrite:
+            raise ValueError(f"--resume continues the run in {self.output_dir} and --overwrite deletes it; choose one")
+        if self.lora_r and self.train_top_layers:
+            raise ValueError("--lora-r and --train-top-layers are two ways to train part of the backbone; choose one")
+        if self.train_top_layers and self.trunk_cache and (self.eval_fraction or self.streaming):
+            raise ValueError(
+                "--train-top-layers trains on the trunk cache, which takes no --eval-fraction or --streaming; add "
+                "--no-trunk-cache"
+            )
+
 
 @dataclass(kw_only=True)
 class ScorerSettings:
     """How a checkpoint is run when scoring (`Scorer.from_settings`): score, eval and serve take these flags."""
 
-    device: str | None = arg(None, "cuda, cuda:1, cpu (default: cuda if present)")
-    max_length: int = arg(MAX_LENGTH, "tokens per stream; what a longer trajectory gets is --overlength's", min=1)
+    device: str | None = arg(None, "cuda, cuda:1, cpu (default: cuda if present)", group="compute")
+    max_length: int = arg(
+        MAX_LENGTH, "tokens per stream; what a longer trajectory gets is --overlength's", min=1, group="data"
+    )
     overlength: Overlength = arg(
         "head",
         "past --max-length: head keeps the question and the first steps that fit, tail the "
         "last ones (the steps dropped are counted: n_dropped), refuse stops naming the row "
         "and its length, window scores every step in overlapping windows (docs/LONG_TRACES.md)",
+        group="data",
     )
     tokens_per_batch: int | None = arg(
-        None, "tokens per backbone batch (default: sized to the device, see docs/PERFORMANCE.md)", min=1
+        None,
+        "tokens per backbone batch (default: sized to the device, see docs/PERFORMANCE.md)",
+        min=1,
+        group="compute",
     )
     tokens_per_call: int | None = arg(
-        None, "with the prompt cache: continuation tokens per backbone call (default: sized to the device)", min=1
+        None,
+        "with the prompt cache: continuation tokens per backbone call (default: sized to the device)",
+        min=1,
+        group="compute",
     )
-    tokens_per_row: int = arg(TOKENS_PER_ROW, "packed row length; 0 gives every question its own row", min=0)
-    attn_implementation: Attention = arg("sdpa", "the backbone's attention kernel (both take the per-stream mask)")
+    tokens_per_row: int = arg(
+        TOKENS_PER_ROW, "packed row length; 0 gives every question its own row", min=0, group="compute"
+    )
+    attn_implementation: Attention = arg(
+        "sdpa", "the backbone's attention kernel (both take the per-stream mask)", group="compute"
+    )
     prm_kind: str | None = arg(
         None,
         "for a PRM trained elsewhere: its kind (qwen-prm, skywork-prm, math-shepherd, rlhflow, "
         "eurus-prm, token-classification; default: detected from its config.json, see docs/PRMS.md)",
+        group="model",
     )
     prm_reference: str | None = arg(
         None,
         "for an implicit PRM (eurus-prm): the folder of the reference LM its log-ratio is "
         "taken against (EurusPRM's cards use Qwen2.5-Math-7B-Instruct)",
+        group="model",
     )
     prm_mode: ZeroShotMode | None = arg(
         None,
         "for a PRM trained elsewhere: l2r reads it as shipped (the default), r2l reads its steps reversed, "
         "bi-static averages the two (both zero-shot; `eval` always reports all three); a biprm checkpoint keeps the "
         "mode it was trained in",
+        group="model",
     )
     segmenter: str | None = arg(
         None,
@@ -363,6 +393,7 @@ class ScorerSettings:
         "lines, markers, tokens:N, or a split rule (auto, newline, double-newline); default: what "
         "the model was trained with, auto where its steps were given (tags, else paragraphs, else lines)",
         aliases=("--split", "--split-rule"),
+        group="data",
     )
 
     def __post_init__(self) -> None:
@@ -393,30 +424,35 @@ def tokens_per_step(name: str) -> int | None:
 
 @dataclass
 class DemoConfig:
-    output_dir: str = arg("out/demo", "where results.json, the data and the gate plot go")
-    modes: str = arg("l2r,r2l,bi-static,bi", "modes to train and compare, comma-separated", commas=True)
-    n_train: int = arg(4800, "synthetic training solutions", min=1)
-    n_test: int = arg(600, "held-out labelled solutions for first-error F1", min=1)
-    bon_questions: int = arg(150, "held-out Best-of-N questions", min=1)
-    bon_candidates: int = arg(16, "candidates per Best-of-N question", min=1)
+    output_dir: str = arg("out/demo", "where results.json, the data and the gate plot go", group="output")
+    modes: str = arg("l2r,r2l,bi-static,bi", "modes to train and compare, comma-separated", commas=True, group="model")
+    n_train: int = arg(4800, "synthetic training solutions", min=1, group="data")
+    n_test: int = arg(600, "held-out labelled solutions for first-error F1", min=1, group="data")
+    bon_questions: int = arg(150, "held-out Best-of-N questions", min=1, group="data")
+    bon_candidates: int = arg(16, "candidates per Best-of-N question", min=1, group="data")
     events: list[int] = arg(
         help="least and most events per problem: short problems a tiny model learns within minutes",
         factory=lambda: [2, 3],
         min=1,
+        group="data",
     )
     mix: list[float] = arg(
         help="shares of correct, calculation-error and claim-error solutions (calc-heavy, as Best-of-N pools are)",
         factory=lambda: [0.4, 0.4, 0.2],
         min=0,
         max=1,
+        group="data",
     )
-    epochs: float = arg(2.0, "passes over the training data", above=0)
-    lr: float = arg(3e-3, "100x the paper's, to learn something in minutes ...", above=0)
+    epochs: float = arg(2.0, "passes over the training data", above=0, group="optimisation")
+    lr: float = arg(3e-3, "100x the paper's, to learn something in minutes ...", above=0, group="optimisation")
     gate_lr_scale: float = arg(
-        0.1, "... at which a full-lr gate saturates (sigma -> 0 or 1) within the first steps", min=0
+        0.1,
+        "... at which a full-lr gate saturates (sigma -> 0 or 1) within the first steps",
+        min=0,
+        group="optimisation",
     )
-    batch_size: int = arg(16, "trajectories per step", min=1)
-    seed: int = arg(1106, "seed of the data and the weights", min=0)
+    batch_size: int = arg(16, "trajectories per step", min=1, group="optimisation")
+    seed: int = arg(1106, "seed of the data and the weights", min=0, group="optimisation")
 
     def __post_init__(self) -> None:
         """The task's shape, refused before anything trains: shares that do not sum to 1 were read as relative weights,
@@ -435,13 +471,20 @@ class DemoConfig:
 
 @dataclass
 class ScoreConfig(ScorerSettings):
-    model: str = arg(help="checkpoint folder written by `biprm train`, or a PRM trained elsewhere (docs/PRMS.md)")
-    input: str = arg(help="data file, Hub dataset name or synthetic[:N]")
-    output: str = arg("scores.jsonl", "JSONL file, or - for stdout")
-    format: Format = arg("auto", "the input's layout; auto detects it from the first row")
-    skip_invalid: bool = arg(False, "skip bad rows (reported with file, row and field) instead of stopping")
-    chunk: int = arg(1024, "rows scored and written to disk at a time; a kill loses at most one", min=1)
-    resume: bool = arg(False, "continue a killed run from its OUTPUT.parts folder")
+    model: str = arg(
+        help="checkpoint folder written by `biprm train`, or a PRM trained elsewhere (docs/PRMS.md)", group="model"
+    )
+    input: str = arg(help="data file, Hub dataset name or synthetic[:N]", group="data")
+    output: str = arg("scores.jsonl", "JSONL file, or - for stdout", group="output")
+    format: Format = arg("auto", "the input's layout; auto detects it from the first row", group="data")
+    skip_invalid: bool = arg(
+        False, "skip bad rows (reported with file, row and field) instead of stopping", group="data"
+    )
+    chunk: int = arg(1024, "rows scored and written to disk at a time; a kill loses at most one", min=1, group="output")
+    resume: bool = arg(False, "continue a killed run from its OUTPUT.parts folder", group="output")
+    overwrite: bool = arg(
+        False, "replace an --output file that exists, once the new scores are complete", group="output"
+    )
 
 
 @dataclass
@@ -451,23 +494,34 @@ class CheckConfig:
         "the training config a job would run ('' for none): "
         "its launcher settings, precision and DeepSpeed config are what is checked; "
         "a shipped configs/ file is found from any directory",
+        group="data",
     )
     backbone: str = arg(
-        "Qwen/Qwen2.5-Math-1.5B", "the body to train (a Hub name, a folder, or a built-in: tiny, smollm2-135m)"
+        "Qwen/Qwen2.5-Math-1.5B",
+        "the body to train (a Hub name, a folder, or a built-in: tiny, smollm2-135m)",
+        group="model",
     )
     data: str = arg(
-        "trl-lib/math_shepherd", "training rows: a file (its first --rows are used), a Hub name, or synthetic:N"
+        "trl-lib/math_shepherd",
+        "training rows: a file (its first --rows are used), a Hub name, or synthetic:N",
+        group="data",
     )
-    rows: int = arg(64, "trajectories of a data file to train and score on", min=1)
+    rows: int = arg(64, "trajectories of a data file to train and score on", min=1, group="data")
     processes: int | None = arg(
-        None, "training processes, launched with torchrun (one per GPU); default 1, and 2 with --smoke", min=1
+        None,
+        "training processes, launched with torchrun (one per GPU); default 1, and 2 with --smoke",
+        min=1,
+        group="compute",
     )
-    latency_solutions: int = arg(16, "solutions scored one at a time per mode for the latency ratio", min=1)
-    out: str = arg("check", "where check.{json,md} and the logs go")
+    latency_solutions: int = arg(
+        16, "solutions scored one at a time per mode for the latency ratio", min=1, group="check"
+    )
+    out: str = arg("check", "where check.{json,md} and the logs go", group="output")
     smoke: bool = arg(
         False,
         "every item on the tiny backbone and the synthetic task on the CPU in 2 processes, in a minute or two "
         "(what the tests run)",
+        group="check",
     )
 
     def __post_init__(self) -> None:

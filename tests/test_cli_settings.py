@@ -185,8 +185,17 @@ def test_every_list_flag_takes_both_forms_and_every_choice_any_case(argv, field,
         (["search"], "biprm search: error: the following arguments are required: --out (see biprm search --help)\n"),
         (
             ["eval", "bon", "--nss", "4"],
-            "biprm eval bon: error: unrecognized arguments: --nss 4 (see biprm eval bon --help)\n",
+            "biprm eval bon: error: unrecognized argument --nss; did you mean --ns? (see biprm eval bon --help)\n",
         ),
+        (
+            ["score", "--modle", "runs/bi", "--input", "x.jsonl"],
+            "biprm score: error: unrecognized argument --modle; did you mean --model? (see biprm score --help)\n",
+        ),
+        (
+            ["score", "--mod", "runs/bi", "--input", "x.jsonl"],
+            "biprm score: error: unrecognized argument --mod; did you mean --model? (see biprm score --help)\n",
+        ),
+        (["demo", "--zzz"], "biprm demo: error: unrecognized argument --zzz (see biprm demo --help)\n"),
     ],
 )
 def test_a_bad_flag_is_one_line_without_the_usage(argv, says, parsed, capsys):
@@ -227,11 +236,41 @@ def test_a_settings_file_takes_both_list_forms_too(text, field, expected, parsed
     assert getattr(parsed[command], field) == expected
 
 
+def sections(text: str) -> dict[str, str]:
+    """A --help page's sections, title -> body, in order."""
+    return {title: body for title, body in re.findall(r"\n\n(\w+):\n(.*?)(?=\n\n\w+:\n|\Z)", text, re.S)}
+
+
 def test_train_help_reads_in_sections():
-    text = cli._chosen(cli.build_parser(), ["train"])[1].format_help()
-    sections = {title: body for title, body in re.findall(r"\n\n(\w+):\n(.*?)(?=\n\n\w+:\n|\Z)", text, re.S)}
-    assert list(sections) == ["options", "model", "data", "output", "optimisation", "compute"]
-    assert "--lr" in sections["optimisation"] and "--resume" in sections["output"] and "--data " in sections["data"]
+    found = sections(cli._chosen(cli.build_parser(), ["train"])[1].format_help())
+    assert list(found) == ["model", "data", "output", "optimisation", "compute", "options"]
+    assert "--lr" in found["optimisation"] and "--resume" in found["output"] and "--data " in found["data"]
     assert (
-        "--no_share_prefix" in sections["compute"] and "--share_prefix" in sections["compute"]
+        "--no-share-prefix" in found["compute"] and "--share-prefix" in found["compute"]
     )  # a flag and its negation stay together
+
+
+def test_every_command_help_reads_in_sections_as_train_does():
+    """Required flags first, then model, data, output, the command's own, compute; only --help, --config and -v left
+    under options; usage in the docs' spelling (--max-length, never --max_length)."""
+    commands = [p for p in cli._subparsers(cli.build_parser()) if "settings" in p._defaults]
+    assert len(commands) == 11
+    for parser in commands:
+        text = parser.format_help()
+        found = sections(text)
+        titles = [t for t in ("required", "model", "data", "output") if t in found]
+        last = ["compute", "options"] if "compute" in found else ["options"]
+        assert list(found)[: len(titles)] == titles and list(found)[-len(last) :] == last, parser.prog
+        assert re.findall(r"--[\w-]+", found["options"]) == ["--help", "--config", "--verbose"], parser.prog
+        assert all("(required)" in " ".join(found.get("required", "").split()) for a in parser._actions if a.required)
+        usage = text[: text.index("\n\n")]
+        assert not re.search(r"--\w+_\w", usage), usage
+        required = [a.option_strings[0] for a in parser._actions if a.required]
+        assert re.findall(r"--[\w-]+", usage)[: len(required)] == required, usage
+
+
+def test_underscore_spelling_still_parses_and_is_shown_once():
+    parsed = cli.build_parser().parse_args(["score", "--model", "m", "--input", "i", "--max_length", "64"])
+    assert parsed.max_length == 64
+    text = cli._chosen(cli.build_parser(), ["score"])[1].format_help()
+    assert "--max-length MAX_LENGTH\n" in text and "--max_length" not in text
