@@ -369,14 +369,36 @@ def check_resumable(
 def start(folder: str | Path, record: dict, overwrite: bool) -> None:
     """Clear the folder for --overwrite (saying what goes), then write the record (main process only)."""
     folder = Path(folder)
-    ours = contents(folder)[0] if overwrite else []
-    if ours:
-        log.warning("--overwrite: deleting %s in %s", overwrite_deletes(folder), folder)
-    for name in ours:
-        path = folder / name
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    if overwrite:
+        _delete(folder, contents(folder)[0], overwrite_deletes(folder))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / RECORD).write_text(json.dumps(record, indent=2))
+
+
+def _delete(folder: Path, names: list[str], said: str) -> None:
+    """Delete `names` in `folder` for --overwrite, saying what goes (`said`) first."""
+    if names:
+        log.warning("--overwrite: deleting %s in %s", said, folder)
+    for name in names:
+        path = folder / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+def claim(folder: str | Path, overwrite: bool, flag: str) -> None:
+    """Clear the folder another command writes a model into (`flag` names it: an export's --out). A folder holding a
+    model is refused unless --overwrite, which deletes exactly the files it names; files no model folder holds refuse
+    it even then."""
+    folder = Path(folder)
+    ours, others = contents(folder)
+    if others:
+        raise FileExistsError(
+            f"{flag} {folder} holds {', '.join(others)}, which no model folder holds; choose a new or empty {flag}"
+        )
+    if ours and not overwrite:
+        raise FileExistsError(
+            f"{flag} {folder} holds {', '.join(ours)}; choose another {flag}, or --overwrite, which deletes them"
+        )
+    _delete(folder, ours, ", ".join(ours))
 
 
 @contextmanager

@@ -63,11 +63,13 @@ def score_file(
     settings: ScorerSettings | None = None,
     chunk: int = 1024,
     resume: bool = False,
+    overwrite: bool = False,
     segmenter: str | None = None,
 ) -> int:
     """Score `source` into `output`; `segmenter` cuts a one-string trace (default: the model's, see
     `trace_segmenter`)."""
     settings = settings or ScorerSettings()
+    check_output(output, resume, overwrite)
     folder = resolve(model, settings.prm_kind, settings.prm_mode, settings.prm_reference)
     split = trace_segmenter([folder], segmenter)
     trajs = load_trajectories(
@@ -158,6 +160,18 @@ def score_file(
         (scratch / "run.json").unlink()  # last: parts never outlive the record that says whose they are
         scratch.rmdir()
     return len(trajs) - sum(_from_every_process([len(problems)], world))
+
+
+def check_output(output: str, resume: bool, overwrite: bool) -> None:
+    """Refuse, before anything loads, an --output file that exists, unless --overwrite (it is replaced, whole, once the
+    new scores are complete) or --resume with the parts of the run that was let write there."""
+    parts = Path(output + ".parts")
+    if output == "-" or overwrite or not Path(output).exists() or (resume and parts.is_dir()):
+        return
+    raise FileExistsError(
+        f"--output {output} exists; choose another --output, or --overwrite, which replaces it once the new scores are "
+        "complete"
+    )
 
 
 def where_from(source: str, k: int, traj: Trajectory) -> str:

@@ -91,6 +91,11 @@ class ExportConfig:
         "replace the model files a folder already holds in --out (files of any other kind refuse it)",
         group="output",
     )
+    overwrite: bool = arg(
+        False,
+        "replace the model files a folder already holds in --out (files of any other kind refuse it)",
+        group="output",
+    )
     prm_kind: str | None = arg(
         None,
         "for a PRM trained elsewhere: its kind (qwen-prm, skywork-prm, math-shepherd, rlhflow, "

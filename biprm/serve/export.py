@@ -29,6 +29,7 @@ import torch
 
 from biprm.checkpoint import layout
 from biprm.folder import ModelFolder, resolve
+from biprm.run_folder import claim
 from biprm.vllm_plugin import ARCHITECTURE, PLUGIN, SERVED_DTYPES
 
 HEAD_FILE = "biprm_head"  # the value head of a PRM trained elsewhere, beside its weight files
@@ -42,6 +43,7 @@ def export_for_vllm(
     dtype: str = "bfloat16",
     prm_kind: str | None = None,
     mode: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """The export folder, whose config asks vLLM for `dtype`; with `link` its files are symbolic links to the
     checkpoint's (a scratch export). `checkpoint` is a biprm folder (it keeps its mode) or a PRM trained elsewhere, of
@@ -58,6 +60,7 @@ def export_for_vllm(
     src, dst = Path(folder.path), Path(out)
     if dst.resolve() == src.resolve():
         raise ValueError(f"--out {out}: the export needs its own folder, not the checkpoint's")
+    claim(dst, overwrite, "--out")  # another run's model there is replaced only with --overwrite, and said so
     if folder.kind == "export":
         raise ValueError(f"{src}: already an export for vLLM; serve it as it is")
     if folder.implicit:
