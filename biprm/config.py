@@ -485,9 +485,6 @@ class ScoreConfig(ScorerSettings):
     overwrite: bool = arg(
         False, "replace an --output file that exists, once the new scores are complete", group="output"
     )
-    overwrite: bool = arg(
-        False, "replace an --output file that exists, once the new scores are complete", group="output"
-    )
 
 
 @dataclass
