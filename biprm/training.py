@@ -388,6 +388,7 @@ def train(
 
 
 def _train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None, encoded: list[Encoded] | None) -> str:
+    cfg.check_combinations()  # again: a caller may have set a field after the settings were made
     set_seed(cfg.seed)  # before the model is built: the seed fixes every new weight
     engine, source = check_before_loading(cfg, encoded)
     # The arguments come first: with a ZeRO-3 config they switch on partitioned init, so the
@@ -529,8 +530,6 @@ def build_model(
             "--lora-r with FSDP is not supported (the merged save needs the full weights on one process); use DDP or "
             "ZeRO-2"
         )
-    if cfg.lora_r and cfg.train_top_layers:
-        raise ValueError("--lora-r and --train-top-layers are two ways to train part of the backbone; choose one")
     if cfg.lora_r:
         model = with_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, tuple(cfg.lora_targets.split(",")))
         trainable, total = model.get_nb_trainable_parameters()
@@ -612,11 +611,6 @@ def trunk_set(
 ) -> tuple[TrunkData, str]:
     """(the training rows as features of the frozen trunk, their fingerprint). The features are computed
     once into the on-disk cache, which every run cutting the same weights at the same layer shares."""
-    if cfg.eval_fraction or cfg.streaming:
-        raise ValueError(
-            "--train-top-layers trains on the trunk cache, which takes no --eval-fraction or --streaming; add "
-            "--no-trunk-cache"
-        )
     if encoded is None:
         encs = [
             to_encoded(r)

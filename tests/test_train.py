@@ -2,6 +2,7 @@
 test_distributed.py)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -740,6 +741,31 @@ def test_a_misspelt_choice_fails_before_anything_loads(tmp_path, capsys, field, 
     assert not (tmp_path / "x").exists()
     with pytest.raises(ValueError, match=f"--{field} '{value}': choose one of"):  # the same check for Python callers
         TrainConfig(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--lora-r", "4", "--train-top-layers", "1"], "--lora-r and --train-top-layers are two ways"),
+        (["--train-top-layers", "1", "--eval-fraction", "0.1"], "takes no --eval-fraction or --streaming"),
+        (["--resume", "--overwrite"], "--resume continues the run in .* and --overwrite deletes it; choose one"),
+    ],
+)
+def test_settings_that_cannot_go_together_are_refused_before_torch_loads(tmp_path, flags, said):
+    """Issue 56, finding 5: the first two were refused only after the model loaded (build_model, trunk_set), the third
+    after the ~20 s import of the recipe. The settings refuse them now, in a process that has not imported torch."""
+    probe = (
+        "import sys\nfrom biprm.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
+        "    print('torch' in sys.modules, 'transformers.trainer' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "train", *flags, "--output-dir", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert re.search(f"biprm train: error: .*{said}", done.stderr), done.stderr
+    assert done.stdout.split() == ["False", "False"] and not (tmp_path / "x").exists()
 
 
 def test_length_grouped_sampler_gets_its_lengths_as_one_list(tmp_path):
