@@ -217,7 +217,8 @@ def summarize(out: Path, seed: int = 0) -> str:
     if not records:
         raise ValueError(f"{out}/questions.jsonl holds no question yet")
     rows, differences = method_rows(records, seed), prm_differences(records, seed)
-    total = {k: sum(r["budget"].get(k, 0.0) for r in records) for k in {k for r in records for k in r["budget"]}}
+    keys = sorted({k for r in records for k in r["budget"]})  # sorted: summary.json is the same bytes on every run
+    total = {k: sum(r["budget"].get(k, 0.0) for r in records) for k in keys}
     text = (
         f"{len(records)} questions; accuracy over the questions graded (a grade that timed out is unknown); '(noise)', "
         "'(tie)': the interval holds 0; marked only: accuracy counting only answers with a marker (box, 'The answer "

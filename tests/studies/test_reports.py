@@ -4,7 +4,10 @@ The committed results folder is copied aside and its report rewritten there by t
 anywhere in biprm that moves a committed number fails here instead of silently in the next rerun of a study."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -73,3 +76,49 @@ def test_the_search_studys_summary_comes_back_from_its_records_alone(kept, tmp_p
     assert close(
         json.loads((tmp_path / kept / "summary.json").read_text()), json.loads((committed / "summary.json").read_text())
     )
+
+
+HASH_SEEDS = ("1", "2")  # set and dict orders of strings differ between these
+
+
+def written_twice(command: list[str], committed: Path, tmp_path: Path) -> list[dict[str, bytes]]:
+    """Every JSON and Markdown file of `committed` after `command` (which names the folder as {out}) rewrote a copy of
+    it, once under each hash seed; the two runs go side by side."""
+    outs = [tmp_path / f"hash{seed}" for seed in HASH_SEEDS]
+    runs = []
+    for seed, out in zip(HASH_SEEDS, outs):
+        shutil.copytree(committed, out)
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        argv = [a.replace("{out}", str(out)) for a in command]
+        runs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    try:
+        for run in runs:
+            assert run.wait(timeout=600) == 0, run.stderr.read().decode()[-2000:]
+    finally:
+        for run in runs:
+            run.kill()
+    return [
+        {str(f.relative_to(out)): f.read_bytes() for f in sorted(out.rglob("*")) if f.suffix in (".json", ".md")}
+        for out in outs
+    ]
+
+
+@pytest.mark.parametrize(
+    "case",  # the studies that read the benchmark data take 10-20 s a report: slow
+    [pytest.param(c, marks=[pytest.mark.slow] if STUDIES[c][3] else []) for c in sorted(STUDIES)],
+)
+def test_report_only_writes_the_same_bytes_under_any_hash_seed(case, tmp_path, request):
+    study, config, results, needs_data = STUDIES[case]
+    command = [sys.executable, "-m", f"studies.{study}", "--config", f"studies/{study}/{config}", "--report-only"]
+    command += ["--out", "{out}"]
+    if needs_data:
+        command += ["--data-root", str(request.getfixturevalue("data_dir"))]
+    first, second = written_twice(command, ROOT / "studies" / study / results, tmp_path)
+    assert first.keys() == second.keys() and [k for k in first if first[k] != second[k]] == []
+
+
+@pytest.mark.parametrize("kept", ["gsm8k-study", "gsm8k-study-gpu"])
+def test_the_search_summary_is_the_same_bytes_under_any_hash_seed(kept, tmp_path):
+    command = [sys.executable, "-m", "studies.search_gsm8k.records", "report", "--run", "unused", "--keep", "{out}"]
+    first, second = written_twice(command, ROOT / "studies" / "search_gsm8k" / "results" / kept, tmp_path)
+    assert first.keys() == second.keys() and [k for k in first if first[k] != second[k]] == []
