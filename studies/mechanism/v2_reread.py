@@ -263,17 +263,27 @@ def _interval(d: dict, digits: int, sign: str = "+") -> str:
     return f"{d['mean']:{sign}.{digits}f} [{d['low']:{sign}.{digits}f}, {d['high']:{sign}.{digits}f}]"
 
 
+FLAT = 0.1  # |Spearman| below this: σ is flat with position, neither rising nor falling
+
+
+def sigma_trend(spearman_of_run: float) -> str:
+    """ "rises", "falls" or "flat": a run's σ against position, by its Spearman and FLAT."""
+    return "rises" if spearman_of_run > FLAT else "falls" if spearman_of_run < -FLAT else "flat"
+
+
 def sigma_rises_sentence(p: dict) -> str:
-    """How many gated runs' σ rises with position, with the templated answer line and without it, and how many
-    show the paper's fuller claim (σ below 0.5 in the first fifth of positions and above it in the last)."""
+    """How many gated runs' σ rises with position (Spearman above +FLAT), with the templated answer line and without
+    it, and how many show the paper's fuller claim (σ below 0.5 in the first fifth of positions, above it in the
+    last)."""
     parts = []
     for key, label in (("sigma_by_position", "with"), ("sigma_by_position_without_template", "without")):
         runs = p[key]
-        rising = sum(v["spearman"] > 0 for v in runs.values())
+        trends = [sigma_trend(v["spearman"]) for v in runs.values()]
         fuller = sum(v["by_fifth"][0] < 0.5 < v["by_fifth"][-1] for v in runs.values())
         parts.append(
-            f"{label} the answer line, σ rises in {rising} of {len(runs)} gated runs and is below 0.5 in the first "
-            f"fifth and above it in the last in {fuller} (Spearman, test R rows: "
+            f"{label} the answer line, of {len(runs)} gated runs σ rises in {trends.count('rises')}, is flat in "
+            f"{trends.count('flat')} and falls in {trends.count('falls')} (a Spearman beyond ±{FLAT}), and is below "
+            f"0.5 in the first fifth and above it in the last in {fuller} (Spearman, test R rows: "
             + ", ".join(f"{n} {v['spearman']:+.2f}" for n, v in runs.items())
             + ")"
         )
