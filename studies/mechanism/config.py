@@ -81,6 +81,9 @@ class MechanismConfig:
         None, "version 3: the true values each prediction's power is given at"
     )
     device: str = arg("", "version 3: the one device kind every run trains on ('' = any)")
+    workers: int = arg(
+        1, "runs trained side by side on the one device, each worker reading the same trunk cache (same logits)", min=1
+    )
 
     def __post_init__(self) -> None:
         from biprm.backbones import cache_root  # here, not at import: --help lists the settings without torch

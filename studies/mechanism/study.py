@@ -234,15 +234,9 @@ def pilot_budget(
     return cfg
 
 
-def run_study(cfg: MechanismConfig) -> None:
-    if cfg.version == 3:
-        v3.check_design(cfg)
-    out, work, fast = start(cfg)
-    check_machine(cfg, fast)
-    dtype = torch.bfloat16 if fast else None
-
-    sets, _, data_report = load_sets(cfg)
-    write_json(out / "data_report.json", data_report)
+def prepare(cfg: MechanismConfig, fast: bool, sets: dict) -> tuple[dict[str, list[Encoded]], dict]:
+    """(the sets' encodings, their trunk caches): what every run reads. The caches are built once (or found) under the
+    work dir and memory-mapped, so workers that call this again share them."""
     backbone_dir = resolve_backbone(cfg.backbone)
     tokenizer = load_tokenizer(backbone_dir)
     base = from_backbone(backbone_dir, tokenizer, mode="bi")
@@ -250,17 +244,65 @@ def run_study(cfg: MechanismConfig) -> None:
     encs = {
         name: [encoder.encode(t, f"{name} row {i + 1}") for i, t in enumerate(trajs)] for name, trajs in sets.items()
     }
-    caches = trunk_caches(work, base, cfg.top_layers, encs, dtype)
+    caches = trunk_caches(Path(cfg.work_dir), base, cfg.top_layers, encs, torch.bfloat16 if fast else None)
     del base  # the caches no longer hold it
     release_memory()
+    return encs, caches
+
+
+def finished(cfg: MechanismConfig, run: Run) -> bool:
+    return (Path(cfg.out) / "runs" / f"{run.name}.json").exists() and scores_path(cfg, run.name).exists()
+
+
+_WORKER: dict = {}  # a worker process's config, sets, encodings and caches, read once per process
+
+
+def _start_worker(cfg: MechanismConfig, fast: bool, threads: int, sets: dict) -> None:
+    torch.set_num_threads(threads)
+    encs, caches = prepare(cfg, fast, sets)
+    _WORKER.update(cfg=cfg, fast=fast, sets=sets, encs=encs, caches=caches)
+
+
+def _train_in_worker(run: Run) -> str:
+    w = _WORKER
+    train_and_score(w["cfg"], run, w["sets"], w["encs"], w["caches"], w["fast"])
+    return run.name
+
+
+def side_by_side(cfg: MechanismConfig, runs: list[Run], fast: bool, sets: dict) -> None:
+    """Train `runs` in `cfg.workers` processes on the one device, each reading the memory-mapped trunk caches and
+    taking the next run as it finishes one; the cores are split evenly. A run's logits do not depend on which worker
+    trains it or what runs beside it (tests/studies/test_mechanism_workers.py)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = max(1, torch.get_num_threads() // cfg.workers)
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    with ProcessPoolExecutor(cfg.workers, context, _start_worker, (cfg, fast, threads, sets)) as pool:
+        for done in as_completed([pool.submit(_train_in_worker, run) for run in runs]):
+            log.info("%s in", done.result())
+
+
+def run_study(cfg: MechanismConfig) -> None:
+    if cfg.version == 3:
+        v3.check_design(cfg)
+    out, work, fast = start(cfg)
+    check_machine(cfg, fast)
+    sets, _, data_report = load_sets(cfg)
+    write_json(out / "data_report.json", data_report)
+    encs, caches = prepare(cfg, fast, sets)
     write_json(out / "meta.json", {"config": asdict(cfg), "bf16": fast, "sizes": {n: len(t) for n, t in sets.items()}})
 
     if cfg.version >= 2 and cfg.pilot:
         cfg = pilot_budget(cfg, sets, encs, caches, fast)
-    for run in runs_of(cfg):
-        if not ((out / "runs" / f"{run.name}.json").exists() and scores_path(cfg, run.name).exists()):
-            train_and_score(cfg, run, sets, encs, caches, fast)
-            write_report(cfg)
+    pending = [run for run in runs_of(cfg) if not finished(cfg, run)]
+    if cfg.workers > 1 and len(pending) > 1:
+        side_by_side(cfg, pending, fast, sets)
+        write_report(cfg)
+        return
+    for run in pending:
+        train_and_score(cfg, run, sets, encs, caches, fast)
+        write_report(cfg)
 
 
 def write_report(cfg: MechanismConfig) -> dict:

@@ -62,7 +62,8 @@ NOT_STUDIED = (
     "work_dir",
     "data_root",
     "report_only",
-)  # where the study reads and writes, and what to do: not what it studies
+    "workers",
+)  # where the study reads and writes, what to do and how many runs train at once: not what it studies
 
 
 @dataclass
