@@ -274,3 +274,8 @@ def test_underscore_spelling_still_parses_and_is_shown_once():
     assert parsed.max_length == 64
     text = cli._chosen(cli.build_parser(), ["score"])[1].format_help()
     assert "--max-length MAX_LENGTH\n" in text and "--max_length" not in text
+
+
+def test_eval_bon_takes_its_pool_as_data_as_the_other_eval_commands_do(parsed):
+    cli.main(["eval", "bon", "--data", "pools.jsonl"])
+    assert parsed["bon"].pool == "pools.jsonl"

@@ -75,7 +75,7 @@ class BonConfig(BestOfN, EvalOptions):
         action="extend",
         group="model",
     )
-    pool: str = arg("gsm8k_bon_small", POOL, group="data")
+    pool: str = arg("gsm8k_bon_small", POOL, aliases=("--data",), group="data")  # --data: as the other eval commands
     questions: str | None = arg(
         None, "gold answers, matched by position: gsm_plus, math500, gsm8k, a file or a Hub dataset", group="data"
     )
