@@ -173,14 +173,45 @@ def _deepspeed_lacks(checkpoint: Path, record: dict | None) -> list[str]:
         return [f"the step folder that `latest` names ({tag or 'latest is missing or empty'})"]
     world, stage = deepspeed_layout(checkpoint, record)
     optim, model = _zero_ranks(step, "optim_states"), _zero_ranks(step, "model_states")
-    shard = "{tag}/zero_pp_rank_{rank}_mp_rank_00_{kind}.pt"
-    lacks = [shard.format(tag=tag, rank=r, kind="model_states") for r in range(world) if stage == 3 and r not in model]
+    shard = "{tag}/{prefix}zero_pp_rank_{rank}_mp_rank_00_{kind}.pt"  # named as on disk
+    lacks = [
+        shard.format(tag=tag, prefix="", rank=r, kind="model_states")
+        for r in range(world)
+        if stage == 3 and r not in model
+    ]
     if stage < 3 and not (step / "mp_rank_00_model_states.pt").is_file():
         lacks.append(f"{tag}/mp_rank_00_model_states.pt")
-    lacks += [shard.format(tag=tag, rank=r, kind="optim_states") for r in range(world) if stage >= 1 and r not in optim]
+    prefix = _optim_prefix(step, record)
+    lacks += [
+        shard.format(tag=tag, prefix=prefix, rank=r, kind="optim_states")
+        for r in range(world)
+        if stage >= 1 and r not in optim
+    ]
     if not (record or {}).get("engine", {}).get("scheduler_in_config") and not (checkpoint / "scheduler.pt").is_file():
         lacks.append("scheduler.pt")
     return lacks
+
+
+def _optim_prefix(step: Path, record: dict | None) -> str:
+    """How DeepSpeed prefixes the optimizer shards' names: 'bf16_' in its bf16 mode (as the files present or the run's
+    --bf16 say), else nothing; the model shards never carry it."""
+    bf16 = any(step.glob("bf16_zero_pp_rank_*_optim_states.pt")) or bool((record or {}).get("config", {}).get("bf16"))
+    return "bf16_" if bf16 else ""
+
+
+def _deepspeed_surplus(checkpoint: Path, record: dict | None) -> str | None:
+    """What a DeepSpeed checkpoint holds beyond the processes its run record names (another run's shards, or a record
+    rewritten since), or None: its ranks would not line up with the record's on a resume."""
+    if (record or {}).get("engine", {}).get("backend") != "deepspeed":
+        return None  # the process count is read from the files themselves
+    step = checkpoint / (checkpoint / "latest").read_text().strip()
+    ranks = _zero_ranks(step, "optim_states") | _zero_ranks(step, "model_states")
+    if max(ranks, default=-1) < record["world_size"]:
+        return None
+    return (
+        f"holds the shards of {max(ranks) + 1} processes and {RECORD} says {record['world_size']} wrote it, so they "
+        "are another run's"
+    )
 
 
 def _lacks(checkpoint: Path, backend: str, record: dict | None) -> list[str]:
@@ -223,6 +254,9 @@ def judge(checkpoint: Path, record: dict | None = None) -> tuple[str | None, str
     lacks = _lacks(checkpoint, backend, record)
     if lacks:
         return backend, f"missing {', '.join(lacks)}"
+    surplus = _deepspeed_surplus(checkpoint, record) if backend == "deepspeed" else None
+    if surplus:
+        return backend, surplus
     try:
         json.loads((checkpoint / "trainer_state.json").read_text())
         from safetensors import safe_open

@@ -209,6 +209,28 @@ def test_a_deepspeed_checkpoint_lacking_a_rank_is_named_from_the_record_not_gues
     assert "\n" not in str(error.value)
 
 
+def test_bf16_optimizer_shards_are_named_as_on_disk(tmp_path):
+    """Issue 56, item 10: DeepSpeed's bf16 mode names the optimizer shards bf16_zero_pp_rank_*; messages dropped the
+    prefix, naming files that never exist."""
+    folder = fake_deepspeed_run(tmp_path / "run", range(2), world_size=2, stage=3)
+    step = folder / "checkpoint-2" / "global_step2"
+    for shard in step.glob("zero_pp_rank_*_optim_states.pt"):
+        shard.rename(step / f"bf16_{shard.name}")
+    assert judge(folder / "checkpoint-2", json.loads((folder / "biprm_run.json").read_text())) == ("deepspeed", None)
+    (step / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    with pytest.raises(
+        ValueError, match=r"missing global_step2/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt, though"
+    ):
+        plan(folder, record(2, ZERO3), resume=True, overwrite=False, backend="deepspeed")
+
+
+def test_a_deepspeed_checkpoint_holding_more_processes_shards_than_its_record_says_is_not_whole(tmp_path):
+    """Issue 56, item 10: a record saying 2 processes beside 4 ranks' shards on disk was judged complete."""
+    folder = fake_deepspeed_run(tmp_path / "run", range(4), world_size=2, stage=3)
+    with pytest.raises(ValueError, match=r"holds the shards of 4 processes and biprm_run.json says 2 wrote it"):
+        plan(folder, record(2, ZERO3), resume=True, overwrite=False, backend="deepspeed")
+
+
 def test_a_deepspeed_checkpoint_needs_the_trainers_scheduler_unless_its_config_builds_one(tmp_path):
     folder = fake_deepspeed_run(tmp_path / "own", range(2), world_size=2, stage=2, scheduler_in_config=True)
     assert judge(folder / "checkpoint-2", json.loads((folder / "biprm_run.json").read_text())) == ("deepspeed", None)
