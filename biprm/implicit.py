@@ -59,15 +59,20 @@ def reading(folder: ModelFolder, tokenizer: PreTrainedTokenizerBase) -> Reading:
 
 def stream_row(enc: Encoded, stream: str, read: Reading) -> tuple[list[int], np.ndarray]:
     """One stream as the card's chat text: the prompt, then the steps in the stream's order joined by the tag
-    ("\\n\\n"), the answer closed by the end token (<|im_end|>, `Template.close`) in place of the last step's tag; and,
-    in forward step order, the index j of each step's q among the row's log-ratios (j is that of token j + 1). As the
-    EurusPRM cards index it (`len(ids) - 2` of each prefix's chat text), q of a step the stream goes on after runs
-    through the token after its tag (the next step's first), and q of the stream's last step through the end token."""
+    ("\\n\\n"), the last step's own tokens (`Encoded.closing`) closed by the end token (<|im_end|>, `Template.close`);
+    and, in forward step order, the index j of each step's q among the row's log-ratios (j is that of token j + 1).
+    These are the cards' positions, `len(ids) - 2` of each prefix's chat text: a prefix's steps, the last of them
+    closing the answer, then the end token and, but for the last step, the tag (tokenised on its own, `tag_length`
+    tokens). So with a one-token tag (Qwen's "\\n\\n") q of a step the stream goes on after runs one token past that
+    step's own tokens (where the tag merges with the step's end, as ".\\n\\n" does in Qwen's vocabulary, that is the
+    next step's second token), and q of the stream's last step through the end token."""
     pieces = stream_order(enc.steps, stream)
-    pieces = [*pieces[:-1], pieces[-1][: -read.tag_length] + [read.close_id]]
-    reads = len(enc.prompt) - 1 + np.cumsum([len(p) for p in pieces])
-    reads[-1] -= 1
-    return enc.prompt + [t for p in pieces for t in p], stream_order(reads, stream)
+    closing = stream_order(enc.closing or [p[: -read.tag_length] for p in enc.steps], stream)
+    before = np.cumsum([0, *map(len, pieces[:-1])])
+    reads = len(enc.prompt) - 1 + before + [len(c) for c in closing] + read.tag_length  # the end token, then the tag
+    reads[-1] -= read.tag_length  # the last step is followed by the end token only
+    row = enc.prompt + [t for p in pieces[:-1] for t in p] + closing[-1] + [read.close_id]
+    return row, stream_order(reads, stream)
 
 
 class ImplicitPRM(nn.Module):

@@ -10,6 +10,7 @@ the body from transformers, the head applied as the card applies it, the text bu
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from transformers import (
     Qwen2Model,
 )
 
+QWEN_VOCAB = 151936  # Qwen2.5-Math-1.5B's embedding rows: its tokens, padded
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<extra_0>"]
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 QWEN_CHAT = (
@@ -55,6 +57,39 @@ PROBLEMS = [
         ["Each box holds 12 eggs.", "5 * 12 = 60, so there are 60 eggs.", "The answer is 60."],
     ),
     ("What is 2 + 3 * 4?", ["3 * 4 = 12.", "2 + 12 = 14.", "The answer is 14."]),
+]
+
+
+# Solutions as real ones read: steps ending in ".", "}" or "$" (which Qwen's BPE merges with a following blank line),
+# a first step starting with a space, several steps, LaTeX
+SOLUTIONS = [
+    (
+        "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
+        "clips did Natalia sell altogether in April and May?",
+        [
+            " Natalia sold $48 / 2 = 24$ clips in May.",
+            "Altogether she sold $48 + 24 = 72$ clips in April and May.",
+            "The answer is $\\boxed{72}$",
+        ],
+    ),
+    (
+        "Compute $\\frac{3}{4} + \\frac{1}{8}$.",
+        [
+            "Write both fractions over 8: $\\frac{3}{4} = \\frac{6}{8}$.",
+            "Then $\\frac{6}{8} + \\frac{1}{8} = \\frac{7}{8}$.",
+            "So the sum is \\boxed{\\frac{7}{8}}",
+        ],
+    ),
+    (
+        "Find $x$ if $2x + 3 = 11$.",
+        [
+            " Subtract 3 from both sides: $2x = 8$.",
+            "Divide both sides by 2: $x = 4$.",
+            "Check: $2 \\cdot 4 + 3 = 11$, which holds.",
+            "Hence $x = 4$, that is, $\\boxed{4}$.",
+            "The answer is $4$",
+        ],
+    ),
 ]
 
 
@@ -110,38 +145,59 @@ def _small(config_class, vocab: int, heads: int, **kw):
 
 
 def _save_remote_code_layout(
-    out: Path, body: Qwen2Model, head: dict[str, torch.Tensor], arch: str, extra: dict, pickle: bool = False
+    out: Path,
+    body: Qwen2Model,
+    head: dict[str, torch.Tensor],
+    arch: str,
+    extra: dict,
+    pickle: bool = False,
+    real: bool = False,
 ) -> None:
     """A checkpoint written by remote code: body tensors under "model.", the head's by its own names, and a config
     whose architectures and auto_map name classes transformers does not have; `pickle`: one pytorch_model.bin, as
-    Skywork ships."""
+    Skywork ships. `real`: bf16, and safetensors in two shards with an index, as Qwen ships."""
     tensors = {f"model.{k}": v.contiguous() for k, v in body.state_dict().items()} | head
+    if real:
+        tensors = {k: v.to(torch.bfloat16) for k, v in tensors.items()}
     if pickle:
         torch.save(tensors, out / "pytorch_model.bin")
+    elif real:
+        names = sorted(tensors)
+        shards = {f"model-0000{i + 1}-of-00002.safetensors": names[i::2] for i in range(2)}
+        for file, keys in shards.items():
+            save_file({k: tensors[k] for k in keys}, str(out / file), metadata={"format": "pt"})
+        index = {"metadata": {}, "weight_map": {k: file for file, keys in shards.items() for k in keys}}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     else:
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = body.config.to_dict() | {"architectures": [arch], "model_type": "qwen2"} | extra
     (out / "config.json").write_text(json.dumps(config, indent=2))
+    if real:
+        _as_shipped(out)
 
 
-def build(kind: str, out: Path, heads: int = 4) -> Path:
+def build(kind: str, out: Path, heads: int = 4, real: bool = False) -> Path:
     """The replica of `kind` in `out` (created), seeded. vLLM's CPU attention takes head sizes from 32: `heads=1` gives
-    one."""
+    one. `real`: the kind's real vocabulary (tests/real_vocab.py), its real chat template, bf16 weights sharded as the
+    real checkpoint ships them, the real config fields and a remote-code file that raises if imported."""
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
+    tok = _real_tokenizer(kind) if real else None
     if kind == "eurus-prm":  # the implicit PRM and, beside it, its reference LM: two causal LMs with one tokenizer
-        tok = _tokenizer(QWEN_SPECIALS, None, "<|im_end|>", EURUS_CHAT)
+        tok = tok or _tokenizer(QWEN_SPECIALS, None, "<|im_end|>", EURUS_CHAT)
         for folder in (out, reference_lm(out)):
-            Qwen2ForCausalLM(_small(Qwen2Config, len(tok), heads, tie_word_embeddings=False)).save_pretrained(folder)
+            model = Qwen2ForCausalLM(_small(Qwen2Config, _rows(tok, real), heads, tie_word_embeddings=False))
+            _save(model, folder, real)
             tok.save_pretrained(folder)
     elif kind in ("qwen-prm", "skywork-prm", "token-classification"):
-        tok = _tokenizer(QWEN_SPECIALS, "<|im_start|>" if kind == "skywork-prm" else None, "<|im_end|>", QWEN_CHAT)
-        config = _small(Qwen2Config, len(tok), heads, tie_word_embeddings=False)
+        bos = "<|im_start|>" if kind == "skywork-prm" else None
+        tok = tok or _tokenizer(QWEN_SPECIALS, bos, "<|im_end|>", QWEN_CHAT)
+        config = _small(Qwen2Config, _rows(tok, real), heads, tie_word_embeddings=False)
         if kind == "token-classification":
             config.num_labels = 2
             model = Qwen2ForTokenClassification(config)
             model.score.bias.data.normal_()  # TRL's head has a bias; give it one that matters
-            model.save_pretrained(out)
+            _save(model, out, real)
         elif kind == "qwen-prm":
             H = config.hidden_size
             head = {
@@ -149,19 +205,19 @@ def build(kind: str, out: Path, heads: int = 4) -> Path:
                 "score.0.bias": torch.randn(H) * 0.1,
                 "score.2.weight": torch.randn(2, H) / H**0.5,
                 "score.2.bias": torch.randn(2) * 0.1,
-                "lm_head.weight": torch.randn(len(tok), H) * 0.02,
+                "lm_head.weight": torch.randn(config.vocab_size, H) * 0.02,
             }  # shipped, and read by no PRM path
             auto = {
                 "AutoConfig": "configuration_qwen2_rm.Qwen2RMConfig",
                 "AutoModel": "modeling_qwen2_rm.Qwen2ForProcessRewardModel",
             }
             _save_remote_code_layout(
-                out, Qwen2Model(config), head, "Qwen2ForProcessRewardModel", {"auto_map": auto}
+                out, Qwen2Model(config), head, "Qwen2ForProcessRewardModel", {"auto_map": auto}, real=real
             )  # no num_labels: the real config has none
         else:
             H, body = config.hidden_size, Qwen2Model(config)
             head = {
-                "lm_head.weight": torch.randn(len(tok), H) * 0.02,
+                "lm_head.weight": torch.randn(config.vocab_size, H) * 0.02,
                 "v_head.summary.weight": torch.randn(1, H) / H**0.5,
                 "v_head.summary.bias": torch.randn(1) * 0.1,
             }
@@ -169,17 +225,63 @@ def build(kind: str, out: Path, heads: int = 4) -> Path:
                 "AutoConfig": "configuration_qwen2_rm.Qwen2RMConfig",
                 "AutoModel": "modeling_qwen2_rm.Qwen2ForRewardModel",
             }
-            _save_remote_code_layout(out, body, head, "Qwen2ForPrmModel", {"auto_map": auto}, pickle=True)
+            _save_remote_code_layout(out, body, head, "Qwen2ForPrmModel", {"auto_map": auto}, pickle=True, real=real)
     elif kind == "math-shepherd":
-        tok = _tokenizer(["<s>", "</s>"], "<s>", "</s>", None, sentencepiece=True)
-        MistralForCausalLM(_small(MistralConfig, len(tok), heads, tie_word_embeddings=False)).save_pretrained(out)
+        tok = tok or _tokenizer(["<s>", "</s>"], "<s>", "</s>", None, sentencepiece=True)
+        _save(MistralForCausalLM(_small(MistralConfig, _rows(tok, real), heads, tie_word_embeddings=False)), out, real)
     elif kind == "rlhflow":
-        tok = _tokenizer(LLAMA_SPECIALS, "<|begin_of_text|>", "<|eot_id|>", LLAMA_CHAT)
-        LlamaForCausalLM(_small(LlamaConfig, len(tok), heads, tie_word_embeddings=False)).save_pretrained(out)
+        tok = tok or _tokenizer(LLAMA_SPECIALS, "<|begin_of_text|>", "<|eot_id|>", LLAMA_CHAT)
+        _save(LlamaForCausalLM(_small(LlamaConfig, _rows(tok, real), heads, tie_word_embeddings=False)), out, real)
     else:
         raise ValueError(kind)
     tok.save_pretrained(out)
     return out
+
+
+REAL_VOCABS = {  # kind: its tokenizer in tests/real_vocab.py
+    "qwen-prm": "qwen2.5-math-prm",
+    "skywork-prm": "qwen2.5",
+    "token-classification": "qwen2.5",
+    "eurus-prm": "qwen2.5",
+    "math-shepherd": "mistral-v1",
+    "rlhflow": "llama3.1",
+}
+REMOTE_CODE = 'raise RuntimeError("the remote code of a test replica was imported: biprm must never run it")\n'
+
+
+def _real_tokenizer(kind: str):
+    from tests.real_vocab import real_tokenizer
+
+    tok = real_tokenizer(REAL_VOCABS[kind])
+    if kind == "skywork-prm":  # Skywork's prepare_input writes tokenizer.bos_token first (not confirmed which)
+        tok.bos_token = "<|im_start|>"
+    return tok
+
+
+def _rows(tok, real: bool) -> int:
+    """Embedding rows: the tokenizer's size, or for a real Qwen vocabulary its padded size as shipped."""
+    return max(len(tok), QWEN_VOCAB) if real and "<|im_start|>" in tok.get_vocab() else len(tok)
+
+
+def _save(model, out: Path, real: bool) -> None:
+    """save_pretrained; `real`: in bf16, sharded, with the real config's torch_dtype."""
+    if not real:
+        model.save_pretrained(out)
+        return
+    model.to(torch.bfloat16).save_pretrained(out, max_shard_size="4MB")
+    _as_shipped(out)
+
+
+def _as_shipped(out: Path) -> None:
+    """config.json as the real checkpoints write it (torch_dtype bfloat16), and a remote-code file for each auto_map
+    entry that raises if anything imports it."""
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    config.pop("dtype", None)
+    config["torch_dtype"] = "bfloat16"
+    path.write_text(json.dumps(config, indent=2))
+    for ref in config.get("auto_map", {}).values():
+        (out / f"{ref.split('.')[0]}.py").write_text(REMOTE_CODE)
 
 
 def reference_lm(folder: Path) -> Path | None:
@@ -190,32 +292,63 @@ def reference_lm(folder: Path) -> Path | None:
 # --- the cards' reference code, transcribed -------------------------------------------------------------
 
 
-def _qwen_body(folder: Path) -> Qwen2Model:
-    return Qwen2Model.from_pretrained(
-        folder,
-        config=Qwen2Config(
+# Each reference runs in fp32 on the shipped weights, upcast: the card's math, as exact as it can be had. Loaded
+# folders are kept (by path and file times), so a test calling a reference per problem loads each once.
+
+
+def _stamp(folder: Path) -> tuple:
+    return (str(folder), *sorted((p.name, p.stat().st_mtime_ns) for p in Path(folder).iterdir() if p.is_file()))
+
+
+@lru_cache(maxsize=16)
+def _cached(stamp: tuple, what: str):
+    folder = Path(stamp[0])
+    if what == "tokenizer":
+        return AutoTokenizer.from_pretrained(folder)
+    if what == "tensors":
+        return _read_tensors(folder)
+    if what == "qwen-body":
+        config = Qwen2Config(
             **{
                 k: v
                 for k, v in json.loads((folder / "config.json").read_text()).items()
-                if k not in ("architectures", "auto_map", "model_type")
+                if k not in ("architectures", "auto_map", "model_type", "torch_dtype", "dtype")
             }
-        ),
-    ).eval()
+        )
+        return Qwen2Model.from_pretrained(folder, config=config, dtype=torch.float32).eval()
+    classes = {"mistral": MistralForCausalLM, "llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}
+    cls = Qwen2ForTokenClassification if what == "token-classification" else classes[what]
+    return cls.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-def _tensors(folder: Path) -> dict[str, torch.Tensor]:
+def _load(folder: Path, what: str):
+    return _cached(_stamp(folder), what)
+
+
+def _qwen_body(folder: Path) -> Qwen2Model:
+    return _load(folder, "qwen-body")
+
+
+def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's weight files (one pickle, one safetensors file or its shards), upcast to fp32."""
     from safetensors.torch import load_file
 
     if (folder / "pytorch_model.bin").is_file():
-        return torch.load(folder / "pytorch_model.bin", weights_only=True)
-    return load_file(str(folder / "model.safetensors"))
+        found = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    else:
+        found = {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    return {k: v.float() for k, v in found.items()}
+
+
+def _tensors(folder: Path) -> dict[str, torch.Tensor]:
+    return _load(folder, "tensors")
 
 
 @torch.no_grad()
 def reference_qwen_prm(folder: Path, question: str, steps: list[str]) -> list[float]:
     """Qwen2.5-Math-PRM card: chat template, steps joined by <extra_0> (one after the last), softmax at each tag, index
     1."""
-    tok = AutoTokenizer.from_pretrained(folder)
+    tok = _load(folder, "tokenizer")
     messages = [
         {"role": "system", "content": "Please reason step by step, and put your final answer within \\boxed{}."},
         {"role": "user", "content": question},
@@ -232,15 +365,16 @@ def reference_qwen_prm(folder: Path, question: str, steps: list[str]) -> list[fl
 
 @torch.no_grad()
 def reference_skywork_prm(folder: Path, question: str, steps: list[str]) -> list[float]:
-    """Skywork's prepare_input: bos + problem + "\\n", then each step's ids and the "\\n" id, flagged;
-    sigmoid(v_head)."""
-    tok = AutoTokenizer.from_pretrained(folder)
+    """Skywork's prepare_input: bos + problem + "\\n", then the response ("\\n".join(steps)) cut on "\\n", each
+    non-empty part's ids and the "\\n" id, flagged; sigmoid(v_head) at the flags: one score per line."""
+    tok = _load(folder, "tokenizer")
     newline = tok.encode("\n")[-1]
-    ids, flags = tok.encode(tok.bos_token + question + "\n"), []
+    ids = tok.encode(tok.bos_token + question + "\n")
     flags = [0] * len(ids)
-    for step in steps:
-        ids += tok.encode(step) + [newline]
-        flags += [0] * len(tok.encode(step)) + [1]
+    for step in "\n".join(steps).split("\n"):
+        if step != "":
+            ids += tok.encode(step) + [newline]
+            flags += [0] * len(tok.encode(step)) + [1]
     ids = torch.tensor([ids])
     hidden = _qwen_body(folder)(input_ids=ids).last_hidden_state
     t = _tensors(folder)
@@ -252,24 +386,25 @@ def reference_skywork_prm(folder: Path, question: str, steps: list[str]) -> list
 def reference_math_shepherd(folder: Path, question: str, steps: list[str]) -> list[float]:
     """math-shepherd card: f"{question} {output}", output = steps each followed by " ки", joined by "\\n";
     logits[..., [+, -]].softmax(-1)[..., 0] at the ки positions, with [+, -] = tokenizer.encode("+ -")[1:]."""
-    tok = AutoTokenizer.from_pretrained(folder)
+    tok = _load(folder, "tokenizer")
     plus_minus = tok.encode("+ -")[1:]
     tag = tok.encode("ки")[-1]
     output = "\n".join(s + " ки" for s in steps)
     ids = torch.tensor([tok.encode(f"{question} {output}")])
-    logits = MistralForCausalLM.from_pretrained(folder).eval()(ids).logits
+    logits = _load(folder, "mistral")(ids).logits
     return logits[0, :, plus_minus].softmax(-1)[ids[0] == tag, 0].tolist()
 
 
 @torch.no_grad()
 def reference_rlhflow(folder: Path, question: str, steps: list[str]) -> list[float]:
-    """RLHFlow's prm_evaluate: per step, the conversation so far (first user turn question + " " + step 1, each step a
-    user turn answered "+"), chat-templated; softmax over the "+"/"-" logits at position -3, index of "+"."""
-    tok = AutoTokenizer.from_pretrained(folder)
+    """RLHFlow's math-rm/prm_evaluate.py (RLHFlow/RLHF-Reward-Modeling): every step stripped; per step, the
+    conversation so far (first user turn question + " " + step 1, each step a user turn answered "+"), through the
+    model's own chat template; softmax over the "+"/"-" logits at position -3, index of "+"."""
+    tok = _load(folder, "tokenizer")
     plus, minus = tok.encode("+", add_special_tokens=False)[-1], tok.encode("-", add_special_tokens=False)[-1]
-    model = LlamaForCausalLM.from_pretrained(folder).eval()
+    model = _load(folder, "llama")
     conversation, out = [], []
-    for k, step in enumerate(steps):
+    for k, step in enumerate(s.strip() for s in steps):
         conversation += [
             {"role": "user", "content": question + " " + step if k == 0 else step},
             {"role": "assistant", "content": "+"},
@@ -284,14 +419,14 @@ def reference_rlhflow(folder: Path, question: str, steps: list[str]) -> list[flo
 def reference_token_classification(folder: Path, question: str, steps: list[str]) -> list[float]:
     """TRL's PRMTrainer tokenize_row: [bos] + prompt ids + (step ids + separator ids) per step; softmax class 1 at each
     separator's last token."""
-    tok = AutoTokenizer.from_pretrained(folder)
+    tok = _load(folder, "tokenizer")
     sep = tok.encode("\n", add_special_tokens=False)
     ids = ([tok.bos_token_id] if tok.bos_token_id is not None else []) + tok.encode(question, add_special_tokens=False)
     ends = []
     for step in steps:
         ids += tok.encode(step, add_special_tokens=False) + sep
         ends.append(len(ids) - 1)
-    logits = Qwen2ForTokenClassification.from_pretrained(folder).eval()(torch.tensor([ids])).logits
+    logits = _load(folder, "token-classification")(torch.tensor([ids])).logits
     return logits[0, ends].softmax(-1)[:, 1].tolist()
 
 
@@ -301,7 +436,7 @@ def eurus_logits(folder: Path, question: str, steps: list[str]) -> list[float]:
     prefix's end found as len(ids) - 2 of its stripped chat text (with "\\n\\n" added but for none or all steps);
     beta (0.001) times the per-token log-ratio of the PRM to the reference, masked before the first end, summed
     cumulatively and taken at the other ends: q per step, a logit."""
-    tok = AutoTokenizer.from_pretrained(folder)
+    tok = _load(folder, "tokenizer")
 
     def chat(answer: str) -> str:
         return tok.apply_chat_template(
@@ -315,7 +450,7 @@ def eurus_logits(folder: Path, question: str, steps: list[str]) -> list[float]:
         ends.append(len(tok.encode(text, add_special_tokens=False)) - 2)
 
     def logps(path: Path) -> torch.Tensor:
-        logits = Qwen2ForCausalLM.from_pretrained(path).eval()(ids).logits[:, :-1]
+        logits = _load(path, "qwen2")(ids).logits[:, :-1]
         return logits.log_softmax(-1).gather(2, ids[:, 1:, None])[..., 0]
 
     mask = torch.zeros_like(ids)

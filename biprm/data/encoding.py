@@ -45,6 +45,7 @@ class Encoded:
     n_dropped: int = 0  # steps cut to fit max_length: trailing ones, or leading ones where `first` > 0
     first: int = 0  # the trajectory's index of steps[0]: > 0 where leading steps were dropped ("tail")
     windowed: bool = False  # past max_length, every step kept: scored in overlapping windows ("window")
+    closing: list[list[int]] | None = None  # each step's tokens where it ends the answer, without its tag (`Encoder`)
 
     @property
     def n_tokens(self) -> int:
@@ -151,20 +152,48 @@ class Encoder:
         prompt_text, texts = self.template.render(traj.question, traj.steps)
         if self.template.bos == "text":
             prompt_text = (self.tokenizer.bos_token or "") + prompt_text
+        closing = None
         if self.template.joint:
             prompt, steps = self._joint(prompt_text, texts, where)
+            if self.template.close:
+                closing = self.tokenizer(self._bare(texts), add_special_tokens=False)["input_ids"]
         else:
             prompt = self.prefix + self.tokenizer.encode(prompt_text, add_special_tokens=False)
-            bare = [text[: len(text) - len(self.template.tag)] for text in texts]
-            steps = [ids + self.tag_ids for ids in self.tokenizer(bare, add_special_tokens=False)["input_ids"]]
+            steps = self._pieces(self._bare(texts), where)
         self._check_tags(prompt, steps, where)
-        return self._fit(prompt, steps, traj.labels, where)
+        return self._fit(prompt, steps, traj.labels, where, closing)
 
-    def _fit(self, prompt: list[int], steps: list[list[int]], labels: list[float] | None, where: str) -> Encoded:
+    def _pieces(self, bare: list[str], where: str) -> list[list[int]]:
+        """Each step's ids, then the tag's, each step tokenised on its own. A kind whose card cuts the whole solution
+        on its tag (`Template.splits`: Skywork's "\\n") reads a step holding the tag as the card does: each non-empty
+        line tokenised on its own and followed by the tag; the step's score is the card's after its last line."""
+        if not self.template.splits:
+            return [ids + self.tag_ids for ids in self.tokenizer(bare, add_special_tokens=False)["input_ids"]]
+        lines = [[part for part in text.split(self.template.tag) if part] for text in bare]
+        if empty := [t for t, parts in enumerate(lines) if not parts]:
+            raise DataError(
+                f"{where}: field 'steps': step {empty[0]} is empty once cut on {self.template.tag!r}, where the "
+                f"{self.template.kind} card's code reads no step at all; drop it"
+            )
+        ids = iter(self.tokenizer([p for parts in lines for p in parts], add_special_tokens=False)["input_ids"])
+        return [[i for _ in parts for i in next(ids) + self.tag_ids] for parts in lines]
+
+    def _bare(self, texts: list[str]) -> list[str]:
+        """Each step's text without its tag."""
+        return [text[: len(text) - len(self.template.tag)] for text in texts]
+
+    def _fit(
+        self,
+        prompt: list[int],
+        steps: list[list[int]],
+        labels: list[float] | None,
+        where: str,
+        closing: list[list[int]] | None = None,
+    ) -> Encoded:
         """The encoding under `overlength`: whole steps are dropped, identically for both streams, or none."""
         budget, total = self.max_length - len(prompt), len(prompt) + sum(map(len, steps))
         if total <= self.max_length:
-            return Encoded(prompt, steps, labels)
+            return Encoded(prompt, steps, labels, closing=closing)
         if self.overlength == "refuse":
             raise DataError(f"{where}: {total} tokens, past max_length={self.max_length} (overlength policy: refuse)")
         if self.overlength != "head":
@@ -175,7 +204,7 @@ class Encoder:
                     f"{budget} that max_length={self.max_length} leaves after the prompt"
                 )
             if self.overlength == "window":
-                return Encoded(prompt, steps, labels, windowed=True)
+                return Encoded(prompt, steps, labels, windowed=True, closing=closing)
         order = steps if self.overlength == "head" else steps[::-1]
         fit = np.cumsum([len(s) for s in order]) <= budget
         keep = int(fit.argmin()) if not fit.all() else len(steps)
@@ -183,7 +212,10 @@ class Encoder:
             raise DataError(f"{where}: prompt and first step need more than max_length={self.max_length} tokens")
         first = 0 if self.overlength == "head" else len(steps) - keep
         kept = None if labels is None else labels[first : first + keep]
-        return Encoded(prompt, steps[first : first + keep], kept, n_dropped=len(steps) - keep, first=first)
+        closing = None if closing is None else closing[first : first + keep]
+        return Encoded(
+            prompt, steps[first : first + keep], kept, n_dropped=len(steps) - keep, first=first, closing=closing
+        )
 
     def _joint(self, prompt_text: str, texts: list[str], where: str) -> tuple[list[int], list[list[int]]]:
         """The whole text tokenised at once, as the kind's reference code does, then cut into the prompt and the steps:
@@ -197,6 +229,9 @@ class Encoder:
         piece = np.searchsorted(ends, last, side="right")
         ids = np.array(enc["input_ids"])
         pieces = [ids[piece == k].tolist() for k in range(len(texts) + 1)]
+        if self.template.close:  # read by position, as the card reads it: its tag may merge with the step's end
+            self._check_starts(enc["offset_mapping"], ends, where)
+            return self.prefix + pieces[0], pieces[1:]
         for t, step in enumerate(pieces[1:]):
             if not step or step[-1] != self.step_tag_id:
                 raise DataError(
@@ -204,6 +239,18 @@ class Encoder:
                     f"{self.template.tag!r} once tokenised with the text around it"
                 )
         return self.prefix + pieces[0], pieces[1:]
+
+    def _check_starts(self, offsets: list[tuple[int, int]], ends: np.ndarray, where: str) -> None:
+        """Every step starts a token of its own: no token runs from the text before it into it. Only then are a
+        step's tokens the same whatever comes before it, so both streams' rows and the positions read in them are
+        the card's (its tag may still merge with the step's own end, as ".\n\n" does in Qwen's vocabulary)."""
+        starts, stops = np.array(offsets).reshape(-1, 2).T
+        for t, boundary in enumerate(ends[:-1]):
+            if np.any((starts < boundary) & (stops > boundary)):
+                raise DataError(
+                    f"{where}: field 'steps': step {t} starts inside a token that runs on from the text before it "
+                    f"(it begins with a newline?); strip the step's leading newlines"
+                )
 
     def _check_tags(self, prompt: list[int], steps: list[list[int]], where: str) -> None:
         """The tag must occur exactly once per step, at its end; text containing the tag is an error. A kind whose tag

@@ -35,8 +35,9 @@ class Template:
     `joint`: the reference code tokenises prompt and steps as one text (offsets then cut it into pieces), else each
     piece on its own. `bos`: what comes before the prompt: "ids" (the BOS id, where the tokenizer has one),
     "tokenizer" (what the tokenizer puts first itself), "text" (the BOS text starts the prompt) or "none". `unique_tag`:
-    the tag id occurs nowhere but after steps, so a count checks the layout; otherwise a step text holding the tag is
-    refused."""
+    the tag id occurs nowhere but after steps, so a count checks the layout and a step text holding the tag is
+    refused. `splits`: the card's code cuts the whole solution on the tag, so a step holding the tag text is read as
+    the card reads it, line by line, and scored after its last line (`Encoder`)."""
 
     kind: str
     prompt: Callable[[str], str]
@@ -46,6 +47,7 @@ class Template:
     unique_tag: bool = True
     bos: str = "ids"
     close: str = ""  # the token a chat template ends the answer with, where a kind's score reads it (biprm.implicit)
+    splits: bool = False
     specials: tuple[str, ...] = ()  # the special tokens the layout writes: a tokenizer that lacks one is not the kind's
 
     def render(self, question: str, steps: list[str]) -> tuple[str, list[str]]:
@@ -70,10 +72,11 @@ def _qwen_chat(question: str) -> str:
 
 def _rlhflow_step(step: str, t: int) -> str:
     """Step t as a user turn (the first shares the question's), then the assistant header whose last token predicts
-    "+" or "-"; every step but the first opens with the "+" the previous one was answered with."""
+    "+" or "-"; every step but the first opens with the "+" the previous one was answered with. Every step is
+    stripped, as RLHFlow's reference code strips each before building the turns (so a first step " x" follows the
+    question after one space, not two)."""
     opening = "" if t == 0 else "+<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
-    text = step.rstrip() if t == 0 else step.strip()  # the first user turn, question + " " + step, is trimmed whole
-    return f"{opening}{text}<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
+    return f"{opening}{step.strip()}<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
 
 
 TEMPLATES = {
@@ -82,13 +85,21 @@ TEMPLATES = {
     "qwen-prm": Template(
         "qwen-prm", _qwen_chat, lambda s, t: s, "<extra_0>", joint=True, bos="none", specials=(*QWEN_CHAT, "<extra_0>")
     ),
-    # Skywork-o1-Open-PRM: no chat template; bos + problem + "\n", then each step's ids and the "\n" id
-    "skywork-prm": Template("skywork-prm", lambda q: q + "\n", lambda s, t: s, "\n", unique_tag=False, bos="text"),
+    # Skywork-o1-Open-PRM: no chat template; bos + problem + "\n", then each step's ids and the "\n" id; its
+    # prepare_input cuts the response on "\n": a step holding one is tokenised line by line as it does, scored after
+    # its last line
+    "skywork-prm": Template(
+        "skywork-prm", lambda q: q + "\n", lambda s, t: s, "\n", unique_tag=False, bos="text", splits=True
+    ),
     # math-shepherd: f"{question} {output}" with output = "step ки\nstep ки"
     "math-shepherd": Template(
         "math-shepherd", lambda q: q, lambda s, t: (" " if t == 0 else "\n") + s, " ки", joint=True, bos="tokenizer"
     ),
-    # RLHFlow: a conversation; the first user turn is question + " " + step 1
+    # RLHFlow: what RLHFlow/RLHF-Reward-Modeling's math-rm/prm_evaluate.py does with the model's own tokenizer: every
+    # step stripped, the first user turn question + " " + step 1, each step a user turn answered "+", through the
+    # chat template the checkpoint keeps from Llama-3.1-8B-Instruct (its axolotl config sets none of its own), which
+    # writes the dated system turn even when the conversation has none and trims every turn. ProcessBench's
+    # run_eval_prm_rlhflow.py goes through the same template (vLLM chat completions) but joins "\n\n", not " "
     "rlhflow": Template(
         "rlhflow",
         lambda q: (
