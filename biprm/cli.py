@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -568,7 +569,8 @@ def _run(parser: argparse.ArgumentParser, chosen: argparse.ArgumentParser, comma
     ) as stop:  # Ctrl-C: one line, with what the run keeps and how to go on where the recipe says
         if args.verbose:
             raise
-        print(f"{command}: interrupted" + (f"; {stop}" if str(stop) else ""), file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every process is interrupted: the first one says so
+            print(f"{command}: interrupted" + (f"; {stop}" if str(stop) else ""), file=sys.stderr)
         sys.exit(130)
 
 

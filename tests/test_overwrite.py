@@ -73,3 +73,20 @@ def test_a_score_onto_an_existing_output_is_refused_unless_overwrite_and_its_res
     monkeypatch.setattr(Scorer, "score", real)
     main([*score, "--resume"])  # the run that --overwrite let write there goes on
     assert len(out.read_text().splitlines()) == 5 and not Path(f"{out}.parts").exists()
+
+
+@pytest.mark.parametrize("rank, said", [("0", 1), ("1", 0)])
+def test_ctrl_c_under_torchrun_is_one_line_from_the_first_process(monkeypatch, capsys, rank, said):
+    """Issue 56, item 10: every process of a torchrun job printed its own interrupted line, so the saved step was
+    named once per process."""
+    import biprm.training
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt("runs/x/checkpoint-2 is saved: the same command with --resume goes on from its step 2")
+
+    monkeypatch.setattr(biprm.training, "train", interrupted)
+    monkeypatch.setenv("RANK", rank)
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--output-dir", "runs/x"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 130 and err.count("biprm train: interrupted; runs/x/checkpoint-2 is saved") == said, err
