@@ -8,6 +8,7 @@ from typing import Literal
 
 from biprm.config import arg, default_data_root
 
+SCRATCH = "out/benchmarks"  # where a run writes unless told: the committed results in benchmarks/ change only on --out
 PRESETS = {  # smoke: every code path in seconds on the tiny shape (tests)
     "full": dict(
         batch=4,
@@ -81,9 +82,9 @@ class BenchConfig:
     )
     data_root: str = arg(help="folder holding gsm8k/ and gsm8k_bon_small/", factory=default_data_root)
     out: str = arg(
-        "benchmarks",
+        SCRATCH,
         "where bench-<shape>[-quick].{json,md} and the scaling PNG go (serve-<shape>, vllm-<shape>, "
-        "bench-<shape>-search for those presets)",
+        "bench-<shape>-search for those presets); --out benchmarks replaces the committed results",
     )
     threads: int = arg(0, "torch threads; 0: every core (fastest on free cores; pass 1 where other jobs share them)")
     seed: int = arg(0, "seed of the sampled solutions")
@@ -133,7 +134,7 @@ class DataBenchConfig:
     )
     data_root: str = arg(help="folder holding gsm8k/", factory=default_data_root)
     work_dir: str = arg("", "keep the generated file and caches here (default: a temporary folder)")
-    out: str = arg("benchmarks", "where data-<rows>.{json,md} go")
+    out: str = arg(SCRATCH, "where data-<rows>.{json,md} go; --out benchmarks replaces the committed results")
     max_length: int = arg(2048, "tokens per stream, as in `biprm train`")
     batch_size: int = arg(8, "trajectories per step")
 
@@ -171,4 +172,6 @@ class BoundaryBenchConfig:
     )
     threshold: float = arg(0.5, "first-error threshold on step probabilities", min=0, max=1)
     max_length: int = arg(4096, "--model: tokens per stream; trailing steps past it are not scored", min=1)
-    out: str = arg("benchmarks", "where processbench-boundaries.{json,md} go")
+    out: str = arg(
+        SCRATCH, "where processbench-boundaries.{json,md} go; --out benchmarks replaces the committed results"
+    )

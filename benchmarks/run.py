@@ -28,6 +28,7 @@ from transformers import Qwen2Config
 from benchmarks.config import BenchConfig
 from benchmarks.measure import machine, matmul_peak, step_memory, timed
 from benchmarks.reference import score_one_at_a_time
+from benchmarks.progress import Stages, announce
 from benchmarks.report import plot_scaling, save, targets, write_markdown
 from benchmarks.workload import CANDIDATES, Bench, build, question_pool, train_step, training_batch, training_config
 from biprm.data.trajectory import Trajectory
@@ -188,6 +189,11 @@ def run(cfg: BenchConfig) -> dict:
     threads = cfg.threads or os.cpu_count()
     torch.set_num_threads(threads)
     start = time.perf_counter()
+    announce(
+        f"python -m benchmarks --preset {cfg.preset}: the {cfg.shape} shape (random weights), "
+        f"{cfg.sizes['questions']} Best-of-N questions, {threads} threads; results go to {cfg.out}/ "
+        "(docs/PERFORMANCE.md gives each preset's wall clock)"
+    )
     result: dict = {"config": asdict(cfg) | cfg.sizes, "machine": machine(), "loadavg_start": os.getloadavg()}
     peaks = {str(dt).removeprefix("torch."): matmul_peak(dt) for dt in (torch.float32, torch.bfloat16)}
     result["matmul_peak"] = peaks
@@ -199,15 +205,20 @@ def run(cfg: BenchConfig) -> dict:
     pool = gsm8k_bon_small(cfg.data_root)
     trajs = question_pool(pool, cfg.sizes["questions"], cfg.seed)
     bench = build(cfg.shape, cfg.seed)
+    stages = Stages(len(dtypes) * (3 + bool(cfg.sizes["scaling"])))
     for dtype in dtypes:
         torch.nn.ModuleList([*bench.ours.values(), *bench.ref.values()]).to(getattr(torch, dtype))
         section = result.setdefault("runs", {})[dtype] = {}
-        section["train"] = train_section(bench, cfg, pool, threads)
-        section["latency"] = latency_section(bench, cfg, trajs)
-        section["bon"] = bon_section(bench, cfg, trajs)
+        with stages.stage(f"{dtype}: training step"):
+            section["train"] = train_section(bench, cfg, pool, threads)
+        with stages.stage(f"{dtype}: latency"):
+            section["latency"] = latency_section(bench, cfg, trajs)
+        with stages.stage(f"{dtype}: Best-of-N pool"):
+            section["bon"] = bon_section(bench, cfg, trajs)
         if cfg.sizes["scaling"]:
             ref = section["bon"]["rows"]["ref-bi"]
-            section["scaling"] = scaling_section(bench, trajs, ref["pool_s"] / section["bon"]["tokens"])
+            with stages.stage(f"{dtype}: scaling curve"):
+                section["scaling"] = scaling_section(bench, trajs, ref["pool_s"] / section["bon"]["tokens"])
     result["loadavg_end"] = os.getloadavg()
     result["elapsed_s"] = time.perf_counter() - start
     result["targets"] = targets(result)

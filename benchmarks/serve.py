@@ -30,6 +30,7 @@ import numpy as np
 
 from benchmarks.config import BenchConfig
 from benchmarks.measure import machine
+from benchmarks.progress import Stages, announce
 from benchmarks.workload import build
 from biprm.data.benchmarks import gsm8k_bon_small
 from biprm.data.trajectory import Trajectory
@@ -157,6 +158,11 @@ def run(cfg: BenchConfig) -> dict:
     rng = np.random.default_rng(0)
     trajs = [pool[i] for i in rng.choice(len(pool), sizes["requests"], replace=False)]
     result: dict = {"config": asdict(cfg) | sizes, "machine": machine()}
+    announce(
+        f"python -m benchmarks --preset serve: biprm serve on the {cfg.shape} shape, {sizes['requests']} requests per "
+        f"measurement (at most {sizes['time_limit_s']:g} s each); results go to {cfg.out}/"
+    )
+    stages = Stages(2 + len(sizes["concurrency"]))
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "ckpt"
         bench.ours["bi"].save_pretrained(ckpt)
@@ -168,15 +174,17 @@ def run(cfg: BenchConfig) -> dict:
             server = Server(ckpt, *flags)
             asyncio.run(drive(server.url + "/v1/score", trajs[:4], 1, sizes["time_limit_s"]))  # warm-up, not counted
             levels = sizes["concurrency"] if name == "batched" else (sizes["compare_at"],)
-            runs[name] = {
-                c: asyncio.run(drive(server.url + "/v1/score", trajs, c, sizes["time_limit_s"])) for c in levels
-            }
+            runs[name] = {}
+            for c in levels:
+                with stages.stage(f"{name} server, {c} clients"):
+                    runs[name][c] = asyncio.run(drive(server.url + "/v1/score", trajs, c, sizes["time_limit_s"]))
             runs[name]["peak_rss_mib"] = round(server.peak_rss_mib(), 1)
             server.stop()
         server, clients = Server(ckpt, "--max-queue", str(sizes["overload_queue"])), sizes["overload_clients"]
-        overload = asyncio.run(
-            drive(server.url + "/v1/score", trajs * (clients // len(trajs) + 1), clients, sizes["time_limit_s"])
-        )
+        with stages.stage(f"overload: {clients} clients against --max-queue {sizes['overload_queue']}"):
+            overload = asyncio.run(
+                drive(server.url + "/v1/score", trajs * (clients // len(trajs) + 1), clients, sizes["time_limit_s"])
+            )
         overload["peak_rss_mib"] = round(server.peak_rss_mib(), 1)
         server.stop()
     diffs = [

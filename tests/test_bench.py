@@ -31,8 +31,14 @@ def labelled(bench) -> list[Encoded]:
     return [Encoded(e.prompt, e.steps, [1.0] * len(e.steps)) for e in encs]
 
 
-def test_bench_smoke_on_tiny_shape(data_dir, tmp_path):
+def test_bench_smoke_on_tiny_shape(data_dir, tmp_path, capsys):
     main(BenchConfig(shape="tiny", preset="smoke", data_root=str(data_dir), out=str(tmp_path), threads=1, memory=False))
+    said = (
+        capsys.readouterr().err.splitlines()
+    )  # what it measures and where it writes, then each stage with the time left
+    assert said[0].startswith("python -m benchmarks --preset smoke: the tiny shape") and f"go to {tmp_path}/" in said[0]
+    assert "[1/4] float32: training step: " in said[2] and "so far, about " in said[2] and "left" in said[2]
+    assert said[-1].startswith("[4/4] float32: scaling curve: ") and "left" not in said[-1]
     result = json.loads((tmp_path / "bench-tiny-smoke.json").read_text())
     assert (tmp_path / "bench-tiny-smoke.md").read_text().startswith("# biprm bench: tiny shape")
     assert (tmp_path / "bench-tiny-smoke-scaling.png").stat().st_size > 0
@@ -117,6 +123,16 @@ def test_serve_preset_runs_bounded_and_serves_the_scorers_scores(tmp_path, data_
         and result["overload"]["ok"] + result["overload"]["rejected_503"] == result["overload"]["sent"]
     )
     assert "one-at-a-time" in write(result, str(tmp_path)).with_suffix(".md").read_text()
+
+
+def test_no_benchmark_writes_the_committed_results_unless_told():
+    """A bare `python -m benchmarks ...` writes to out/benchmarks; only --out benchmarks replaces committed files."""
+    from benchmarks.config import SCRATCH, BoundaryBenchConfig, DataBenchConfig
+
+    assert SCRATCH == "out/benchmarks"
+    assert {c.__name__: c().out for c in (BenchConfig, DataBenchConfig, BoundaryBenchConfig)} == dict.fromkeys(
+        ("BenchConfig", "DataBenchConfig", "BoundaryBenchConfig"), SCRATCH
+    )
 
 
 def test_a_run_sets_the_sizes_it_names_and_takes_the_rest_from_its_preset():
