@@ -631,3 +631,37 @@ def test_a_file_without_gsm8k_rows_gets_a_cross_fitted_threshold_and_flag_step_r
     twice = trajs + [Trajectory("question A", ["s1", "s2"], labels=[1.0, 1.0], meta={"subset": "mine"})]
     halves = question_halves(twice, np.arange(5), np.array([-1, 1, -1, 0, -1]))
     assert [h.tolist() for h in halves] == [[0, 1, 4], [2, 3]]
+
+
+def test_two_models_and_two_files_of_one_name_keep_their_own_rows(ckpt, data_dir, cache_dir, tmp_path, capsys):
+    """Folders a/bi and b/bi, files x/bench.json and y/bench.json: labels grow to a tail that tells them apart; the JSON
+    names each resolved path. The same folder or file given twice is refused in one line."""
+    models = [tmp_path / side / "bi" for side in ("a", "b")]
+    for folder in models:
+        shutil.copytree(ckpt, folder)
+    every = json.loads((data_dir / "processbench" / "gsm8k.json").read_text())
+    clean, wrong = [r for r in every if r["label"] == -1], [r for r in every if r["label"] >= 0]
+    files = [tmp_path / side / "bench.json" for side in ("x", "y")]
+    for i, file in enumerate(files):
+        file.parent.mkdir()
+        file.write_text(json.dumps(clean[2 * i : 2 * i + 2] + wrong[3 * i : 3 * i + 3]))
+    argv = ["eval", "processbench", "--model", *map(str, models), "--data", *map(str, files)]
+    main([*argv, "--out", str(tmp_path / "o"), "--cache-dir", cache_dir, *FAST])
+    result = json.loads((tmp_path / "o" / "processbench.json").read_text())
+    assert result["subsets"] == ["x/bench", "y/bench"] and result["rows"] == {"x/bench": 5, "y/bench": 5}
+    assert {"a/bi: bi (fused)", "b/bi: bi (fused)"} <= set(result["modes"])
+    assert result["models"] == [
+        {"label": "a/bi", "path": str(models[0].resolve()), "kind": "bi"},
+        {"label": "b/bi", "path": str(models[1].resolve()), "kind": "bi"},
+    ]
+    assert result["files"] == {"x/bench": str(files[0].resolve()), "y/bench": str(files[1].resolve())}
+    assert f"`a/bi`: bi at {models[0].resolve()}" in (tmp_path / "o" / "processbench.md").read_text()
+    for twice in (
+        ["--model", str(models[0]), f"{models[0]}/.", "--data", str(files[0])],
+        ["--model", str(models[0]), "--data", str(files[0]), str(tmp_path / "x" / ".." / "x" / "bench.json")],
+    ):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stop:
+            main(["eval", "processbench", *twice, "--out", str(tmp_path / "r"), "--cache-dir", cache_dir, *FAST])
+        err = capsys.readouterr().err.strip()
+        assert stop.value.code == 2 and len(err.splitlines()) == 1 and "give it once" in err

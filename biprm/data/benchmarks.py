@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from biprm.config import PROCESSBENCH_SUBSETS
+from biprm.data.names import distinct_labels, refuse_repeats
 from biprm.data.segment import Segmenter
 from biprm.data.readers import EMPTY_RESPONSE, checked_field, load_trajectories, read_rows, solution_steps
 from biprm.data.trajectory import DataError, Trajectory, validate
@@ -224,6 +225,24 @@ def load_candidates(
     return trajs, name, spec
 
 
+def processbench_files(data_root: str, subsets: tuple[str, ...] | list[str]) -> dict[str, Path]:
+    """{subset label: its file}: one of ProcessBench's four names, or a file in its layout labelled by its name without
+    extensions, grown by parent folders where two files (or a file and a built-in subset) share it ("a/bench",
+    "b/bench"). Two that are the same file are refused: their rows would count twice."""
+    paths, fixed = [], {}
+    for i, name in enumerate(subsets):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            if name not in PROCESSBENCH_SUBSETS:
+                raise ValueError(f"unknown ProcessBench subset {name!r}: not a file, nor one of {PROCESSBENCH_SUBSETS}")
+            path, fixed[i] = data_file(data_root, "processbench", f"{name}.json"), name
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: ProcessBench subset not found; pass --data-root (or set $BIPRM_DATA)")
+        paths.append(str(path))
+    resolved = refuse_repeats(paths, "subset")
+    return {label: Path(p) for label, p in zip(distinct_labels(resolved, stem=True, fixed=fixed), resolved)}
+
+
 def load_processbench(
     data_root: str, subsets: tuple[str, ...] = PROCESSBENCH_SUBSETS, limit: int | None = None
 ) -> list[Trajectory]:
@@ -233,16 +252,7 @@ def load_processbench(
     layout (problem, steps, label), which is then named by its file name.
     """
     out = []
-    for name in subsets:
-        path = Path(name).expanduser()
-        if path.is_file():
-            name = path.name.split(".")[0]
-        elif name not in PROCESSBENCH_SUBSETS:
-            raise ValueError(f"unknown ProcessBench subset {name!r}: not a file, nor one of {PROCESSBENCH_SUBSETS}")
-        else:
-            path = data_file(data_root, "processbench", f"{name}.json")
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: ProcessBench subset not found; pass --data-root (or set $BIPRM_DATA)")
+    for name, path in processbench_files(data_root, subsets).items():
         trajs = load_trajectories(str(path), fmt="processbench")
         for i in balanced_slice(np.array([t.meta["first_error"] == -1 for t in trajs]), limit):
             trajs[i].meta["subset"] = name

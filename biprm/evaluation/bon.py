@@ -19,10 +19,10 @@ import numpy as np
 
 from biprm.scoring.aggregate import sigmoid
 from biprm.analysis.common import markdown_table
-from biprm.evaluation.outputs import fmt, open_cache, write_outputs
+from biprm.evaluation.outputs import fmt, open_cache, provenance, write_outputs
 from biprm.evaluation.config import BonConfig
 from biprm.evaluation.pools import Pool, load_pool
-from biprm.evaluation.models import sources_of, score_sources
+from biprm.evaluation.models import models_given, score_sources, sources_of
 from biprm.metrics.selection import DEFAULT_NS, best_of, bon_table, content_free, pool_bounds, subsets, vote
 from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
 from biprm.scoring.score_file import trace_segmenter
@@ -183,7 +183,8 @@ def run_bon(cfg: BonConfig) -> dict:
     )
     scores = score_sources(sources_of(cfg.model, cfg.prm_kind), cache, pool.trajs) if cfg.model else {}
     result = evaluate_bon(pool, scores, cfg.agg, cfg.ns, cfg.protocol, cfg.aggs, cfg.draws, cfg.seed)
-    markdown = "# Best-of-N\n\n" + format_bon(result) + "\n"
+    result["models"] = models_given(cfg.model, cfg.prm_kind)
+    markdown = "# Best-of-N\n\n" + provenance(result["models"]) + format_bon(result) + "\n"
     print(markdown)
     print(f"wrote {write_outputs(cfg.out, 'bon', result, markdown)} and bon.json")
     return result

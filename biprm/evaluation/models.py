@@ -10,7 +10,6 @@ training mode, `checkpoint_mode`, is another thing: l2r, r2l, bi-static or bi.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from biprm.config import CHECKPOINT_ROLES, MODE_TABLE
 from biprm.modeling import BiPRMConfig, encoder_for, prm_config
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.cache import FOREIGN_MODE, ScoreCache
+from biprm.data.names import distinct_labels, refuse_repeats
 from biprm.scoring.step_scores import StepScores
 
 # Ablation rows in the paper's order: (role, expected checkpoint mode, row label).
@@ -90,8 +90,23 @@ def checkpoint_sources(ckpt: str, prefix: str = "", prm_kind: str | None = None)
 
 
 def sources_of(ckpts: list[str], prm_kind: str | None = None) -> list[ScoreSource]:
-    """The sources of several checkpoints; with more than one, keys start with the folder name."""
-    return [m for c in ckpts for m in checkpoint_sources(c, f"{Path(c).name}: " if len(ckpts) > 1 else "", prm_kind)]
+    """The sources of several checkpoints; with more than one, keys start with the folder's label (`models_given`),
+    so two folders of one name never share rows."""
+    labels = [m["label"] for m in models_given(ckpts, prm_kind)]
+    return [
+        m for c, label in zip(ckpts, labels) for m in checkpoint_sources(c, f"{label}: " * (len(ckpts) > 1), prm_kind)
+    ]
+
+
+def models_given(ckpts: list[str], prm_kind: str | None = None) -> list[dict]:
+    """Per --model: its label (the shortest distinct tail of its resolved path), that path and its kind (a training
+    mode, or the kind of a PRM trained elsewhere), as the results record them; a folder given twice is refused."""
+    paths = refuse_repeats(ckpts, "--model")
+    configs = [checkpoint_config(c, prm_kind) for c in ckpts]
+    return [
+        {"label": label, "path": path, "kind": config.get("trained_elsewhere") or config["mode"]}
+        for label, path, config in zip(distinct_labels(paths), paths, configs)
+    ]
 
 
 def ablation_sources(ckpts: dict[str, str]) -> list[ScoreSource]:

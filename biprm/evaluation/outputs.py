@@ -44,3 +44,10 @@ def write_outputs(out: str, stem: str, result: dict, markdown: str) -> Path:
     path = Path(out) / f"{stem}.md"
     path.write_text(markdown)
     return path
+
+
+def provenance(models: list[dict], files: dict[str, str] | None = None) -> str:
+    """A report's line naming what each label stands for: every model's resolved folder and kind, every data file."""
+    parts = [f"`{m['label']}`: {m['kind']} at {m['path']}" for m in models]
+    parts += [f"`{label}`: {path}" for label, path in (files or {}).items()]
+    return f"Read: {'; '.join(parts)}.\n\n" if parts else ""

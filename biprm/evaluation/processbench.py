@@ -29,10 +29,10 @@ from biprm.analysis.boundaries import laid_out, onto_given
 from biprm.analysis.common import TITLES, first_errors, judged_rows, markdown_table, subsets
 from biprm.data.segment import JOIN
 from biprm.data.trajectory import Trajectory
-from biprm.evaluation.outputs import fmt, open_cache, write_outputs
+from biprm.evaluation.outputs import fmt, open_cache, provenance, write_outputs
 from biprm.evaluation.config import ProcessBenchConfig
-from biprm.data.benchmarks import load_processbench
-from biprm.evaluation.models import ScoreSource, score_sources, sources_of
+from biprm.data.benchmarks import load_processbench, processbench_files
+from biprm.evaluation.models import ScoreSource, models_given, score_sources, sources_of
 from biprm.evaluation.cache import ScoreCache
 from biprm.scoring.score_file import trace_segmenter
 from biprm.metrics.first_error import (
@@ -275,13 +275,16 @@ def run_processbench(cfg: ProcessBenchConfig) -> dict:
     scores = recut_scores(sources, cache, trajs, segmenter)
     result = evaluate_processbench(trajs, scores, cfg.threshold, cfg.tune_threshold, dev, RESAMPLES)
     result["segmenter"] = segmenter.name if segmenter else "given"
+    result["models"] = models_given(cfg.model, cfg.prm_kind)
+    result["files"] = {k: str(v) for k, v in processbench_files(cfg.data_root, cfg.data or cfg.subsets).items()}
     steps = (
         f"Steps: each row's given steps joined by a blank line and cut again by `{segmenter.name}`; each first error "
         "maps back to the given step that holds its first character.\n\n"
         if segmenter
         else ""
     )
-    markdown = "# ProcessBench\n\n" + steps + format_processbench(result) + "\n"
+    markdown = "# ProcessBench\n\n" + provenance(result["models"], result["files"]) + steps
+    markdown += format_processbench(result) + "\n"
     print(markdown)
     print(f"wrote {write_outputs(cfg.out, 'processbench', result, markdown)} and processbench.json")
     return result
