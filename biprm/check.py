@@ -31,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -55,6 +56,7 @@ PARTS = (
 STATE_SUFFIXES = (".safetensors", ".pt", ".pth")  # with trainer_state.json: what a checkpoint restores
 TRAINED = ("heads dtype", "resume", "score", "latency bi/l2r", "vllm export dtype")  # the items after training
 LAST_LINES = 3  # of a failed run's log, shown beside its error line
+SMOKE_DROPOUT = 0.1  # the smoke run's attention dropout: random numbers drawn at every step
 NOISE_FACTOR = 2  # a resume that is not exact passes within this many times the gap between two uninterrupted runs
 LATENCY_TARGET = 1.05  # the paper's bi / l2r single-solution latency
 # the line a failed run names its error with: a Python exception, or biprm's one-line error (torchrun prefixes ranks)
@@ -141,7 +143,7 @@ def train_command(cfg: CheckConfig, out: Path) -> list[str]:
         flags += ["--deepspeed", shipped(deepspeed)]
     flags += [
         "--backbone",
-        cfg.backbone,
+        with_dropout(cfg.backbone) if cfg.smoke else cfg.backbone,
         "--data",
         data_slice(cfg, out),
         "--max-steps",
@@ -160,6 +162,26 @@ def train_command(cfg: CheckConfig, out: Path) -> list[str]:
     if cfg.smoke:
         flags += ["--batch-size", "2", "--grad-accum", "1", "--lr", "1e-3", "--max-length", "256", "--bf16"]
     return [*launch, "-m", "biprm.cli", "train", *flags]
+
+
+def with_dropout(backbone: str) -> str:
+    """The smoke run's body: `backbone` with attention dropout, so that every training step draws random numbers.
+    Without draws the saved RNG states are the same at every checkpoint, and a resume that skipped restoring them passed
+    as exact. Kept in biprm's cache at one path, so that a copy of a check's folder still resumes its run."""
+    from biprm.backbones import cache_root, resolve_backbone
+
+    source = Path(resolve_backbone(backbone))
+    final = cache_root() / f"{source.name}-dropout-{SMOKE_DROPOUT}"
+    if not (final / "config.json").is_file():
+        scratch = Path(tempfile.mkdtemp(dir=cache_root()))
+        shutil.copytree(source, scratch, dirs_exist_ok=True)
+        config = json.loads((scratch / "config.json").read_text())
+        (scratch / "config.json").write_text(json.dumps({**config, "attention_dropout": SMOKE_DROPOUT}, indent=2))
+        try:
+            scratch.rename(final)
+        except OSError:  # another check built it first
+            shutil.rmtree(scratch)
+    return str(final)
 
 
 def data_slice(cfg: CheckConfig, out: Path) -> str:
@@ -214,20 +236,46 @@ def trained(cfg: CheckConfig, command: list[str], run: Path, out: Path) -> Item:
 
 
 def heads_dtype(cfg: CheckConfig, run: Path, out: Path) -> Item:
-    """The heads as saved must be fp32 whatever an engine cast them to (DeepSpeed's bf16 mode holds bf16 copies). A CPU
-    run keeps fp32 weights, where this could not fail, so `--smoke` also saves a bf16-cast copy of the trained model."""
+    """The heads as saved must be fp32 whatever an engine cast them to (DeepSpeed's bf16 mode holds bf16 copies), and
+    they must compute in fp32 under the run's cast: weights cast to bf16, under bf16 autocast. A CPU run keeps fp32
+    weights, where the saved dtype could not fail, so `--smoke` also saves a bf16-cast copy of the trained model."""
     from biprm.modeling import BiPRMModel
 
     found = {"the run's save": head_dtypes(run)}
     if cfg.smoke:
         BiPRMModel.from_pretrained(str(run)).to(torch.bfloat16).save_pretrained(out / "bf16-cast")
         found["a bf16-cast copy's save"] = head_dtypes(out / "bf16-cast")
-    ok = all(dtypes == {"F32"} for dtypes in found.values())
+    computed = heads_compute(run, device(cfg))
+    ok = all(dtypes == {"F32"} for dtypes in found.values()) and computed == {"float32"}
     return Item(
         "heads dtype",
         "pass" if ok else "fail",
-        "; ".join(f"{where}: {sorted(dtypes)}" for where, dtypes in found.items()) + " (F32 passes)",
+        "; ".join(f"{where}: {sorted(dtypes)}" for where, dtypes in found.items())
+        + f"; computed in, bf16 weights under bf16 autocast: {sorted(computed)} (F32 and float32 pass)",
     )
+
+
+def heads_compute(run: Path, where: torch.device) -> set[str]:
+    """The dtypes the heads' layers return on the trained model cast to bf16 (as DeepSpeed's bf16 mode casts every
+    weight), run under bf16 autocast (the run's --bf16): float32 alone where their fp32 layers hold."""
+    from biprm.backbones import load_tokenizer
+    from biprm.modeling import HEADS, BiPRMModel, encoder_for
+    from biprm.packing import pack
+
+    model = BiPRMModel.from_pretrained(str(run)).to(where, torch.bfloat16).eval()
+    tokenizer = load_tokenizer(str(run))
+    encoder = encoder_for(model.config, tokenizer, 256)
+    batch = pack([encoder.encode(t) for t in synthetic(2)], mode=model.config.mode, pad_id=tokenizer.pad_token_id or 0)
+    seen: set[str] = set()
+    layers = [m for name, m in model.named_modules() if f"{name}.".startswith(HEADS) and isinstance(m, torch.nn.Linear)]
+    hooks = [m.register_forward_hook(lambda m, i, o: seen.add(str(o.dtype).removeprefix("torch."))) for m in layers]
+    try:
+        with torch.no_grad(), torch.autocast(where.type, dtype=torch.bfloat16):
+            model(**{k: v.to(where) if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
 
 
 def head_dtypes(folder: Path) -> set[str]:

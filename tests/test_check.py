@@ -161,14 +161,28 @@ def draw_the_rng_elsewhere(checkpoint: Path) -> None:
         torch.save({**state, "cpu": torch.Generator().manual_seed(12345).get_state()}, path)
 
 
+def skip_the_rng_restore(checkpoint: Path) -> None:
+    """The Trainer restores no RNG state from a checkpoint that holds none: it goes on from the seeded start."""
+    for path in checkpoint.glob("rng_state*.pth"):
+        path.unlink()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "plant, part",
-    [(empty_the_optimizer, "optimizer"), (reset_the_scheduler, "scheduler"), (draw_the_rng_elsewhere, "rng")],
+    [
+        (empty_the_optimizer, "optimizer"),
+        (reset_the_scheduler, "scheduler"),
+        (draw_the_rng_elsewhere, "rng"),
+        (skip_the_rng_restore, "rng"),
+    ],
 )
 def test_the_resume_item_fails_on_a_lost_optimizer_state_scheduler_or_rng(trained, tmp_path, monkeypatch, plant, part):
     """Issue 46, finding 2: with checkpoint-2's optimizer state emptied the weights moved by 5.9e-4, under the old 1e-3
-    bar, and a reset scheduler or RNG changed no weight after one step: the item passed. It compares every state now."""
+    bar, and a reset scheduler or RNG changed no weight after one step: the item passed. It compares every state now.
+    Issue 56, finding 4: the smoke run drew no random numbers per step, so a resume that skipped the RNG restore left
+    the same RNG state as the uninterrupted run's and passed as exact; its body's attention dropout draws at every
+    step now."""
     cfg, command = copy_of(trained, tmp_path / "out")
     launch = check.launch
 
@@ -185,19 +199,45 @@ def test_the_resume_item_fails_on_a_lost_optimizer_state_scheduler_or_rng(traine
     assert "between two uninterrupted runs: weights 0, optimizer 0, rng 0, scheduler 0, trainer state 0" in item.detail
 
 
-@pytest.mark.slow
-def test_the_heads_dtype_item_fails_on_heads_saved_from_a_bf16_cast(trained, tmp_path, monkeypatch):
+@pytest.fixture
+def a_model(tmp_path) -> tuple[CheckConfig, Path]:
+    """A smoke check's folder holding an untrained tiny bi model where its run would be: what the heads item reads."""
+    from biprm.backbones import load_tokenizer, resolve_backbone
+    from biprm.modeling import from_backbone
+
+    tokenizer = load_tokenizer(resolve_backbone("tiny"))
+    from_backbone(resolve_backbone("tiny"), tokenizer, mode="bi").save_pretrained(tmp_path / "run")
+    tokenizer.save_pretrained(tmp_path / "run")
+    return CheckConfig(smoke=True, out=str(tmp_path)), tmp_path
+
+
+def test_the_heads_dtype_item_fails_on_heads_saved_from_a_bf16_cast(a_model, monkeypatch):
     """Issue 46, finding 3: on a CPU the model is fp32, so the bar could not fail; the smoke check saves a bf16-cast
     copy."""
     from transformers import PreTrainedModel
 
     from biprm.modeling import BiPRMModel
 
-    cfg, _ = copy_of(trained, tmp_path / "out")
-    assert check.heads_dtype(cfg, tmp_path / "out" / "run", tmp_path / "out").status == "pass"
+    cfg, out = a_model
+    item = check.heads_dtype(cfg, out / "run", out)
+    assert item.status == "pass" and "computed in, bf16 weights under bf16 autocast: ['float32']" in item.detail
     monkeypatch.setattr(BiPRMModel, "save_pretrained", PreTrainedModel.save_pretrained)  # a save that keeps the cast
-    item = check.heads_dtype(cfg, tmp_path / "out" / "run", tmp_path / "out")
+    item = check.heads_dtype(cfg, out / "run", out)
     assert item.status == "fail" and "a bf16-cast copy's save: ['BF16']" in item.detail, item.detail
+
+
+def test_the_heads_dtype_item_fails_on_heads_that_compute_in_bf16(a_model, monkeypatch):
+    """Issue 56, finding 4: the item read only the saved dtype, so heads computing in bf16 under the cast passed."""
+    from biprm.modeling import Float32Linear
+
+    cfg, out = a_model
+
+    def in_the_weights_dtype(self, x: torch.Tensor) -> torch.Tensor:  # a layer that follows the engine's cast
+        return torch.nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias)
+
+    monkeypatch.setattr(Float32Linear, "forward", in_the_weights_dtype)
+    item = check.heads_dtype(cfg, out / "run", out)
+    assert item.status == "fail" and "bf16 autocast: ['bfloat16']" in item.detail, item.detail
 
 
 @pytest.mark.slow
