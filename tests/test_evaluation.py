@@ -665,3 +665,17 @@ def test_two_models_and_two_files_of_one_name_keep_their_own_rows(ckpt, data_dir
             main(["eval", "processbench", *twice, "--out", str(tmp_path / "r"), "--cache-dir", cache_dir, *FAST])
         err = capsys.readouterr().err.strip()
         assert stop.value.code == 2 and len(err.splitlines()) == 1 and "give it once" in err
+
+
+def test_best_of_n_header_counts_distinct_questions_and_draws_them_whole():
+    from biprm.evaluation.bon import evaluate_bon, format_bon
+    from biprm.evaluation.pools import Pool
+
+    texts = ["How many eggs?", "how many  eggs?", "How many hens?", "How many ducks?"]  # pools 0 and 1: one question
+    trajs = [Trajectory(q, ["a", "b"][: 1 + i % 2]) for q in texts for i in range(4)]
+    pool = Pool("mine", trajs, np.repeat(np.arange(4), 4), np.tile([True, False, False, True], 4), np.arange(16))
+    result = evaluate_bon(pool, {}, ns=(2,), protocols=("first",))
+    assert (result["questions"], result["distinct_questions"]) == (4, 3)
+    assert "4 pools on 3 distinct questions" in format_bon(result) and "pools of one question drawn together" in (
+        format_bon(result)
+    )

@@ -139,3 +139,25 @@ def test_f1_intervals_resample_rows_within_each_subset():
     again = first_error_f1_by_subset(pred, label, np.array(["m"] * 200), resamples=300, seed=3)
     assert again["subsets"]["m"]["f1_interval"] == [low, high]
     assert "f1_interval" not in first_error_f1_by_subset(pred, label, np.array(["m"] * 200))["subsets"]["m"]
+
+
+def test_clustered_f1_intervals_match_a_bootstrap_drawn_by_hand():
+    """8 rows on 4 questions (one written twice with other case and spacing): each draw takes 4 questions with
+    replacement and every row of each; the F1 interval is the percentiles of those draws' F1."""
+    from biprm.metrics.bootstrap import question_clusters
+
+    questions = ["Q a", "q  A", "Q b", "Q b", "Q b", "Q c", "Q d", "Q d"]
+    label = np.array([-1, 1, 0, -1, 2, -1, 1, -1])
+    pred = np.array([-1, 1, 1, -1, 2, 0, 1, 3])
+    clusters = question_clusters(questions)
+    assert clusters.tolist() == [0, 0, 1, 1, 1, 2, 3, 3]
+    draws = np.random.default_rng(7).integers(4, size=(300, 4))
+    by_hand = []
+    for drawn in draws:
+        rows = np.concatenate([np.flatnonzero(clusters == c) for c in drawn])
+        by_hand.append(processbench_scores(pred[rows], label[rows])["f1"])
+    report = first_error_f1_by_subset(pred, label, np.array(["s"] * 8), resamples=300, seed=7, clusters=clusters)
+    assert report["subsets"]["s"]["f1_interval"] == pytest.approx(np.nanquantile(by_hand, [0.025, 0.975]))
+    assert report["average_f1_interval"] == pytest.approx(report["subsets"]["s"]["f1_interval"])
+    rows_alone = first_error_f1_by_subset(pred, label, np.array(["s"] * 8), resamples=300, seed=7)
+    assert rows_alone["subsets"]["s"]["f1_interval"] != report["subsets"]["s"]["f1_interval"]

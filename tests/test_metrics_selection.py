@@ -169,3 +169,18 @@ def test_bootstrap_statistic():
     values = np.arange(10.0)
     r = bootstrap_statistic(lambda i: float(values[i].max()), 10, resamples=500)
     assert r["mean"] == 9.0 and r["high"] == 9.0 and r["low"] < 9.0
+
+
+def test_clustered_means_and_paired_differences_draw_whole_questions_alike():
+    """Pools 0 and 1 share a question: a draw takes both or neither. The mean's interval equals one drawn by hand, and a
+    difference of two scorers uses the same draws for both sides."""
+    clusters = np.array([0, 0, 1, 2, 3])
+    a, b = np.array([1.0, 1.0, 0.0, 1.0, 0.0]), np.array([0.0, 1.0, 0.0, 0.0, 0.0])
+    draws = np.random.default_rng(3).integers(4, size=(500, 4))
+    rows = [np.concatenate([np.flatnonzero(clusters == c) for c in drawn]) for drawn in draws]
+    hand = np.quantile([a[r].mean() for r in rows], [0.025, 0.975])
+    mean = bootstrap_mean(a, resamples=500, seed=3, clusters=clusters)
+    assert [mean["low"], mean["high"]] == pytest.approx(hand) and mean["mean"] == pytest.approx(0.6)
+    hand = np.quantile([a[r].mean() - b[r].mean() for r in rows], [0.025, 0.975])
+    diff = paired_difference(a, b, resamples=500, seed=3, clusters=clusters)
+    assert [diff["low"], diff["high"]] == pytest.approx(hand)

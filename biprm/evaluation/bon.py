@@ -24,13 +24,13 @@ from biprm.evaluation.config import BonConfig
 from biprm.evaluation.pools import Pool, load_pool
 from biprm.evaluation.models import models_given, score_sources, sources_of
 from biprm.metrics.selection import DEFAULT_NS, best_of, bon_table, content_free, pool_bounds, subsets, vote
-from biprm.metrics.bootstrap import bootstrap_mean, paired_difference
+from biprm.metrics.bootstrap import bootstrap_mean, paired_difference, question_clusters
 from biprm.scoring.score_file import trace_segmenter
 from biprm.scoring.step_scores import StepScores, offsets_of
 
 
-def _interval(values: np.ndarray, seed: int) -> dict:
-    return bootstrap_mean(100.0 * values, seed=seed)
+def _interval(values: np.ndarray, seed: int, clusters: np.ndarray | None) -> dict:
+    return bootstrap_mean(100.0 * values, seed=seed, clusters=clusters)
 
 
 def bon_rows(
@@ -63,17 +63,25 @@ def bon_rows(
     return rows
 
 
-def summarise(rows: dict[str, dict[int, np.ndarray]], models: Sequence[str], seed: int = 0) -> dict:
-    """Means with intervals per row and n (and over n), and the paired difference of every two PRMs."""
+def summarise(
+    rows: dict[str, dict[int, np.ndarray]], models: Sequence[str], seed: int = 0, clusters: np.ndarray | None = None
+) -> dict:
+    """Means with intervals per row and n (and over n), and the paired difference of every two PRMs; with `clusters`
+    (one per pool: its question, `bootstrap.question_clusters`), pools of one question are drawn together, the same
+    draws for every row and both sides of a difference."""
     over_n = {name: np.mean(list(by_n.values()), axis=0) for name, by_n in rows.items()}
     table = {
-        name: {**{n: _interval(v, seed) for n, v in by_n.items()}, "mean": _interval(over_n[name], seed)}
+        name: {
+            **{n: _interval(v, seed, clusters) for n, v in by_n.items()},
+            "mean": _interval(over_n[name], seed, clusters),
+        }
         for name, by_n in rows.items()
     }
+    pair = lambda a, b: paired_difference(100 * a, 100 * b, seed=seed, clusters=clusters)  # noqa: E731
     diffs = {
         f"{a} − {b}": {
-            **{n: paired_difference(100 * rows[a][n], 100 * rows[b][n], seed=seed) for n in rows[a]},
-            "mean": paired_difference(100 * over_n[a], 100 * over_n[b], seed=seed),
+            **{n: pair(rows[a][n], rows[b][n]) for n in rows[a]},
+            "mean": pair(over_n[a], over_n[b]),
         }
         for a, b in combinations(models, 2)
     }
@@ -92,7 +100,8 @@ def evaluate_bon(
 ) -> dict:
     """Per protocol: the `agg` table with baselines, intervals and differences, and a mean-over-n row per
     PRM for every other aggregation in `aggs`; "modes" keeps `bon_table` of the first protocol per PRM."""
-    _, sizes = pool_bounds(pool.qid)
+    starts, sizes = pool_bounds(pool.qid)
+    clusters = question_clusters([pool.trajs[s].question for s in starts])
     used = [n for n in ns if n <= sizes.min()]
     if not used:
         raise ValueError(f"no n in {tuple(ns)} fits the smallest pool ({sizes.min()} candidates)")
@@ -100,6 +109,7 @@ def evaluate_bon(
     result = {
         "pool": pool.name,
         "questions": len(sizes),
+        "distinct_questions": int(clusters.max()) + 1,
         "candidates": len(pool.trajs),
         "agg": agg,
         "ns": used,
@@ -108,14 +118,14 @@ def evaluate_bon(
         "protocols": {},
     }
     for protocol in protocols:
-        main = summarise(bon_rows(pool, scores, agg, used, protocol, draws, seed, votes=True), models, seed)
+        main = summarise(bon_rows(pool, scores, agg, used, protocol, draws, seed, votes=True), models, seed, clusters)
         others = {}
         for how in dict.fromkeys(aggs):
             if how != agg:
                 rows = bon_rows(pool, scores, how, used, protocol, draws, seed)
                 names = [*models, f"noise + {how}"]
                 others[how] = {
-                    k: v["mean"] for k, v in summarise({k: rows[k] for k in names}, [], seed)["rows"].items()
+                    k: v["mean"] for k, v in summarise({k: rows[k] for k in names}, [], seed, clusters)["rows"].items()
                 }
         result["protocols"][protocol] = {**main, "aggregations": others}
     first = protocols[0]
@@ -138,11 +148,12 @@ PROTOCOL_TITLES = {
 
 def format_bon(result: dict) -> str:
     """Per protocol: the PRM rows, the content-free rows, the paired differences, the other aggregations."""
-    ns = result["ns"]
+    ns, distinct = result["ns"], result.get("distinct_questions", result["questions"])
     skipped = f"; n = {', '.join(map(str, result['skipped']))} skipped (pools too small)" if result["skipped"] else ""
     parts = [
-        f"**{result['pool']}**: {result['questions']} questions, {result['candidates']} candidates, "
-        f"aggregation `{result['agg']}`{skipped}. Accuracy (%) with 95 % bootstrap intervals over questions; ties "
+        f"**{result['pool']}**: {result['questions']} pools on {distinct} distinct questions, {result['candidates']} "
+        f"candidates, aggregation `{result['agg']}`{skipped}. Accuracy (%) with 95 % bootstrap intervals over "
+        "questions (the pools of one question drawn together, the same draws for every row and difference); ties "
         "broken uniformly."
     ]
     for protocol, p in result["protocols"].items():

@@ -42,6 +42,7 @@ from biprm.metrics.first_error import (
     tune_flag_step,
     tune_threshold,
 )
+from biprm.metrics.bootstrap import question_clusters
 from biprm.scoring.step_scores import StepScores
 
 TUNE_ON = "gsm8k"
@@ -68,15 +69,22 @@ def _tuning_rows(trajs: list[Trajectory]) -> tuple[np.ndarray, str]:
     return (rows, TUNE_ON) if len(rows) else (np.arange(len(trajs)), IN_FILE)
 
 
+def question_ids(trajs: list[Trajectory]) -> np.ndarray:
+    """Each row's question (`bootstrap.question_clusters`): the unit that intervals resample and folds keep whole."""
+    return question_clusters([t.question for t in trajs])
+
+
 def question_halves(trajs: list[Trajectory], rows: np.ndarray, first: np.ndarray) -> list[np.ndarray]:
     """Two folds over questions: alternating within clean and within erroneous rows (so each fold has both), with
-    every row of a question in the fold of its first row, so no question is predicted by a choice made on it."""
-    fold_of: dict[str, int] = {}
+    every row of a question (`question_ids`, the intervals' clusters) in the fold of its first row, so no question is
+    predicted by a choice made on it."""
+    fold_of: dict[int, int] = {}
     fold = np.empty(len(rows), dtype=np.int64)
+    questions = question_ids(trajs)
     for clean in (True, False):
         count = 0
         for i in np.flatnonzero((first[rows] == -1) == clean):
-            question = trajs[rows[i]].question
+            question = int(questions[rows[i]])
             if question not in fold_of:
                 fold_of[question], count = count % 2, count + 1
             fold[i] = fold_of[question]
@@ -109,14 +117,14 @@ def cross_fitted(trajs: list[Trajectory], choose: Choice, apply: Apply) -> tuple
 def flag_step_rule(trajs: list[Trajectory], dev: list[Trajectory] | None = None, resamples: int = 0) -> dict:
     """ "Flag step k when there are more than k steps", k tuned on `dev`, else cross-fitted (`cross_fitted`): a
     content-free row."""
-    first, where, n_steps = first_errors(trajs), subsets(trajs), _n_steps(trajs)
+    first, n_steps = first_errors(trajs), _n_steps(trajs)
     if dev is not None:
         k, _ = tune_flag_step(_n_steps(dev), first_errors(dev))
-        return {"k": k, **_report(flag_step(n_steps, k), first, where, resamples)}
+        return {"k": k, **_report(flag_step(n_steps, k), trajs, resamples)}
     pred, k, folds = cross_fitted(
         trajs, lambda rows: tune_flag_step(n_steps[rows], first[rows])[0], lambda k: flag_step(n_steps, k)
     )
-    return {"k": k, "folds": folds, **_report(pred, first, where, resamples)}
+    return {"k": k, "folds": folds, **_report(pred, trajs, resamples)}
 
 
 def out_of_sample(
@@ -127,25 +135,26 @@ def out_of_sample(
 ) -> dict:
     """{"threshold", "tuned_on", ...report}: F1 per subset where no row is predicted with a threshold tuned on it (see
     module doc)."""
-    first, where, probs = first_errors(trajs), subsets(trajs), scores.prob()
+    probs = scores.prob()
     predict = lambda t: predict_first_error(probs, scores.offsets, t)  # noqa: E731
     if dev is not None:
         t, _ = tuned_threshold(*dev)
-        return {"threshold": t, "tuned_on": "dev", **_report(predict(t), first, where, resamples)}
+        return {"threshold": t, "tuned_on": "dev", **_report(predict(t), trajs, resamples)}
     choose = lambda rows: tuned_threshold([trajs[i] for i in rows], scores.select(rows))[0]  # noqa: E731
     pred, t, folds = cross_fitted(trajs, choose, predict)
     return {
         "threshold": t,
         "tuned_on": _tuning_rows(trajs)[1],
         "folds": [{"threshold": f} for f in folds],
-        **_report(pred, first, where, resamples),
+        **_report(pred, trajs, resamples),
     }
 
 
-def _report(pred: np.ndarray, first: np.ndarray, where: np.ndarray, resamples: int = 0) -> dict:
-    """`first_error_f1_by_subset` (with intervals from `resamples`), rows predicted -2 (no out-of-sample choice
-    possible) counting as not measured."""
-    report = first_error_f1_by_subset(pred, first, where, resamples)
+def _report(pred: np.ndarray, trajs: list[Trajectory], resamples: int = 0) -> dict:
+    """`first_error_f1_by_subset` (with intervals from `resamples` over the rows' questions), rows predicted -2 (no
+    out-of-sample choice possible) counting as not measured."""
+    where = subsets(trajs)
+    report = first_error_f1_by_subset(pred, first_errors(trajs), where, resamples, clusters=question_ids(trajs))
     unmeasured = np.unique(where[pred == -2])
     nan = float("nan")
     for name in unmeasured:
@@ -172,7 +181,7 @@ def evaluate_processbench(
     in_file = dev is None and TUNE_ON not in where and len(np.unique(first == -1)) == 2
 
     def at(s: StepScores, t: float) -> dict:
-        return _report(predict_first_error(s.prob(), s.offsets, t), first, where, resamples)
+        return _report(predict_first_error(s.prob(), s.offsets, t), trajs, resamples)
 
     for key, s in scores.items():
         modes[key] = {"fixed": at(s, threshold)}
@@ -183,8 +192,8 @@ def evaluate_processbench(
                 modes[key]["in_sample"] = {"threshold": t, "tuning_f1": f1, **at(s, t)}
     names = list(dict.fromkeys(where))
     baselines = {  # what a verifier must beat: flag nothing, or flag every solution at its first step
-        "always -1 (no error)": _report(np.full(len(trajs), -1), first, where, resamples),
-        "always step 0": _report(np.zeros(len(trajs), dtype=np.int64), first, where, resamples),
+        "always -1 (no error)": _report(np.full(len(trajs), -1), trajs, resamples),
+        "always step 0": _report(np.zeros(len(trajs), dtype=np.int64), trajs, resamples),
     }
     if dev is not None or TUNE_ON in where or in_file:
         rule = flag_step_rule(trajs, None if dev is None else dev[0], resamples)
@@ -194,6 +203,7 @@ def evaluate_processbench(
         "resamples": resamples,
         "subsets": names,
         "rows": {n: int((where == n).sum()) for n in names},
+        "questions": {n: len(np.unique(question_ids(trajs)[where == n])) for n in names},
         "modes": modes,
         "baselines": baselines,
     }
@@ -241,7 +251,13 @@ def format_processbench(result: dict) -> str:
     ]
     sizes = ", ".join(f"{TITLES.get(n, n)} {k}" for n, k in result["rows"].items())
     resamples = result.get("resamples")
-    intervals = f", with 95 % intervals from {resamples} resamples of the rows within each subset" if resamples else ""
+    questions = result.get("questions", result["rows"])
+    intervals = (
+        f", with 95 % intervals from {resamples} resamples of the questions within each subset (all rows of a question "
+        "drawn together; questions: " + ", ".join(f"{TITLES.get(n, n)} {k}" for n, k in questions.items()) + ")"
+        if resamples
+        else ""
+    )
     return (
         f"Rows: {sizes}. F1 (%){intervals}:\n\n"
         + markdown_table(["mode", *heads, "Avg. F1"], rows)

@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 
-from biprm.metrics.bootstrap import percentile_interval
+from biprm.metrics.bootstrap import cluster_weights, percentile_interval
 from biprm.scoring.aggregate import segments
 
 _NONE = np.iinfo(np.int64).max
@@ -94,11 +94,17 @@ def tune_threshold(
 
 
 def first_error_f1_by_subset(
-    pred: np.ndarray, label: np.ndarray, subset: np.ndarray, resamples: int = 0, seed: int = 0
+    pred: np.ndarray,
+    label: np.ndarray,
+    subset: np.ndarray,
+    resamples: int = 0,
+    seed: int = 0,
+    clusters: np.ndarray | None = None,
 ) -> dict:
     """ProcessBench's report: scores per subset (in order of first appearance) and the mean F1 over subsets. With
-    `resamples`, each F1 also gets a 95 % percentile interval ("f1_interval", "average_f1_interval") over rows
-    resampled within each subset (a ProcessBench row is one question's solution)."""
+    `resamples`, each F1 also gets a 95 % percentile interval ("f1_interval", "average_f1_interval") over the rows of
+    each subset resampled by question: `clusters` (`bootstrap.question_clusters`) gives each row its question, and a
+    draw takes a question's rows together (without it, each row is its own question)."""
     pred, label, subset = np.asarray(pred), np.asarray(label), np.asarray(subset)
     names, first = np.unique(subset, return_index=True)
     rows = {str(name): np.flatnonzero(subset == name) for name in names[np.argsort(first)]}
@@ -106,11 +112,9 @@ def first_error_f1_by_subset(
     report = {"subsets": per, "average_f1": float(np.mean([s["f1"] for s in per.values()]))}
     if resamples:
         rng = np.random.default_rng(seed)
-        draws = np.empty((resamples, len(rows)))  # F1 of each subset's rows drawn with replacement
-        for d in range(resamples):
-            for j, r in enumerate(rows.values()):
-                ix = rng.choice(r, len(r))
-                draws[d, j] = processbench_scores(pred[ix], label[ix])["f1"]
+        clusters = np.arange(len(pred)) if clusters is None else np.asarray(clusters)
+        # F1 of each subset's questions drawn with replacement, [resamples, subsets]
+        draws = np.column_stack([_resampled_f1(pred[r], label[r], clusters[r], resamples, rng) for r in rows.values()])
         with warnings.catch_warnings():  # a subset without both kinds of row has no F1: its interval is NaN, expected
             warnings.simplefilter("ignore", RuntimeWarning)
             per_subset, average = percentile_interval(draws, axis=0).T, percentile_interval(draws.mean(axis=1))
@@ -118,6 +122,20 @@ def first_error_f1_by_subset(
             per[name]["f1_interval"] = interval.tolist()
         report["average_f1_interval"] = average.tolist()
     return report
+
+
+def _resampled_f1(
+    pred: np.ndarray, label: np.ndarray, clusters: np.ndarray, resamples: int, rng: np.random.Generator
+) -> np.ndarray:
+    """[resamples] F1 of the rows with their clusters drawn with replacement (`cluster_weights`); NaN where a draw
+    lacks erroneous or clean rows, as `processbench_scores` gives."""
+    weights = cluster_weights(clusters, resamples, rng).astype(np.float64)  # [B, rows]
+    err = label != -1
+    hit = np.where(err, pred == label, pred == -1)
+    n_err, n_clean = weights @ err, weights @ ~err
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc_error, acc_correct = 100.0 * (weights @ (hit & err)) / n_err, 100.0 * (weights @ (hit & ~err)) / n_clean
+    return np.where((n_err > 0) & (n_clean > 0), _f1(np.nan_to_num(acc_error), np.nan_to_num(acc_correct)), np.nan)
 
 
 def flag_step(n_steps: np.ndarray, k: int) -> np.ndarray:
