@@ -41,6 +41,7 @@ from biprm.folder import ModelFolder, resolve
 from biprm.prms import UnknownPRM, read_out
 
 HEADS = ("value_head.", "gate.")  # the state-dict prefixes of the parts biprm adds to the body
+PEFT_PREFIX = "base_model.model."  # where a LoRA model (a PeftModel) holds the BiPRMModel's parameters
 
 
 class BiPRMConfig(PreTrainedConfig):
@@ -114,13 +115,14 @@ class Float32Linear(nn.Linear):
 def head_masters(model: nn.Module) -> dict[str, torch.Tensor]:
     """The heads' fp32 master weights from a DeepSpeed optimizer, by state-dict name, on the CPU. DeepSpeed's bf16 mode
     keeps bf16 copies in the module, and a save gathers those: a head saved from them is rounded to bf16. Under ZeRO-3
-    the masters are partitioned, so every rank must call this (in the same order) for the gather."""
+    the masters are partitioned, so every rank must call this (in the same order) for the gather. A LoRA model's heads
+    are found under PEFT's prefix, and named with it, as its checkpoints' state dicts name them."""
     from deepspeed.utils import safe_get_full_fp32_param
 
     found = {
         name: safe_get_full_fp32_param(p)
         for name, p in model.named_parameters()
-        if name.startswith(HEADS) and p.requires_grad
+        if name.removeprefix(PEFT_PREFIX).startswith(HEADS) and p.requires_grad
     }
     return {name: master.detach().cpu() for name, master in found.items() if master is not None}
 

@@ -566,6 +566,36 @@ def test_the_trunk_cache_is_computed_on_the_training_device(tmp_path, monkeypatc
     assert built_on == [torch.device("meta")]
 
 
+def test_a_lora_checkpoint_saved_under_deepspeed_takes_its_heads_from_the_fp32_masters(tmp_path, monkeypatch):
+    """Issue 56, finding 7: under LoRA the heads' names carry PEFT's `base_model.model.` prefix, so a checkpoint saved
+    during training found no fp32 masters and wrote the module's bf16 copies; only the final merged save was right.
+    DeepSpeed does not start on a CPU: its bf16 state dict and its masters are stood in for here."""
+    pytest.importorskip("peft")
+    deepspeed = pytest.importorskip("deepspeed")
+    from safetensors import safe_open
+
+    from biprm.backbones import load_tokenizer, resolve_backbone
+    from biprm.lora import with_lora
+    from biprm.modeling import from_backbone
+    from biprm.training import BiPRMTrainer
+
+    tokenizer = load_tokenizer(resolve_backbone("tiny"))
+    model = with_lora(from_backbone(resolve_backbone("tiny"), tokenizer, mode="bi"), 4, 8.0)
+    masters = {id(p): p.detach().float() + 1 / 3 for p in model.parameters()}  # not a bf16 number
+    monkeypatch.setattr(deepspeed.utils, "safe_get_full_fp32_param", lambda p: masters[id(p)])
+    trainer = BiPRMTrainer(model, TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True))
+    trainer.is_deepspeed_enabled = True
+
+    def bf16_save(self, output_dir=None, _internal_call=False):  # what DeepSpeed's bf16 mode gathers from the module
+        self._save(output_dir, {k: v.to(torch.bfloat16) for k, v in self.model.state_dict().items()})
+
+    monkeypatch.setattr("transformers.Trainer.save_model", bf16_save)
+    trainer.save_model(str(tmp_path / "checkpoint-1"))
+    with safe_open(str(tmp_path / "checkpoint-1" / "adapter_model.safetensors"), "pt") as f:
+        heads = {k: f.get_slice(k).get_dtype() for k in f.keys() if "value_head" in k or ".gate." in k}
+    assert heads and set(heads.values()) == {"F32"}, heads
+
+
 def test_lora_trains_adapters_heads_and_the_step_tag_row_and_saves_a_scoreable_merged_model(tmp_path):
     pytest.importorskip("peft")
     from biprm.data.trajectory import Trajectory
