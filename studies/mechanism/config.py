@@ -1,7 +1,8 @@
 """Settings of the mechanism study (`python -m studies.mechanism --config studies/mechanism/v2.yaml`).
 
-The defaults are version 1's design; versions 2 and 3 are the shipped files v2.yaml and v3.yaml, which hold every
-number of their designs (pre-registered in studies/mechanism/README.md). Nothing here imports torch.
+The defaults are version 1's design; versions 2 and 3 are the shipped files v2.yaml and v3_amended.yaml, which hold
+every number of their designs (pre-registered in studies/mechanism/README.md and PREREGISTRATION_v3_amended.md).
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Literal
 
 from biprm.config import arg, default_data_root
 
-V3_DESIGN = ("verdict_arm", "margins", "power_at")  # what version 3 cannot run without (all in v3.yaml)
+V3_DESIGN = ("verdict_arm", "margins", "power_at")  # what version 3 cannot run without (all in v3_amended.yaml)
 
 
 @dataclass
@@ -91,7 +92,7 @@ class MechanismConfig:
         if self.version == 3 and (missing := [k for k in V3_DESIGN if not getattr(self, k)]):
             raise ValueError(
                 f"version 3 reads its whole design from its file, and {', '.join(missing)} is missing: "
-                "run python -m studies.mechanism --config studies/mechanism/v3.yaml"
+                "run python -m studies.mechanism --config studies/mechanism/v3_amended.yaml"
             )
         self.work_dir = self.work_dir or str(
             cache_root() / ("mechanism" if self.version == 1 else f"mechanism-v{self.version}")

@@ -15,7 +15,7 @@ Read top to bottom:
 5. The report (`studies.mechanism.report`) is computed from the saved logits
    alone, so it can be redone, or changed, without training.
 
-Version 3 (`--config studies/mechanism/v3.yaml`) is version 2 without the pilot, more seeds of four arms,
+Version 3 (`--config studies/mechanism/v3_amended.yaml`) is version 2 without the pilot, more seeds of five arms,
 one machine and precision for every run (`check_machine`) and its own verdict (`v3`).
 
 Version 2 (`--preset mechanism-v2`) adds a pilot before step 4: `l2r` and `r2l` seed 1106 at

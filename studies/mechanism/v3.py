@@ -1,9 +1,10 @@
-"""Version 3 of the mechanism study (studies/mechanism/README.md, "Version 3: the design, pre-registered"): its verdict
-rule with symmetric margins, the L2R-readable-value covariate, the paper's σ-rises-with-position claim with an interval,
-each prediction's power, and its report, computed from the saved logits alone.
+"""Version 3 of the mechanism study, as amended before any run (studies/mechanism/PREREGISTRATION_v3_amended.md): the
+paper's own four predictions judged on its gate (plain `bi`) with symmetric margins, the low-lr gate beside it, the
+L2R-readable-value covariate, σ by position without the templated answer line, each prediction's power, and its report,
+computed from the saved logits alone. No verdict until every planned run is in.
 
 Every number of the design (arms, seeds, margins, interval level, depth, precision) is read from the study's config
-(studies/mechanism/v3.yaml); what each prediction measures is fixed here (PREDICTIONS). The endpoints, the
+(studies/mechanism/v3_amended.yaml); what each prediction measures is fixed here (PREDICTIONS). The endpoints, the
 σ contrasts, the format-aware null, R2L's share of the fused logit and the loss floors are version 2's code
 (`v2_report.endpoint_tables`, `v2_reread`), called with version 3's arm, pairs and level.
 """
@@ -31,6 +32,7 @@ from studies.mechanism.v2_reread import (
     one_standard_floors,
     position_spans,
     power,
+    template_steps,
     r2l_share,
     sigma_contrasts,
     spearman,
@@ -39,25 +41,17 @@ from biprm.scoring.step_scores import StepScores
 
 P2 = VERDICT_ENDPOINTS[2]
 SAME_FORMAT = SIGMA_CONTRASTS[2][0]  # σ(C) − σ(F) at t: the error, bare step in both rows
-# What each prediction measures (its margin is the config's `margins[key]`): (statement, quantity).
+# The paper's own predictions, the only ones judged (their margins are the config's `margins[key]`): (statement,
+# quantity). "arm" is the verdict arm.
 PREDICTIONS = {
-    "p1_beats_l2r": ("the gate arm beats l2r on F rows", "primary, arm − l2r (points)"),
-    "p2_not_worse_on_L": ("not worse than l2r on L rows", "P2, arm − l2r (points)"),
-    "p3_as_good_as_r2l": ("at least as good as r2l", "primary, arm − r2l (points)"),
-    "p4_as_good_as_static": ("at least as good as bi-static", "primary, arm − bi-static (points)"),
-    "p5_sigma_at_error": ("σ leans on R2L at a future-revealed error, within one format", "σ(C) − σ(F) at t"),
-    "p6_sigma_rises": (
-        "the paper's claim: σ rises with position",
-        "mean over seeds of Spearman(σ, k/(n−1)), test R rows",
+    "r2l_beats_l2r": ("R2L catches future-revealed errors better than L2R", "primary, r2l − l2r (points)"),
+    "gate_beats_static": ("the gate beats the static average", "primary, arm − bi-static (points)"),
+    "gate_beats_l2r": ("the paper's gate beats L2R", "primary, arm − l2r (points)"),
+    "sigma_rises": (
+        "σ rises with position, the answer line left out",
+        "mean over seeds of Spearman(σ, k/(m−1)), test R rows without the answer line",
     ),
 }
-IN_VERDICT = ("p1_beats_l2r", "p2_not_worse_on_L", "p3_as_good_as_r2l", "p4_as_good_as_static", "p5_sigma_at_error")
-DECIDING = (
-    "p1_beats_l2r",
-    "p3_as_good_as_r2l",
-    "p4_as_good_as_static",
-    "p5_sigma_at_error",
-)  # contradicted: the verdict is
 COVARIATE_ENDPOINTS = (*VERDICT_ENDPOINTS, "S1: C > F at t")
 
 
@@ -81,28 +75,20 @@ def judge(interval: dict, margin: float) -> str:
 
 
 def verdict(intervals: dict[str, dict], margins: dict[str, float]) -> dict:
-    """The pre-registered rule: the gate half of the mechanism is "supported" if predictions 1-5 hold, "contradicted" if
-    any of 1, 3, 4 or 5 is contradicted, and otherwise "not decided at this power". Prediction 6 (the paper's own σ
-    claim) is judged by the same rule and reported on its own, never folded in.
-
-    `intervals[key]` holds {"low", "high"} (the config's level) for the PREDICTIONS keys measured so far; until every
-    one of 1-5 is, the outcome is "not yet decidable"."""
+    """The amended rule: "supported" if every prediction holds, "contradicted" if any is contradicted, and otherwise
+    "not decided at this power". `intervals[key]` holds {"low", "high"} (the config's level) for the PREDICTIONS keys
+    measured so far; until every one is, the outcome is "not yet decidable"."""
     outcomes = {key: judge(intervals[key], margins[key]) for key in PREDICTIONS if key in intervals}
-    missing = [key for key in IN_VERDICT if key not in intervals]
+    missing = [key for key in PREDICTIONS if key not in intervals]
     if missing:
         outcome = "not yet decidable"
-    elif all(outcomes[key] == "held" for key in IN_VERDICT):
+    elif all(o == "held" for o in outcomes.values()):
         outcome = "supported"
-    elif any(outcomes[key] == "contradicted" for key in DECIDING):
+    elif "contradicted" in outcomes.values():
         outcome = "contradicted"
     else:
         outcome = "not decided at this power"
-    return {
-        "outcome": outcome,
-        "predictions": outcomes,
-        "missing": missing,
-        "paper's σ claim": outcomes.get("p6_sigma_rises", "not yet measured"),
-    }
+    return {"outcome": outcome, "predictions": outcomes, "missing": missing}
 
 
 def prediction_power(
@@ -224,37 +210,46 @@ def verdict_runs(cfg: MechanismConfig, groups: dict[str, list]) -> dict:
 # ---- the report --------------------------------------------------------------------------------------
 
 
+def gated_arms(cfg: MechanismConfig) -> tuple[str, ...]:
+    """The verdict arm first, then every other gated arm of the design (reported beside it through the same code)."""
+    beside = [g for g in cfg.seeds if g.startswith("bi") and g not in (cfg.verdict_arm, "bi-static")]
+    return (cfg.verdict_arm, *beside)
+
+
+def prediction_intervals(arm: str, differences: dict, sigma: dict | None) -> dict[str, dict]:
+    """Each PREDICTIONS key's interval for one gated arm, where measured."""
+    found = {
+        "r2l_beats_l2r": differences[PRIMARY].get("r2l − l2r"),
+        "gate_beats_static": differences[PRIMARY].get(f"{arm} − bi-static"),
+        "gate_beats_l2r": differences[PRIMARY].get(f"{arm} − l2r"),
+        "sigma_rises": sigma,
+    }
+    return {key: d for key, d in found.items() if d is not None}
+
+
 def summarise(cfg: MechanismConfig) -> dict:
     sets, _, data = load_sets(cfg)
     chosen = verdict_runs(cfg, _collect(cfg))
     groups, arm, level = chosen["groups"], cfg.verdict_arm, cfg.level
-    found = endpoint_tables(
-        sets,
-        groups,
-        arms=(arm,),
-        level=level,
-        pairs=((arm, "l2r"), (arm, "r2l"), (arm, "bi-static"), ("r2l", "l2r"), ("bi-static", "l2r")),
-    )
+    arms = gated_arms(cfg)
+    pairs = (("r2l", "l2r"), ("bi-static", "l2r"), *((a, b) for a in arms for b in ("l2r", "bi-static", "r2l")))
+    found = endpoint_tables(sets, groups, arms=arms, level=level, pairs=pairs)
     metrics, differences = found.pop("metrics"), found["differences"]
     test = sets["test"]
     rows, t = rows_by_kind(test)
-    contrasts = sigma_contrasts(metrics, (arm,), level).get(arm, {})
-    gated = [s["test"] for _, s in groups.get(arm, [])]
-    intervals = {
-        key: d
-        for key, d in (
-            ("p1_beats_l2r", differences[PRIMARY].get(f"{arm} − l2r")),
-            ("p2_not_worse_on_L", differences[P2].get(f"{arm} − l2r")),
-            ("p3_as_good_as_r2l", differences[PRIMARY].get(f"{arm} − r2l")),
-            ("p4_as_good_as_static", differences[PRIMARY].get(f"{arm} − bi-static")),
-            ("p5_sigma_at_error", contrasts.get(SAME_FORMAT)),
-            ("p6_sigma_rises", sigma_rises(gated, rows["R"], level) if gated else None),
-        )
-        if d is not None
+    answer_line = template_steps(test)
+    sigma = {
+        a: {
+            "without the answer line": sigma_rises(runs, rows["R"], level, keep=~answer_line),
+            "with it": sigma_rises(runs, rows["R"], level),
+        }
+        for a in arms
+        if (runs := [s["test"] for _, s in groups.get(a, [])])
     }
-    result = verdict(intervals, cfg.margins)
-    if chosen["provisional"] and not result["missing"]:
-        result["outcome"] += f" (provisional: runs in {', '.join(chosen['provisional'])})"
+    each = {a: prediction_intervals(a, differences, sigma.get(a, {}).get("without the answer line")) for a in arms}
+    result = verdict(each[arm], cfg.margins)
+    if chosen["provisional"]:  # no verdict on part of the runs
+        result["outcome"] = f"not yet decidable: runs in {', '.join(chosen['provisional'])}"
     runs_of_arm = {n: s["test"] for n, s in groups.get(arm, [])}
     return {
         "data": data,
@@ -268,9 +263,11 @@ def summarise(cfg: MechanismConfig) -> dict:
         "groups": {g: [n for n, _ in runs] for g, runs in groups.items()},
         **found,
         "verdict": result,
-        "intervals": intervals,
-        "power": prediction_power(intervals, cfg.margins, cfg.power_at or {}, level),
-        "sigma_contrasts": contrasts,
+        "intervals": each[arm],
+        "beside": {a: {"intervals": each[a], **verdict(each[a], cfg.margins)} for a in arms[1:]},
+        "power": prediction_power(each[arm], cfg.margins, cfg.power_at or {}, level),
+        "sigma_rises": sigma,
+        "sigma_contrasts": sigma_contrasts(metrics, arms, level),
         "format_null": bootstrap_mean(100 * format_null(test)[None]),
         "r2l_share_at_t": {n: {k: r2l_share(s, rows[k], t) for k in KINDS} for n, s in runs_of_arm.items()},
         "covariate": covariate(test, metrics, arm, level),
@@ -280,18 +277,28 @@ def summarise(cfg: MechanismConfig) -> dict:
 
 def format_report(r: dict) -> str:
     arm, margins, v = r["design"]["verdict_arm"], r["design"]["margins"], r["verdict"]
-    claim = v["paper's σ claim"]
-    digits = {"p5_sigma_at_error": 4, "p6_sigma_rises": 3}
-    predictions = [
-        [
-            f"{i + 1}. {text}",
-            quantity,
-            _cell(r["intervals"].get(key), digits.get(key, 1)),
-            f"{margins[key]:+g}",
-            v["predictions"].get(key, "not yet measured") + ("" if key in IN_VERDICT else " (not in the verdict)"),
-            ", ".join(f"{100 * p:.0f} % at {true}" for true, p in r["power"].get(key, {}).items()) or "–",
+
+    def rows_of(found: dict, judged: dict) -> list[list[str]]:
+        return [
+            [
+                f"{i + 1}. {text}",
+                quantity,
+                _cell(found.get(key), 3 if key == "sigma_rises" else 1),
+                f"{margins[key]:+g}",
+                judged.get(key, "not yet measured"),
+            ]
+            for i, (key, (text, quantity)) in enumerate(PREDICTIONS.items())
         ]
-        for i, (key, (text, quantity)) in enumerate(PREDICTIONS.items())
+
+    predictions = [
+        [*row, ", ".join(f"{100 * p:.0f} % at {true}" for true, p in r["power"].get(key, {}).items()) or "–"]
+        for row, key in zip(rows_of(r["intervals"], v["predictions"]), PREDICTIONS)
+    ]
+    beside = [[a, *row] for a, b in r["beside"].items() for row in rows_of(b["intervals"], b["predictions"])]
+    sigma = [
+        [a, reading, _cell(x, 3), ", ".join(f"{y:+.3f}" for y in x["per_run"])]
+        for a, readings in r["sigma_rises"].items()
+        for reading, x in readings.items()
     ]
     cols = [*VERDICT_ENDPOINTS, "R rows: no error", "C rows: no error", "S1: C > F at t", "S1: R > L at t"]
     table = [[f"{g} ({x['seeds']})", *(_cell(x.get(c)) for c in cols)] for g, x in r["table"].items()]
@@ -316,10 +323,9 @@ def format_report(r: dict) -> str:
     ]
     machine = r["machine"] or {"device": "–", "bf16": "–"}
     md = [
-        "# Mechanism study, version 3: same-format σ, symmetric margins, one machine",
-        'Design, margins and verdict rule: studies/mechanism/README.md, "Version 3" (committed before any run); every '
-        f"number from studies/mechanism/v3.yaml. Verdict by the pre-registered rule ({arm}): **{v['outcome']}**. The "
-        f"paper's σ claim (prediction 6, read on its own): **{claim}**.",
+        "# Mechanism study, version 3 as amended: the paper's own predictions, its gate, symmetric margins",
+        "Design, margins and verdict rule: studies/mechanism/PREREGISTRATION_v3_amended.md (committed before any run); "
+        f"every number from studies/mechanism/v3_amended.yaml. Verdict ({arm}, the paper's gate): **{v['outcome']}**.",
         f"Machine: {machine['device']}, bf16 {machine['bf16']}; complete seeds read: {len(r['seeds'])} "
         f"({', '.join(map(str, r['seeds'])) or 'none'}). Runs on another machine or precision, apart: "
         + (", ".join(f"{n} ({x['device']}, bf16 {x['bf16']})" for n, x in r["apart"].items()) or "none")
@@ -327,16 +333,26 @@ def format_report(r: dict) -> str:
         f"Test: {r['data']['test']['questions']} GSM8K-test questions × 4 rows. Intervals: "
         f"{100 * r['design']['level']:g} % over "
         "seeds and questions for the predictions and differences, 95 % for the endpoints table.",
-        "## The predictions",
+        "## The judged predictions (the paper's own)",
         markdown_table(
             ["prediction", "quantity", "interval", "margin", "outcome", "power at this interval"], predictions
         ),
+        "## The same, for the other gated arms (reported, not judged)",
+        markdown_table(["arm", "prediction", "quantity", "interval", "margin", "outcome"], beside),
+        "## σ by position (test R rows), with and without the answer line",
+        markdown_table(["arm", "reading", "mean Spearman over seeds", "per seed"], sigma),
         "## Endpoints (%), every arm beside the scorers that read no model",
         markdown_table(["scorer (seeds)", *cols], table),
         "## Paired differences (points)",
         markdown_table(["difference", *VERDICT_ENDPOINTS], diffs),
-        f"## σ at t beside prediction 5: contrasts by format ({arm})",
-        markdown_table(["contrast", arm], [[name, _interval(c, 4)] for name, c in r["sigma_contrasts"].items()]),
+        "## σ at t: contrasts by format (reported, not judged)",
+        markdown_table(
+            ["contrast", *r["sigma_contrasts"]],
+            [
+                [name, *(_interval(c[name], 4) for c in r["sigma_contrasts"].values())]
+                for name in next(iter(r["sigma_contrasts"].values()), {})
+            ],
+        ),
         "## R2L's effective share of the fused logit at t, by row kind (|(1 − σ)·r2l| / (|σ·l2r| + |(1 − σ)·r2l|))",
         markdown_table(["run", *KINDS], share),
         "## Covariate: is the right value at t one operation from earlier numbers (readable by L2R)?",

@@ -122,20 +122,21 @@ def sigma_components(runs: list[dict], test: list) -> dict:
     return {"per_run": per_run.tolist(), "questions": len(spans), **statistic_components(per_run, within, len(spans))}
 
 
-# The amended design's judged predictions, the paper's own: key -> (statement, quantity); ARM, the verdict arm.
+# What each judged prediction (`v3.PREDICTIONS`) measures: a primary-endpoint difference, or σ rising; ARM, the verdict
+# arm.
 ARM = "arm"
 JUDGED = {
-    "r2l_beats_l2r": ("R2L catches future-revealed errors better than L2R", "r2l − l2r"),
-    "gate_beats_static": ("the gate beats the static average", f"{ARM} − bi-static"),
-    "gate_beats_l2r": ("the paper's gate beats L2R", f"{ARM} − l2r"),
-    "sigma_rises": ("σ rises with position, the answer line left out", ARM),
+    "r2l_beats_l2r": "r2l − l2r",
+    "gate_beats_static": f"{ARM} − bi-static",
+    "gate_beats_l2r": f"{ARM} − l2r",
+    "sigma_rises": ARM,
 }
 
 
 def judged_components(groups: dict[str, list], test: list, arm: str) -> dict[str, dict]:
     """Version 2's components of each judged quantity (JUDGED): a primary-endpoint difference, or σ rising."""
     out = {}
-    for key, (_, quantity) in JUDGED.items():
+    for key, quantity in JUDGED.items():
         names = quantity.replace(ARM, arm).split(" − ")
         if len(names) == 1:
             out[key] = sigma_components([s for _, s in groups[arm]], test)
@@ -173,6 +174,7 @@ def main() -> None:
     from studies.mechanism.config import MechanismConfig, design
     from studies.mechanism.report import _collect
     from studies.mechanism.rows import build_mechanism
+    from studies.mechanism.v3 import PREDICTIONS
 
     here = Path(__file__).parent
     amended = design("3_amended")
@@ -188,7 +190,7 @@ def main() -> None:
         "from": "version 2's committed logits (studies/mechanism/results/v2/runs), test R/C/F/L rows",
         "level": amended["level"],
         "planned": {"seeds": seeds, "questions": questions},
-        "judged": {key: statement for key, (statement, _) in JUDGED.items()},
+        "judged": {key: statement for key, (statement, _) in PREDICTIONS.items()},
         "verdict_arm": arm,
         "components": found,
         "power": {

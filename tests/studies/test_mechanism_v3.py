@@ -1,10 +1,8 @@
-"""The mechanism study's version 3 (studies/mechanism/README.md, "Version 3"): its verdict rule on hand-computed
-intervals, the design's power column from version 2's committed intervals, the L2R-readable-value covariate, the
-σ-by-position claim, which runs the verdict reads, the preset read from its YAML, and the command end to end at toy
-size."""
+"""The mechanism study's version 3 as amended (studies/mechanism/PREREGISTRATION_v3_amended.md): its verdict rule on
+hand-computed intervals, the L2R-readable-value covariate, the σ-by-position claim, which runs the verdict reads, the
+design read from its YAML, and the command end to end at toy size."""
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -17,54 +15,54 @@ from studies.mechanism.config import MechanismConfig
 from biprm.scoring.step_scores import StepScores
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "studies" / "mechanism" / "v3.yaml"
+CONFIG = ROOT / "studies" / "mechanism" / "v3_amended.yaml"
 DESIGN = yaml.safe_load(CONFIG.read_text())
 MARGINS = DESIGN["margins"]
 
 
-def test_the_config_holds_the_pre_registered_numbers():
-    """studies/mechanism/README.md, "Version 3": the numbers, read back from the YAML the study runs from."""
-    written = DESIGN
-    assert (written["version"], written["out"], written["bf16"], written["top_layers"]) == (
+def test_the_config_holds_the_amended_numbers():
+    """PREREGISTRATION_v3_amended.md: the numbers, read back from the YAML the study runs from."""
+    assert (DESIGN["version"], DESIGN["out"], DESIGN["bf16"], DESIGN["top_layers"], DESIGN["device"]) == (
         3,
         "studies/mechanism/results/v3",
         "yes",
         8,
+        "cuda",
     )
-    assert (
-        DESIGN["seeds"] == {"l2r": 20, "r2l": 20, "bi-static": 20, "bi-gate-lr0.1": 20} and DESIGN["first_seed"] == 1106
-    )
-    assert (DESIGN["lr"], DESIGN["epochs"], DESIGN["batch_size"], DESIGN["pilot"], DESIGN["probe_seeds"]) == (
+    assert DESIGN["seeds"] == dict.fromkeys(("l2r", "r2l", "bi-static", "bi", "bi-gate-lr0.1"), 41)
+    assert (DESIGN["first_seed"], DESIGN["lr"], DESIGN["epochs"], DESIGN["batch_size"], DESIGN["pilot"]) == (
+        1106,
         1e-4,
         3.0,
         16,
         False,
-        0,
     )
     assert (DESIGN["labels"], DESIGN["keep_roundness"], DESIGN["data_seed"]) == ("own", True, 1106)
-    assert (DESIGN["train_questions"], DESIGN["valid_questions"], DESIGN["test_questions"]) == (600, 100, 400)
-    assert (DESIGN["verdict_arm"], DESIGN["level"], DESIGN["device"]) == ("bi-gate-lr0.1", 0.975, "cuda")
-    assert MARGINS == {
-        "p1_beats_l2r": 5.0,
-        "p2_not_worse_on_L": -5.0,
-        "p3_as_good_as_r2l": -5.0,
-        "p4_as_good_as_static": -5.0,
-        "p5_sigma_at_error": 0.05,
-        "p6_sigma_rises": 0.1,
+    assert (DESIGN["train_questions"], DESIGN["valid_questions"], DESIGN["test_questions"]) == (600, 100, 1319)
+    assert (DESIGN["verdict_arm"], DESIGN["level"]) == ("bi", 0.9875)
+    # each margin halfway between no effect and the effect the prediction is powered for
+    assert MARGINS == {k: effect / 2 for k, (effect,) in DESIGN["power_at"].items()}
+    assert DESIGN["power_at"] == {
+        "r2l_beats_l2r": [9.0],
+        "gate_beats_static": [1.3],
+        "gate_beats_l2r": [9.0],
+        "sigma_rises": [0.3],
     }
-    assert set(MARGINS) == set(v3.PREDICTIONS) == set(DESIGN["power_at"])
+    assert set(MARGINS) == set(v3.PREDICTIONS)
     cfg = MechanismConfig(**DESIGN)
-    assert (
-        cfg.version == 3
-        and cfg.seeds == DESIGN["seeds"]
-        and cfg.margins == MARGINS
-        and cfg.top_layers == 8
-        and cfg.bf16 == "yes"
-    )
+    assert cfg.version == 3 and cfg.seeds == DESIGN["seeds"] and cfg.margins == MARGINS
+    assert v3.gated_arms(cfg) == ("bi", "bi-gate-lr0.1")
+
+
+def test_the_superseded_design_is_refused(tmp_path):
+    original = yaml.safe_load((CONFIG.parent / "v3.yaml").read_text()) | {"out": str(tmp_path)}
+    with pytest.raises(ValueError, match="p1_beats_l2r.*this code computes r2l_beats_l2r"):
+        v3.check_design(MechanismConfig(**original))
+    v3.check_design(MechanismConfig(**DESIGN | {"out": str(tmp_path)}))
 
 
 def test_version_3_refuses_to_run_without_its_design():
-    with pytest.raises(ValueError, match="margins is missing.*studies/mechanism/v3.yaml"):
+    with pytest.raises(ValueError, match="margins is missing.*studies/mechanism/v3_amended.yaml"):
         MechanismConfig(**{k: v for k, v in DESIGN.items() if k != "margins"})
     with pytest.raises(TypeError, match="margin"):
         MechanismConfig(**DESIGN | {"margin": 1})
@@ -80,32 +78,15 @@ def interval(low: float, high: float) -> dict:
 # Per prediction, hand-placed intervals around its margin: held (low end above), contradicted (high end below),
 # undecided (the interval holds the margin), and the edges (an end exactly at the margin decides nothing).
 CASES = {
-    "p1_beats_l2r": {"held": (5.1, 20.0), "contradicted": (-3.0, 4.9), "undecided": (4.0, 12.0), "edge": (5.0, 9.0)},
-    "p2_not_worse_on_L": {
-        "held": (-4.9, 3.0),
-        "contradicted": (-12.0, -5.1),
-        "undecided": (-6.0, 2.0),
-        "edge": (-9.0, -5.0),
+    "r2l_beats_l2r": {"held": (4.6, 20.0), "contradicted": (-3.0, 4.4), "undecided": (4.0, 12.0), "edge": (4.5, 9.0)},
+    "gate_beats_static": {
+        "held": (0.7, 3.0),
+        "contradicted": (-4.0, 0.6),
+        "undecided": (-1.0, 2.0),
+        "edge": (-1.0, 0.65),
     },
-    "p3_as_good_as_r2l": {
-        "held": (-4.0, 6.0),
-        "contradicted": (-15.0, -6.0),
-        "undecided": (-8.0, 1.0),
-        "edge": (-5.0, 1.0),
-    },
-    "p4_as_good_as_static": {
-        "held": (-2.0, 8.0),
-        "contradicted": (-11.0, -5.5),
-        "undecided": (-5.5, 0.0),
-        "edge": (-9.0, -5.0),
-    },
-    "p5_sigma_at_error": {
-        "held": (0.051, 0.09),
-        "contradicted": (-0.0002, 0.0008),
-        "undecided": (0.04, 0.06),
-        "edge": (0.05, 0.07),
-    },
-    "p6_sigma_rises": {"held": (0.3, 0.9), "contradicted": (-0.2, 0.05), "undecided": (0.05, 0.5), "edge": (0.0, 0.1)},
+    "gate_beats_l2r": {"held": (5.0, 14.0), "contradicted": (-6.0, 4.0), "undecided": (1.0, 9.0), "edge": (4.5, 8.0)},
+    "sigma_rises": {"held": (0.3, 0.9), "contradicted": (-0.2, 0.1), "undecided": (0.05, 0.5), "edge": (0.0, 0.15)},
 }
 
 
@@ -124,50 +105,18 @@ def all_held() -> dict:
 
 def test_the_verdict_rule():
     assert v3.verdict(all_held(), MARGINS)["outcome"] == "supported"
-    for key in v3.PREDICTIONS:
-        for how in ("contradicted", "undecided"):
+    for key in v3.PREDICTIONS:  # every judged prediction decides: any contradicted contradicts, any undecided leaves it
+        for how, outcome in (("contradicted", "contradicted"), ("undecided", "not decided at this power")):
             v = v3.verdict(all_held() | {key: interval(*CASES[key][how])}, MARGINS)
-            assert v["predictions"][key] == how
-            if key == "p6_sigma_rises":  # the paper's σ claim is read on its own, never folded into the verdict
-                assert v["outcome"] == "supported" and v["paper's σ claim"] == how
-            elif how == "contradicted" and key != "p2_not_worse_on_L":  # 1, 3, 4 or 5 contradicted decides
-                assert v["outcome"] == "contradicted", key
-            else:  # prediction 2 contradicted, or any of 1-5 undecided: not decided
-                assert v["outcome"] == "not decided at this power", (key, how)
+            assert v["predictions"][key] == how and v["outcome"] == outcome, (key, how)
     # a contradiction decides even beside an undecided prediction
-    mixed = all_held() | {"p2_not_worse_on_L": interval(-6.0, 2.0), "p5_sigma_at_error": interval(-0.0002, 0.0008)}
+    mixed = all_held() | {
+        "gate_beats_static": interval(*CASES["gate_beats_static"]["undecided"]),
+        "sigma_rises": interval(*CASES["sigma_rises"]["contradicted"]),
+    }
     assert v3.verdict(mixed, MARGINS)["outcome"] == "contradicted"
-    partial = v3.verdict({k: v for k, v in all_held().items() if k != "p4_as_good_as_static"}, MARGINS)
-    assert partial["outcome"] == "not yet decidable" and partial["missing"] == ["p4_as_good_as_static"]
-    assert (
-        v3.verdict({k: v for k, v in all_held().items() if k != "p6_sigma_rises"}, MARGINS)["paper's σ claim"]
-        == "not yet measured"
-    )
-
-
-def test_the_designs_power_column_from_version_2s_intervals():
-    """The design's power at 20 seeds: version 2's 97.5 % intervals for the gate arm, standard errors × √(3/20)."""
-    r = json.loads((ROOT / "studies" / "mechanism" / "results" / "v2" / "results.json").read_text())
-    d, arm = r["differences"], "bi-gate-lr0.1"
-    primary = "primary: F's step t below every step of C"
-    intervals = {
-        "p1_beats_l2r": d[primary][f"{arm} − l2r"],
-        "p2_not_worse_on_L": d["P2: L rows, first error exact"][f"{arm} − l2r"],
-        "p3_as_good_as_r2l": d[primary][f"{arm} − r2l"],
-        "p4_as_good_as_static": d[primary][f"{arm} − bi-static"],
-        "p5_sigma_at_error": r["post_hoc"]["sigma_contrasts"][arm][v3.SAME_FORMAT],
-    }
-    got = v3.prediction_power(intervals, MARGINS, DESIGN["power_at"], DESIGN["level"], scale=math.sqrt(3 / 20))
-    got = {k: {true: round(100 * p) for true, p in v.items()} for k, v in got.items()}
-    assert got == {
-        "p1_beats_l2r": {"+10": 67, "+15": 100},
-        "p2_not_worse_on_L": {"+0": 100},
-        "p3_as_good_as_r2l": {"+0": 82, "-10": 82},
-        "p4_as_good_as_static": {"+0": 83},
-        "p5_sigma_at_error": {"+0": 100, "+0.1": 100},
-    }
-    half = (intervals["p5_sigma_at_error"]["high"] - intervals["p5_sigma_at_error"]["low"]) / 2
-    assert round(half, 4) == 0.0008  # "version 2's interval half-width at 3 seeds was 0.0008"
+    partial = v3.verdict({k: v for k, v in all_held().items() if k != "sigma_rises"}, MARGINS)
+    assert partial["outcome"] == "not yet decidable" and partial["missing"] == ["sigma_rises"]
 
 
 def row(question: str, steps: list[str], t: int, right: str) -> Trajectory:
@@ -284,10 +233,11 @@ def toy_config(tmp_path: Path, **over) -> Path:
         test_questions=8,
         batch_size=8,
         epochs=1.0,
-        seeds={"l2r": 2, "r2l": 2, "bi-static": 2, "bi-gate-lr0.1": 2},
+        seeds={"l2r": 2, "r2l": 2, "bi-static": 2, "bi": 2, "bi-gate-lr0.1": 2},
         processbench_rows=8,
         bon_questions=4,
         save_every=1,
+        workers=2,  # side by side, as on the GPU
     )
     path = tmp_path / "v3.yaml"
     path.write_text(CONFIG.read_text().splitlines()[0] + "\n" + yaml.safe_dump(written, allow_unicode=True))
@@ -300,7 +250,9 @@ def test_toy_mechanism_v3_runs_resumes_refuses_another_machine_and_reports(data_
     mechanism(["--config", str(config), "--data-root", str(data_dir)])
     out = tmp_path / "out"
     names = sorted(p.name.removesuffix(".json") for p in (out / "runs").glob("*-seed*.json"))
-    assert names == sorted(f"{a}-seed{s}" for a in ("l2r", "r2l", "bi-static", "bi-gate-lr0.1") for s in (1106, 1107))
+    assert names == sorted(
+        f"{a}-seed{s}" for a in ("l2r", "r2l", "bi-static", "bi", "bi-gate-lr0.1") for s in (1106, 1107)
+    )
     assert not (out / "pilot.json").exists()  # no pilot
     assert {json.loads((out / "runs" / f"{n}.json").read_text())["lr"] for n in names} == {1e-4}
     result = json.loads((out / "results.json").read_text())
@@ -312,12 +264,16 @@ def test_toy_mechanism_v3_runs_resumes_refuses_another_machine_and_reports(data_
     assert result["verdict"]["outcome"] in ("supported", "contradicted", "not decided at this power")
     assert set(result["verdict"]["predictions"]) == set(v3.PREDICTIONS)
     assert 0 <= result["covariate"]["readable_share"] <= 1 and set(result["r2l_share_at_t"]) == {
-        "bi-gate-lr0.1-seed1106",
-        "bi-gate-lr0.1-seed1107",
+        "bi-seed1106",
+        "bi-seed1107",
+    }
+    assert set(result["beside"]) == {"bi-gate-lr0.1"} and set(result["sigma_rises"]["bi"]) == {
+        "without the answer line",
+        "with it",
     }
     report = (out / "report.md").read_text()
     for text in (
-        "## The predictions",
+        "## The judged predictions",
         "format rule, ties broken at random",
         "Covariate",
         "σ(C) − σ(F)",
@@ -329,7 +285,7 @@ def test_toy_mechanism_v3_runs_resumes_refuses_another_machine_and_reports(data_
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == stamp
     capsys.readouterr()
     mechanism(["--config", str(config), "--data-root", str(data_dir), "--report-only"])
-    assert "## The predictions" in capsys.readouterr().out
+    assert "## The judged predictions" in capsys.readouterr().out
     assert json.loads((out / "results.json").read_text())["verdict"] == result["verdict"]
     first = out / "runs" / "l2r-seed1106.json"  # as if the study's first run had trained on a GPU
     first.write_text(json.dumps(json.loads(first.read_text()) | {"device": "NVIDIA H200", "bf16": False}))

@@ -53,14 +53,3 @@ def test_the_committed_power_is_the_amended_designs():
                 c, power["planned"]["seeds"], power["planned"]["questions"], p["effect"], p["margin"], power["level"]
             )
         )
-
-
-def test_the_amended_design_is_refused_until_its_verdict_code_is_in(tmp_path):
-    from studies.mechanism import v3
-    from studies.mechanism.config import MechanismConfig, design
-
-    cfg = MechanismConfig(**design("3_amended") | {"out": str(tmp_path)})
-    assert (cfg.verdict_arm, cfg.seeds["bi"], cfg.test_questions, cfg.level) == ("bi", 41, 1319, 0.9875)
-    with pytest.raises(ValueError, match="r2l_beats_l2r.*must land before any of its runs"):
-        v3.check_design(cfg)
-    v3.check_design(MechanismConfig(**design(3) | {"out": str(tmp_path)}))  # the code's own design passes
