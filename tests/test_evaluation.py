@@ -296,7 +296,11 @@ def test_eval_processbench_command(ckpt, data_dir, cache_dir, tmp_path):
     assert fused["tuned"]["subsets"]["math"]["f1"] is not None and "in_sample" in fused
     md = (tmp_path / "processbench.md").read_text()
     assert "with 95 % intervals from 1000 resamples" in md and len(fused["fixed"]["average_f1_interval"]) == 2
-    assert "tuned on GSM8K, cross-fitted" in md and "in sample: an upper bound" in md and "flag step k" in md
+    assert (
+        "tuned on GSM8K, for the other subsets; GSM8K too small to cross-fit" in md
+        and "in sample: an upper bound" in md
+        and "flag step k" in md
+    )
     assert result["baselines"]["always -1 (no error)"]["subsets"]["gsm8k"]["acc_correct"] == 100.0
     assert "baseline: always step 0" in (tmp_path / "processbench.md").read_text()
 
@@ -619,14 +623,26 @@ def test_a_file_without_gsm8k_rows_gets_a_cross_fitted_threshold_and_flag_step_r
     assert tuned["subsets"]["mine"]["f1"] == 100.0 and result["modes"]["m"]["fixed"]["subsets"]["mine"]["f1"] == 0.0
     # flag step k: on either fold every k has F1 0 (two steps, one clean row and one wrong one), so k = 0 everywhere;
     # on all rows it finds D only and passes no clean row: F1 0.
-    rule = result["baselines"]["flag step k when there are more than k steps (k = 0, tuned out of sample)"]
+    rule = result["baselines"][
+        "flag step k when there are more than k steps (k = 0 and 0: cross-fitted, each half of these rows (by "
+        "question) at the value tuned on the other)"
+    ]
     assert (
         rule["folds"] == [0, 0]
         and rule["subsets"]["mine"]["acc_error"] == 50.0
         and rule["subsets"]["mine"]["f1"] == 0.0
     )
     markdown = format_processbench(result)
-    assert "(tuned on these rows, cross-fitted over questions)" in markdown and "flag step k" in markdown
+    # the row names the thresholds its halves were predicted with, not the one tuned on all rows (never used)
+    assert "m @ threshold = 0.800 and 0.725: cross-fitted, each half of these rows (by question)" in markdown
+    row = next(line for line in markdown.splitlines() if "m @ threshold" in line)
+    assert f"{tuned['threshold']:.3f}" not in row
+    # rows written alike once case and spacing are normalised are one question, in one fold
+    again = trajs + [Trajectory("Question  a", ["s1", "s2"], labels=[1.0, 1.0], meta={"subset": "mine"})]
+    assert [h.tolist() for h in question_halves(again, np.arange(5), np.array([-1, 1, -1, 0, -1]))] == [
+        [0, 1, 4],
+        [2, 3],
+    ]
     # rows of one question share a fold, whatever their order
     twice = trajs + [Trajectory("question A", ["s1", "s2"], labels=[1.0, 1.0], meta={"subset": "mine"})]
     halves = question_halves(twice, np.arange(5), np.array([-1, 1, -1, 0, -1]))

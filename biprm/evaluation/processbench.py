@@ -120,11 +120,11 @@ def flag_step_rule(trajs: list[Trajectory], dev: list[Trajectory] | None = None,
     first, n_steps = first_errors(trajs), _n_steps(trajs)
     if dev is not None:
         k, _ = tune_flag_step(_n_steps(dev), first_errors(dev))
-        return {"k": k, **_report(flag_step(n_steps, k), trajs, resamples)}
+        return {"k": k, "tuned_on": "dev", **_report(flag_step(n_steps, k), trajs, resamples)}
     pred, k, folds = cross_fitted(
         trajs, lambda rows: tune_flag_step(n_steps[rows], first[rows])[0], lambda k: flag_step(n_steps, k)
     )
-    return {"k": k, "folds": folds, **_report(pred, trajs, resamples)}
+    return {"k": k, "tuned_on": _tuning_rows(trajs)[1], "folds": folds, **_report(pred, trajs, resamples)}
 
 
 def out_of_sample(
@@ -197,7 +197,8 @@ def evaluate_processbench(
     }
     if dev is not None or TUNE_ON in where or in_file:
         rule = flag_step_rule(trajs, None if dev is None else dev[0], resamples)
-        baselines[f"flag step k when there are more than k steps (k = {rule['k']}, tuned out of sample)"] = rule
+        k = chosen("k", rule["k"], rule.get("folds", []), rule["tuned_on"], str)
+        baselines[f"flag step k when there are more than k steps ({k})"] = rule
     return {
         "threshold": threshold,
         "resamples": resamples,
@@ -207,6 +208,20 @@ def evaluate_processbench(
         "modes": modes,
         "baselines": baselines,
     }
+
+
+def chosen(name: str, value: object, folds: list, tuned_on: str, spell: Callable[[object], str]) -> str:
+    """What a tuned row was predicted with, in words: the value itself only where every row used it; where halves
+    were cross-fitted, each half's value, since no row of that part was predicted with the value tuned on all."""
+    halves = " and ".join(spell(f) for f in folds)
+    if tuned_on == "dev":
+        return f"{name} = {spell(value)}, tuned on a dev set"
+    if tuned_on == TUNE_ON:
+        gsm8k = f"GSM8K's halves at {halves}, each tuned on the other" if folds else "GSM8K too small to cross-fit"
+        return f"{name} = {spell(value)} tuned on GSM8K, for the other subsets; {gsm8k}"
+    if folds:
+        return f"{name} = {halves}: cross-fitted, each half of these rows (by question) at the value tuned on the other"
+    return f"{name}: too few rows to cross-fit, not measured"
 
 
 def _f1(report: dict, key: str) -> str:
@@ -222,16 +237,11 @@ def format_processbench(result: dict) -> str:
     f1_row = lambda r: [_f1(r["subsets"][n], "f1") for n in names] + [_f1(r, "average_f1")]  # noqa: E731
     rows = [[f"{key} @ {result['threshold']:g}", *f1_row(m["fixed"])] for key, m in modes.items()]
 
-    def source(m: dict) -> str:
-        return {"dev": "a dev set", TUNE_ON: "GSM8K, cross-fitted"}.get(
-            m["tuned"]["tuned_on"], "these rows, cross-fitted over questions"
-        )
+    def threshold(tuned: dict) -> str:
+        folds = [f["threshold"] for f in tuned.get("folds", [])]
+        return chosen("threshold", tuned["threshold"], folds, tuned["tuned_on"], lambda t: f"{t:.3f}")
 
-    rows += [
-        [f"{key} @ {m['tuned']['threshold']:.3f} (tuned on {source(m)})", *f1_row(m["tuned"])]
-        for key, m in modes.items()
-        if "tuned" in m
-    ]
+    rows += [[f"{key} @ {threshold(m['tuned'])}", *f1_row(m["tuned"])] for key, m in modes.items() if "tuned" in m]
     rows += [
         [
             f"{key} @ {m['in_sample']['threshold']:.3f} (in sample: an upper bound, not a result)",
