@@ -67,3 +67,10 @@ def test_every_python_block_defines_the_names_it_uses(tmp_path):
     )
     assert run.returncode == 0, run.stdout
     assert ruff
+
+
+def test_the_readmes_evaluate_commands_give_a_quick_run_beside_the_full_one():
+    block = next(b.code for b in fenced((ROOT / "README.md").read_text()) if "biprm eval all" in b.code)
+    quick, full = [argv for _, argv in commands(block)]
+    assert "--limit" in quick and "--limit" not in full
+    assert "over an hour" in block
