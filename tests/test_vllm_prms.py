@@ -148,7 +148,7 @@ def test_an_unnamed_causal_lm_serves_as_shipped_with_its_kind(replicas, tmp_path
     assert (
         capsys.readouterr()
         .err.strip()
-        .startswith("biprm export: error: argument --prm_mode/--prm-mode/--mode: invalid choice: 'bi'")
+        .startswith("biprm export: error: argument --prm-mode/--mode/--prm_mode: invalid choice: 'bi'")
     )
     want = scored(Scorer.from_pretrained(str(plain), device="cpu", prm_kind="rlhflow"), trajectories())
     with engine(plain, prm_kind="rlhflow") as vllm:
