@@ -458,5 +458,6 @@ def write_report(cfg: MechanismConfig) -> dict:
             ylim=(0, 1),
         )
     write_json(out / "results.json", result)
-    (out / "report.md").write_text(format_report(result))
+    (out / "report.md").write_text(text := format_report(result))
+    print(f"{text}\nwrote {out / 'report.md'} and {out / 'results.json'}")
     return result

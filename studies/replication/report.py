@@ -271,5 +271,6 @@ def write_report(out: Path, meta: dict) -> dict:
     ]
     text = "\n\n".join(head + _tables(summary) + free_md + _figures(out, runs)) + "\n"
     (out / "report.md").write_text(text)
-    print(f"wrote {out / 'report.md'} and {out / 'results.json'}")
+    print("\n\n".join(head + _tables(summary) + free_md))  # the tables, on screen as in the report; figures apart
+    print(f"\nwrote {out / 'report.md'} and {out / 'results.json'}")
     return results

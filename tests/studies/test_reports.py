@@ -37,7 +37,7 @@ def close(a, b) -> bool:
 
 
 @pytest.mark.parametrize("case", sorted(STUDIES))
-def test_report_only_reproduces_the_committed_tables(case, tmp_path, request):
+def test_report_only_reproduces_the_committed_tables(case, tmp_path, request, capsys):
     from studies.mechanism.__main__ import main as mechanism
     from studies.mechanism.config import MechanismConfig
     from studies.replication.__main__ import main as replication
@@ -57,6 +57,8 @@ def test_report_only_reproduces_the_committed_tables(case, tmp_path, request):
         "mechanism": (MechanismConfig, mechanism),
     }[study]
     run_program(settings, recipe, f"python -m studies.{study}", argv)
+    printed = capsys.readouterr().out  # a summary on screen, not only "wrote report.md"
+    assert printed.count("\n|") >= 3 and len(printed.splitlines()) > 5, printed
     assert (tmp_path / "out" / "report.md").read_text() == (committed / "report.md").read_text()
     if (committed / "results.json").is_file():
         assert close(
