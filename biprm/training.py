@@ -48,7 +48,7 @@ from biprm.run_folder import (
 )
 from biprm.data.encoding import Encoded, Encoder
 from biprm.lora import lora_head_masters, save_merged, with_lora
-from biprm.data.readers import check_source
+from biprm.data.readers import check_rows
 from biprm.data.segment import Segmenter
 from biprm.modeling import BiPRMModel, encoder_for, from_backbone, from_prm, head_masters
 from biprm.folder import ModelFolder, resolve
@@ -450,7 +450,7 @@ def _train(cfg: TrainConfig, callbacks: list[TrainerCallback] | None, encoded: l
         trainer.train(resume_from_checkpoint=resume_from)
     if interrupt.asked and trainer.state.global_step < trainer.state.max_steps:
         raise KeyboardInterrupt  # stopped early, its last step saved
-    save_final(cfg, trainer, model, tokenizer, args.world_size)
+    save_final(cfg, trainer, model, tokenizer, args.world_size, resume_from)
     end_processes(args)
     return cfg.output_dir
 
@@ -468,7 +468,7 @@ def check_before_loading(cfg: TrainConfig, encoded: list[Encoded] | None) -> tup
     """The distributed engine (plain, deepspeed, fsdp) and the --init-from PRM's folder, once the data source and the
     engine's config are known to work: a mistake there is cheaper to hear before the backbone loads."""
     if encoded is None:
-        check_source(cfg.data)
+        check_rows(cfg.data)
     source = resolve(cfg.init_from, cfg.prm_kind) if cfg.init_from else None
     if cfg.deepspeed:
         check_deepspeed_config(cfg.deepspeed, cfg.gate_lr_scale, cfg.lora_r, cfg.bf16)
@@ -584,10 +584,15 @@ def training_data(
 
 
 def save_final(
-    cfg: TrainConfig, trainer: BiPRMTrainer, model: BiPRMModel, tokenizer: PreTrainedTokenizerBase, world_size: int
+    cfg: TrainConfig,
+    trainer: BiPRMTrainer,
+    model: BiPRMModel,
+    tokenizer: PreTrainedTokenizerBase,
+    world_size: int,
+    resumed_from: str | None = None,
 ) -> None:
     """The final model with its record, log and card, written to a scratch folder and moved into the output folder
-    whole."""
+    whole; `resumed_from`, the checkpoint this run went on from, is marked in the log."""
     stamp(model.config)
     scratch = Path(cfg.output_dir, ".final")  # the final save lands here first, then moves in (run_folder.publish)
     if cfg.lora_r:  # under DeepSpeed the heads come from the fp32 masters, gathered on every rank before rank 0 writes
@@ -600,10 +605,25 @@ def save_final(
         Path(scratch, "biprm_train.json").write_text(
             json.dumps({**asdict(cfg), "world_size": world_size, "fsdp": trainer.is_fsdp_enabled}, indent=2)
         )
-        Path(scratch, "train_log.json").write_text(json.dumps(trainer.state.log_history, indent=2))
+        Path(scratch, "train_log.json").write_text(
+            json.dumps(logged(trainer.state.log_history, resumed_from), indent=2)
+        )
         write_model_card(scratch, asdict(cfg), trainer.state.log_history)
         publish(scratch, cfg.output_dir)
         share(cfg.output_dir)
+
+
+def logged(history: list[dict], resumed_from: str | None) -> list[dict]:
+    """The log as train_log.json holds it: where the run resumed, an entry at that step says so, since transformers
+    restarts its running loss there (the first loss logged after it averages only the steps since the resume, where an
+    uninterrupted run's averages every step since its last log). Checkpoints keep the log unmarked, so a resumed
+    checkpoint's trainer state still equals an uninterrupted run's."""
+    if resumed_from is None:
+        return history
+    step = int(Path(resumed_from).name.split("-")[1])
+    at = next((i for i, entry in enumerate(history) if entry.get("step", 0) > step), len(history))
+    mark = {"step": step, "resumed_from": Path(resumed_from).name, "running_loss": "restarts here"}
+    return [*history[:at], mark, *history[at:]]
 
 
 def trunk_set(

@@ -59,6 +59,10 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path, mode):
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6, msg=key)
     log = json.loads((resumed / "train_log.json").read_text())
     assert max(e.get("step", 0) for e in log) == 6
+    marks = [e for e in log if "resumed_from" in e]  # where transformers restarted its running loss
+    assert marks == [{"step": 3, "resumed_from": "checkpoint-3", "running_loss": "restarts here"}]
+    assert [e.get("step") for e in log].index(3) < log.index(marks[0]) < [e.get("step") for e in log].index(4)
+    assert "resumed_from" not in json.dumps(json.loads((resumed / "checkpoint-6" / "trainer_state.json").read_text()))
 
 
 def test_a_resume_in_the_second_epoch_gives_the_same_result(tmp_path):
