@@ -54,13 +54,14 @@ PATHS = (
     "init_from",
     "deepspeed",
 )  # every setting that may name a local file or folder: compared as that file, resolved
-# what a training run or a model folder holds (checkpoints, a model's config, weights, adapter and tokenizer, the run's
-# record, log and card, the final save's scratch folder, TensorBoard's logs): all that --overwrite deletes
+# what a training run or a model folder holds (checkpoints, a model's config, weights, adapter and tokenizer, a LoRA
+# run's adapter/ folder, an export's value head, the run's record, log and card, the final save's scratch folder,
+# TensorBoard's logs): all that --overwrite deletes
 OUTPUT = re.compile(
-    r"checkpoint-\d+|\.final|runs|biprm_(run|train)\.json|train_log\.json|README\.md|training_args\.bin"
+    r"checkpoint-\d+|\.final|runs|adapter|biprm_(run|train)\.json|train_log\.json|README\.md|training_args\.bin"
     r"|(generation_|adapter_|preprocessor_)?config\.json|.*\.safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?"
-    r"|adapter_model\..*|tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)|merges\.txt"
-    r"|chat_template\..*|(all|train|eval)_results\.json|trainer_state\.json|\.gitattributes|LICENSE.*"
+    r"|adapter_model\..*|biprm_head\..*|tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)"
+    r"|merges\.txt|chat_template\..*|(all|train|eval)_results\.json|trainer_state\.json|\.gitattributes|LICENSE.*"
 )
 MODEL = re.compile(r"(adapter_)?config\.json|.*\.safetensors|pytorch_model.*\.bin|adapter_model\..*")  # a model's own
 SPLIT = (

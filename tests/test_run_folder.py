@@ -390,6 +390,18 @@ def test_a_runs_overwrite_deletes_its_model_log_and_card_and_says_so(tmp_path, c
     assert sorted(p.name for p in folder.iterdir()) == ["biprm_run.json"]
 
 
+def test_what_a_lora_run_and_an_export_write_is_theirs_to_overwrite(tmp_path):
+    """A LoRA run keeps its adapter in adapter/ beside the merged model; an export of a PRM trained elsewhere writes its
+    value head as biprm_head.bin beside pickled weights: neither is a stranger's file."""
+    folder = a_model(tmp_path / "run")
+    (folder / "adapter").mkdir()
+    (folder / "biprm_head.bin").touch()
+    with pytest.raises(FileExistsError, match=r"holds a model \(README.md, adapter, biprm_head.bin, config.json"):
+        plan(folder, record(1), resume=False, overwrite=False)
+    start(folder, record(1), overwrite=True)
+    assert sorted(p.name for p in folder.iterdir()) == ["biprm_run.json"]
+
+
 def test_a_folder_of_files_no_run_writes_is_refused_even_with_overwrite(tmp_path):
     folder = tmp_path / "notes"
     folder.mkdir()
