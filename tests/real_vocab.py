@@ -15,6 +15,7 @@ that cannot be had makes the caller skip with the reason.
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import subprocess
 import sys
@@ -220,19 +221,24 @@ def _llama3_specials() -> list[str]:
     return LLAMA3_SPECIALS + [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - len(LLAMA3_SPECIALS))]
 
 
-def _qwen_specials(prm: bool) -> list[str]:
-    return [("<extra_0>" if prm and s == "<|quad_end|>" else s) for s in QWEN25_SPECIALS]
+def _qwen_prm(source: Path):
+    """Qwen2.5's tokenizer with <extra_0> in the place of <|quad_end|> (151651), as Qwen2.5-Math-PRM's has it."""
+    from tokenizers import Tokenizer
+
+    text = tokenizer_file("qwen2.5").read_text()
+    assert text.count('"<|quad_end|>"') == 1
+    return Tokenizer.from_str(text.replace('"<|quad_end|>"', '"<extra_0>"'))
 
 
 VOCABS = {  # name: (wheel, build, tokenizer_config fields)
     "qwen2.5": (
         "dashscope",
-        lambda f: _tiktoken_fast(f, QWEN_PATTERN, _qwen_specials(False), None, nfc=True),
+        lambda f: _tiktoken_fast(f, QWEN_PATTERN, QWEN25_SPECIALS, None, nfc=True),
         {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None},
     ),
     "qwen2.5-math-prm": (
         "dashscope",
-        lambda f: _tiktoken_fast(f, QWEN_PATTERN, _qwen_specials(True), None, nfc=True),
+        _qwen_prm,
         {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None},
     ),
     "mistral-v1": ("mistral-common", _mistral_fast, {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}),
@@ -249,19 +255,24 @@ CHAT_TEMPLATES = {
 }
 
 
-def real_tokenizer(name: str):
-    """The HF fast tokenizer of `name` (a key of VOCABS), with its real chat template where it has one; its
-    tokenizer.json is built once and cached beside the wheel's vocabulary (a later call takes well under a second)."""
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    package, build, fields = VOCABS[name]
+def tokenizer_file(name: str) -> Path:
+    """The tokenizer.json of `name` (a key of VOCABS), built once and cached beside the wheel's vocabulary."""
+    package, build, _ = VOCABS[name]
     source = vocab_file(package)
-    cached = source.parent / f"{name}.tokenizer.json"
+    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]  # a change in how it is built rebuilds it
+    cached = source.parent / f"{name}-{code}.tokenizer.json"
     if not cached.is_file():
         build(source).save(str(cached.with_suffix(".tmp")))
         cached.with_suffix(".tmp").rename(cached)
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(cached)), **fields)
+    return cached
+
+
+def real_tokenizer(name: str):
+    """The HF fast tokenizer of `name` (a key of VOCABS), with its real chat template where it has one."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(tokenizer_file(name))), **VOCABS[name][2])
     if name in CHAT_TEMPLATES:
         tok.chat_template = (TEMPLATES / f"{CHAT_TEMPLATES[name]}.jinja").read_text()
     if tok.pad_token is None:

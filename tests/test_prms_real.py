@@ -27,7 +27,8 @@ HERE = Path(__file__).parent
 def real() -> dict[str, Path]:
     """Each kind's real-vocabulary replica, built once and kept in the cache, keyed by the code that builds it (tests
     only read them)."""
-    code = b"".join((HERE / f).read_bytes() for f in ("prm_replicas.py", "real_vocab.py"))
+    files = [HERE / "prm_replicas.py", HERE / "real_vocab.py", *sorted((HERE / "chat_templates").iterdir())]
+    code = b"".join(f.read_bytes() for f in files)
     root = CACHE / "replicas" / hashlib.sha256(code).hexdigest()[:16]
     for kind in KIND_NAMES:
         if not (root / kind / "done").is_file():
