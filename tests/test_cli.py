@@ -171,6 +171,33 @@ def test_bad_input_is_one_line_before_the_model_loads(checkpoint, tmp_path, caps
     assert "nowhere: no such folder" in capsys.readouterr().err
 
 
+BROKEN = '{"question": "What is 2+3 times four, said in many words?", "steps": ["5"] "labels": [1]}\n'  # column 76
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("", "no rows (the file is empty)"),
+        ("\n\n", "no rows (the file is empty)"),
+        (
+            '{"question": "q", "steps": ["a"]}\n' + BROKEN,
+            "line 2: not valid JSON (Expecting ',' delimiter at column 76)",
+        ),
+    ],
+)
+def test_train_refuses_an_empty_or_broken_file_before_the_backbone_loads(text, says, tmp_path, capsys, monkeypatch):
+    """biprm train --data FILE: the file is read through before anything loads; a broken line is named at its column
+    in the whole line."""
+    monkeypatch.setattr("biprm.training.resolve_backbone", lambda *a: pytest.fail("the backbone loaded first"))
+    (data := tmp_path / "train.jsonl").write_text(text)
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--data", str(data), "--output-dir", str(tmp_path / "run")])
+    assert stop.value.code == 2 and capsys.readouterr().err == f"biprm train: error: {data}: {says}\n".replace(
+        f"{data}: line", f"{data} line"
+    )
+    assert BROKEN.index('"labels"') + 1 == 76
+
+
 def _rows(path, n):
     path.write_text(
         "\n".join(

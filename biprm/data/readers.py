@@ -11,6 +11,7 @@ import json
 import logging
 import re
 from collections import Counter
+from collections.abc import Iterator
 from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
@@ -42,14 +43,34 @@ def looks_like_path(source: str) -> bool:
 
 
 def _read_jsonl(lines: Any, name: str) -> list[dict]:
-    rows = []
+    return list(_parsed(lines, name))
+
+
+def _parsed(lines: Any, name: str) -> Iterator[Any]:
+    """Each non-blank line's JSON value; a broken line is named by its line and column in the file."""
     for n, line in enumerate(lines, 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                yield json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{name} line {n}: not valid JSON ({e.msg} at column {e.colno})") from None
-    return rows
+
+
+def check_rows(spec: str) -> None:
+    """`check_source`, and a local file read through once as the readers read it: a broken line (by line and column)
+    or an empty file is refused before a model loads, not after minutes of loading it. A JSONL file is parsed line by
+    line without keeping its rows."""
+    check_source(spec)
+    path = Path(spec).expanduser()
+    if synthetic_spec(spec) is not None or not path.is_file():
+        return
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8") as f:
+            rows = sum(1 for _ in _parsed(f, str(path)))
+    else:
+        rows = len(_read_file(path))
+    if not rows:
+        raise DataError(f"{path}: no rows (the file is empty)")
 
 
 def _read_file(path: Path) -> list[dict]:
