@@ -695,3 +695,29 @@ def test_best_of_n_header_counts_distinct_questions_and_draws_them_whole():
     assert "4 pools on 3 distinct questions" in format_bon(result) and "pools of one question drawn together" in (
         format_bon(result)
     )
+
+
+def test_rows_cut_at_max_length_are_counted_in_the_written_ledger_fresh_and_from_the_cache(
+    ckpt, data_dir, cache_dir, tmp_path, score_calls
+):
+    """Six rows on two questions: three of 2 steps (never cut) and three of 30 (cut at 200 tokens); one wrong row's
+    first error, at step 28, lies in its dropped part."""
+    base = json.loads((data_dir / "processbench" / "gsm8k.json").read_text())[0]
+    step = "Then we add the two numbers again and check the sum once more, step by step."
+    rows = [
+        base | {"problem": f"What is {q} plus {q}?", "steps": [step] * n, "label": label}
+        for q, n, label in [(1, 2, -1), (1, 2, 1), (2, 2, -1), (1, 30, -1), (2, 30, 28), (2, 30, 0)]
+    ]
+    mine = tmp_path / "cut.json"
+    mine.write_text(json.dumps(rows))
+    n_steps = np.array([len(r["steps"]) for r in rows])
+    books = []
+    for run in ("fresh", "cached"):
+        result = processbench_on(ckpt, mine, tmp_path / run, str(tmp_path / "cache"), "--max-length", "200")
+        books.append(result["ledger"])
+        md = (tmp_path / run / "processbench.md").read_text()
+        counts = books[-1]["cut"]["models"]["bi (fused)"]
+        row = f"| cut | 6 | 2 | bi (fused) | 3 | {counts['steps_dropped']} | 1 |"
+        assert counts["rows_cut"] == 3 and counts["first_errors_dropped"] == 1 and row in md
+    assert len(score_calls) == 1 and books[0] == books[1]  # the second run read the cache, and says the same
+    assert 3 <= books[0]["cut"]["models"]["bi (fused)"]["steps_dropped"] < n_steps.sum() - 6

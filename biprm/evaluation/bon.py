@@ -19,6 +19,7 @@ import numpy as np
 
 from biprm.scoring.aggregate import sigmoid
 from biprm.analysis.common import markdown_table
+from biprm.evaluation.ledger import format_ledger, ledger
 from biprm.evaluation.outputs import fmt, open_cache, provenance, write_outputs
 from biprm.evaluation.config import BonConfig
 from biprm.evaluation.pools import Pool, load_pool
@@ -128,6 +129,7 @@ def evaluate_bon(
                     k: v["mean"] for k, v in summarise({k: rows[k] for k in names}, [], seed, clusters)["rows"].items()
                 }
         result["protocols"][protocol] = {**main, "aggregations": others}
+    result["ledger"] = ledger(pool.trajs, np.full(len(pool.trajs), pool.name), scores)
     first = protocols[0]
     result["modes"] = {
         k: bon_table(pool.qid, s.solution_logits(agg), pool.correct, pool.answer_key, used, first, draws, seed)
@@ -176,6 +178,8 @@ def format_bon(result: dict) -> str:
             agg_rows = [[name, *(_cell(p["aggregations"][h][name]) for h in hows)] for name in names]
             agg_rows.append(["noise + that aggregation", *(_cell(p["aggregations"][h][f"noise + {h}"]) for h in hows)])
             parts += [f"Other aggregations, mean over n ({protocol}):", markdown_table(["scorer", *hows], agg_rows)]
+    if "ledger" in result:
+        parts.append(format_ledger(result["ledger"], "candidates"))
     return "\n\n".join(parts)
 
 

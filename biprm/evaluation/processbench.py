@@ -29,6 +29,7 @@ from biprm.analysis.boundaries import laid_out, onto_given
 from biprm.analysis.common import TITLES, first_errors, judged_rows, markdown_table, subsets
 from biprm.data.segment import JOIN
 from biprm.data.trajectory import Trajectory
+from biprm.evaluation.ledger import format_ledger, ledger
 from biprm.evaluation.outputs import fmt, open_cache, provenance, write_outputs
 from biprm.evaluation.config import ProcessBenchConfig
 from biprm.data.benchmarks import load_processbench, processbench_files
@@ -207,6 +208,7 @@ def evaluate_processbench(
         "questions": {n: len(np.unique(question_ids(trajs)[where == n])) for n in names},
         "modes": modes,
         "baselines": baselines,
+        "ledger": ledger(trajs, where, scores),
     }
 
 
@@ -273,6 +275,7 @@ def format_processbench(result: dict) -> str:
         + markdown_table(["mode", *heads, "Avg. F1"], rows)
         + "\n\nAccuracy on erroneous / clean rows (%):\n\n"
         + markdown_table(["mode", *heads], acc)
+        + (f"\n\n{format_ledger(result['ledger'])}" if "ledger" in result else "")
     )
 
 
