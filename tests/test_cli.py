@@ -198,6 +198,23 @@ def test_train_refuses_an_empty_or_broken_file_before_the_backbone_loads(text, s
     assert BROKEN.index('"labels"') + 1 == 76
 
 
+@pytest.mark.parametrize("command", [["eval", "bon"], ["eval", "all"], ["eval", "processbench"]])
+def test_eval_refuses_a_model_typo_before_grading_and_writes_nothing(command, tmp_path, capsys, monkeypatch):
+    """biprm eval bon --model typo: refused in one line before the pool is read or graded, with no output folder or
+    cache left behind."""
+    import biprm.data.benchmarks
+
+    monkeypatch.setattr(biprm.data.benchmarks, "gsm8k_bon_small", lambda *a, **k: pytest.fail("the pool was read"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main([*command, "--model", "typo", "--out", "ev", "--cache-dir", "cache"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (
+        f"biprm {' '.join(command)}: error: typo: no such folder (and not a Hugging Face model id, owner/name)\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def _rows(path, n):
     path.write_text(
         "\n".join(

@@ -9,11 +9,36 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import suppress
+from pathlib import Path
 
 from biprm.evaluation.config import AblationConfig, BonConfig, EvalOptions, ProcessBenchConfig, SuiteConfig
 
 
+def models_of(cfg: EvalOptions) -> list[str]:
+    """Every model folder a command names: --model (one or several), the ablation roles and `eval all`'s
+    ROLE=CKPT."""
+    given = getattr(cfg, "model", None) or []
+    return (
+        ([given] if isinstance(given, str) else list(given))
+        + [a.partition("=")[2] for a in getattr(cfg, "ablation", [])]
+        + list(getattr(cfg, "checkpoints", {}).values())
+    )
+
+
+def check_models(cfg: EvalOptions) -> None:
+    """Refuse a model that is not there before anything is graded, scored or written (a typo used to cost the whole
+    grading pass and leave its cache and an empty output folder): a local folder must be one biprm reads, and any
+    other name must be a Hub id, owner/name."""
+    from biprm.folder import NotACheckpoint, resolve
+
+    for path in models_of(cfg):
+        if "/" not in path and not Path(path).expanduser().exists():
+            raise NotACheckpoint(f"{path}: no such folder (and not a Hugging Face model id, owner/name)")
+        resolve(path, cfg.prm_kind, None, cfg.prm_reference)
+
+
 def _on_every_process(recipe: Callable[[EvalOptions], object], cfg: EvalOptions) -> None:
+    check_models(cfg)
     from biprm.evaluation.cache import scorer_loader
     from biprm.evaluation.outputs import open_cache
     from biprm.evaluation.sharing import run_shared
