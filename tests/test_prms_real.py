@@ -21,6 +21,7 @@ from tests.real_vocab import CACHE, LLAMA3_PATTERN, QWEN_PATTERN, oracle, read_r
 
 KIND_NAMES = sorted(REFERENCES)
 HERE = Path(__file__).parent
+pytestmark = pytest.mark.slow  # real vocabularies: 150k-token tokenizers and embeddings, seconds each to load
 
 
 @pytest.fixture(scope="session")
@@ -161,7 +162,6 @@ def test_skywork_reads_a_step_holding_a_newline_line_by_line(real):
         scorer.encoder.encode(Trajectory(q, ["a", "\n"]), "row 2")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", KIND_NAMES)
 def test_eval_processbench_reads_each_row_as_the_card(real, kind, tmp_path):
     """biprm eval processbench on a few rows: the scores it caches are the card's."""
