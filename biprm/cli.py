@@ -34,7 +34,37 @@ from biprm.serve.config import ExportConfig, ServeConfig
 def cmd_train(cfg: TrainConfig) -> None:
     from biprm.training import train
 
-    print(f"saved to {train(cfg)}")
+    body = f"--init-from {cfg.init_from}" if cfg.init_from else f"the {cfg.backbone} backbone"
+    if os.environ.get("RANK", "0") == "0":  # once per job, as the interrupted line
+        print(
+            f"training {cfg.mode} ({cfg.objective}) on {body}, data {cfg.data}, into {cfg.output_dir}", file=sys.stderr
+        )
+    print(f"saved to {train(cfg, callbacks=[_first_screen()])}")
+
+
+def _first_screen(after: int = 3) -> Any:
+    """A Trainer callback that says, on the main process, how many optimizer steps the run takes once the data are
+    encoded, and after its first `after` steps roughly how long the whole run takes (their pace, extrapolated): the
+    first screen says what is trained, where and for how long, not only "Loading weights" and a bar."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class FirstScreen(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs) -> None:
+            self.began, self.first = time.perf_counter(), state.global_step
+            if state.is_world_process_zero:
+                batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+                print(f"{state.max_steps} optimizer steps of {batch} solutions", file=sys.stderr)
+
+        def on_step_end(self, args, state, control, **kwargs) -> None:
+            if state.is_world_process_zero and state.global_step - self.first == after:
+                pace = (time.perf_counter() - self.began) / after
+                left = pace * (state.max_steps - state.global_step)
+                rest = f"{left / 60:.0f} min" if left >= 90 else f"{left:.0f} s"
+                print(f"\n{pace:.1f} s a step so far: about {rest} to go", file=sys.stderr)
+
+    return FirstScreen()
 
 
 def cmd_score(cfg: ScoreConfig) -> None:

@@ -215,6 +215,34 @@ def test_eval_refuses_a_model_typo_before_grading_and_writes_nothing(command, tm
     assert list(tmp_path.iterdir()) == []
 
 
+def test_trains_first_screen_says_what_where_how_many_steps_and_how_long(monkeypatch, capsys):
+    """biprm train's first lines: what is trained and where, then its optimizer steps, then after three steps roughly
+    how long the run takes."""
+    from types import SimpleNamespace
+
+    import biprm.training
+
+    def one_run(cfg, callbacks):
+        screen = callbacks[0]
+        args = SimpleNamespace(per_device_train_batch_size=16, gradient_accumulation_steps=2, world_size=1)
+        state = SimpleNamespace(global_step=0, max_steps=250, is_world_process_zero=True)
+        screen.on_train_begin(args, state, None)
+        for state.global_step in range(1, 6):
+            screen.on_step_end(args, state, None)
+        return cfg.output_dir
+
+    monkeypatch.setattr(biprm.training, "train", one_run)
+    main(["train", "--data", "synthetic:4000", "--mode", "bi", "--output-dir", "runs/bi"])
+    captured = capsys.readouterr()
+    said = [line for line in captured.err.splitlines() if line]  # the pace starts a line of its own, under the bar
+    assert said[:2] == [
+        "training bi (bce) on the tiny backbone, data synthetic:4000, into runs/bi",
+        "250 optimizer steps of 32 solutions",
+    ]
+    assert len(said) == 3 and re.fullmatch(r"\d+\.\d s a step so far: about \d+ (s|min) to go", said[2]), said
+    assert captured.out == "saved to runs/bi\n"
+
+
 def _rows(path, n):
     path.write_text(
         "\n".join(

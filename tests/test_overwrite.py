@@ -81,7 +81,7 @@ def test_ctrl_c_under_torchrun_is_one_line_from_the_first_process(monkeypatch, c
     named once per process."""
     import biprm.training
 
-    def interrupted(cfg):
+    def interrupted(cfg, callbacks=None):
         raise KeyboardInterrupt("runs/x/checkpoint-2 is saved: the same command with --resume goes on from its step 2")
 
     monkeypatch.setattr(biprm.training, "train", interrupted)
