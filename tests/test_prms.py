@@ -546,3 +546,31 @@ def test_a_search_with_an_implicit_prm_and_no_reference_stops_before_anything_lo
     with pytest.raises(NotACheckpoint, match="--prm .*pass --prm-reference FOLDER"):
         run_search(cfg)
     assert not (tmp_path / "out").exists()
+
+
+def test_eval_keeps_an_implicit_prms_scores_apart_by_reference(replicas, tmp_path):
+    """Scores read against one reference LM are never served for another from eval's score cache (before: its key
+    named the PRM's folder only, so a second --prm-reference got the first one's scores)."""
+    import shutil
+
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from biprm.config import ScorerSettings
+    from biprm.evaluation.cache import ScoreCache
+
+    folder, reference = replicas["eurus-prm"], reference_lm(replicas["eurus-prm"])
+    other = tmp_path / "other-reference"
+    shutil.copytree(reference, other)
+    torch.manual_seed(1)
+    lm = Qwen2ForCausalLM.from_pretrained(other)
+    for p in lm.parameters():
+        p.data.normal_(0, 0.02)
+    lm.save_pretrained(other)
+    got = [
+        ScoreCache(tmp_path / "cache", ScorerSettings(device="cpu", prm_reference=str(r)))
+        .scores(str(folder), trajectories())
+        .l2r
+        for r in (reference, other)
+    ]
+    assert not np.allclose(got[0], got[1]) and len(list((tmp_path / "cache").rglob("scores-*.npz"))) == 2

@@ -117,7 +117,7 @@ class ScoreCache:
             weights = weight_files(folder)
             if not (folder / "config.json").is_file() or not weights:
                 raise FileNotFoundError(
-                    f"{ckpt}: not a checkpoint folder (needs config.json and *.safetensors weights)"
+                    f"{ckpt}: not a checkpoint folder (needs config.json and weights: *.safetensors or *.bin)"
                 )
             h = hashlib.sha256((folder / "config.json").read_bytes())
             for w in weights:
@@ -137,7 +137,11 @@ class ScoreCache:
         policy = (
             "" if self.settings.overlength == "head" else f"-{self.settings.overlength}"
         )  # head: the keys before the choice
-        path = self._path("scores", ckpt, trajs, f"logits-{device.type}-len{self.settings.max_length}{kernel}{policy}")
+        reference = (  # an implicit PRM's scores are its log-ratios to the reference LM: another reference, others
+            f"-ref{self.model_key(self.settings.prm_reference)[:12]}" if self.settings.prm_reference else ""
+        )
+        tag = f"logits-{device.type}-len{self.settings.max_length}{kernel}{policy}{reference}"
+        path = self._path("scores", ckpt, trajs, tag)
         if (cached := _read(path, lambda p: load_scores(p)[""])) is not None:
             return cached
         scores = score_shared(self.scorer, ckpt, trajs)  # on every process of the launch, if there are several
