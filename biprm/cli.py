@@ -563,6 +563,8 @@ def _no_unknown_flag(chosen: argparse.ArgumentParser, argv: list[str]) -> None:
     of a required flag (--modle) would otherwise read "the following arguments are required: --model"."""
     import difflib
 
+    if chosen._subparsers is not None:  # no command named yet (or a misspelt one): argparse names what is missing
+        return
     known = chosen._option_string_actions
     for flag in (a.partition("=")[0] for a in argv if a.startswith("--") and a != "--"):
         if flag not in known:

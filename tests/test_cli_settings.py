@@ -196,6 +196,11 @@ def test_every_list_flag_takes_both_forms_and_every_choice_any_case(argv, field,
             "biprm score: error: unrecognized argument --mod; did you mean --model? (see biprm score --help)\n",
         ),
         (["demo", "--zzz"], "biprm demo: error: unrecognized argument --zzz (see biprm demo --help)\n"),
+        (
+            ["eval", "bonn", "--model", "x"],
+            "biprm eval: error: argument eval_command: invalid choice: 'bonn' (choose from 'bon', 'processbench', "
+            "'ablations', 'all') (see biprm eval --help)\n",
+        ),
     ],
 )
 def test_a_bad_flag_is_one_line_without_the_usage(argv, says, parsed, capsys):
