@@ -64,5 +64,5 @@ def format_ledger(book: dict, unit: str = "rows") -> str:
         "first errors in the dropped part",
     ]
     return f"Ledger: every one of the {unit} read is in the tables. {CUT[unit]}\n\n" + markdown_table(
-        head, [[str(x) for x in line] for line in lines]
+        head, [[str(x) for x in line] for line in lines], left=4
     )
