@@ -1,6 +1,8 @@
-"""Row and subset labels that never merge two things: each model folder and data file is known by its resolved path,
-and labelled by the shortest tail of that path that no other one shares ("a/bi" and "b/bi" where both end in "bi").
-Results are dicts keyed by label, so two things under one label would silently keep only the last one's numbers."""
+"""Labels for model folders and data files that never merge two of them.
+
+Each is known by its resolved path and labelled by the shortest tail of that path that no other one shares ("a/bi" and
+"b/bi" where both end in "bi"). Results are dicts keyed by label, so two things under one label would silently keep
+only the last one's numbers."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""What a table stands on: per subset (or pool file) the rows read and the distinct questions behind them, and per
-model the rows whose trailing steps were cut at --max-length, the steps dropped, and the first errors that lay in the
-dropped part. Counted from the scores themselves (their offsets hold the steps scored), so a rerun from the score
-cache reports the same ledger as a fresh one."""
+"""The ledger of a table: the rows it stands on, the questions behind them, and what --max-length cut.
+
+Per subset (or pool file): the rows read and the distinct questions behind them; per model: the rows whose trailing
+steps were cut at --max-length, the steps dropped, and the first errors that lay in the dropped part. Counted from the
+scores themselves (their offsets hold the steps scored), so a rerun from the score cache reports the same ledger as a
+fresh one."""
 
 from __future__ import annotations
 
