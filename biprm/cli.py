@@ -35,17 +35,14 @@ def cmd_train(cfg: TrainConfig) -> None:
     from biprm.training import train
 
     body = f"--init-from {cfg.init_from}" if cfg.init_from else f"the {cfg.backbone} backbone"
-    if os.environ.get("RANK", "0") == "0":  # once per job, as the interrupted line
-        print(
-            f"training {cfg.mode} ({cfg.objective}) on {body}, data {cfg.data}, into {cfg.output_dir}", file=sys.stderr
-        )
-    print(f"saved to {train(cfg, callbacks=[_first_screen()])}")
+    what = f"training {cfg.mode} ({cfg.objective}) on {body}, data {cfg.data}"
+    print(f"saved to {train(cfg, callbacks=[_first_screen(what, cfg.output_dir)])}")
 
 
-def _first_screen(after: int = 3) -> Any:
-    """A Trainer callback that says, on the main process, how many optimizer steps the run takes once the data are
-    encoded, and after its first `after` steps roughly how long the whole run takes (their pace, extrapolated): the
-    first screen says what is trained, where and for how long, not only "Loading weights" and a bar."""
+def _first_screen(what: str, out: str, after: int = 3) -> Any:
+    """A Trainer callback that says, on the main process, once the data are encoded, what is trained, for how many
+    optimizer steps and where it is written, and after its first `after` steps roughly how long the whole run takes
+    (their pace, extrapolated): the first screen says so, not only "Loading weights" and a bar."""
     import time
 
     from transformers import TrainerCallback
@@ -55,7 +52,7 @@ def _first_screen(after: int = 3) -> Any:
             self.began, self.first = time.perf_counter(), state.global_step
             if state.is_world_process_zero:
                 batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-                print(f"{state.max_steps} optimizer steps of {batch} solutions", file=sys.stderr)
+                print(f"{what}: {state.max_steps} optimizer steps of {batch} solutions, into {out}", file=sys.stderr)
 
         def on_step_end(self, args, state, control, **kwargs) -> None:
             if state.is_world_process_zero and state.global_step - self.first == after:
