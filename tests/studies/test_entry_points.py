@@ -92,3 +92,24 @@ def test_a_study_is_a_program_with_help_and_one_line_errors(tmp_path):
     )
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
     assert "python -m studies.mechanism: error: version 3 reads its whole design" in bad.stderr
+
+
+def test_an_interrupted_replication_says_what_it_keeps(tmp_path, monkeypatch, capsys):
+    """Ctrl-C during the trunk caches or the runs: one line with the runs finished and where the caches are."""
+    import studies.replication.recipe
+    from studies.replication.__main__ import main
+
+    def interrupted(cfg):
+        (tmp_path / "out" / "runs").mkdir(parents=True)
+        (tmp_path / "out" / "runs" / "l2r-seed1106.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(studies.replication.recipe, "replicate", interrupted)
+    argv = ["--config", str(ROOT / "studies/replication/quick.yaml"), "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as stop:
+        run_program(settings_of("replication"), main, "python -m studies.replication", [*argv, "--work-dir", "w"])
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == (
+        f"python -m studies.replication: interrupted; 1 of 4 runs are finished in {tmp_path / 'out'}/runs, and the "
+        "trunk caches built so far are in w/trunk: the same command goes on from there\n"
+    )
