@@ -176,7 +176,8 @@ def evaluate_processbench(
     resamples: int = 0,
 ) -> dict:
     """Per mode: "fixed" (at `threshold`) and, with `tune` or `dev`, "tuned" (out of sample) and "in_sample" (an upper
-    bound); with `resamples`, every F1 with a 95 % interval over rows (`first_error_f1_by_subset`)."""
+    bound); with `resamples`, every F1 with a 95 % interval over questions (`first_error_f1_by_subset`, the rows of a
+    question drawn together); "ledger" says what the tables stand on (`ledger.ledger`)."""
     modes, where, first = {}, subsets(trajs), first_errors(trajs)
     # rows without GSM8K rows (a user's own file) are cross-fitted within themselves, where they hold both kinds of row
     in_file = dev is None and TUNE_ON not in where and len(np.unique(first == -1)) == 2
