@@ -31,6 +31,7 @@ from transformers import AutoConfig, AutoModel
 from biprm.backbones import resolve_backbone
 from benchmarks.config import BenchConfig
 from benchmarks.measure import _status_mib, fresh_process, machine, step_memory
+from benchmarks.progress import Stages, announce
 from benchmarks.report import _table, save
 from biprm.data.encoding import Encoded
 from biprm.modeling import BiPRMConfig, BiPRMModel
@@ -103,14 +104,20 @@ def run(cfg: BenchConfig, sizes: dict | None = None) -> dict:
     threads = cfg.threads or os.cpu_count()
     start, load = time.perf_counter(), os.getloadavg()
     results = []
-    for length in sizes["lengths"]:
-        for name in CONFIGS:
-            if name == "bi:tree" and length > sizes["tree_max"]:
-                continue
+    probes = [(n, k) for n in sizes["lengths"] for k in CONFIGS if not (k == "bi:tree" and n > sizes["tree_max"])]
+    announce(
+        f"python -m benchmarks --preset long: {len(probes)} traces of "
+        f"{', '.join(map(str, sizes['lengths']))} tokens on the {cfg.shape} shape ({sizes['layers']} layers), "
+        f"then a tiny training step; results go to {cfg.out}/"
+    )
+    stages = Stages(len(probes) + 1)
+    for length, name in probes:
+        with stages.stage(f"{name} at {length} tokens"):
             got = probe(cfg.shape, sizes["layers"], name, length, threads)
-            results.append({"config": name, "length": length, **got, "s_per_token": got["seconds"] / length})
-            print(json.dumps(results[-1]), flush=True)
-    memory = step_memory("tiny", [trace(sizes["train_length"], labels=True)], "bi:plain", threads)
+        results.append({"config": name, "length": length, **got, "s_per_token": got["seconds"] / length})
+        print(json.dumps(results[-1]), flush=True)
+    with stages.stage(f"tiny training step at {sizes['train_length']} tokens"):
+        memory = step_memory("tiny", [trace(sizes["train_length"], labels=True)], "bi:plain", threads)
     return {
         "config": asdict(cfg) | sizes,
         "machine": machine(),

@@ -163,7 +163,7 @@ def test_a_pool_of_long_candidates_skips_the_prompt_cache_and_its_square_masks(b
 
 
 @pytest.mark.slow
-def test_bench_long_preset_runs_and_reports_its_targets(tmp_path):
+def test_bench_long_preset_runs_and_reports_its_targets(tmp_path, capsys):
     """`python -m benchmarks --preset long` on tiny sizes: every configuration probed, the targets read from one run."""
     from benchmarks.config import BenchConfig
     from benchmarks.long import main
@@ -179,5 +179,8 @@ def test_bench_long_preset_runs_and_reports_its_targets(tmp_path):
         ("l2r", 4096),
         ("bi:plain", 4096),
     }
+    said = capsys.readouterr().err.splitlines()  # what it measures, then each probe with the time left
+    assert said[0].startswith("python -m benchmarks --preset long: 5 traces of 512, 4096 tokens on the tiny shape")
+    assert said[-1].startswith("[6/6] tiny training step at 1024 tokens: ") and "about" in said[-3]
     assert [t["target"] for t in result["targets"]][0] == "time per token, bi:plain / l2r"
     assert (tmp_path / "bench-tiny-long.md").read_text().startswith("# biprm bench: one long trace")
