@@ -254,7 +254,18 @@ class _OneLine(argparse.ArgumentParser):
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message}{_closest_choice(message)} (see {self.prog} --help)\n")
+
+
+def _closest_choice(message: str) -> str:
+    """ "; did you mean train?" after argparse's "invalid choice: 'trian' (choose from ...)", where one is close."""
+    import difflib
+    import re
+
+    found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    choices = re.findall(r"'([^']*)'", found[2]) if found else []
+    close = difflib.get_close_matches(found[1], choices, n=1) if found else []
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 class _Parser(_OneLine, HfArgumentParser):

@@ -199,7 +199,7 @@ def test_every_list_flag_takes_both_forms_and_every_choice_any_case(argv, field,
         (
             ["eval", "bonn", "--model", "x"],
             "biprm eval: error: argument eval_command: invalid choice: 'bonn' (choose from 'bon', 'processbench', "
-            "'ablations', 'all') (see biprm eval --help)\n",
+            "'ablations', 'all'); did you mean bon? (see biprm eval --help)\n",
         ),
     ],
 )
