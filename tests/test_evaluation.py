@@ -14,7 +14,7 @@ import pytest
 from biprm.cli import main
 from biprm.data.readers import EMPTY_RESPONSE
 from biprm.evaluation.ablations import ablation_table, format_ablation_table
-from biprm.evaluation.cache import ScoreCache
+from biprm.evaluation.cache import ScoreCache, ScoringStopped
 import biprm.data.benchmarks as benchmarks
 from biprm.data.synthetic import make_dataset
 from biprm.data.template import STEP_TAG
@@ -105,6 +105,53 @@ def test_cache_keeps_overlength_policies_and_segmenters_apart(ckpt, tmp_path, sc
         1,
         1,
     ]  # head: paragraph, lines (double-newline is paragraph's cut); tail: the same two again
+
+
+def test_an_interrupted_scoring_keeps_its_chunks_and_the_same_call_scores_only_the_rest(ckpt, tmp_path, monkeypatch):
+    """Ctrl-C after two chunks of three keeps six of ten trajectories' scores; the rerun scores only the other four
+    (one chunk of three, one of one), and its scores are those of an uninterrupted run."""
+    trajs, calls, real = make_dataset(10, seed=5), [], Scorer.score
+
+    def cache(name: str) -> ScoreCache:
+        made = ScoreCache(tmp_path / name)
+        made.chunk = 3
+        return made
+
+    whole = cache("whole").scores(ckpt, trajs)
+
+    def score(self, encs, progress=True):
+        if stop_after is not None and len(calls) == stop_after:
+            raise KeyboardInterrupt
+        calls.append(len(encs))
+        return real(self, encs, progress=False)
+
+    monkeypatch.setattr(Scorer, "score", score)
+    stop_after = 2
+    with pytest.raises(ScoringStopped) as stop:
+        cache("cut").scores(ckpt, trajs)
+    parts = next((tmp_path / "cut").rglob("*.parts"))
+    assert str(stop.value) == (
+        f"scoring {ckpt}: 6 of 10 trajectories are kept in {parts} (and every score finished before, in "
+        f"{tmp_path / 'cut'}); the same command scores only the other 4"
+    )
+    calls.clear()
+    stop_after = None
+    resumed = cache("cut").scores(ckpt, trajs)
+    assert calls == [3, 1] and not parts.exists()
+    for stream in ("offsets", "fused", "l2r", "r2l", "sigma"):
+        np.testing.assert_array_equal(getattr(resumed, stream), getattr(whole, stream))
+    assert cache("cut").scores(ckpt, trajs).fused.tolist() == whole.fused.tolist() and calls == [3, 1]
+
+
+def test_ctrl_c_in_eval_names_what_the_scoring_kept(ckpt, tmp_path, monkeypatch, capsys):
+    def interrupted(cfg):
+        raise ScoringStopped("scoring m: 6 of 10 trajectories are kept in p")
+
+    monkeypatch.setattr("biprm.evaluation.bon.run_bon", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "bon", "--model", ckpt, "--out", str(tmp_path / "out")])
+    assert stop.value.code == 130
+    assert capsys.readouterr().err.endswith("interrupted; scoring m: 6 of 10 trajectories are kept in p\n")
 
 
 def test_ensemble_mode_averages_probabilities():

@@ -7,6 +7,8 @@ Weight files are hashed once per (path, size, mtime), remembered in the cache fo
 Scores live as `<root>/<model key>/scores-<dataset key>-logits-<settings>.npz` (float64
 logits); the settings part holds what changes the numbers (device type, hence dtype, max_length, the attention kernel
 and the overlength policy). A segmenter changes the steps, hence the dataset key: two cuts never share scores.
+While a model scores a dataset, each chunk of 1024 trajectories (per process) is kept in `<same name>.parts/` as it
+is computed, so Ctrl-C or a kill loses at most the chunk in flight and the same command goes on from there.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -28,8 +31,9 @@ from biprm.data.trajectory import Trajectory
 from biprm.data.writer import atomic_write
 from biprm.evaluation.sharing import score_shared
 from biprm.scoring.process_group import process_state
+from biprm.scoring.score_file import chunks
 from biprm.scoring.scorer import Scorer, default_device
-from biprm.scoring.step_scores import StepScores, load_scores, save_scores
+from biprm.scoring.step_scores import StepScores, concat, load_scores, save_scores
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +89,20 @@ def _read(path: Path, load: Callable[[Path], T]) -> T | None:
         return None
 
 
+def _kept_parts(parts: Path) -> list[StepScores]:
+    """The chunks an interrupted scoring kept, in order, each named by its first trajectory; from the first one
+    missing or damaged on, they are scored again."""
+    kept, done = [], 0
+    while (part := _read(parts / f"part-{done:09d}.npz", lambda p: load_scores(p)[""])) is not None:
+        kept.append(part)
+        done += len(part)
+    return kept
+
+
+class ScoringStopped(KeyboardInterrupt):
+    """Ctrl-C during a scoring, saying how many trajectories of which model the cache keeps."""
+
+
 def _value(path: Path) -> np.ndarray:
     with np.load(path) as z:
         return z["value"]
@@ -98,6 +116,7 @@ class ScoreCache:
         self._memo: dict[str, str] = json.loads(self._memo_path.read_text()) if self._memo_path.is_file() else {}
         self.scorer = scorer_loader(self.settings)
         self._model_keys: dict[str, str] = {}
+        self.chunk = 1024  # trajectories scored and kept at a time, per process
 
     def file_hash(self, path: Path) -> str:
         stat = path.stat()
@@ -144,9 +163,33 @@ class ScoreCache:
         path = self._path("scores", ckpt, trajs, tag)
         if (cached := _read(path, lambda p: load_scores(p)[""])) is not None:
             return cached
-        scores = score_shared(self.scorer, ckpt, trajs)  # on every process of the launch, if there are several
+        if not trajs:
+            return score_shared(self.scorer, ckpt, trajs)
+        scores = concat(self._score_in_chunks(ckpt, trajs, path.with_suffix(".parts")))
         save_scores(path, {"": scores})
+        shutil.rmtree(path.with_suffix(".parts"))  # after the whole file: a kill in between loses nothing
         return scores
+
+    def _score_in_chunks(self, ckpt: str, trajs: list[Trajectory], parts: Path) -> list[StepScores]:
+        """The scores of `trajs`, a chunk of `self.chunk` trajectories per process at a time, each kept in `parts` as
+        soon as it is computed (on every process of the launch, if there are several): an interrupted scoring goes on
+        from the first chunk it lacks."""
+        kept = _kept_parts(parts)
+        done = sum(len(s) for s in kept)
+        if done:
+            log.info("%s: %d of %d trajectories already scored, in %s", ckpt, done, len(trajs), parts)
+        size = self.chunk * process_state().num_processes
+        try:
+            for a, b in chunks(done, len(trajs), size, f"scoring {Path(ckpt).name}"):
+                kept.append(score_shared(self.scorer, ckpt, trajs[a:b], progress=False))
+                save_scores(parts / f"part-{a:09d}.npz", {"": kept[-1]})
+                done = b
+        except KeyboardInterrupt:
+            raise ScoringStopped(
+                f"scoring {ckpt}: {done} of {len(trajs)} trajectories are kept in {parts} (and every score finished "
+                f"before, in {self.root}); the same command scores only the other {len(trajs) - done}"
+            ) from None
+        return kept
 
     def array(
         self,

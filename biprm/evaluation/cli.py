@@ -39,7 +39,7 @@ def check_models(cfg: EvalOptions) -> None:
 
 def _on_every_process(recipe: Callable[[EvalOptions], object], cfg: EvalOptions) -> None:
     check_models(cfg)
-    from biprm.evaluation.cache import scorer_loader
+    from biprm.evaluation.cache import ScoringStopped, scorer_loader
     from biprm.evaluation.outputs import open_cache
     from biprm.evaluation.sharing import run_shared
     from biprm.scoring.process_group import close_processes, process_state
@@ -53,10 +53,12 @@ def _on_every_process(recipe: Callable[[EvalOptions], object], cfg: EvalOptions)
             with suppress(Exception):
                 close_processes()
         raise
+    except ScoringStopped as stop:
+        raise KeyboardInterrupt(str(stop)) from None
     except KeyboardInterrupt:
         raise KeyboardInterrupt(
-            f"the scores finished so far are kept in {open_cache(cfg).root}: the same command reads them "
-            "instead of scoring again"
+            f"stopped between scorings: every model's scores finished so far are kept in {open_cache(cfg).root}, "
+            "whole; the same command reads them instead of scoring again"
         ) from None
     close_processes()
 

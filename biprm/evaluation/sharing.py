@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from biprm.data.trajectory import Trajectory
 from biprm.scoring.process_group import WAIT, process_state
-from biprm.scoring.step_scores import StepScores, concat
+from biprm.scoring.step_scores import StepScores, concat, with_empty_rows
 from biprm.scoring.scorer import Scorer
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,12 @@ def _score(
 
 
 def _score_here(scorer: Scorer, trajs: list[Trajectory], progress: bool) -> StepScores:
-    encs, _ = scorer.encode(trajs)
-    return scorer.score(encs, progress=progress)
+    """Scores of `trajs`; one that no policy can fit in max_length gets no scored step (the ledger counts it, and
+    --on-overlength decides whether the tables go on without it), so one long row never ends a run."""
+    encs, unscorable = scorer.encode(trajs, skip_unscorable=True)
+    if unscorable:
+        log.warning("%d of %d trajectories cannot be scored: %s", len(unscorable), len(trajs), unscorable[0][1])
+    return with_empty_rows(scorer.score(encs, progress=progress), [i for i, _ in unscorable], len(trajs))
 
 
 def _gather(result: StepScores | Exception | None) -> list:
@@ -57,12 +61,14 @@ def _gather(result: StepScores | Exception | None) -> list:
     return parts
 
 
-def score_shared(scorer: Callable[[str], Scorer], ckpt: str, trajs: list[Trajectory]) -> StepScores:
+def score_shared(
+    scorer: Callable[[str], Scorer], ckpt: str, trajs: list[Trajectory], progress: bool = True
+) -> StepScores:
     """Every process scores one block of `trajs`; scores come back in input order. Outside `run_shared`
-    (a Python caller, one process) this process scores them all."""
+    (a Python caller, one process) this process scores them all. `progress`: the main process shows its batches."""
     world = process_state().num_processes
     if _jobs is None or not trajs:
-        return _score_here(scorer(ckpt), trajs, progress=True)
+        return _score_here(scorer(ckpt), trajs, progress)
     bounds = [len(trajs) * r // world for r in range(world + 1)]
     blocks = [trajs[a:b] for a, b in zip(bounds, bounds[1:])]
     log.info(
@@ -74,7 +80,7 @@ def score_shared(scorer: Callable[[str], Scorer], ckpt: str, trajs: list[Traject
     )
     job: list[Job] = [None]
     dist.scatter_object_list(job, [(ckpt, b) for b in blocks], src=0, group=_jobs)
-    parts = _gather(_score(scorer, job[0], progress=True))
+    parts = _gather(_score(scorer, job[0], progress))
     for r, error in enumerate(parts):
         if isinstance(error, Exception):
             raise type(error)(

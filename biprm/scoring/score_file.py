@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -52,6 +53,15 @@ def complete_lines(path: Path) -> int:
     with open(path, "r+b") as f:
         f.truncate(keep)
     return good
+
+
+def chunks(done: int, total: int, size: int, desc: str, show: bool = True) -> Iterator[tuple[int, int]]:
+    """(start, end) of each chunk of `size` rows from row `done` to `total`: what a resumable scoring computes and
+    keeps at a time. Its progress bar counts rows and starts at `done`, so a resumed run shows where it stands."""
+    with tqdm(total=total, initial=done, desc=desc, unit="row", disable=not show) as bar:
+        for a in range(done, total, size):
+            yield a, min(a + size, total)
+            bar.update(min(size, total - a))
 
 
 def score_file(
@@ -136,16 +146,9 @@ def score_file(
             log.info("resuming: %d of %d rows of part %d already scored", done, len(mine), rank)
     sink = sys.stdout if to_stdout else open(part, "a")
     try:
-        for a in tqdm(
-            range(done, len(mine), chunk),
-            desc=f"scoring ({scorer.mode})",
-            unit="chunk",
-            disable=not state.is_main_process,
-        ):
-            scores = scorer.score(encs[a : a + chunk], progress=False)
-            sink.writelines(
-                json.dumps(row) + "\n" for row in score_rows(mine[a : a + chunk], scores, encs=encs[a : a + chunk])
-            )
+        for a, b in chunks(done, len(mine), chunk, f"scoring ({scorer.mode})", show=state.is_main_process):
+            scores = scorer.score(encs[a:b], progress=False)
+            sink.writelines(json.dumps(row) + "\n" for row in score_rows(mine[a:b], scores, encs=encs[a:b]))
             sink.flush()
             if not to_stdout:
                 os.fsync(sink.fileno())
