@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import difflib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -259,9 +261,6 @@ class _OneLine(argparse.ArgumentParser):
 
 def _closest_choice(message: str) -> str:
     """ "; did you mean train?" after argparse's "invalid choice: 'trian' (choose from ...)", where one is close."""
-    import difflib
-    import re
-
     found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
     choices = re.findall(r"'([^']*)'", found[2]) if found else []
     close = difflib.get_close_matches(found[1], choices, n=1) if found else []
@@ -317,7 +316,7 @@ SECTIONS = ("required", "model", "data", "output")  # --help's first sections, i
 def _grouped(parser: argparse.ArgumentParser, settings: type) -> None:
     """--help in sections, the same for every command: the required flags first, then model, data, output, the
     command's own sections (`biprm.config.arg`'s `group`), compute, and the general options (--config, -v) last. A
-    field without a group stays under "options"; tests/test_cli.py holds every command to having none."""
+    field without a group stays under "options", where tests/test_cli_settings.py lets no command leave one."""
     sections: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(settings):
         actions = [a for a in parser._optionals._group_actions if a.dest == f.name]  # --x and its --no_x
@@ -569,8 +568,6 @@ def program_parser(settings: type, recipe: Callable, prog: str) -> argparse.Argu
 def _no_unknown_flag(chosen: argparse.ArgumentParser, argv: list[str]) -> None:
     """Refuse a flag the command does not have, naming it and the closest one it has, before anything else: a typo
     of a required flag (--modle) would otherwise read "the following arguments are required: --model"."""
-    import difflib
-
     if chosen._subparsers is not None:  # no command named yet (or a misspelt one): argparse names what is missing
         return
     known = chosen._option_string_actions
