@@ -764,7 +764,38 @@ def test_rows_cut_at_max_length_are_counted_in_the_written_ledger_fresh_and_from
         books.append(result["ledger"])
         md = (tmp_path / run / "processbench.md").read_text()
         counts = books[-1]["cut"]["models"]["bi (fused)"]
-        row = f"| cut | 6 | 2 | bi (fused) | 3 | {counts['steps_dropped']} | 1 |"
+        row = f"| cut | 6 | 6 | 2 | bi (fused) | 0 | 3 | {counts['steps_dropped']} | 1 |"
         assert counts["rows_cut"] == 3 and counts["first_errors_dropped"] == 1 and row in md
     assert len(score_calls) == 1 and books[0] == books[1]  # the second run read the cache, and says the same
     assert 3 <= books[0]["cut"]["models"]["bi (fused)"]["steps_dropped"] < n_steps.sum() - 6
+
+
+def test_a_row_past_max_length_from_its_first_step_is_left_out_and_counted_not_the_end_of_the_run(
+    ckpt, data_dir, tmp_path, capsys
+):
+    """Five rows; one question alone is longer than --max-length 200: the tables stand on the four others and the
+    ledger counts it, fresh and from the cache; --on-overlength refuse stops on it in one line naming it."""
+    base = json.loads((data_dir / "processbench" / "gsm8k.json").read_text())[0]
+    long = "What is the sum of " + " plus ".join(map(str, range(200))) + "?"
+    rows = [
+        base | {"id": f"r{i}", "problem": q, "steps": ["Add them.", "The sum is 3."], "label": label}
+        for i, (q, label) in enumerate(
+            [("What is 1 plus 2?", -1), ("What is 2 plus 1?", 0), (long, -1), ("What is 0 plus 3?", -1), ("1+2?", 1)]
+        )
+    ]
+    mine = tmp_path / "long.json"
+    mine.write_text(json.dumps(rows))
+    for run in ("fresh", "cached"):
+        result = processbench_on(ckpt, mine, tmp_path / run, str(tmp_path / "cache"), "--max-length", "200")
+        book = result["ledger"]["long"]
+        assert (book["rows"], book["in_tables"], result["rows"]) == (5, 4, {"long": 4})
+        assert book["models"]["bi (fused)"]["rows_not_scorable"] == 1
+        assert "| long | 5 | 4 | 5 | bi (fused) | 1 | 0 | 0 | 0 |" in (tmp_path / run / "processbench.md").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        processbench_on(
+            ckpt, mine, tmp_path / "r", str(tmp_path / "cache"), "--max-length", "200", "--on-overlength", "refuse"
+        )
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1
+    assert "long row r2: field 'steps': question and first step need more than --max-length=200" in err

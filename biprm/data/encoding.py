@@ -37,6 +37,11 @@ def tag_ends(step_lengths: Sequence[int], stream: str, start: int = 0) -> np.nda
 OVERLENGTH = ("head", "refuse", "tail", "window")  # what a trajectory past max_length gets (`Encoder`)
 
 
+class Unscorable(DataError):
+    """A trajectory no policy but refusal can score: its prompt and one step alone exceed max_length. Evaluation
+    counts such a row and goes on without it; every other caller stops on it as on any bad input."""
+
+
 @dataclass
 class Encoded:
     prompt: list[int]
@@ -199,7 +204,7 @@ class Encoder:
         if self.overlength != "head":
             longest = max(range(len(steps)), key=lambda t: len(steps[t]))
             if len(steps[longest]) > budget:
-                raise DataError(
+                raise Unscorable(
                     f"{where}: step {longest} alone needs {len(steps[longest])} tokens, past the "
                     f"{budget} that max_length={self.max_length} leaves after the prompt"
                 )
@@ -209,7 +214,7 @@ class Encoder:
         fit = np.cumsum([len(s) for s in order]) <= budget
         keep = int(fit.argmin()) if not fit.all() else len(steps)
         if keep == 0:
-            raise DataError(f"{where}: prompt and first step need more than max_length={self.max_length} tokens")
+            raise Unscorable(f"{where}: prompt and first step need more than max_length={self.max_length} tokens")
         first = 0 if self.overlength == "head" else len(steps) - keep
         kept = None if labels is None else labels[first : first + keep]
         closing = None if closing is None else closing[first : first + keep]

@@ -30,10 +30,22 @@ class EvalOptions(ScorerSettings):
     )
     out: str = arg("eval", "output folder", group="output")
     cache_dir: str | None = arg(None, "score cache (default: OUT/cache)", group="output")
+    overwrite: bool = arg(
+        False,
+        "delete the results this command wrote in --out with other settings (named when refused); a rerun with the "
+        "same settings goes on from its cache without it",
+        group="output",
+    )
     limit: int | None = arg(
         None,
         "at most N questions per pool and rows per ProcessBench subset, evenly spaced (quick runs)",
         min=1,
+        group="data",
+    )
+    on_overlength: Literal["flag", "refuse"] = arg(
+        "flag",
+        "a row whose question and first step alone exceed --max-length: flag leaves it out of the tables and counts it "
+        "in the ledger; refuse stops the run naming it",
         group="data",
     )
     grade_workers: int = arg(2, "processes for math-verify grading (0: inline)", min=0, group="compute")

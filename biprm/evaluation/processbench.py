@@ -29,7 +29,7 @@ from biprm.analysis.boundaries import laid_out, onto_given
 from biprm.analysis.common import TITLES, first_errors, judged_rows, markdown_table, subsets
 from biprm.data.segment import JOIN
 from biprm.data.trajectory import Trajectory
-from biprm.evaluation.ledger import format_ledger, ledger
+from biprm.evaluation.ledger import format_ledger, ledger, refuse_unscorable, scorable
 from biprm.evaluation.outputs import fmt, open_cache, provenance, write_outputs
 from biprm.evaluation.config import ProcessBenchConfig
 from biprm.data.benchmarks import load_processbench, processbench_files
@@ -177,7 +177,11 @@ def evaluate_processbench(
 ) -> dict:
     """Per mode: "fixed" (at `threshold`) and, with `tune` or `dev`, "tuned" (out of sample) and "in_sample" (an upper
     bound); with `resamples`, every F1 with a 95 % interval over questions (`first_error_f1_by_subset`, the rows of a
-    question drawn together); "ledger" says what the tables stand on (`ledger.ledger`)."""
+    question drawn together); "ledger" says what the tables stand on (`ledger.ledger`): every row read, and the rows
+    every model scored, which alone the tables read (`on_scorable`)."""
+    book = ledger(trajs, subsets(trajs), scores)
+    trajs, scores = on_scorable(trajs, scores)
+    dev = None if dev is None else on_scorable(*dev)
     modes, where, first = {}, subsets(trajs), first_errors(trajs)
     # rows without GSM8K rows (a user's own file) are cross-fitted within themselves, where they hold both kinds of row
     in_file = dev is None and TUNE_ON not in where and len(np.unique(first == -1)) == 2
@@ -209,8 +213,19 @@ def evaluate_processbench(
         "questions": {n: len(np.unique(question_ids(trajs)[where == n])) for n in names},
         "modes": modes,
         "baselines": baselines,
-        "ledger": ledger(trajs, where, scores),
+        "ledger": book,
     }
+
+
+def on_scorable(
+    trajs: list[Trajectory], scores: dict[str, StepScores]
+) -> tuple[list[Trajectory], dict[str, StepScores]]:
+    """The rows every model could score (`ledger.scorable`), with their scores: a row one model cannot read at all
+    leaves every table row, so models and text-free rules compare on the same rows."""
+    keep = scorable(trajs, scores)
+    if len(keep) == len(trajs):
+        return trajs, scores
+    return [trajs[i] for i in keep], {k: s.select(keep) for k, s in scores.items()}
 
 
 def chosen(name: str, value: object, folds: list, tuned_on: str, spell: Callable[[object], str]) -> str:
@@ -303,6 +318,8 @@ def run_processbench(cfg: ProcessBenchConfig) -> dict:
         dev_trajs = load_processbench(cfg.data_root, (cfg.tune_data,))
         dev = (dev_trajs, recut_scores(sources, cache, dev_trajs, segmenter))
     scores = recut_scores(sources, cache, trajs, segmenter)
+    if cfg.on_overlength == "refuse":
+        refuse_unscorable(trajs, scores, cfg.max_length)
     result = evaluate_processbench(trajs, scores, cfg.threshold, cfg.tune_threshold, dev, RESAMPLES)
     result["segmenter"] = segmenter.name if segmenter else "given"
     result["models"] = models_given(cfg.model, cfg.prm_kind)

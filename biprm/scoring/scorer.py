@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from biprm.checkpoint import check_layout
 from biprm.folder import ModelFolder, NotACheckpoint, resolve
 from biprm.config import DENSE_MAX, MAX_LENGTH, MODE_TABLE, TOKENS_PER_ROW, ScorerSettings
-from biprm.data.encoding import Encoded, first_runs, step_windows, stream_order
+from biprm.data.encoding import Encoded, Unscorable, first_runs, step_windows, stream_order
 from biprm.data.trajectory import DataError, Trajectory, validate
 from biprm.implicit import ImplicitPRM, from_implicit
 from biprm.modeling import BiPRMModel, BiPRMOutput, encoder_for, from_prm
@@ -211,11 +211,16 @@ class Scorer:
         return self.encoder.max_length
 
     def encode(
-        self, trajs: list[Trajectory], names: list[str] | None = None, skip_invalid: bool = False
+        self,
+        trajs: list[Trajectory],
+        names: list[str] | None = None,
+        skip_invalid: bool = False,
+        skip_unscorable: bool = False,
     ) -> tuple[list[Encoded], list[tuple[int, str]]]:
         """The encodings `score` takes, of every trajectory the model can read, in input order, and (index, one-line
         message) of each it cannot: an empty field, step-tag text, a first step past max_length. Such a trajectory
-        raises DataError unless `skip_invalid`. Identical trajectories (common in sampled Best-of-N pools) share one
+        raises DataError unless `skip_invalid` (or, for one past max_length only, `skip_unscorable`: evaluation counts
+        those rows and goes on). Identical trajectories (common in sampled Best-of-N pools) share one
         encoding, which `score` then scores once; `names[i]` (default "trajectory i") starts each message."""
         names = names or [f"trajectory {i}" for i in range(len(trajs))]
         seen: dict[tuple, Encoded] = {}
@@ -225,7 +230,7 @@ class Scorer:
             try:
                 enc = seen[key] if key in seen else self.encoder.encode(validate(traj, where), where)
             except DataError as error:
-                if not skip_invalid:
+                if not (skip_invalid or (skip_unscorable and isinstance(error, Unscorable))):
                     raise
                 problems.append((i, str(error)))
                 continue

@@ -88,6 +88,14 @@ def concat(parts: list[StepScores]) -> StepScores:
     )
 
 
+def with_empty_rows(scores: StepScores, missing: list[int], n: int) -> StepScores:
+    """`n` trajectories' scores from those of all but `missing`: each missing one holds no scored step, which is how
+    a trajectory no policy could score travels (and is cached) beside the others."""
+    lengths = np.zeros(n, dtype=np.int64)
+    lengths[np.setdiff1d(np.arange(n), missing)] = np.diff(scores.offsets)
+    return StepScores(offsets_of(lengths), scores.fused, scores.l2r, scores.r2l, scores.sigma)
+
+
 def score_rows(
     trajs: list[Trajectory], scores: StepScores, digits: int | None = 6, encs: list[Encoded] | None = None
 ) -> Iterator[dict]:
