@@ -436,6 +436,33 @@ def claim(folder: str | Path, overwrite: bool, flag: str) -> None:
     _delete(folder, ours, ", ".join(ours))
 
 
+def claim_results(
+    folder: Path, command: str, known: re.Pattern, mine: re.Pattern, differs: str | None, overwrite: bool
+) -> None:
+    """Check the --out folder a results command (`command`: "biprm search", "biprm eval bon") writes into, before
+    anything loads. A name `known` does not match is a file no such command writes: refused, even with --overwrite,
+    which never deletes it. The names `mine` matches (this command's results and the record of the settings that
+    wrote them) are the same command's to go on from when `differs` is None (a rerun resumes from them, or rewrites
+    them the same); otherwise (`differs` says what changed) they are refused unless --overwrite, which deletes exactly
+    them, saying so."""
+    names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    foreign = [n for n in names if not known.fullmatch(n)]
+    if foreign:
+        raise FileExistsError(
+            f"--out {folder} holds {', '.join(foreign)}, which {command} never writes; choose a new or empty --out "
+            f"(--overwrite deletes only what {command} writes)"
+        )
+    ours = [n for n in names if mine.fullmatch(n)]
+    if differs is None or not ours:
+        return
+    if not overwrite:
+        raise ValueError(
+            f"--out {folder} holds {', '.join(ours)}, written by another {command} ({differs}); choose another "
+            "--out, or --overwrite, which deletes them"
+        )
+    _delete(folder, ours, ", ".join(ours))
+
+
 @contextmanager
 def undone_if_nothing_trained(folder: str | Path, created: bool, steps: Callable[[], int]) -> Iterator[None]:
     """Remove the record this run wrote if it fails before its first optimizer step and checkpoint, so that

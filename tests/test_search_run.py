@@ -1,6 +1,8 @@
 """`biprm search` end to end on a scripted policy and PRM: records, baselines, resume, a grader that times out."""
 
 import json
+import logging
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -240,6 +242,27 @@ def test_resume_refuses_changed_settings(config):
     config.width = 1
     with pytest.raises(ValueError, match="--width was 2, now 1"):
         run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+
+
+def test_an_out_of_another_search_is_replaced_only_with_overwrite_and_a_stranger_file_never(config, caplog):
+    """Before, a changed setting could not be replaced at all (no --overwrite), and files no search writes were written
+    beside without a word."""
+    run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+    held = sorted(p.name for p in Path(config.out).iterdir())
+    config.width = 1
+    with pytest.raises(
+        ValueError, match=re.escape(f"holds {', '.join(held)}, written by another biprm search (--width")
+    ):
+        run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+    config.overwrite = True
+    with caplog.at_level(logging.WARNING):
+        run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+    assert f"--overwrite: deleting {', '.join(held)} in {config.out}" in caplog.text
+    assert json.loads((Path(config.out) / "settings.json").read_text())["width"] == 1
+    (Path(config.out) / "model.safetensors").touch()
+    with pytest.raises(FileExistsError, match="holds model.safetensors, which biprm search never writes"):
+        run_search(config, ScriptedPolicy(TREE), [ScriptedScorer(LOGITS)])
+    assert (Path(config.out) / "model.safetensors").is_file()
 
 
 def test_the_hf_policys_batch_size_is_a_setting_a_resume_shares(config):

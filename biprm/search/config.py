@@ -190,6 +190,12 @@ class SearchConfig:
     show_progress: bool = arg(
         True, "a progress bar over questions, saying what runs now (policy depth, PRM call)", group="output"
     )
+    overwrite: bool = arg(
+        False,
+        "delete the results another search left in --out (other settings) and start afresh; a rerun of the same "
+        "search resumes without it",
+        group="output",
+    )
     prm_cache_mb: float = arg(
         4096,
         "PRM keys and values kept between calls (incremental L2R), per PRM; past it, paths rerun from their "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
@@ -32,6 +33,7 @@ from biprm.evaluation.grading import grade_many, read_answer
 from biprm.scoring.aggregate import sigmoid
 from biprm.search.algorithms import SearchPath
 from biprm.search.algorithms import Budget, Search, beam_search, choose, dvts, particle_filter, sample, vote
+from biprm.run_folder import claim_results
 from biprm.search.config import SearchConfig
 from biprm.search.noise import NoiseScorer
 from biprm.search.policy import StepPolicy
@@ -68,6 +70,9 @@ RESULTS = (
     "grade_cut_paths",
     "policy_batch_size",
 )  # settings a resumed run must share (the batch size only with --policy hf, where it changes the draws)
+# what a search writes in --out (its record, results, batch checkpoint, summary and plot, a killed atomic write's
+# scratch file): all that --overwrite deletes, and all the folder may hold
+FILES = re.compile(r"settings\.json|questions\.jsonl|batch-in-flight\.json|summary\.(md|json)|accuracy\.png|\..*\.tmp")
 
 
 def load_questions(data: str, data_root: str, limit: int | None) -> list[dict]:
@@ -578,18 +583,21 @@ def check_settings(out: Path, cfg: SearchConfig) -> None:
         k: v for k, v in asdict(cfg).items() if k in RESULTS and (k != "policy_batch_size" or cfg.policy == "hf")
     }
     saved = out / "settings.json"
-    if saved.exists():
-        before = json.loads(saved.read_text())
-        if isinstance(before.get("prm"), str):  # written when --prm took one value
-            before["prm"] = [before["prm"]]
-        changed = [k for k in RESULTS if k in before and k in settings and before[k] != settings[k]]
-        if changed:
-            k = changed[0]
-            raise ValueError(
-                f"{saved}: --{k.replace('_', '-')} was {before[k]!r}, now {settings[k]!r}; use another --out to change "
-                "it"
-            )
+    claim_results(out, "biprm search", FILES, FILES, _changed(saved, settings), cfg.overwrite)
     saved.write_text(json.dumps(settings, indent=1))
+
+
+def _changed(saved: Path, settings: dict) -> str | None:
+    """The first setting that shapes results and differs from those `saved` records, as "--k was A, now B"; None when
+    the folder's results are this search's own to resume (or there is no record: then there are none, as the record
+    is written first)."""
+    if not saved.exists():
+        return None
+    before = json.loads(saved.read_text())
+    if isinstance(before.get("prm"), str):  # written when --prm took one value
+        before["prm"] = [before["prm"]]
+    changed = [k for k in RESULTS if k in before and k in settings and before[k] != settings[k]]
+    return next((f"--{k.replace('_', '-')} was {before[k]!r}, now {settings[k]!r}" for k in changed), None)
 
 
 def run_search(cfg: SearchConfig, policy: StepPolicy | None = None, scorers: list[PathScorer] | None = None) -> str:
