@@ -799,3 +799,23 @@ def test_a_row_past_max_length_from_its_first_step_is_left_out_and_counted_not_t
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and len(err.splitlines()) == 1
     assert "long row r2: field 'steps': question and first step need more than --max-length=200" in err
+
+
+def test_a_pool_smaller_than_the_smallest_n_and_a_candidate_no_model_scored_are_counted_in_the_ledger():
+    """Pools of 4, 4 and 1 candidates at n = 2, and one candidate of the first pool with no scored step: the third
+    pool is left out and said so, the unscored candidate leaves the tables; before, the 1-candidate pool ended the
+    run ("no n fits the smallest pool")."""
+    from biprm.evaluation.bon import evaluate_bon, format_bon
+    from biprm.evaluation.pools import Pool
+
+    texts = ["How many eggs?", "How many hens?", "How many ducks?"]
+    trajs = [Trajectory(q, ["a", "b"]) for q, size in zip(texts, (4, 4, 1)) for _ in range(size)]
+    qid = np.repeat(np.arange(3), (4, 4, 1))
+    pool = Pool("mine", trajs, qid, np.arange(9) % 2 == 0, np.arange(9).astype(str))
+    lengths = np.array([0, 2, 2, 2, 2, 2, 2, 2, 2])  # candidate 0: no step scored
+    scores = StepScores.from_probs(np.concatenate([[0], np.cumsum(lengths)]), np.linspace(0.1, 0.9, lengths.sum()))
+    result = evaluate_bon(pool, {"m": scores}, ns=(2,), protocols=("first",))
+    book = result["ledger"]["mine"]
+    assert (book["rows"], book["in_tables"], book["pools"], book["pools_too_small"]) == (9, 7, 3, 1)
+    assert book["models"]["m"]["rows_not_scorable"] == 1 and (result["questions"], result["candidates"]) == (2, 7)
+    assert "mine: 1 of 3 pools hold fewer than the smallest n asked (2)" in format_bon(result)

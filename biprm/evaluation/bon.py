@@ -19,7 +19,7 @@ import numpy as np
 
 from biprm.scoring.aggregate import sigmoid
 from biprm.analysis.common import markdown_table
-from biprm.evaluation.ledger import format_ledger, ledger
+from biprm.evaluation.ledger import format_ledger, ledger, refuse_unscorable, scorable
 from biprm.evaluation.outputs import fmt, open_cache, provenance, write_outputs
 from biprm.evaluation.config import BonConfig
 from biprm.evaluation.pools import Pool, load_pool
@@ -100,12 +100,12 @@ def evaluate_bon(
     seed: int = 0,
 ) -> dict:
     """Per protocol: the `agg` table with baselines, intervals and differences, and a mean-over-n row per
-    PRM for every other aggregation in `aggs`; "modes" keeps `bon_table` of the first protocol per PRM."""
+    PRM for every other aggregation in `aggs`; "modes" keeps `bon_table` of the first protocol per PRM. The tables
+    stand on `in_tables`; the ledger counts every candidate and pool read."""
+    book, pool, scores = _ledger_and_tables(pool, scores, min(ns))
     starts, sizes = pool_bounds(pool.qid)
     clusters = question_clusters([pool.trajs[s].question for s in starts])
     used = [n for n in ns if n <= sizes.min()]
-    if not used:
-        raise ValueError(f"no n in {tuple(ns)} fits the smallest pool ({sizes.min()} candidates)")
     models = list(scores)
     result = {
         "pool": pool.name,
@@ -129,13 +129,42 @@ def evaluate_bon(
                     k: v["mean"] for k, v in summarise({k: rows[k] for k in names}, [], seed, clusters)["rows"].items()
                 }
         result["protocols"][protocol] = {**main, "aggregations": others}
-    result["ledger"] = ledger(pool.trajs, np.full(len(pool.trajs), pool.name), scores)
+    result["ledger"] = book
     first = protocols[0]
     result["modes"] = {
         k: bon_table(pool.qid, s.solution_logits(agg), pool.correct, pool.answer_key, used, first, draws, seed)
         for k, s in scores.items()
     }
     return result
+
+
+def in_tables(pool: Pool, scores: dict[str, StepScores], smallest: int) -> tuple[Pool, dict[str, StepScores]]:
+    """The candidates every model scored (`ledger.scorable`), in the pools that still hold `smallest` of them: a pool
+    with fewer candidates than the smallest n asked is left out (and counted), never read as a smaller n."""
+    keep = scorable(pool.trajs, scores)
+    _, where, count = np.unique(pool.qid[keep], return_inverse=True, return_counts=True)
+    keep = keep[count[where] >= smallest]
+    if len(keep) == len(pool.trajs):
+        return pool, scores
+    trajs = [pool.trajs[i] for i in keep]
+    part = Pool(pool.name, trajs, pool.qid[keep], pool.correct[keep], pool.answer_key[keep])
+    return part, {k: s.select(keep) for k, s in scores.items()}
+
+
+def _ledger_and_tables(
+    pool: Pool, scores: dict[str, StepScores], smallest: int
+) -> tuple[dict, Pool, dict[str, StepScores]]:
+    """(the ledger of every candidate and pool read, then the pool and scores the tables stand on: `in_tables`)."""
+    book = ledger(pool.trajs, np.full(len(pool.trajs), pool.name), scores)
+    read = len(pool_bounds(pool.qid)[0])
+    pool, scores = in_tables(pool, scores, smallest)
+    if not len(pool.trajs):
+        raise ValueError(
+            f"{pool.name}: no pool holds the smallest n asked ({smallest}) in candidates every model scored"
+        )
+    left = read - len(np.unique(pool.qid))
+    book[pool.name] |= {"in_tables": len(pool.trajs), "pools": read, "pools_too_small": left, "smallest_n": smallest}
+    return book, pool, scores
 
 
 def _cell(s: dict) -> str:
@@ -197,6 +226,8 @@ def run_bon(cfg: BonConfig) -> dict:
         grade_timeout=cfg.grade_timeout,
     )
     scores = score_sources(sources_of(cfg.model, cfg.prm_kind), cache, pool.trajs) if cfg.model else {}
+    if cfg.on_overlength == "refuse":
+        refuse_unscorable(pool.trajs, scores, cfg.max_length)
     result = evaluate_bon(pool, scores, cfg.agg, cfg.ns, cfg.protocol, cfg.aggs, cfg.draws, cfg.seed)
     result["models"] = models_given(cfg.model, cfg.prm_kind)
     markdown = "# Best-of-N\n\n" + provenance(result["models"]) + format_bon(result) + "\n"

@@ -105,6 +105,13 @@ def format_ledger(book: dict, unit: str = "rows") -> str:
         "steps dropped",
         "first errors in the dropped part",
     ]
-    return f"Ledger: the {unit} read and those the tables stand on. {LEFT_OUT[unit]} {CUT[unit]}\n\n" + markdown_table(
-        head, [[str(x) for x in line] for line in lines], left=5
+    small = [
+        f"{name}: {g['pools_too_small']} of {g['pools']} pools hold fewer than the smallest n asked "
+        f"({g['smallest_n']}) in candidates every model scored, and are left out of the tables."
+        for name, g in book.items()
+        if g.get("pools_too_small")
+    ]
+    table = markdown_table(head, [[str(x) for x in line] for line in lines], left=5)
+    return "\n\n".join(
+        [f"Ledger: the {unit} read and those the tables stand on. {LEFT_OUT[unit]} {CUT[unit]}", table, *small]
     )

@@ -319,7 +319,8 @@ def run_processbench(cfg: ProcessBenchConfig) -> dict:
         dev = (dev_trajs, recut_scores(sources, cache, dev_trajs, segmenter))
     scores = recut_scores(sources, cache, trajs, segmenter)
     if cfg.on_overlength == "refuse":
-        refuse_unscorable(trajs, scores, cfg.max_length)
+        for rows, rows_scores in ([dev] if dev else []) + [(trajs, scores)]:
+            refuse_unscorable(rows, rows_scores, cfg.max_length)
     result = evaluate_processbench(trajs, scores, cfg.threshold, cfg.tune_threshold, dev, RESAMPLES)
     result["segmenter"] = segmenter.name if segmenter else "given"
     result["models"] = models_given(cfg.model, cfg.prm_kind)
