@@ -34,7 +34,7 @@ from biprm.scoring import Scorer  # noqa: E402
 from biprm.serve.export import export_for_vllm  # noqa: E402
 from biprm.serve.vllm_engine import VLLMScorer  # noqa: E402
 from conftest import scored  # noqa: E402
-from tests.prm_replicas import PROBLEMS, REFERENCES, build, reference_lm  # noqa: E402
+from tests.prm_replicas import PROBLEMS, REFERENCES, SOLUTIONS, build, reference_lm  # noqa: E402
 
 KINDS = [k for k in sorted(REFERENCES) if not PRM_KINDS[k].implicit]  # those with a read-out to export
 CUT_AT = 256  # tokens per stream in the over-length comparison
@@ -53,6 +53,13 @@ def trajectories() -> list[Trajectory]:
 def replicas(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("vllm-prms")
     return {kind: build(kind, root / kind, heads=1) for kind in KINDS}
+
+
+@pytest.fixture(scope="module")
+def real_replicas(tmp_path_factory) -> dict[str, Path]:
+    """Each kind on its real vocabulary, in bf16 shards as shipped (tests/real_vocab.py), with one head of 32."""
+    root = tmp_path_factory.mktemp("vllm-real")
+    return {kind: build(kind, root / kind, heads=1, real=True) for kind in KINDS}
 
 
 @contextmanager
@@ -197,3 +204,15 @@ def test_an_implicit_prm_serves_on_two_engines_as_biprm_reads_it(tmp_path, capsy
         for i, item in enumerate(body):
             np.testing.assert_allclose(item["fused"], want.of(i, "fused"), rtol=0, atol=1e-6)
         print(f"eurus-prm ({mode}): max |vLLM - HF| = {worst:.2e}, |q| up to {np.abs(want.fused).max():.1e}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_on_its_real_vocabulary_serves_the_cards_scores(real_replicas, kind):
+    """The engine of `biprm serve --engine vllm` over a real-vocabulary bf16 replica: the card's scores on solutions as
+    real ones read (steps ending in ".", "}" or "$", a first step starting with a space, LaTeX)."""
+    folder = real_replicas[kind]
+    with engine(folder) as vllm:
+        got = scored(vllm, [Trajectory(q, steps) for q, steps in SOLUTIONS])
+    for i, (q, steps) in enumerate(SOLUTIONS):
+        np.testing.assert_allclose(got.of(i, "l2r"), REFERENCES[kind](folder, q, steps), atol=1e-4, err_msg=kind)
