@@ -19,7 +19,7 @@ import numpy as np
 
 from biprm.scoring.aggregate import sigmoid
 from biprm.analysis.common import markdown_table
-from biprm.evaluation.ledger import format_ledger, ledger, refuse_unscorable, scorable
+from biprm.evaluation.ledger import format_ledger, ledger, scorable
 from biprm.evaluation.outputs import fmt, open_cache, provenance, write_outputs
 from biprm.evaluation.config import BonConfig
 from biprm.evaluation.pools import Pool, load_pool
@@ -226,8 +226,6 @@ def run_bon(cfg: BonConfig) -> dict:
         grade_timeout=cfg.grade_timeout,
     )
     scores = score_sources(sources_of(cfg.model, cfg.prm_kind), cache, pool.trajs) if cfg.model else {}
-    if cfg.on_overlength == "refuse":
-        refuse_unscorable(pool.trajs, scores, cfg.max_length)
     result = evaluate_bon(pool, scores, cfg.agg, cfg.ns, cfg.protocol, cfg.aggs, cfg.draws, cfg.seed)
     result["models"] = models_given(cfg.model, cfg.prm_kind)
     markdown = "# Best-of-N\n\n" + provenance(result["models"]) + format_bon(result) + "\n"

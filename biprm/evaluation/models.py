@@ -19,6 +19,7 @@ from biprm.config import CHECKPOINT_ROLES, MODE_TABLE
 from biprm.modeling import BiPRMConfig, encoder_for, prm_config
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.cache import FOREIGN_MODE, ScoreCache
+from biprm.evaluation.ledger import refuse_unscorable
 from biprm.data.names import distinct_labels, refuse_repeats
 from biprm.scoring.step_scores import StepScores
 
@@ -136,7 +137,12 @@ def ablation_sources(ckpts: dict[str, str]) -> list[ScoreSource]:
 
 
 def score_sources(sources: list[ScoreSource], cache: ScoreCache, trajs: list[Trajectory]) -> dict[str, StepScores]:
-    return {m.key: m.scores(cache, trajs) for m in sources}
+    """Every source's scores; under --on-overlength refuse, a row some source could not score at all stops here, for
+    every eval command alike, fresh or from the cache."""
+    scores = {m.key: m.scores(cache, trajs) for m in sources}
+    if getattr(cache.settings, "on_overlength", "flag") == "refuse":
+        refuse_unscorable(trajs, scores, cache.settings.max_length)
+    return scores
 
 
 def token_lengths(ckpt: str, trajs: list[Trajectory], cache: ScoreCache) -> np.ndarray:

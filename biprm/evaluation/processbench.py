@@ -29,7 +29,7 @@ from biprm.analysis.boundaries import laid_out, onto_given
 from biprm.analysis.common import TITLES, first_errors, judged_rows, markdown_table, subsets
 from biprm.data.segment import JOIN
 from biprm.data.trajectory import Trajectory
-from biprm.evaluation.ledger import format_ledger, ledger, refuse_unscorable, scorable
+from biprm.evaluation.ledger import format_ledger, ledger, scorable
 from biprm.evaluation.outputs import fmt, open_cache, provenance, write_outputs
 from biprm.evaluation.config import ProcessBenchConfig
 from biprm.data.benchmarks import load_processbench, processbench_files
@@ -318,9 +318,6 @@ def run_processbench(cfg: ProcessBenchConfig) -> dict:
         dev_trajs = load_processbench(cfg.data_root, (cfg.tune_data,))
         dev = (dev_trajs, recut_scores(sources, cache, dev_trajs, segmenter))
     scores = recut_scores(sources, cache, trajs, segmenter)
-    if cfg.on_overlength == "refuse":
-        for rows, rows_scores in ([dev] if dev else []) + [(trajs, scores)]:
-            refuse_unscorable(rows, rows_scores, cfg.max_length)
     result = evaluate_processbench(trajs, scores, cfg.threshold, cfg.tune_threshold, dev, RESAMPLES)
     result["segmenter"] = segmenter.name if segmenter else "given"
     result["models"] = models_given(cfg.model, cfg.prm_kind)
