@@ -90,3 +90,46 @@ def test_ctrl_c_under_torchrun_is_one_line_from_the_first_process(monkeypatch, c
         main(["train", "--output-dir", "runs/x"])
     err = capsys.readouterr().err
     assert stop.value.code == 130 and err.count("biprm train: interrupted; runs/x/checkpoint-2 is saved") == said, err
+
+
+def test_an_eval_out_holding_another_runs_results_is_refused_unless_overwrite_and_a_rerun_goes_on(
+    model, tmp_path, monkeypatch, capsys, caplog
+):
+    """Issue 56, item 1: `biprm eval` replaced the results in --out whatever wrote them. The same command (its model
+    spelt otherwise) reruns from its cache; another command's results stay beside; other settings are refused unless
+    --overwrite, which deletes exactly this command's results; a file no eval writes is refused even then."""
+    runs = []
+
+    def recipe(stem: str):
+        def run(cfg):
+            runs.append((stem, cfg.limit))
+            for suffix in (".json", ".md"):
+                Path(cfg.out, stem + suffix).write_text(str(cfg.limit))
+
+        return run
+
+    monkeypatch.setattr("biprm.evaluation.bon.run_bon", recipe("bon"))
+    monkeypatch.setattr("biprm.evaluation.processbench.run_processbench", recipe("processbench"))
+    out = tmp_path / "eval"
+    bon = ["eval", "bon", "--model", model, "--out", str(out), "--limit", "2"]
+    main(bon)
+    main(["eval", "bon", "--model", model + "/.", "--out", str(out), "--limit", "2"])
+    main(["eval", "processbench", "--model", model, "--out", str(out)])
+    bon[-1] = "3"
+    with pytest.raises(SystemExit) as stop:
+        main(bon)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and (
+        f"--out {out} holds bon.json, bon.md, written by another biprm eval bon (limit: 2 then, 3 now); "
+        "choose another --out, or --overwrite, which deletes them" in err
+    ), err
+    with caplog.at_level(logging.WARNING):
+        main([*bon, "--overwrite"])
+    assert f"--overwrite: deleting bon.json, bon.md in {out}" in caplog.text
+    assert runs == [("bon", 2), ("bon", 2), ("processbench", None), ("bon", 3)]
+    assert (out / "processbench.json").read_text() == "None" and (out / "bon.json").read_text() == "3"
+    (out / "notes.txt").touch()
+    with pytest.raises(SystemExit):
+        main([*bon, "--overwrite"])
+    assert "holds notes.txt, which biprm eval bon never writes" in capsys.readouterr().err
+    assert (out / "notes.txt").is_file() and len(runs) == 4
