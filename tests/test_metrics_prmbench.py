@@ -344,3 +344,32 @@ def test_real_prmbench_circular(data_dir):
         n_steps,
     )
     assert res["overall"]["f1_negative"] == 0.0 and res["overall"]["recall_positive"] == 100.0
+
+
+def test_prm_score_intervals_equal_a_bootstrap_over_questions_drawn_by_hand():
+    """Three questions, each an original (class correct) and a modified copy (class a or b), one question written in
+    two spellings: every draw takes whole questions, and the intervals equal PRMScore recomputed on each draw's
+    processes, repeated as often as their question was drawn."""
+    from biprm.metrics.bootstrap import cluster_weights, percentile_interval, question_clusters
+    from biprm.metrics.prmbench import prm_score_intervals
+
+    lengths = np.array([3, 3, 2, 2, 3, 3])
+    probs = np.array([0.9, 0.8, 0.4, 0.9, 0.3, 0.2, 0.7, 0.6, 0.45, 0.8, 0.9, 0.95, 0.1, 0.7, 0.2, 0.9])
+    labels = np.array([1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 1])
+    classes = np.array(["correct", "a", "correct", "b", "correct", "a"])
+    questions = question_clusters(["Q one", "q  one", "Q two", "Q two", "Q three", "Q three"])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    got = prm_score_intervals(probs, offsets, labels, classes, questions, resamples=200, seed=3)
+    weights = cluster_weights(np.arange(3), 200, np.random.default_rng(3))
+    draws = {name: [] for name in ("correct", "a", "b", "overall")}
+    for w in weights:
+        rows = np.repeat(np.arange(6), w[questions])
+        steps = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in rows])
+        by_class = prm_score_by_class(
+            probs[steps], np.concatenate([[0], np.cumsum(lengths[rows])]), labels[steps], classes[rows]
+        )
+        for name in draws:
+            draws[name].append(by_class[name]["prm_score"] if name in by_class else np.nan)
+    assert list(got) == ["correct", "a", "b", "overall"]
+    for name, values in draws.items():
+        assert got[name] == pytest.approx(percentile_interval(np.array(values)).tolist())

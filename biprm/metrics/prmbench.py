@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from biprm.data.trajectory import Trajectory
+from biprm.metrics.bootstrap import cluster_weights, percentile_interval
 from biprm.scoring.aggregate import segments
 
 CORRECT_CLASS = "correct"
@@ -74,14 +75,20 @@ def _confusion(
     return np.bincount(4 * group + code, minlength=4 * n_groups).reshape(n_groups, 4)
 
 
-def _scores(counts: np.ndarray) -> list[dict]:
-    """PRMScore and its parts (in %) for every row of (tn, fp, fn, tp) counts."""
-    tn, fp, fn, tp = counts.T
+def _prm(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(PRMScore, f1_positive, f1_negative) in % of (tn, fp, fn, tp) counts along the last axis, any leading shape."""
+    tn, fp, fn, tp = np.moveaxis(counts, -1, 0)
     f1_pos, f1_neg = _ratio(2 * tp, 2 * tp + fp + fn), _ratio(2 * tn, 2 * tn + fn + fp)
     has_pos, has_neg = tp + fn > 0, tn + fp > 0
     f1_pos[~has_pos], f1_neg[~has_neg] = np.nan, np.nan
     both = (f1_pos + f1_neg) / 2
-    prm = np.where(has_pos & has_neg, both, np.where(has_pos, f1_pos, f1_neg))
+    return np.where(has_pos & has_neg, both, np.where(has_pos, f1_pos, f1_neg)), f1_pos, f1_neg
+
+
+def _scores(counts: np.ndarray) -> list[dict]:
+    """PRMScore and its parts (in %) for every row of (tn, fp, fn, tp) counts."""
+    tn, fp, fn, tp = counts.T
+    prm, f1_pos, f1_neg = _prm(counts)
     cols = {
         "prm_score": prm,
         "f1_positive": f1_pos,
@@ -129,6 +136,37 @@ def prm_score_by_class(
     pooled = counts[~np.isin(names, list(exclude_from_overall))].sum(axis=0, keepdims=True)
     per = dict(zip(names.tolist(), _scores(counts)))
     return {name: per[name] for name in names[np.argsort(first)].tolist()} | {OVERALL: _scores(pooled)[0]}
+
+
+def prm_score_intervals(
+    probs: np.ndarray,
+    offsets: np.ndarray,
+    step_labels: np.ndarray,
+    classes: np.ndarray,
+    clusters: np.ndarray,
+    resamples: int = 1000,
+    seed: int = 0,
+    threshold: float = 0.5,
+    level: float = 0.95,
+) -> dict[str, list[float]]:
+    """{class: [low, high]} and "overall" (as `prm_score_by_class` pools it): 95 % intervals of PRMScore over
+    questions. A resample draws the questions (`clusters`, one per trajectory: `bootstrap.question_clusters`) with
+    replacement, each with all its processes (a question's original and its modified copies are not independent), by
+    the same `bootstrap.cluster_weights` draws as the ProcessBench and Best-of-N intervals; the step counts of the
+    drawn processes are pooled and scored again. Vectorised: [resamples, questions] weights times per-question
+    counts."""
+    _, starts, lengths = segments(np.asarray(probs, dtype=np.float64), offsets)
+    names, first, code = np.unique(np.asarray(classes).astype(str), return_index=True, return_inverse=True)
+    question = np.unique(clusters, return_inverse=True)[1]
+    per_traj = _confusion(probs, step_labels, np.repeat(np.arange(len(starts)), lengths), len(starts), threshold)
+    table = np.zeros((question.max() + 1, len(names), 4))
+    np.add.at(table, (question, code), per_traj)
+    weights = cluster_weights(np.arange(len(table)), resamples, np.random.default_rng(seed))
+    drawn = np.einsum("bq,qkf->bkf", weights, table)  # [B, classes, 4]
+    pooled = drawn[:, names != CORRECT_CLASS].sum(1)
+    scores = np.concatenate([_prm(drawn)[0], _prm(pooled)[0][:, None]], axis=1)
+    bounds = percentile_interval(scores, level, axis=0).T
+    return dict(zip([*names[np.argsort(first)].tolist(), OVERALL], bounds[[*np.argsort(first), -1]].tolist()))
 
 
 def prmbench_category_scores(

@@ -21,8 +21,10 @@ from biprm.data.benchmarks import data_file, load_processbench, spread
 from biprm.evaluation.pools import Pool, load_pool
 from biprm.evaluation.processbench import evaluate_processbench
 from biprm.metrics.first_error import predict_first_error, processbench_scores
+from biprm.metrics.bootstrap import question_clusters
 from biprm.metrics.prmbench import (
     prm_score_by_class,
+    prm_score_intervals,
     prmbench_category_scores,
     prmbench_classes,
     prmbench_keep,
@@ -70,13 +72,17 @@ def load_prmbench(root: str, rows: int | None) -> list[Trajectory]:
 
 
 def prmbench_report(trajs: list[Trajectory], s: StepScores) -> dict:
-    """PRMScore per class and category; steps cut off by max_length are not counted."""
+    """PRMScore per class and category, and per class a 95 % interval over questions (`prm_score_intervals`: a
+    question's original and modified processes drawn together); steps cut off by max_length are not counted."""
     n_steps = np.array([len(t.steps) for t in trajs])
     labels = scored_part(prmbench_step_labels(trajs), n_steps, s.offsets)
-    by_class = prm_score_by_class(s.prob(), s.offsets, labels, prmbench_classes(trajs))
+    classes, questions = prmbench_classes(trajs), question_clusters([t.question for t in trajs])
+    by_class = prm_score_by_class(s.prob(), s.offsets, labels, classes)
     return {
         "classes": by_class,
         "categories": prmbench_category_scores(by_class),
+        "intervals": prm_score_intervals(s.prob(), s.offsets, labels, classes, questions),
+        "questions": int(questions.max()) + 1 if len(trajs) else 0,
         "steps_not_scored": int(n_steps.sum() - len(labels)),
     }
 

@@ -194,17 +194,27 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
         "with 95 % bootstrap intervals over questions. A model inside these intervals has shown nothing.",
         markdown_table(["rule", *(f"{x} F1" for x in subsets), "avg F1"], pb_rows),
         markdown_table(["scorer", *(f"BoN@{n}" for n in BON_NS), "mean"], bon_md),
+        f"PRMBench: PRMScore overall with a 95 % interval from 1000 resamples of its {_prm_questions(prm_free)} "
+        "questions (a question's original and modified processes drawn together, the steps of the drawn processes "
+        "pooled again); categories without intervals.",
         markdown_table(
             ["PRMBench scorer", "PRMScore overall", *cats],
-            [
-                [name, f"{r['classes']['overall']['prm_score']:.1f}", *(f"{r['categories'][c]:.1f}" for c in cats)]
-                for name, r in prm_free.items()
-            ],
+            [[name, _overall(r), *(f"{r['categories'][c]:.1f}" for c in cats)] for name, r in prm_free.items()],
         ),
         "Validation BCE of a table of P(label | source, step index, step count) fitted on the training labels: "
         f"{prior:.4f}.",
     ]
     return {"processbench": pb["baselines"], "bon": bon, "prmbench": prm_free, "valid_bce_position_prior": prior}, md
+
+
+def _prm_questions(prm_free: dict) -> int:
+    return next(iter(prm_free.values()))["questions"]
+
+
+def _overall(report: dict) -> str:
+    """PRMBench's overall PRMScore, with its interval over questions (`prm_score_intervals`)."""
+    low, high = report["intervals"]["overall"]
+    return f"{report['classes']['overall']['prm_score']:.1f} [{low:.1f}, {high:.1f}]"
 
 
 def _figures(out: Path, runs: list[dict]) -> list[str]:
