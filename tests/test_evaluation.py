@@ -819,3 +819,18 @@ def test_a_pool_smaller_than_the_smallest_n_and_a_candidate_no_model_scored_are_
     assert (book["rows"], book["in_tables"], book["pools"], book["pools_too_small"]) == (9, 7, 3, 1)
     assert book["models"]["m"]["rows_not_scorable"] == 1 and (result["questions"], result["candidates"]) == (2, 7)
     assert "mine: 1 of 3 pools hold fewer than the smallest n asked (2)" in format_bon(result)
+
+
+def test_a_file_whose_rows_all_lack_labels_is_refused_naming_the_field(tmp_path):
+    """ProcessBench rows without 'label', and a pool whose candidates have neither a 'correct' flag nor a gold answer:
+    both are refused in one message naming the file, row and field, before anything is scored."""
+    rows = tmp_path / "bench.json"
+    rows.write_text(json.dumps([{"id": f"r{i}", "problem": "What is 1 plus 2?", "steps": ["3."]} for i in range(3)]))
+    with pytest.raises(DataError, match=rf"^{re.escape(str(rows))} row 1: field 'label' is missing$"):
+        benchmarks.load_processbench(str(tmp_path), (str(rows),))
+    pool = tmp_path / "pool.json"
+    pool.write_text(
+        json.dumps([{"question": "What is 1 plus 2?", "candidates": [{"steps": ["3."]}, {"steps": ["4."]}]}])
+    )
+    with pytest.raises(DataError, match="candidates have no stored 'correct' flag and no gold answer"):
+        load_pool(str(pool), str(tmp_path), grade_workers=0)
