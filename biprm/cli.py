@@ -68,10 +68,10 @@ def _first_screen(what: str, out: str, after: int = 3) -> Any:
 
 def cmd_score(cfg: ScoreConfig) -> None:
     from biprm.scoring.process_group import close_processes
-    from biprm.scoring.score_file import score_file
+    from biprm.scoring.score_file import score_file, summary
 
     try:
-        n = score_file(
+        counts = score_file(
             cfg.model,
             cfg.input,
             cfg.output,
@@ -96,7 +96,7 @@ def cmd_score(cfg: ScoreConfig) -> None:
             "with --resume goes on from there"
         ) from None
     close_processes()
-    print(f"scored {n} trajectories into {'stdout' if cfg.output == '-' else cfg.output}", file=sys.stderr)
+    print(summary(counts, cfg.output, cfg.max_length), file=sys.stderr)
 
 
 def cmd_demo(cfg: DemoConfig) -> None:

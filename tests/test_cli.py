@@ -138,7 +138,26 @@ def test_score_to_stdout_carries_every_input_field(checkpoint, tmp_path, capsys)
     out = capsys.readouterr()
     line = json.loads(out.out)
     assert line["meta"] == {"id": "q7", "source": "mine"} and line["labels"] == [1.0, 1.0] and line["steps_scored"] == 2
-    assert "scored 1 trajectories into stdout" in out.err
+    assert "scored 1 of 1 rows read into stdout" in out.err
+
+
+def test_score_says_what_max_length_cut_as_evals_ledger_does(checkpoint, tmp_path, capsys):
+    """Three rows, two of them 30 steps long: at --max-length 200 those two are cut, and the closing line counts the
+    rows read and cut and the steps dropped, which equal the rows' own n_dropped."""
+    step = "Then we add the two numbers again and check the sum once more, step by step."
+    rows = tmp_path / "in.jsonl"
+    rows.write_text(
+        "\n".join(
+            json.dumps({"question": f"What is {q} plus {q}?", "steps": [step] * n}) for q, n in enumerate([2, 30, 30])
+        )
+    )
+    out = tmp_path / "out.jsonl"
+    main(["score", "--model", checkpoint, "--input", str(rows), "--output", str(out), "--max-length", "200"])
+    dropped = sum(json.loads(line)["n_dropped"] for line in out.read_text().splitlines())
+    err = capsys.readouterr().err
+    assert dropped > 0 and (
+        f"scored 3 of 3 rows read into {out}; 2 cut at --max-length=200, {dropped} steps dropped (unscored)" in err
+    )
 
 
 def test_score_schema_is_the_same_for_every_mode(tmp_path):

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from biprm.folder import ModelFolder, recorded, resolve
@@ -75,9 +76,9 @@ def score_file(
     resume: bool = False,
     overwrite: bool = False,
     segmenter: str | None = None,
-) -> int:
+) -> dict:
     """Score `source` into `output`; `segmenter` cuts a one-string trace (default: the model's, see
-    `trace_segmenter`)."""
+    `trace_segmenter`). Returns the counts `summary` words: rows read, skipped, cut and the steps dropped."""
     settings = settings or ScorerSettings()
     check_output(output, resume, overwrite)
     folder = resolve(model, settings.prm_kind, settings.prm_mode, settings.prm_reference)
@@ -162,7 +163,19 @@ def score_file(
             p.unlink()
         (scratch / "run.json").unlink()  # last: parts never outlive the record that says whose they are
         scratch.rmdir()
-    return len(trajs) - sum(_from_every_process([len(problems)], world))
+    cut = [e for e in encs if e.n_dropped]
+    counts = np.array(_from_every_process([(len(problems), len(cut), sum(e.n_dropped for e in cut))], world)).sum(0)
+    return dict(zip(("read", "skipped", "cut", "steps_dropped"), [len(trajs), *map(int, counts)]))
+
+
+def summary(counts: dict, output: str, max_length: int) -> str:
+    """The closing line of `biprm score`: what it read and wrote, and what --max-length cut, the counts the ledger of
+    `biprm eval` gives."""
+    where = "stdout" if output == "-" else output
+    line = f"scored {counts['read'] - counts['skipped']} of {counts['read']} rows read into {where}"
+    line += f"; {counts['skipped']} skipped (each named above)" if counts["skipped"] else ""
+    cut = f"; {counts['cut']} cut at --max-length={max_length}, {counts['steps_dropped']} steps dropped (unscored)"
+    return line + (cut if counts["cut"] else "")
 
 
 def check_output(output: str, resume: bool, overwrite: bool) -> None:
