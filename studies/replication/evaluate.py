@@ -66,9 +66,23 @@ def load_eval_sets(cfg: ReplicateConfig, valid: list[Trajectory]) -> EvalSets:
 
 def load_prmbench(root: str, rows: int | None) -> list[Trajectory]:
     """PRMBench's own test subset, malformed processes left out, cut to `rows` evenly spaced over the classes."""
-    prmbench = load_trajectories(str(data_file(root, PRMBENCH_SUBSET)), fmt="prmbench")
-    prmbench = [t for t, keep in zip(prmbench, prmbench_keep(prmbench)) if keep]
-    return [prmbench[i] for i in spread(len(prmbench), rows)]
+    return read_prmbench(root, rows)[0]
+
+
+def read_prmbench(root: str, rows: int | None) -> tuple[list[Trajectory], dict]:
+    """`load_prmbench`'s processes and its ledger: the processes read, those left out by reason (a repeat of a (class,
+    idx) the reference scores once, past --prmbench-rows), and those kept."""
+    every = load_trajectories(str(data_file(root, PRMBENCH_SUBSET)), fmt="prmbench")
+    keep = prmbench_keep(every)
+    kept = [t for t, k in zip(every, keep) if k]
+    chosen = spread(len(kept), rows)
+    book = {
+        "processes_read": len(every),
+        "repeats_left_out": int((~keep).sum()),
+        "past_prmbench_rows": len(kept) - len(chosen),
+        "processes": len(chosen),
+    }
+    return [kept[i] for i in chosen], book
 
 
 def prmbench_report(trajs: list[Trajectory], s: StepScores) -> dict:

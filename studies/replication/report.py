@@ -156,7 +156,7 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
     from biprm.evaluation.pools import load_pool
     from biprm.evaluation.processbench import evaluate_processbench
     from studies.replication.data import DataRecipe, build
-    from studies.replication.evaluate import BON_NS, load_prmbench, prmbench_report
+    from studies.replication.evaluate import BON_NS, prmbench_report, read_prmbench
     from biprm.scoring.step_scores import StepScores, offsets_of
     from biprm.scoring.aggregate import logit
 
@@ -169,7 +169,7 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
     bon = summarise_bon(bon_rows(pool, {}, "min", BON_NS, "first"), [])["rows"]
     train, valid, _ = build(cfg["data_root"], DataRecipe(**cfg["data"]))
     prior = position_prior_bce(train, valid)
-    prm_trajs = load_prmbench(cfg["data_root"], cfg["prmbench_rows"])
+    prm_trajs, prm_book = read_prmbench(cfg["data_root"], cfg["prmbench_rows"])
     offsets = offsets_of([len(t.steps) for t in prm_trajs])
     prm_free = {
         name: prmbench_report(prm_trajs, StepScores(offsets, logit(p)))
@@ -196,7 +196,10 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
         markdown_table(["scorer", *(f"BoN@{n}" for n in BON_NS), "mean"], bon_md),
         f"PRMBench: PRMScore overall with a 95 % interval from 1000 resamples of its {_prm_questions(prm_free)} "
         "questions (a question's original and modified processes drawn together, the steps of the drawn processes "
-        "pooled again); categories without intervals.",
+        "pooled again); categories without intervals. "
+        f"Processes: {prm_book['processes_read']} read, {prm_book['repeats_left_out']} left out as repeats of a "
+        f"(class, idx) the reference scores once, {prm_book['past_prmbench_rows']} past --prmbench-rows, "
+        f"{prm_book['processes']} scored.",
         markdown_table(
             ["PRMBench scorer", "PRMScore overall", *cats],
             [[name, _overall(r), *(f"{r['categories'][c]:.1f}" for c in cats)] for name, r in prm_free.items()],
@@ -204,7 +207,8 @@ def content_free(cfg: dict) -> tuple[dict, list[str]]:
         "Validation BCE of a table of P(label | source, step index, step count) fitted on the training labels: "
         f"{prior:.4f}.",
     ]
-    return {"processbench": pb["baselines"], "bon": bon, "prmbench": prm_free, "valid_bce_position_prior": prior}, md
+    free = {"processbench": pb["baselines"], "bon": bon, "prmbench": prm_free, "prmbench_ledger": prm_book}
+    return free | {"valid_bce_position_prior": prior}, md
 
 
 def _prm_questions(prm_free: dict) -> int:
