@@ -834,3 +834,15 @@ def test_a_file_whose_rows_all_lack_labels_is_refused_naming_the_field(tmp_path)
     )
     with pytest.raises(DataError, match="candidates have no stored 'correct' flag and no gold answer"):
         load_pool(str(pool), str(tmp_path), grade_workers=0)
+
+
+def test_eval_all_stands_its_analyses_on_the_rows_every_model_scored(ckpt, data_dir, tmp_path):
+    """At --max-length 390 the one OlympiadBench row of --limit 1 (a question and first step of 398 tokens before the
+    template) cannot be scored at all: eval all still writes its report, the ledger counts it, and the analyses read
+    the table's rows (before, they read the unscored row too)."""
+    argv = ["eval", "all", "--model", ckpt, "--data-root", str(data_dir), "--limit", "1", "--cases", "2", "--subsets"]
+    main([*argv, "math", "olympiadbench", "omnimath", "--max-length", "390", "--out", str(tmp_path), *FAST])
+    results = json.loads((tmp_path / "results.json").read_text())
+    book = results["processbench"]["ledger"]
+    assert book["olympiadbench"]["rows"] - book["olympiadbench"]["in_tables"] == 1
+    assert results["mae_by_position"]["n_trajectories"] == sum(g["in_tables"] for g in book.values()) == 2

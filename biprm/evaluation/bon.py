@@ -138,17 +138,20 @@ def evaluate_bon(
     return result
 
 
-def in_tables(pool: Pool, scores: dict[str, StepScores], smallest: int) -> tuple[Pool, dict[str, StepScores]]:
-    """The candidates every model scored (`ledger.scorable`), in the pools that still hold `smallest` of them: a pool
-    with fewer candidates than the smallest n asked is left out (and counted), never read as a smaller n."""
+def in_tables(
+    pool: Pool, scores: dict[str, StepScores], smallest: int
+) -> tuple[Pool, dict[str, StepScores], np.ndarray]:
+    """The candidates every model scored (`ledger.scorable`), in the pools that still hold `smallest` of them, and
+    their indices: a pool with fewer candidates than the smallest n asked is left out (and counted), never read as a
+    smaller n."""
     keep = scorable(pool.trajs, scores)
     _, where, count = np.unique(pool.qid[keep], return_inverse=True, return_counts=True)
     keep = keep[count[where] >= smallest]
     if len(keep) == len(pool.trajs):
-        return pool, scores
+        return pool, scores, keep
     trajs = [pool.trajs[i] for i in keep]
     part = Pool(pool.name, trajs, pool.qid[keep], pool.correct[keep], pool.answer_key[keep])
-    return part, {k: s.select(keep) for k, s in scores.items()}
+    return part, {k: s.select(keep) for k, s in scores.items()}, keep
 
 
 def _ledger_and_tables(
@@ -157,7 +160,7 @@ def _ledger_and_tables(
     """(the ledger of every candidate and pool read, then the pool and scores the tables stand on: `in_tables`)."""
     book = ledger(pool.trajs, np.full(len(pool.trajs), pool.name), scores)
     read = len(pool_bounds(pool.qid)[0])
-    pool, scores = in_tables(pool, scores, smallest)
+    pool, scores, _ = in_tables(pool, scores, smallest)
     if not len(pool.trajs):
         raise ValueError(
             f"{pool.name}: no pool holds the smallest n asked ({smallest}) in candidates every model scored"

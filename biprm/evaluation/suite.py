@@ -42,7 +42,7 @@ from biprm.data.perturb import perturb_dataset
 from biprm.data.trajectory import Trajectory
 from biprm.evaluation.ablations import ablation_table, format_ablation_table
 from biprm.evaluation.cache import ScoreCache
-from biprm.evaluation.bon import evaluate_bon, format_bon
+from biprm.evaluation.bon import evaluate_bon, format_bon, in_tables
 from biprm.evaluation.outputs import fmt, open_cache, write_json
 from biprm.evaluation.config import SuiteConfig
 from biprm.data.benchmarks import load_processbench
@@ -55,7 +55,13 @@ from biprm.evaluation.models import (
     score_sources,
     token_lengths,
 )
-from biprm.evaluation.processbench import RESAMPLES, TUNE_ON, evaluate_processbench, format_processbench
+from biprm.evaluation.processbench import (
+    RESAMPLES,
+    TUNE_ON,
+    evaluate_processbench,
+    format_processbench,
+    on_scorable,
+)
 from biprm.evaluation.report import format_curves, format_long_chain
 from biprm.metrics.selection import PROTOCOLS
 from biprm.scoring.score_file import trace_segmenter
@@ -123,6 +129,7 @@ def run_suite(cfg: SuiteConfig) -> dict:
             trajs, scores, cfg.threshold, tune=TUNE_ON in cfg.subsets, resamples=RESAMPLES
         )
         md += ["## ProcessBench", format_processbench(pb)]
+        trajs, scores = on_scorable(trajs, scores)  # the analyses stand on the table's rows too
     for name, section in (
         ("position analyses", position_section),
         ("long chains", long_chain_section),
@@ -170,6 +177,8 @@ def bon_section(suite: Suite, spec: str) -> Section:
     scores = suite.scores(pool.trajs)
     lengths = token_lengths(cfg.model, pool.trajs, suite.cache)
     bon = evaluate_bon(pool, scores, cfg.agg, cfg.ns, PROTOCOLS)
+    pool, scores, keep = in_tables(pool, scores, min(cfg.ns))  # the analyses stand on the table's candidates too
+    lengths = lengths[keep]
     bon["aggregation"] = aggregation_table(pool.qid, pool.correct, scores, cfg.ns)
     bon["long_chain"] = long_chain_bon(pool.qid, pool.correct, scores, lengths, cfg.long_chain_tokens, cfg.ns, cfg.agg)
     return {pool.name: bon}, [
