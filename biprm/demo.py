@@ -122,9 +122,11 @@ def text_free_rows(
     return rows
 
 
-# The demo's thread count, whatever the machine's: a float sum split over another number of threads adds in another
-# order, and over thousands of steps that rounding moved which mode picked best (l2r above or below a random pick).
-DEMO_THREADS = 2
+# The demo's thread count, whatever the machine's: a sum split over another number of threads may add in another order,
+# and the table moved between machines. One, since every machine has one, and two threads on a shared 2-core machine
+# mostly wait for each other: beside other jobs, l2r's first 371 steps cost 673 CPU s (25 min) on two threads, its
+# first 189 steps 77 CPU s (2.5 min) on one.
+DEMO_THREADS = 1
 
 
 @contextmanager
