@@ -20,10 +20,10 @@ def test_the_demo_trains_on_its_own_thread_count_and_gives_the_callers_back(monk
     )
     before = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
+        torch.set_num_threads(DEMO_THREADS + 1)
         run_demo(DemoConfig(output_dir=str(tmp_path)))
         assert seen == [(DEMO_THREADS, True)]
-        assert torch.get_num_threads() == 1 and not torch.are_deterministic_algorithms_enabled()
+        assert torch.get_num_threads() == DEMO_THREADS + 1 and not torch.are_deterministic_algorithms_enabled()
     finally:
         torch.set_num_threads(before)
 
