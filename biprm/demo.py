@@ -190,8 +190,9 @@ def demo(cfg: DemoConfig) -> dict:
     print(picks_line(results, text_free))
     print(
         "A tiny random backbone on a synthetic task: this shows every mode training and being evaluated end to end;"
-        "\nits ordering moves with the seed, CPU and thread count and is not evidence for or against BiPRM."
-        "\nFor that, see the replication study (a real backbone on real data; studies/replication/README.md)."
+        "\nits ordering moves with the seed (and may with the CPU; not with the thread count, which it pins) and is"
+        "\nnot evidence for or against BiPRM. For that, see the replication study (a real backbone on real data;"
+        "\nstudies/replication/README.md)."
     )
     (out / "results.json").write_text(
         json.dumps({"config": asdict(cfg), "results": results, "reads_no_text": text_free}, indent=2)
