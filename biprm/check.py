@@ -175,8 +175,11 @@ def with_dropout(backbone: str) -> str:
     if not (final / "config.json").is_file():
         scratch = Path(tempfile.mkdtemp(dir=cache_root()))
         shutil.copytree(source, scratch, dirs_exist_ok=True)
-        config = json.loads((scratch / "config.json").read_text())
-        (scratch / "config.json").write_text(json.dumps({**config, "attention_dropout": SMOKE_DROPOUT}, indent=2))
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(scratch)  # a backbone's config, read and written by transformers
+        config.attention_dropout = SMOKE_DROPOUT
+        config.save_pretrained(scratch)
         try:
             scratch.rename(final)
         except OSError:  # another check built it first
