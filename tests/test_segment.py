@@ -184,7 +184,8 @@ def test_the_segmenter_a_model_was_trained_with_is_recorded_and_cuts_traces_when
     main(["score", "--model", model, "--input", str(rows), "--output", str(out)])
     line = json.loads(out.read_text())
     assert line["meta"]["segmenter"] == "markers" and len(line["fused"]) == len(line["meta"]["offsets"]) == 4
-    main(["score", "--model", model, "--input", str(rows), "--output", str(out), "--segmenter", "paragraph"])
+    again = ["--output", str(out), "--overwrite"]  # the first run's output is replaced, as asked
+    main(["score", "--model", model, "--input", str(rows), *again, "--segmenter", "paragraph"])
     assert json.loads(out.read_text())["meta"]["offsets"] == [
         [0, LONG.index("\n\n")],
         [LONG.index("\n\n") + 2, len(LONG)],
