@@ -58,10 +58,15 @@ class ModelFolder:
         return bool(self.config)
 
     @property
+    def trained(self) -> dict:
+        """What biprm recorded of the model's training (mode, prm_kind, ...): a checkpoint's config, an export's
+        "biprm" section."""
+        return self.config.get("biprm", {}) if self.kind == "export" else self.config
+
+    @property
     def template(self) -> Template:
         """The text layout the model reads: a PRM kind's own, or the one a biprm checkpoint was trained in."""
-        biprm = self.config.get("biprm", {}) if self.kind == "export" else self.config
-        return TEMPLATES[self.kind if self.trained_elsewhere else biprm.get("prm_kind") or "biprm"]
+        return TEMPLATES[self.kind if self.trained_elsewhere else self.trained.get("prm_kind") or "biprm"]
 
     @property
     def window(self) -> int | None:
@@ -167,7 +172,7 @@ def reading_mode(folder: ModelFolder, mode: str | None) -> str | None:
     (asking for another is an error). A PRM of another kind is read as shipped (l2r, the default), reversed (r2l) or
     both averaged (bi-static); a gate mode would run an untrained gate."""
     if not folder.trained_elsewhere:
-        trained = (folder.config.get("biprm", {}) if folder.kind == "export" else folder.config).get("mode")
+        trained = folder.trained.get("mode")
         if mode not in (None, trained) and folder.local:
             what = "an export" if folder.kind == "export" else "a biprm checkpoint trained"
             raise ValueError(f"--prm-mode {mode}: {folder.path} is {what} in mode {trained}, which it keeps")

@@ -116,7 +116,7 @@ class VLLMScorer:
 
     def __init__(self, llm, folder: ModelFolder):
         self.llm = llm
-        spec = folder.config["biprm"]
+        spec = folder.trained
         self.mode = spec["mode"]
         self.tokenizer = folder.tokenizer
         self.encoder = spec_encoder(spec, self.tokenizer, llm.llm_engine.model_config.max_model_len)
